@@ -1,0 +1,95 @@
+"""The algorithm table: every schedule construction, by name, with the collectives it supports.
+
+Each algorithm is a function ``(topology, collective, options) -> Schedule`` in
+its own module.  It raises :class:`~planner.errors.NotApplicableError` when the
+topology or collective does not suit it; :func:`planner.compile.compile_schedule`
+is the front door that picks one, verifies and times the result.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.errors import UsageError
+from planner.topology import Topology
+from runtime.schedule import Schedule
+
+__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmFn", "Options", "get_algorithm"]
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """What a caller may ask of an algorithm; each algorithm reads the fields it understands.
+
+    ``size_bytes`` is the buffer size the schedule is tuned for (nccl-tests
+    convention: the larger of input and output); ``channels`` the number of
+    parallel rings/trees (None: the algorithm decides from the fabric);
+    ``pipeline`` the number of pieces each chunk is split into for pipelining
+    (None: decided from the size); ``root`` the root of broadcast and reduce.
+    """
+
+    size_bytes: int = 64 << 20
+    channels: int | None = None
+    pipeline: int | None = None
+    root: int = 0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"size_bytes": self.size_bytes, "root": self.root}
+        if self.channels is not None:
+            out["channels"] = self.channels
+        if self.pipeline is not None:
+            out["pipeline"] = self.pipeline
+        out.update(self.extra)
+        return out
+
+
+AlgorithmFn = Callable[[Topology, str, Options], Schedule]
+
+
+@dataclass(frozen=True, slots=True)
+class Algorithm:
+    """A registered construction: its name, the collectives it builds, and a one-line summary."""
+
+    name: str
+    module: str
+    function: str
+    collectives: tuple[str, ...]
+    summary: str
+
+    def load(self) -> AlgorithmFn:
+        fn: AlgorithmFn = getattr(importlib.import_module(self.module), self.function)
+        return fn
+
+
+_ALL = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce")
+
+#: The one table of algorithms (imported lazily so a solver-backed one costs nothing until used).
+ALGORITHMS: dict[str, Algorithm] = {
+    a.name: a
+    for a in (
+        Algorithm("ring", "planner.algorithms.ring", "ring", _ALL,
+                  "topology-aware rings (one or more channels), bandwidth-optimal for large messages"),
+        Algorithm("tree", "planner.algorithms.tree", "double_binary_tree", ("allreduce", "broadcast", "reduce"),
+                  "double binary tree (NCCL's tree), logarithmic latency"),
+        Algorithm("halving-doubling", "planner.algorithms.halving_doubling", "halving_doubling",
+                  ("allreduce", "reducescatter", "allgather"),
+                  "recursive halving-doubling (Rabenseifner), log p steps"),
+        Algorithm("direct", "planner.algorithms.direct", "direct", (*_ALL, "alltoall"),
+                  "all-pairs exchange in one step, for small messages and all-to-all"),
+        Algorithm("hierarchical", "planner.algorithms.hierarchical", "hierarchical",
+                  ("allreduce", "reducescatter", "allgather"),
+                  "BlueConnect: reduce-scatter level by level up the hierarchy, all-gather back down"),
+    )
+}
+
+
+def get_algorithm(name: str) -> Algorithm:
+    """The registered algorithm called ``name``, or a :class:`UsageError` listing the choices."""
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise UsageError(f"unknown algorithm {name!r}", fix=f"use one of {', '.join(ALGORITHMS)}") from None

@@ -1,0 +1,485 @@
+"""The cluster model: devices and links from YAML, as a bandwidth graph with routes.
+
+A topology file lists devices and links explicitly, or describes a cluster
+compactly (``cluster:``, expanded by :mod:`planner.templates`), or both.  Every
+GPU is a rank, in the order it is declared.  Links are directed inside the
+model; a full-duplex link (the default) becomes one edge each way with the full
+bandwidth.  Messages between two ranks follow the cheapest paths whose interior
+holds no GPU (GPUs do not forward data on their own: a schedule that needs to
+relay through a GPU says so with a receive and a send).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from planner._yaml import Source, YDict, YList, load_yaml, parse_yaml
+from planner.errors import TopologyError
+from planner.units import UnitError, parse_bandwidth, parse_time
+
+__all__ = [
+    "DEVICE_KINDS",
+    "Device",
+    "Link",
+    "Topology",
+    "build_topology",
+    "load_topology",
+    "parse_topology",
+    "parse_topology_text",
+]
+
+DEVICE_KINDS = ("gpu", "cpu", "pcie", "nvswitch", "nic", "switch")
+#: A route's cost is its latency plus the time a message of this size takes on each hop:
+#: both terms matter when choosing between a short slow path and a longer fast one.
+ROUTE_REFERENCE_BYTES = 1 << 20
+#: At most this many equal-cost paths are kept per pair (messages are split evenly over them).
+MAX_PATHS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """A node of the cluster; ``host`` and ``rack`` group devices for hierarchical algorithms."""
+
+    name: str
+    kind: str
+    host: str | None = None
+    rack: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A directed link; ``bandwidth`` (bytes/s) already counts all ``count`` parallel lanes."""
+
+    src: str
+    dst: str
+    bandwidth: float
+    latency: float
+    count: int = 1
+    kind: str = ""
+
+
+@dataclass(frozen=True)
+class Topology:
+    """An immutable cluster description; derived views (graph, routes) are computed once, lazily."""
+
+    name: str
+    devices: tuple[Device, ...]
+    links: tuple[Link, ...]
+    ranks: tuple[str, ...]
+    description: str = ""
+    source: str | None = field(default=None, compare=False)
+
+    @property
+    def size(self) -> int:
+        """Number of ranks."""
+        return len(self.ranks)
+
+    @cached_property
+    def graph(self) -> nx.DiGraph:
+        """Devices as nodes (attribute ``device``), links as edges (attribute ``link``)."""
+        g = nx.DiGraph(name=self.name)
+        for d in self.devices:
+            g.add_node(d.name, device=d)
+        for link in self.links:
+            g.add_edge(link.src, link.dst, link=link, bandwidth=link.bandwidth, latency=link.latency)
+        return g
+
+    @cached_property
+    def _by_name(self) -> dict[str, Device]:
+        return {d.name: d for d in self.devices}
+
+    @cached_property
+    def _rank_index(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self.ranks)}
+
+    @cached_property
+    def _links(self) -> dict[tuple[str, str], Link]:
+        return {(link.src, link.dst): link for link in self.links}
+
+    def device(self, name: str) -> Device:
+        return self._by_name[name]
+
+    def rank_device(self, rank: int) -> Device:
+        return self._by_name[self.ranks[rank]]
+
+    def rank_of(self, device: str) -> int | None:
+        return self._rank_index.get(device)
+
+    def link(self, src: str, dst: str) -> Link | None:
+        """The directed link ``src -> dst``, if there is one."""
+        return self._links.get((src, dst))
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """SHA-256 of the normalised topology (devices, links, rank order; not the name)."""
+        doc = {
+            "devices": sorted([d.name, d.kind, d.host or "", d.rack or ""] for d in self.devices),
+            "links": sorted([ln.src, ln.dst, repr(ln.bandwidth), repr(ln.latency), ln.count] for ln in self.links),
+            "ranks": list(self.ranks),
+        }
+        return hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()
+
+    @cached_property
+    def hosts(self) -> dict[str, tuple[int, ...]]:
+        """Ranks grouped by host, hosts in order of their first rank (a rank with no host is its own host)."""
+        groups: dict[str, list[int]] = {}
+        for i, name in enumerate(self.ranks):
+            groups.setdefault(self._by_name[name].host or name, []).append(i)
+        return {h: tuple(r) for h, r in groups.items()}
+
+    @cached_property
+    def racks(self) -> dict[str, tuple[int, ...]]:
+        """Ranks grouped by rack (a rank with no rack is in the rack named after its host)."""
+        groups: dict[str, list[int]] = {}
+        for i, name in enumerate(self.ranks):
+            d = self._by_name[name]
+            groups.setdefault(d.rack or d.host or name, []).append(i)
+        return {r: tuple(v) for r, v in groups.items()}
+
+    # ----------------------------------------------------------------- routing
+
+    def _cost(self, link: Link) -> float:
+        return link.latency + ROUTE_REFERENCE_BYTES / link.bandwidth
+
+    @cached_property
+    def _adjacency(self) -> dict[str, list[Link]]:
+        adj: dict[str, list[Link]] = {d.name: [] for d in self.devices}
+        for link in self.links:
+            adj[link.src].append(link)
+        return adj
+
+    @cached_property
+    def _route_cache(self) -> dict[int, tuple[dict[str, float], dict[str, list[Link]]]]:
+        return {}
+
+    def _shortest_from(self, src: int) -> tuple[dict[str, float], dict[str, list[Link]]]:
+        """Dijkstra from rank ``src`` that never expands through another rank; keeps all equal-cost parents."""
+        cached = self._route_cache.get(src)
+        if cached is not None:
+            return cached
+        start = self.ranks[src]
+        dist: dict[str, float] = {start: 0.0}
+        parents: dict[str, list[Link]] = {start: []}
+        heap = [(0.0, start)]
+        ranks = self._rank_index
+        while heap:
+            d, node = heapq.heappop(heap)
+            if d > dist[node] * (1 + 1e-12) + 1e-18:
+                continue
+            if node != start and node in ranks:
+                continue  # GPUs are endpoints, not forwarders
+            for link in self._adjacency[node]:
+                nd = d + self._cost(link)
+                old = dist.get(link.dst)
+                if old is None or nd < old * (1 - 1e-9):
+                    dist[link.dst] = nd
+                    parents[link.dst] = [link]
+                    heapq.heappush(heap, (nd, link.dst))
+                elif nd <= old * (1 + 1e-9):
+                    parents[link.dst].append(link)
+        self._route_cache[src] = (dist, parents)
+        return dist, parents
+
+    def has_route(self, src: int, dst: int) -> bool:
+        """Whether rank ``src`` can send to rank ``dst`` directly (over switches, NICs, PCIe, no GPU)."""
+        return self.ranks[dst] in self._shortest_from(src)[0]
+
+    def routes(self, src: int, dst: int) -> tuple[tuple[Link, ...], ...]:
+        """The equal-cost paths from rank ``src`` to rank ``dst`` (at most :data:`MAX_PATHS`), each as links."""
+        _, parents = self._shortest_from(src)
+        target = self.ranks[dst]
+        if target not in parents or src == dst:
+            return ()
+        paths: list[tuple[Link, ...]] = []
+
+        def walk(node: str, suffix: tuple[Link, ...]) -> None:
+            if len(paths) >= MAX_PATHS:
+                return
+            if not parents[node]:
+                paths.append(suffix)
+                return
+            for link in parents[node]:
+                walk(link.src, (link,) + suffix)
+
+        walk(target, ())
+        return tuple(paths)
+
+    def route_latency(self, src: int, dst: int) -> float:
+        """Latency of the first cheapest path (the alpha term of a message)."""
+        paths = self.routes(src, dst)
+        return sum(link.latency for link in paths[0]) if paths else float("inf")
+
+    def route_bandwidth(self, src: int, dst: int) -> float:
+        """Bandwidth of a lone message from ``src`` to ``dst`` split over its equal-cost paths."""
+        paths = self.routes(src, dst)
+        if not paths:
+            return 0.0
+        # Paths may share links; a shared link carries the share of every path through it.
+        load: dict[tuple[str, str], float] = {}
+        for path in paths:
+            for link in path:
+                key = (link.src, link.dst)
+                load[key] = load.get(key, 0.0) + 1.0 / len(paths)
+        return min(self._links[key].bandwidth / share for key, share in load.items())
+
+
+# --------------------------------------------------------------------------- loading
+
+_TOP_KEYS = ("name", "description", "defaults", "devices", "links", "cluster")
+_DEVICE_KEYS = ("name", "type", "host", "rack", "count")
+_LINK_KEYS = ("ends", "bandwidth", "latency", "count", "direction", "kind")
+
+
+def load_topology(path: str | Path) -> Topology:
+    """Load and validate a topology YAML file.
+
+    >>> topo = load_topology("topologies/dgx1-v100.yaml")  # doctest: +SKIP
+    >>> topo.size  # doctest: +SKIP
+    8
+    """
+    return parse_topology(load_yaml(path), str(path))
+
+
+def parse_topology_text(text: str, name: str = "<topology>") -> Topology:
+    """Parse topology YAML given as text (``name`` is used in messages)."""
+    return parse_topology(parse_yaml(text, name), name)
+
+
+def check_keys(src: Source, obj: Any, what: str, allowed: Iterable[str], required: Iterable[str] = ()) -> YDict:
+    """``obj`` must be a mapping with only ``allowed`` keys and all ``required`` ones."""
+    if not isinstance(obj, dict):
+        raise src.error(obj, None, f"{what} must be a mapping, got {_kind(obj)}")
+    allowed = tuple(allowed)
+    for key in obj:
+        if key not in allowed:
+            hint = _close_match(str(key), allowed)
+            raise src.error(
+                obj, key, f"unknown key {key!r} in {what}",
+                fix=f"did you mean {hint!r}?" if hint else f"allowed keys: {', '.join(allowed)}",
+            )
+    for key in required:
+        if key not in obj:
+            raise src.error(obj, None, f"{what} lacks the required key {key!r}")
+    return obj  # type: ignore[return-value]
+
+
+def _close_match(word: str, choices: Iterable[str]) -> str | None:
+    import difflib
+
+    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", YDict: "a mapping", list: "a list", YList: "a list", str: "a string",
+            type(None): "nothing"}.get(type(value), type(value).__name__)
+
+
+def quantity(src: Source, obj: Any, key: str, parse: Any, default: Any = None) -> float:
+    """Parse ``obj[key]`` with a unit parser, reporting the line on failure."""
+    if key not in obj or obj[key] is None:
+        if default is None:
+            raise src.error(obj, None, f"missing {key}", fix=f"add '{key}:' (e.g. 25 GB/s or 0.7 us)")
+        return default
+    try:
+        return parse(obj[key])
+    except UnitError as exc:
+        raise src.error(obj, key, f"bad {key}: {exc}") from None
+
+
+def positive_int(src: Source, obj: Any, key: str, default: int | None = None, minimum: int = 1) -> int:
+    value = obj.get(key, default) if isinstance(obj, dict) else default
+    if value is None:
+        raise src.error(obj, None, f"missing {key}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise src.error(obj, key, f"{key} must be a whole number >= {minimum}, got {value!r}")
+    return value
+
+
+def name_string(src: Source, obj: Any, key: str) -> str:
+    value = obj.get(key)
+    if not isinstance(value, (str, int)) or isinstance(value, bool) or str(value).strip() == "":
+        raise src.error(obj, key, f"{key} must be a non-empty name, got {value!r}")
+    return str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkDefaults:
+    """Values a link takes when it does not say (``defaults:`` at the top of a file)."""
+
+    latency: float = 0.0
+    bandwidth: float | None = None
+
+
+def parse_link(src: Source, item: Any, defaults: LinkDefaults) -> tuple[list[Link], str, str]:
+    """One ``links:`` entry -> its directed links (two for full duplex) and its two ends."""
+    check_keys(src, item, "a link", _LINK_KEYS, ("ends",))
+    ends = item["ends"]
+    if not isinstance(ends, list) or len(ends) != 2 or not all(isinstance(e, (str, int)) for e in ends):
+        raise src.error(item, "ends", "ends must be a list of two device names, e.g. [gpu0, gpu1]")
+    a, b = str(ends[0]), str(ends[1])
+    if a == b:
+        raise src.error(item, "ends", f"self-loop: link from {a} to itself", fix="a link joins two different devices")
+    count = positive_int(src, item, "count", 1)
+    per_lane = quantity(src, item, "bandwidth", parse_bandwidth, defaults.bandwidth)
+    latency = quantity(src, item, "latency", parse_time, defaults.latency)
+    kind = str(item.get("kind", ""))
+    direction = item.get("direction", "both")
+    if direction not in ("both", "forward"):
+        raise src.error(item, "direction", f"direction must be 'both' or 'forward', got {direction!r}")
+    links = [Link(a, b, per_lane * count, latency, count, kind)]
+    if direction == "both":
+        links.append(Link(b, a, per_lane * count, latency, count, kind))
+    return links, a, b
+
+
+def parse_topology(doc: Any, source: str = "<topology>") -> Topology:
+    """Validate a decoded topology document and build the :class:`Topology`."""
+    src = Source(source)
+    if doc is None:
+        raise TopologyError("empty topology file", where=source, fix="see README.md for the topology format")
+    top = check_keys(src, doc, "the topology", _TOP_KEYS, ("name",))
+    name = name_string(src, top, "name")
+    description = top.get("description", "")
+    if not isinstance(description, str):
+        raise src.error(top, "description", "description must be text")
+    defaults = LinkDefaults()
+    if "defaults" in top:
+        d = check_keys(src, top["defaults"], "defaults", ("latency", "bandwidth"))
+        defaults = LinkDefaults(
+            quantity(src, d, "latency", parse_time, 0.0),
+            quantity(src, d, "bandwidth", parse_bandwidth) if "bandwidth" in d else None,
+        )
+    if "devices" not in top and "cluster" not in top:
+        raise src.error(top, None, "the topology declares no devices", fix="add 'devices:' and 'links:' or 'cluster:'")
+
+    devices: list[Device] = []
+    places: dict[str, str] = {}  # device name -> where it was declared
+    links: list[Link] = []
+    link_places: dict[tuple[str, str], str] = {}
+
+    def add_device(device: Device, where: str) -> None:
+        if device.name in places:
+            raise TopologyError(f"duplicate device name {device.name!r} (first declared at {places[device.name]})",
+                                where=where, fix="give every device a unique name")
+        places[device.name] = where
+        devices.append(device)
+
+    def add_links(new: Iterable[Link], where: str) -> None:
+        for link in new:
+            key = (link.src, link.dst)
+            if key in link_places:
+                raise TopologyError(
+                    f"link {link.src} -> {link.dst} is declared twice (first at {link_places[key]})",
+                    where=where, fix="declare it once; use count: N for parallel links",
+                )
+            link_places[key] = where
+            links.append(link)
+
+    if "cluster" in top:
+        from planner.templates import expand_cluster
+
+        t_devices, t_links = expand_cluster(src, top["cluster"], defaults)
+        where = src.at(top, "cluster")
+        for device in t_devices:
+            add_device(device, where)
+        add_links(t_links, where)
+
+    device_list = top.get("devices", [])
+    if not isinstance(device_list, list):
+        raise src.error(top, "devices", "devices must be a list")
+    for i, item in enumerate(device_list):
+        where = src.at(device_list, i)
+        check_keys(src, item, "a device", _DEVICE_KEYS, ("name", "type"))
+        base = name_string(src, item, "name")
+        kind = item["type"]
+        if kind not in DEVICE_KINDS:
+            hint = _close_match(str(kind), DEVICE_KINDS)
+            raise src.error(item, "type", f"unknown device type {kind!r}",
+                            fix=f"did you mean {hint!r}?" if hint else f"use one of {', '.join(DEVICE_KINDS)}")
+        host = item.get("host")
+        rack = item.get("rack")
+        for key, value in (("host", host), ("rack", rack)):
+            if value is not None and (not isinstance(value, (str, int)) or isinstance(value, bool)):
+                raise src.error(item, key, f"{key} must be a name")
+        count = positive_int(src, item, "count", 0, minimum=0) if "count" in item else None
+        names = [base] if count is None else [f"{base}{j}" for j in range(count)]
+        for n in names:
+            add_device(Device(n, kind, None if host is None else str(host), None if rack is None else str(rack)), where)
+
+    link_list = top.get("links", [])
+    if not isinstance(link_list, list):
+        raise src.error(top, "links", "links must be a list")
+    for i, item in enumerate(link_list):
+        new, a, b = parse_link(src, item, defaults)
+        for end in (a, b):
+            if end not in places:
+                hint = _close_match(end, places)
+                raise src.error(item, "ends", f"link names unknown device {end!r}",
+                                fix=f"did you mean {hint!r}?" if hint else "declare it under devices:")
+        add_links(new, src.at(link_list, i))
+
+    return build_topology(name, devices, links, description=description, source=source)
+
+
+def build_topology(name: str, devices: Iterable[Device], links: Iterable[Link], *, description: str = "",
+                   source: str | None = None) -> Topology:
+    """Assemble and check a topology: known endpoints, at least one rank, every rank reaching every other."""
+    devices = tuple(devices)
+    links = tuple(links)
+    where = source or name
+    known = {d.name for d in devices}
+    for link in links:
+        for end in (link.src, link.dst):
+            if end not in known:
+                raise TopologyError(f"link {link.src} -> {link.dst} names unknown device {end!r}", where=where)
+        if link.bandwidth <= 0:
+            raise TopologyError(f"link {link.src} -> {link.dst} has no bandwidth", where=where)
+    ranks = tuple(d.name for d in devices if d.kind == "gpu")
+    if not ranks:
+        raise TopologyError("the topology has no GPUs, so no ranks", where=where, fix="add devices of type gpu")
+    topo = Topology(name, devices, links, ranks, description, source)
+    _check_connected(topo, where)
+    return topo
+
+
+def _check_connected(topo: Topology, where: str) -> None:
+    """Every rank must be able to reach every other, relaying through GPUs if need be."""
+    g = topo.graph
+    for component in nx.strongly_connected_components(g):
+        members = [r for r in topo.ranks if r in component]
+        if members and len(members) < len(topo.ranks):
+            outside = next(r for r in topo.ranks if r not in component)
+            raise TopologyError(
+                f"ranks cannot reach each other: {members[0]} has no path to or from {outside}",
+                where=where, fix="add the missing links (or check link directions)",
+            )
+
+
+def describe(topo: Topology) -> Mapping[str, Any]:
+    """A plain summary (``topocc topo show``): counts by kind, hosts, racks, bandwidth range."""
+    kinds: dict[str, int] = {}
+    for d in topo.devices:
+        kinds[d.kind] = kinds.get(d.kind, 0) + 1
+    bws = [link.bandwidth for link in topo.links]
+    return {
+        "name": topo.name,
+        "description": topo.description,
+        "ranks": topo.size,
+        "devices": kinds,
+        "links": len(topo.links),
+        "hosts": len(topo.hosts),
+        "racks": len(topo.racks),
+        "min_link_bandwidth_GBps": min(bws) / 1e9 if bws else None,
+        "max_link_bandwidth_GBps": max(bws) / 1e9 if bws else None,
+        "fingerprint": topo.fingerprint,
+    }

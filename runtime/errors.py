@@ -1,0 +1,41 @@
+"""The root of topocc's error hierarchy.
+
+It lives in the runtime because the runtime must not import the planner; the
+planner's own errors (``planner.errors``) derive from :class:`TopoccError` too,
+so a caller (or the CLI) can catch every expected failure with one clause.
+"""
+
+from __future__ import annotations
+
+__all__ = ["TopoccError", "ScheduleFormatError", "CommunicatorError"]
+
+
+class TopoccError(Exception):
+    """An expected failure with a message fit for one line of user output."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, where: str | None = None, fix: str | None = None) -> None:
+        self.message = message
+        self.where = where
+        self.fix = fix
+        super().__init__(self.one_line())
+
+    def one_line(self) -> str:
+        """``where: message (fix: ...)`` on a single line."""
+        text = f"{self.where}: {self.message}" if self.where else self.message
+        if self.fix:
+            text += f" (fix: {self.fix})"
+        return " ".join(text.split())
+
+
+class ScheduleFormatError(TopoccError):
+    """A schedule or plan file that cannot be read: bad JSON, unknown version, wrong fields."""
+
+    exit_code = 3
+
+
+class CommunicatorError(TopoccError):
+    """The runtime refused a call (wrong rank count, dtype, size) or a peer failed."""
+
+    exit_code = 5

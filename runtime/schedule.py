@@ -1,0 +1,498 @@
+"""The serialized schedule: the contract between the planner and the runtime.
+
+A schedule says, for every rank, an ordered program of operations on chunks of
+its input, output and scratch buffers.  The planner writes it (and proves it with
+``planner.verify``); the runtime reads it and replays it.  It is plain, immutable
+data and is stored as versioned JSON (optionally gzip-compressed); the format is
+documented in ``docs/schedule-format.md``.
+
+Execution model (what the verifier proves and the runtime relies on):
+
+* an operation may start once every operation listed in its ``deps`` (indices of
+  earlier operations of the same rank) has completed;
+* the k-th send from rank a to rank b on channel c matches the k-th receive
+  posted by b from a on channel c, counted in program order (MPI's non-overtaking
+  order, per channel);
+* a send and its receive complete together (rendezvous), the strictest model, so
+  a schedule that cannot deadlock under it cannot deadlock under eager sends.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runtime.errors import ScheduleFormatError
+
+__all__ = [
+    "BUFFERS",
+    "COLLECTIVES",
+    "FORMAT",
+    "OP_KINDS",
+    "VERSION",
+    "Chunk",
+    "Metadata",
+    "Op",
+    "Schedule",
+    "build_schedule",
+    "canonical_collective",
+    "chunking_problem",
+    "dump_schedule",
+    "load_schedule",
+    "parse_schedule",
+    "read_json_document",
+    "save_schedule",
+    "schedule_to_dict",
+]
+
+FORMAT = "topocc-schedule"
+VERSION = 1
+
+#: Buffer names as stored (MSCCL's letters): input, output, scratch.
+BUFFERS = ("i", "o", "s")
+COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall")
+#: Operations and which chunk references each one takes.
+OP_KINDS: Mapping[str, tuple[bool, bool, bool]] = {
+    # kind: (has peer, has src, has dst)
+    "send": (True, True, False),
+    "recv": (True, False, True),
+    "recv_reduce": (True, False, True),  # dst := dst (+) received; src, if given, replaces dst as left operand
+    "copy": (False, True, True),
+    "reduce": (False, True, True),  # dst := dst (+) src
+}
+ROOTED = ("broadcast", "reduce")
+
+
+def canonical_collective(name: str) -> str:
+    """Normalise ``all-reduce``, ``reduce_scatter``, ``AllGather`` ... to the stored names."""
+    key = name.lower().replace("-", "").replace("_", "").replace(" ", "")
+    if key not in COLLECTIVES:
+        raise ScheduleFormatError(
+            f"unknown collective {name!r}", fix=f"use one of {', '.join(COLLECTIVES)}"
+        )
+    return key
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """``count`` consecutive chunks of one buffer, starting at ``index``."""
+
+    buffer: str
+    index: int
+    count: int = 1
+
+    def __str__(self) -> str:
+        span = f"{self.index}" if self.count == 1 else f"{self.index}:{self.index + self.count}"
+        return f"{self.buffer}[{span}]"
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One operation of a rank's program.
+
+    ``deps`` are indices of earlier operations of the same rank that must have
+    completed before this one starts.  ``step`` is the algorithm's logical step
+    (for display and tracing); ``channel`` separates independent FIFO streams
+    between a pair of ranks.
+    """
+
+    kind: str
+    peer: int | None = None
+    src: Chunk | None = None
+    dst: Chunk | None = None
+    deps: tuple[int, ...] = ()
+    step: int = 0
+    channel: int = 0
+
+    @property
+    def count(self) -> int:
+        ref = self.src if self.src is not None else self.dst
+        return ref.count if ref is not None else 0
+
+
+@dataclass(frozen=True, slots=True)
+class Metadata:
+    """Provenance and prediction: what compiled this schedule, for which topology and sizes."""
+
+    algorithm: str = "unknown"
+    options: Mapping[str, Any] = field(default_factory=dict)
+    topology: str | None = None
+    fingerprint: str | None = None
+    min_bytes: int = 0
+    max_bytes: int | None = None
+    size_bytes: int | None = None
+    predicted_time_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A complete collective schedule: chunking plus one program per rank."""
+
+    collective: str
+    ranks: int
+    input_chunks: int
+    output_chunks: int
+    programs: tuple[tuple[Op, ...], ...]
+    scratch_chunks: int = 0
+    root: int | None = None
+    inplace: bool = False
+    metadata: Metadata = field(default_factory=Metadata)
+
+    def chunk_count(self, buffer: str) -> int:
+        return {"i": self.input_chunks, "o": self.output_chunks, "s": self.scratch_chunks}[buffer]
+
+    @property
+    def op_count(self) -> int:
+        return sum(len(p) for p in self.programs)
+
+    def with_metadata(self, **changes: Any) -> Schedule:
+        """A copy with some metadata fields replaced."""
+        meta = {name: getattr(self.metadata, name) for name in Metadata.__slots__}
+        meta.update(changes)
+        return Schedule(
+            self.collective, self.ranks, self.input_chunks, self.output_chunks, self.programs,
+            self.scratch_chunks, self.root, self.inplace, Metadata(**meta),
+        )
+
+
+# --------------------------------------------------------------------------- serialisation
+
+
+def _chunk_to_json(chunk: Chunk) -> list[Any]:
+    return [chunk.buffer, chunk.index] if chunk.count == 1 else [chunk.buffer, chunk.index, chunk.count]
+
+
+def _op_to_json(op: Op) -> dict[str, Any]:
+    out: dict[str, Any] = {"op": op.kind}
+    if op.peer is not None:
+        out["peer"] = op.peer
+    if op.src is not None:
+        out["src"] = _chunk_to_json(op.src)
+    if op.dst is not None:
+        out["dst"] = _chunk_to_json(op.dst)
+    if op.deps:
+        out["deps"] = list(op.deps)
+    out["step"] = op.step
+    if op.channel:
+        out["ch"] = op.channel
+    return out
+
+
+def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
+    """The JSON document for ``schedule`` (see docs/schedule-format.md)."""
+    meta = schedule.metadata
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "collective": schedule.collective,
+        "ranks": schedule.ranks,
+        "root": schedule.root,
+        "inplace": schedule.inplace,
+        "chunks": {
+            "input": schedule.input_chunks,
+            "output": schedule.output_chunks,
+            "scratch": schedule.scratch_chunks,
+        },
+        "metadata": {
+            "algorithm": meta.algorithm,
+            "options": dict(meta.options),
+            "topology": meta.topology,
+            "fingerprint": meta.fingerprint,
+            "min_bytes": meta.min_bytes,
+            "max_bytes": meta.max_bytes,
+            "size_bytes": meta.size_bytes,
+            "predicted_time_s": meta.predicted_time_s,
+        },
+        "programs": [[_op_to_json(op) for op in program] for program in schedule.programs],
+    }
+
+
+def dump_schedule(schedule: Schedule) -> str:
+    """Compact JSON text: one line per rank program keeps diffs readable."""
+    doc = schedule_to_dict(schedule)
+    programs = doc.pop("programs")
+    head = json.dumps(doc, indent=1, allow_nan=False)
+    body = ",\n".join("  " + json.dumps(p, separators=(",", ":")) for p in programs)
+    return head[:-2] + ',\n "programs": [\n' + body + "\n ]\n}\n"
+
+
+def save_schedule(schedule: Schedule, path: str | Path) -> None:
+    """Write ``schedule`` to ``path``; a ``.gz`` suffix writes gzip-compressed JSON."""
+    text = dump_schedule(schedule)
+    path = Path(path)
+    if path.suffix == ".gz":
+        path.write_bytes(gzip.compress(text.encode(), compresslevel=6, mtime=0))
+    else:
+        path.write_text(text)
+
+
+def read_json_document(path: str | Path, kind: str) -> Any:
+    """Parse a (possibly gzip-compressed) JSON file, turning every failure into one error line."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ScheduleFormatError(f"cannot read {kind}: {exc.strerror}", where=str(path)) from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as exc:
+            raise ScheduleFormatError(
+                f"corrupt gzip data ({exc})", where=str(path), fix="recompile or re-download the file"
+            ) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ScheduleFormatError(
+            f"not UTF-8 text at byte {exc.start}", where=str(path), fix=f"pass a topocc {kind} JSON file"
+        ) from None
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise ScheduleFormatError(
+            f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+            where=str(path),
+            fix="the file is truncated or was edited by hand; recompile it",
+        ) from None
+    except ValueError as exc:
+        raise ScheduleFormatError(str(exc), where=str(path)) from None
+    except RecursionError:
+        raise ScheduleFormatError("JSON nested too deeply", where=str(path)) from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"invalid JSON: {name} is not a number in a schedule")
+
+
+def load_schedule(path: str | Path) -> Schedule:
+    """Read and structurally validate a schedule file (JSON or gzip JSON).
+
+    Structural validation covers the format, version, types, ranges and
+    dependency order; whether the schedule computes its collective is the
+    verifier's job (``planner.verify``).
+    """
+    return parse_schedule(read_json_document(path, "schedule"), source=str(path))
+
+
+class _Reader:
+    """Typed field access over a JSON document that reports the exact place of a fault."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, place: str, message: str, fix: str | None = None) -> ScheduleFormatError:
+        return ScheduleFormatError(message, where=f"{self.source}: {place}" if place else self.source, fix=fix)
+
+    def obj(self, value: Any, place: str, required: Iterable[str], optional: Iterable[str] = ()) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(place, f"expected an object, got {_type_name(value)}")
+        required = tuple(required)
+        allowed = set(required) | set(optional)
+        for key in value:
+            if key not in allowed:
+                raise self.fail(
+                    place, f"unknown field {key!r}", fix=f"allowed fields are {', '.join(sorted(allowed))}"
+                )
+        for key in required:
+            if key not in value:
+                raise self.fail(place, f"missing field {key!r}")
+        return value
+
+    def integer(self, value: Any, place: str, low: int | None = None, high: int | None = None) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(place, f"expected an integer, got {_type_name(value)}")
+        if low is not None and value < low:
+            raise self.fail(place, f"{value} is below the minimum {low}")
+        if high is not None and value > high:
+            raise self.fail(place, f"{value} is above the maximum {high}")
+        return value
+
+    def number(self, value: Any, place: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self.fail(place, f"expected a finite number, got {_type_name(value)}")
+        if value < 0:
+            raise self.fail(place, f"{value} is negative")
+        return float(value)
+
+    def string(self, value: Any, place: str) -> str:
+        if not isinstance(value, str):
+            raise self.fail(place, f"expected a string, got {_type_name(value)}")
+        return value
+
+    def array(self, value: Any, place: str) -> list[Any]:
+        if not isinstance(value, list):
+            raise self.fail(place, f"expected an array, got {_type_name(value)}")
+        return value
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def parse_schedule(doc: Any, source: str = "<schedule>") -> Schedule:
+    """Build a :class:`Schedule` from a decoded JSON document, validating every field."""
+    r = _Reader(source)
+    top = r.obj(
+        doc, "", ("format", "version", "collective", "ranks", "chunks", "programs"), ("root", "inplace", "metadata")
+    )
+    if top["format"] != FORMAT:
+        raise r.fail("format", f"not a topocc schedule (format {top['format']!r})", fix=f"expected {FORMAT!r}")
+    version = r.integer(top["version"], "version")
+    if version != VERSION:
+        raise r.fail(
+            "version",
+            f"unsupported schedule format version {version} (this topocc reads version {VERSION})",
+            fix="recompile the schedule with this version of topocc",
+        )
+    try:
+        collective = canonical_collective(r.string(top["collective"], "collective"))
+    except ScheduleFormatError as exc:
+        raise r.fail("collective", exc.message, exc.fix) from None
+    ranks = r.integer(top["ranks"], "ranks", 1, 1 << 20)
+    root = top.get("root")
+    if collective in ROOTED:
+        root = r.integer(root, "root", 0, ranks - 1) if root is not None else 0
+    elif root is not None:
+        raise r.fail("root", f"{collective} has no root", fix="set root to null")
+    inplace = top.get("inplace", False)
+    if not isinstance(inplace, bool):
+        raise r.fail("inplace", f"expected a boolean, got {_type_name(inplace)}")
+    chunks = r.obj(top["chunks"], "chunks", ("input", "output"), ("scratch",))
+    n_in = r.integer(chunks["input"], "chunks.input", 1, 1 << 24)
+    n_out = r.integer(chunks["output"], "chunks.output", 1, 1 << 24)
+    n_scratch = r.integer(chunks.get("scratch", 0), "chunks.scratch", 0, 1 << 24)
+    problem = chunking_problem(collective, ranks, n_in, n_out)
+    if problem:
+        raise r.fail("chunks", problem)
+    metadata = _parse_metadata(r, top.get("metadata", {}))
+    programs_doc = r.array(top["programs"], "programs")
+    if len(programs_doc) != ranks:
+        raise r.fail("programs", f"{len(programs_doc)} rank programs for {ranks} ranks", fix="one program per rank")
+    limits = {"i": n_in, "o": n_out, "s": n_scratch}
+    programs = tuple(
+        tuple(_parse_op(r, op, f"programs[{rank}][{k}]", rank, k, ranks, limits) for k, op in enumerate(
+            r.array(program, f"programs[{rank}]")))
+        for rank, program in enumerate(programs_doc)
+    )
+    return Schedule(collective, ranks, n_in, n_out, programs, n_scratch, root, inplace, metadata)
+
+
+def chunking_problem(collective: str, ranks: int, n_in: int, n_out: int) -> str | None:
+    """Why the input/output chunk counts do not fit the collective's shape, or None if they do."""
+    if collective in ("allreduce", "broadcast", "reduce") and n_in != n_out:
+        return f"{collective} needs as many output chunks as input chunks ({n_out} != {n_in})"
+    if collective == "allgather" and n_out != n_in * ranks:
+        return f"allgather needs output chunks = ranks x input chunks ({n_out} != {ranks} x {n_in})"
+    if collective == "reducescatter" and n_in != n_out * ranks:
+        return f"reducescatter needs input chunks = ranks x output chunks ({n_in} != {ranks} x {n_out})"
+    if collective == "alltoall" and (n_in != n_out or n_in % ranks):
+        return f"alltoall needs equal input and output chunks, a multiple of {ranks} ({n_in}, {n_out})"
+    return None
+
+
+def _parse_metadata(r: _Reader, doc: Any) -> Metadata:
+    fields = ("algorithm", "options", "topology", "fingerprint", "min_bytes", "max_bytes", "size_bytes",
+              "predicted_time_s")
+    meta = r.obj(doc, "metadata", (), fields)
+
+    def opt(name: str, parse: Any) -> Any:
+        value = meta.get(name)
+        return None if value is None else parse(value, f"metadata.{name}")
+
+    options = meta.get("options", {})
+    if not isinstance(options, dict):
+        raise r.fail("metadata.options", f"expected an object, got {_type_name(options)}")
+    return Metadata(
+        algorithm=r.string(meta.get("algorithm", "unknown"), "metadata.algorithm"),
+        options=options,
+        topology=opt("topology", r.string),
+        fingerprint=opt("fingerprint", r.string),
+        min_bytes=r.integer(meta.get("min_bytes", 0), "metadata.min_bytes", 0),
+        max_bytes=opt("max_bytes", lambda v, p: r.integer(v, p, 0)),
+        size_bytes=opt("size_bytes", lambda v, p: r.integer(v, p, 0)),
+        predicted_time_s=opt("predicted_time_s", r.number),
+    )
+
+
+def _parse_chunk(r: _Reader, doc: Any, place: str, limits: Mapping[str, int]) -> Chunk:
+    items = r.array(doc, place)
+    if len(items) not in (2, 3):
+        raise r.fail(place, f"a chunk reference is [buffer, index] or [buffer, index, count], got {len(items)} items")
+    buffer = items[0]
+    if buffer not in BUFFERS:
+        raise r.fail(f"{place}[0]", f"unknown buffer {buffer!r}", fix="use 'i' (input), 'o' (output) or 's' (scratch)")
+    limit = limits[buffer]
+    index = r.integer(items[1], f"{place}[1]", 0)
+    count = r.integer(items[2], f"{place}[2]", 1) if len(items) == 3 else 1
+    if index + count > limit:
+        raise r.fail(
+            place,
+            f"chunks {index}..{index + count - 1} of buffer {buffer!r} are out of range (it has {limit} chunks)",
+        )
+    return Chunk(buffer, index, count)
+
+
+def _parse_op(r: _Reader, doc: Any, place: str, rank: int, k: int, ranks: int, limits: Mapping[str, int]) -> Op:
+    op = r.obj(doc, place, ("op",), ("peer", "src", "dst", "deps", "step", "ch"))
+    kind = op["op"]
+    if kind not in OP_KINDS:
+        raise r.fail(f"{place}.op", f"unknown operation {kind!r}", fix=f"use one of {', '.join(OP_KINDS)}")
+    has_peer, has_src, has_dst = OP_KINDS[kind]
+    peer = None
+    if has_peer:
+        if "peer" not in op:
+            raise r.fail(place, f"{kind} needs a peer")
+        peer = r.integer(op["peer"], f"{place}.peer", 0, ranks - 1)
+        if peer == rank:
+            raise r.fail(f"{place}.peer", f"rank {rank} {kind}s to itself", fix="use copy or reduce for local data")
+    elif "peer" in op:
+        raise r.fail(place, f"{kind} takes no peer")
+    src = _parse_chunk(r, op["src"], f"{place}.src", limits) if "src" in op else None
+    dst = _parse_chunk(r, op["dst"], f"{place}.dst", limits) if "dst" in op else None
+    if has_src and src is None:
+        raise r.fail(place, f"{kind} needs a src chunk")
+    if has_dst and dst is None:
+        raise r.fail(place, f"{kind} needs a dst chunk")
+    if src is not None and not has_src and kind != "recv_reduce":
+        raise r.fail(place, f"{kind} takes no src")
+    if dst is not None and not has_dst:
+        raise r.fail(place, f"{kind} takes no dst")
+    if src is not None and dst is not None and src.count != dst.count:
+        raise r.fail(place, f"src has {src.count} chunks but dst has {dst.count}")
+    deps_doc = r.array(op.get("deps", []), f"{place}.deps")
+    deps = tuple(r.integer(d, f"{place}.deps[{j}]", 0) for j, d in enumerate(deps_doc))
+    for d in deps:
+        if d >= k:
+            raise r.fail(
+                f"{place}.deps", f"depends on operation {d}, which is not earlier in the program",
+                fix="dependencies must point to earlier operations of the same rank",
+            )
+    step = r.integer(op.get("step", 0), f"{place}.step", 0)
+    channel = r.integer(op.get("ch", 0), f"{place}.ch", 0, 1 << 16)
+    return Op(kind, peer, src, dst, deps, step, channel)
+
+
+def build_schedule(
+    collective: str,
+    ranks: int,
+    input_chunks: int,
+    output_chunks: int,
+    programs: Sequence[Sequence[Op]],
+    *,
+    scratch_chunks: int = 0,
+    root: int | None = None,
+    inplace: bool = False,
+    metadata: Metadata | None = None,
+) -> Schedule:
+    """Freeze programs built as lists into a :class:`Schedule`."""
+    return Schedule(
+        canonical_collective(collective), ranks, input_chunks, output_chunks,
+        tuple(tuple(p) for p in programs), scratch_chunks, root, inplace, metadata or Metadata(),
+    )
