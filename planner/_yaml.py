@@ -106,7 +106,7 @@ def load_yaml(path: str | Path) -> Any:
 def parse_yaml(text: str, name: str) -> Any:
     """Parse YAML text; ``name`` is used in error messages."""
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader derives from SafeLoader
+        return yaml.load(text, Loader=_Loader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f":{mark.line + 1}" if mark is not None else ""
@@ -117,3 +117,5 @@ def parse_yaml(text: str, name: str) -> Any:
         raise TopologyError(f"invalid YAML: {exc}", where=name) from None
     except RecursionError:
         raise TopologyError("YAML nested too deeply", where=name) from None
+    except (ValueError, OverflowError) as exc:  # a constructor's own check, e.g. the date 2001-13-01
+        raise TopologyError(f"invalid YAML value: {exc}", where=name, fix="quote it if it is meant as text") from None

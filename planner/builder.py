@@ -77,9 +77,13 @@ class ScheduleBuilder:
         return self._emit(rank, Op("send", peer, src, None, (), step, channel), (src,), None, after)
 
     def recv(self, rank: int, peer: int, dst: Chunk, *, reduce: bool = False, step: int = 0, channel: int = 0,
-             after: Iterable[int] = ()) -> int:
+             after: Iterable[int] = (), src: Chunk | None = None) -> int:
+        """A receive into ``dst``; with ``reduce``, ``dst := (src or dst) (+) received``."""
+        if src is not None and not reduce:
+            raise ValueError("only a reducing receive takes a src operand")
         kind = "recv_reduce" if reduce else "recv"
-        return self._emit(rank, Op(kind, peer, None, dst, (), step, channel), (dst,) if reduce else (), dst, after)
+        reads = () if not reduce else (dst,) if src is None else (src,)
+        return self._emit(rank, Op(kind, peer, src, dst, (), step, channel), reads, dst, after)
 
     def copy(self, rank: int, src: Chunk, dst: Chunk, *, step: int = 0, after: Iterable[int] = ()) -> int:
         return self._emit(rank, Op("copy", None, src, dst, (), step), (src,), dst, after)

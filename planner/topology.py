@@ -208,7 +208,7 @@ class Topology:
                 paths.append(suffix)
                 return
             for link in parents[node]:
-                walk(link.src, (link,) + suffix)
+                walk(link.src, (link, *suffix))
 
         walk(target, ())
         return tuple(paths)

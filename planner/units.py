@@ -28,6 +28,14 @@ class UnitError(ValueError):
     """A quantity that does not parse; callers add the file and place."""
 
 
+def _number(value: int | float | str) -> float:
+    """``float(value)``, with numbers too large for a float reported as a :class:`UnitError`."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise UnitError(f"{value!r} is too large") from None
+
+
 def _prefix(prefix: str | None) -> float:
     if not prefix:
         return 1.0
@@ -39,7 +47,7 @@ def parse_bandwidth(text: object) -> float:
     if isinstance(text, bool):
         raise UnitError(f"{text!r} is not a bandwidth")
     if isinstance(text, (int, float)):
-        value = float(text)
+        value = _number(text)
     else:
         match = _BANDWIDTH.match(str(text).strip())
         if not match or (match.group(3) is None and match.group(4) is None and match.group(2)):
@@ -51,7 +59,7 @@ def parse_bandwidth(text: object) -> float:
             unit, per_second = "B", "/s"
         if unit is None or per_second is None:
             raise UnitError(f"{text!r} is not a bandwidth (write e.g. '25 GB/s' or '200 Gbit/s')")
-        value = float(number) * _prefix(prefix) / (8.0 if unit in ("bit", "b") else 1.0)
+        value = _number(number) * _prefix(prefix) / (8.0 if unit in ("bit", "b") else 1.0)
     if not math.isfinite(value) or value <= 0:
         raise UnitError(f"bandwidth must be positive, got {text!r}")
     return value
@@ -62,12 +70,12 @@ def parse_time(text: object) -> float:
     if isinstance(text, bool):
         raise UnitError(f"{text!r} is not a time")
     if isinstance(text, (int, float)):
-        value = float(text)
+        value = _number(text)
     else:
         match = _TIME.match(str(text).strip())
         if not match:
             raise UnitError(f"{text!r} is not a time (write e.g. '0.7 us', '700 ns' or '1 ms')")
-        value = float(match.group(1)) * _TIME_SCALE[match.group(2)]
+        value = _number(match.group(1)) * _TIME_SCALE[match.group(2)]
     if not math.isfinite(value) or value < 0:
         raise UnitError(f"time must be zero or positive, got {text!r}")
     return value
@@ -78,12 +86,12 @@ def parse_size(text: object) -> int:
     if isinstance(text, bool):
         raise UnitError(f"{text!r} is not a size")
     if isinstance(text, int):
-        value = float(text)
+        value = _number(text)
     else:
         match = _SIZE.match(str(text).strip())
         if not match:
             raise UnitError(f"{text!r} is not a size (write e.g. 64MiB, 1GB or 4096)")
-        value = float(match.group(1)) * _prefix(match.group(2))
+        value = _number(match.group(1)) * _prefix(match.group(2))
     if not math.isfinite(value) or value < 1 or value != int(value):
         raise UnitError(f"size must be a positive whole number of bytes, got {text!r}")
     return int(value)

@@ -10,6 +10,14 @@ Three properties, each with a precise error when it fails:
 * the schedule terminates under rendezvous semantics (no deadlock) and leaves
   every output chunk holding exactly the value the collective specifies: for a
   reduction, each rank's contribution exactly once.
+
+Sends (and receives) of one rank to (from) one peer on one channel are posted in
+program order, since FIFO matching depends on it: a later one is posted only once
+the earlier one has been, even when its own dependencies are met sooner.
+
+Error messages are built only when a check fails, so a correct schedule costs no
+string formatting (a 256-rank ring allreduce, about 260k operations, verifies in
+about a second).
 """
 
 from __future__ import annotations
@@ -19,9 +27,11 @@ from dataclasses import dataclass
 
 from planner.collectives import CollectiveSpec, Value, spec
 from planner.errors import VerificationError
-from runtime.schedule import OP_KINDS, Chunk, Op, Schedule, chunking_problem
+from runtime.schedule import BUFFERS, OP_KINDS, Chunk, Op, Schedule, chunking_problem
 
 __all__ = ["VerifyReport", "verify"]
+
+Programs = tuple[tuple[Op, ...], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,42 +51,64 @@ def _fail(schedule: Schedule, message: str, fix: str | None = None) -> Verificat
 
 
 def _describe(rank: int, k: int, op: Op) -> str:
+    """``rank 2 op 5 (send to rank 3 o[1])``: how errors name an operation."""
     what = op.kind
     if op.peer is not None:
         what += f" {'to' if op.kind == 'send' else 'from'} rank {op.peer}"
         if op.channel:
             what += f" ch {op.channel}"
     refs = " ".join(str(c) for c in (op.src, op.dst) if c is not None)
-    return f"rank {rank} op {k} ({what} {refs})"
+    return f"rank {rank} op {k} ({what} {refs})" if refs else f"rank {rank} op {k} ({what})"
 
 
 def _check_structure(schedule: Schedule, sp: CollectiveSpec) -> None:
     """Re-check what the loader checks, for schedules built in memory by an algorithm."""
-    if len(schedule.programs) != schedule.ranks:
-        raise _fail(schedule, f"{len(schedule.programs)} programs for {schedule.ranks} ranks")
-    problem = chunking_problem(schedule.collective, schedule.ranks, schedule.input_chunks, schedule.output_chunks)
+    ranks = schedule.ranks
+    if ranks < 1:
+        raise _fail(schedule, f"a schedule needs at least one rank, got {ranks}")
+    if len(schedule.programs) != ranks:
+        raise _fail(schedule, f"{len(schedule.programs)} programs for {ranks} ranks", fix="one program per rank")
+    counts = (schedule.input_chunks, schedule.output_chunks, schedule.scratch_chunks)
+    if min(counts[:2]) < 1 or counts[2] < 0:
+        raise _fail(schedule, f"invalid chunk counts (input {counts[0]}, output {counts[1]}, scratch {counts[2]})")
+    problem = chunking_problem(schedule.collective, ranks, schedule.input_chunks, schedule.output_chunks)
     if problem:
         raise _fail(schedule, problem)
+    if sp.root is not None and not 0 <= sp.root < ranks:
+        raise _fail(schedule, f"root {sp.root} is not a rank of a {ranks}-rank schedule")
+    limits = dict(zip(BUFFERS, counts))
+    inplace = schedule.inplace
     for rank, program in enumerate(schedule.programs):
         for k, op in enumerate(program):
-            has_peer, has_src, has_dst = OP_KINDS.get(op.kind, (None, None, None))
-            if has_peer is None:
-                raise _fail(schedule, f"rank {rank} op {k}: unknown operation {op.kind!r}")
-            if has_peer and (op.peer is None or not 0 <= op.peer < schedule.ranks or op.peer == rank):
-                raise _fail(schedule, f"rank {rank} op {k}: invalid peer {op.peer}")
-            if (has_src and op.src is None) or (has_dst and op.dst is None):
+            shape = OP_KINDS.get(op.kind)
+            if shape is None:
+                raise _fail(schedule, f"rank {rank} op {k}: unknown operation {op.kind!r}",
+                            fix=f"use one of {', '.join(OP_KINDS)}")
+            has_peer, has_src, has_dst = shape
+            peer = op.peer
+            if has_peer:
+                if peer is None or not 0 <= peer < ranks or peer == rank:
+                    raise _fail(schedule, f"rank {rank} op {k}: invalid peer {peer} for a {op.kind}")
+            elif peer is not None:
+                raise _fail(schedule, f"rank {rank} op {k}: a {op.kind} takes no peer")
+            src, dst = op.src, op.dst
+            if (has_src and src is None) or (has_dst and dst is None):
                 raise _fail(schedule, f"rank {rank} op {k}: {op.kind} lacks a chunk reference")
-            for ref in (op.src, op.dst):
-                if ref is not None and not (
-                    ref.buffer in ("i", "o", "s") and ref.index >= 0 and ref.count >= 1
-                    and ref.index + ref.count <= schedule.chunk_count(ref.buffer)
-                ):
-                    raise _fail(schedule, f"{_describe(rank, k, op)}: chunk reference out of range")
-            if op.src is not None and op.dst is not None and op.src.count != op.dst.count:
+            if (src is not None and not has_src and op.kind != "recv_reduce") or (dst is not None and not has_dst):
+                raise _fail(schedule, f"{_describe(rank, k, op)}: a {op.kind} takes no such chunk reference")
+            for ref in (src, dst):
+                if ref is not None:
+                    limit = limits.get(ref.buffer)
+                    if limit is None or ref.index < 0 or ref.count < 1 or ref.index + ref.count > limit:
+                        raise _fail(schedule, f"{_describe(rank, k, op)}: chunk reference {ref} out of range "
+                                              f"(buffer {ref.buffer!r} has {limit or 0} chunks)")
+            if src is not None and dst is not None and src.count != dst.count:
                 raise _fail(schedule, f"{_describe(rank, k, op)}: src and dst lengths differ")
-            if any(not 0 <= d < k for d in op.deps):
-                raise _fail(schedule, f"rank {rank} op {k}: dependencies must name earlier operations")
-            if not schedule.inplace and op.dst is not None and op.dst.buffer == "i":
+            for d in op.deps:
+                if not 0 <= d < k:
+                    raise _fail(schedule, f"rank {rank} op {k}: dependency {d} does not name an earlier operation",
+                                fix="dependencies must point to earlier operations of the same rank")
+            if dst is not None and dst.buffer == "i" and not inplace:
                 raise _fail(
                     schedule, f"{_describe(rank, k, op)} writes the input buffer of an out-of-place collective",
                     fix="write to output or scratch, or mark the schedule inplace",
@@ -84,27 +116,37 @@ def _check_structure(schedule: Schedule, sp: CollectiveSpec) -> None:
 
 
 class _Memory:
-    """One rank's buffers, with in-place aliasing resolved to (storage, offset)."""
+    """One rank's buffers, with in-place aliasing resolved to (storage, offset).
+
+    Every chunk also has an integer address (input, then output, then scratch)
+    that identifies it after aliasing, for race detection.
+    """
+
+    __slots__ = ("addr", "n_out", "size", "store")
 
     def __init__(self, schedule: Schedule, sp: CollectiveSpec, rank: int) -> None:
         inp: list[Value | None] = [None] * schedule.input_chunks
         out: list[Value | None] = [None] * schedule.output_chunks
         scratch: list[Value | None] = [None] * schedule.scratch_chunks
+        base = {"i": 0, "o": len(inp), "s": len(inp) + len(out)}
         self.store = {"i": (inp, 0), "o": (out, 0), "s": (scratch, 0)}
+        self.addr = dict(base)
         if schedule.inplace:
             for name in ("i", "o"):
                 target, offset = sp.alias(rank, name, 0)
                 if target != name:
                     self.store[name] = ({"i": inp, "o": out}[target], offset)
-        base, offset = self.store["i"]
+                    self.addr[name] = base[target] + offset
+        self.size = len(inp) + len(out) + len(scratch)
+        storage, offset = self.store["i"]
         for j, value in enumerate(sp.initial(rank)):
-            base[offset + j] = value
+            storage[offset + j] = value
         self.n_out = schedule.output_chunks
 
-    def locations(self, ref: Chunk) -> list[tuple[int, int]]:
-        """Identity of each chunk of ``ref`` after aliasing, for race detection."""
-        base, offset = self.store[ref.buffer]
-        return [(id(base), offset + ref.index + j) for j in range(ref.count)]
+    def locations(self, ref: Chunk) -> range:
+        """Address of each chunk of ``ref`` after aliasing."""
+        start = self.addr[ref.buffer] + ref.index
+        return range(start, start + ref.count)
 
     def read(self, ref: Chunk) -> list[Value | None]:
         base, offset = self.store[ref.buffer]
@@ -123,13 +165,14 @@ class _Memory:
 
 def _accesses(op: Op) -> tuple[tuple[Chunk, ...], Chunk | None]:
     """(chunks read, chunk written) by an operation."""
-    if op.kind == "send":
+    kind = op.kind
+    if kind == "send":
         return (op.src,), None  # type: ignore[return-value]
-    if op.kind == "recv":
+    if kind == "recv":
         return (), op.dst
-    if op.kind == "recv_reduce":
-        return tuple(c for c in (op.src, op.dst) if c is not None), op.dst
-    if op.kind == "copy":
+    if kind == "recv_reduce":
+        return ((op.dst,) if op.src is None else (op.src, op.dst)), op.dst  # type: ignore[return-value]
+    if kind == "copy":
         return (op.src,), op.dst  # type: ignore[return-value]
     return (op.src, op.dst), op.dst  # type: ignore[return-value]
 
@@ -137,8 +180,9 @@ def _accesses(op: Op) -> tuple[tuple[Chunk, ...], Chunk | None]:
 def _check_races(schedule: Schedule, rank: int, program: tuple[Op, ...], memory: _Memory) -> None:
     """Conflicting accesses to a chunk must be ordered by the rank's dependency closure."""
     ancestors: list[int] = []
-    last_write: dict[tuple[int, int], int] = {}
-    readers: dict[tuple[int, int], list[int]] = {}
+    last_write = [-1] * memory.size
+    readers: list[list[int] | None] = [None] * memory.size  # readers since the last write
+    addr = memory.addr
     for k, op in enumerate(program):
         mask = 0
         for d in op.deps:
@@ -146,78 +190,118 @@ def _check_races(schedule: Schedule, rank: int, program: tuple[Op, ...], memory:
         ancestors.append(mask)
         reads, write = _accesses(op)
         for ref in reads:
-            for loc in memory.locations(ref):
-                w = last_write.get(loc)
-                if w is not None and not (mask >> w) & 1:
-                    raise _race(schedule, rank, program, w, k, "reads a chunk that")
-                readers.setdefault(loc, []).append(k)
+            start = addr[ref.buffer] + ref.index
+            for loc in range(start, start + ref.count):
+                w = last_write[loc]
+                if w >= 0 and not (mask >> w) & 1:
+                    raise _race(schedule, rank, program, w, k, ref, loc - start, "reads a chunk that", "writes")
+                listed = readers[loc]
+                if listed is None:
+                    readers[loc] = [k]
+                else:
+                    listed.append(k)
         if write is not None:
-            for loc in memory.locations(write):
-                w = last_write.get(loc)
-                if w is not None and w != k and not (mask >> w) & 1:
-                    raise _race(schedule, rank, program, w, k, "writes a chunk that")
-                for reader in readers.get(loc, ()):
+            start = addr[write.buffer] + write.index
+            for loc in range(start, start + write.count):
+                w = last_write[loc]
+                if w >= 0 and w != k and not (mask >> w) & 1:
+                    raise _race(schedule, rank, program, w, k, write, loc - start, "writes a chunk that", "writes")
+                for reader in readers[loc] or ():
                     if reader != k and not (mask >> reader) & 1:
-                        raise _race(schedule, rank, program, reader, k, "overwrites a chunk that", "reads")
+                        raise _race(schedule, rank, program, reader, k, write, loc - start,
+                                    "overwrites a chunk that", "reads")
                 last_write[loc] = k
-                readers[loc] = []
+                readers[loc] = None
 
 
-def _race(schedule: Schedule, rank: int, program: tuple[Op, ...], first: int, second: int, what: str,
-          verb: str = "writes") -> VerificationError:
+def _race(schedule: Schedule, rank: int, program: tuple[Op, ...], first: int, second: int, ref: Chunk,
+          offset: int, what: str, verb: str) -> VerificationError:
+    chunk = Chunk(ref.buffer, ref.index + offset)
     return _fail(
         schedule,
-        f"data race: {_describe(rank, second, program[second])} {what} "
+        f"data race on {chunk}: {_describe(rank, second, program[second])} {what} "
         f"{_describe(rank, first, program[first])} {verb}, without depending on it",
-        fix=f"add {first} to the deps of op {second}",
+        fix=f"add {first} to the deps of op {second} on rank {rank}",
     )
 
 
-def _match(schedule: Schedule) -> tuple[list[list[tuple[int, int] | None]], int]:
-    """Pair every send with its receive (FIFO per (sender, receiver, channel))."""
-    sends: dict[tuple[int, int, int], list[int]] = {}
-    recvs: dict[tuple[int, int, int], list[int]] = {}
-    for rank, program in enumerate(schedule.programs):
-        for k, op in enumerate(program):
-            if op.kind == "send":
-                sends.setdefault((rank, op.peer, op.channel), []).append(k)  # type: ignore[arg-type]
-            elif op.kind in ("recv", "recv_reduce"):
-                recvs.setdefault((op.peer, rank, op.channel), []).append(k)  # type: ignore[arg-type]
-    partner: list[list[tuple[int, int] | None]] = [[None] * len(p) for p in schedule.programs]
-    messages = 0
-    for key in sends.keys() | recvs.keys():
-        src, dst, ch = key
-        s, r = sends.get(key, []), recvs.get(key, [])
-        if len(s) != len(r):
-            chan = f" on channel {ch}" if ch else ""
-            raise _fail(
-                schedule,
-                f"rank {src} sends {len(s)} message(s) to rank {dst}{chan} but rank {dst} receives {len(r)}",
-                fix="every send needs exactly one matching receive",
-            )
-        for ks, kr in zip(s, r):
-            send, recv = schedule.programs[src][ks], schedule.programs[dst][kr]
-            if send.count != recv.count:
+class _Matching:
+    """Send/receive pairs, and the order in which each rank posts them."""
+
+    __slots__ = ("messages", "next_in_queue", "partner", "prev_in_queue")
+
+    def __init__(self, schedule: Schedule) -> None:
+        programs = schedule.programs
+        sends: dict[tuple[int, int, int], list[int]] = {}
+        recvs: dict[tuple[int, int, int], list[int]] = {}
+        for rank, program in enumerate(programs):
+            for k, op in enumerate(program):
+                kind = op.kind
+                if kind == "send":
+                    sends.setdefault((rank, op.peer, op.channel), []).append(k)  # type: ignore[arg-type]
+                elif kind == "recv" or kind == "recv_reduce":
+                    recvs.setdefault((op.peer, rank, op.channel), []).append(k)  # type: ignore[arg-type]
+        self.partner: list[list[tuple[int, int] | None]] = [[None] * len(p) for p in programs]
+        #: the next/previous operation of the same (rank, direction, peer, channel) queue, or -1
+        self.next_in_queue = [[-1] * len(p) for p in programs]
+        self.prev_in_queue = [[-1] * len(p) for p in programs]
+        self.messages = 0
+        for key in sorted(sends.keys() | recvs.keys()):
+            src, dst, ch = key
+            s, r = sends.get(key, []), recvs.get(key, [])
+            if len(s) != len(r):
+                chan = f" on channel {ch}" if ch else ""
+                excess = (src, s[len(r)]) if len(s) > len(r) else (dst, r[len(s)])
                 raise _fail(
                     schedule,
-                    f"{_describe(src, ks, send)} sends {send.count} chunk(s) but "
-                    f"{_describe(dst, kr, recv)} receives {recv.count}",
+                    f"unmatched message: rank {src} sends {len(s)} message(s) to rank {dst}{chan} but rank {dst} "
+                    f"receives {len(r)} from rank {src}{chan}; the first without a partner is "
+                    f"{_describe(excess[0], excess[1], programs[excess[0]][excess[1]])}",
+                    fix="every send needs exactly one matching receive (FIFO per rank pair and channel)",
                 )
-            partner[src][ks] = (dst, kr)
-            partner[dst][kr] = (src, ks)
-            messages += 1
-    return partner, messages
+            for n, (ks, kr) in enumerate(zip(s, r)):
+                send, recv = programs[src][ks], programs[dst][kr]
+                if send.count != recv.count:
+                    raise _fail(
+                        schedule,
+                        f"{_describe(src, ks, send)} sends {send.count} chunk(s) but its matching receive "
+                        f"{_describe(dst, kr, recv)} receives {recv.count}",
+                        fix=f"message {n} from rank {src} to rank {dst} on channel {ch} must have one length",
+                    )
+                self.partner[src][ks] = (dst, kr)
+                self.partner[dst][kr] = (src, ks)
+            for rank, queue in ((src, s), (dst, r)):
+                nxt, prev = self.next_in_queue[rank], self.prev_in_queue[rank]
+                for a, b in zip(queue, queue[1:]):
+                    nxt[a], prev[b] = b, a
+            self.messages += len(s)
 
 
-def _combine(schedule: Schedule, where: str, left: Value | None, right: Value | None) -> Value:
+def _combine_error(schedule: Schedule, where: str, ref: Chunk, j: int, left: Value | None,
+                   right: Value | None) -> VerificationError:
+    """Why reducing ``right`` into ``left`` (chunk ``j`` of ``ref``) is wrong."""
+    chunk = Chunk(ref.buffer, ref.index + j)
     if left is None or right is None:
-        raise _fail(schedule, f"{where} reduces a chunk that holds no data yet", fix="receive or copy into it first")
+        return _fail(schedule, f"{where} reduces into {chunk}, which holds no data yet",
+                     fix="receive or copy into it first")
     if left[0] != right[0]:
-        raise _fail(schedule, f"{where} reduces logical chunk {right[0]} into logical chunk {left[0]}")
-    if left[1] & right[1]:
-        twice = _ranks(left[1] & right[1])
-        raise _fail(schedule, f"{where} counts the contribution of rank(s) {twice} twice")
-    return left[0], left[1] | right[1]
+        return _fail(schedule, f"{where} reduces logical chunk {right[0]} into logical chunk {left[0]} (at {chunk})",
+                     fix="only the same logical chunk of different ranks may be reduced together")
+    twice = _ranks(left[1] & right[1])
+    return _fail(schedule, f"{where} counts the contribution of rank(s) {twice} twice (at {chunk})",
+                 fix="each rank's data must enter a reduction exactly once")
+
+
+def _reduced(schedule: Schedule, rank: int, k: int, ref: Chunk, left: list[Value | None],
+             right: list[Value | None]) -> list[Value]:
+    """Element-wise reduction of two symbolic chunk lists, each pair checked."""
+    out: list[Value] = []
+    for a, b in zip(left, right):
+        if a is None or b is None or a[0] != b[0] or a[1] & b[1]:
+            j = len(out)
+            raise _combine_error(schedule, _describe(rank, k, schedule.programs[rank][k]), ref, j, a, b)
+        out.append((a[0], a[1] | b[1]))
+    return out
 
 
 def _ranks(mask: int) -> str:
@@ -226,11 +310,11 @@ def _ranks(mask: int) -> str:
     return shown + (f", ... ({len(ranks)} ranks)" if len(ranks) > 8 else "")
 
 
-def _read_defined(schedule: Schedule, memory: _Memory, ref: Chunk, where: str) -> list[Value]:
-    values = memory.read(ref)
-    if any(v is None for v in values):
-        raise _fail(schedule, f"{where} reads {ref}, which holds no data yet")
-    return values  # type: ignore[return-value]
+def _uninitialised(schedule: Schedule, rank: int, k: int, ref: Chunk, values: list[Value | None]) -> VerificationError:
+    j = values.index(None)
+    chunk = ref if ref.count == 1 else Chunk(ref.buffer, ref.index + j)
+    return _fail(schedule, f"{_describe(rank, k, schedule.programs[rank][k])} reads {chunk}, which holds no data yet",
+                 fix="receive, copy or compute it first, and depend on that operation")
 
 
 def verify(schedule: Schedule) -> VerifyReport:
@@ -241,80 +325,106 @@ def verify(schedule: Schedule) -> VerifyReport:
     """
     sp = spec(schedule.collective, schedule.ranks, schedule.input_chunks, schedule.output_chunks, schedule.root)
     _check_structure(schedule, sp)
-    partner, messages = _match(schedule)
+    matching = _Matching(schedule)
     memories = [_Memory(schedule, sp, r) for r in range(schedule.ranks)]
     for rank, program in enumerate(schedule.programs):
         _check_races(schedule, rank, program, memories[rank])
 
     programs = schedule.programs
-    waiting = [[len(op.deps) for op in p] for p in programs]
+    partner, next_in_queue = matching.partner, matching.next_in_queue
+    waiting = [[len(op.deps) + (prev >= 0) for op, prev in zip(p, pq)]
+               for p, pq in zip(programs, matching.prev_in_queue)]
     dependents: list[list[list[int]]] = [[[] for _ in p] for p in programs]
     for rank, program in enumerate(programs):
+        rank_dependents = dependents[rank]
         for k, op in enumerate(program):
             for d in op.deps:
-                dependents[rank][d].append(k)
+                rank_dependents[d].append(k)
     posted = [[False] * len(p) for p in programs]
     done = [[False] * len(p) for p in programs]
-    ready = deque((r, k) for r, p in enumerate(programs) for k, op in enumerate(p) if not op.deps)
+    ready = deque((r, k) for r, w in enumerate(waiting) for k, n in enumerate(w) if not n)
     completed = 0
     chunks_sent = 0
 
     def complete(r: int, k: int) -> None:
-        nonlocal completed
         done[r][k] = True
-        completed += 1
+        rank_waiting = waiting[r]
         for j in dependents[r][k]:
-            waiting[r][j] -= 1
-            if not waiting[r][j]:
+            rank_waiting[j] -= 1
+            if not rank_waiting[j]:
                 ready.append((r, j))
 
     while ready:
         r, k = ready.popleft()
         op = programs[r][k]
-        mem = memories[r]
-        where = _describe(r, k, op)
-        if op.kind in ("copy", "reduce"):
-            values = _read_defined(schedule, mem, op.src, where)  # type: ignore[arg-type]
-            if op.kind == "reduce":
-                values = [_combine(schedule, where, a, b) for a, b in zip(mem.read(op.dst), values)]  # type: ignore[arg-type]
-            mem.write(op.dst, values)  # type: ignore[arg-type]
+        kind = op.kind
+        if kind == "copy" or kind == "reduce":
+            mem = memories[r]
+            values = mem.read(op.src)  # type: ignore[arg-type]
+            if None in values:
+                raise _uninitialised(schedule, r, k, op.src, values)  # type: ignore[arg-type]
+            if kind == "reduce":
+                values = _reduced(schedule, r, k, op.dst, mem.read(op.dst), values)  # type: ignore[arg-type]
+            mem.write(op.dst, values)  # type: ignore[arg-type,arg-type]
             complete(r, k)
+            completed += 1
             continue
+        nxt = next_in_queue[r][k]
+        if nxt >= 0:  # posting this operation lets the next one of its FIFO queue be posted
+            waiting[r][nxt] -= 1
+            if not waiting[r][nxt]:
+                ready.append((r, nxt))
         pr, pk = partner[r][k]  # type: ignore[misc]
         if not posted[pr][pk]:
             posted[r][k] = True
             continue
-        send_r, send_k, recv_r, recv_k = (r, k, pr, pk) if op.kind == "send" else (pr, pk, r, k)
+        send_r, send_k, recv_r, recv_k = (r, k, pr, pk) if kind == "send" else (pr, pk, r, k)
         send, recv = programs[send_r][send_k], programs[recv_r][recv_k]
-        rwhere = _describe(recv_r, recv_k, recv)
-        payload = _read_defined(schedule, memories[send_r], send.src, _describe(send_r, send_k, send))  # type: ignore[arg-type]
+        payload = memories[send_r].read(send.src)  # type: ignore[arg-type]
+        if None in payload:
+            raise _uninitialised(schedule, send_r, send_k, send.src, payload)  # type: ignore[arg-type]
         rmem = memories[recv_r]
         if recv.kind == "recv_reduce":
-            base = rmem.read(recv.src if recv.src is not None else recv.dst)  # type: ignore[arg-type]
-            payload = [_combine(schedule, rwhere, a, b) for a, b in zip(base, payload)]
+            left = recv.src if recv.src is not None else recv.dst
+            payload = _reduced(schedule, recv_r, recv_k, left, rmem.read(left), payload)  # type: ignore[arg-type]
         rmem.write(recv.dst, payload)  # type: ignore[arg-type]
         chunks_sent += send.count
         complete(send_r, send_k)
         complete(recv_r, recv_k)
+        completed += 2
 
     total = schedule.op_count
     if completed != total:
-        raise _fail(schedule, "deadlock: " + _explain_deadlock(programs, done, posted, partner))
+        raise _fail(schedule, "deadlock: " + _explain_deadlock(programs, done, posted, matching),
+                    fix="reorder the operations or their deps so that every wait can be met")
 
     for rank, mem in enumerate(memories):
         actual = mem.outputs()
         for c, want in enumerate(sp.expected(rank)):
             if want is None or actual[c] == want:
                 continue
-            raise _fail(schedule, f"rank {rank} output chunk {c}: " + _explain_value(actual[c], want))
-    return VerifyReport(schedule.collective, schedule.ranks, total, messages, chunks_sent)
+            raise _fail(schedule, f"rank {rank} output chunk {c}: " + _explain_value(sp, actual[c], want))
+    return VerifyReport(schedule.collective, schedule.ranks, total, matching.messages, chunks_sent)
 
 
-def _explain_value(actual: Value | None, want: Value) -> str:
+def _name_value(sp: CollectiveSpec, key: int) -> str:
+    """A logical chunk in the collective's own terms."""
+    if sp.collective == "allgather":
+        q, j = divmod(key, sp.per_rank)
+        return f"input chunk {j} of rank {q}"
+    if sp.collective == "alltoall":
+        q, j = divmod(key, sp.input_chunks)
+        return f"input chunk {j} of rank {q}"
+    return f"logical chunk {key}"
+
+
+def _explain_value(sp: CollectiveSpec, actual: Value | None, want: Value) -> str:
     if actual is None:
         return "never written"
     if actual[0] != want[0]:
-        return f"holds logical chunk {actual[0]} instead of {want[0]}"
+        return f"holds {_name_value(sp, actual[0])} instead of {_name_value(sp, want[0])}"
+    if sp.collective == "broadcast":
+        return f"holds data from rank(s) {_ranks(actual[1])} instead of the root's (rank {sp.root})"
     missing, extra = want[1] & ~actual[1], actual[1] & ~want[1]
     parts = []
     if missing:
@@ -324,21 +434,31 @@ def _explain_value(actual: Value | None, want: Value) -> str:
     return " and ".join(parts)
 
 
-def _explain_deadlock(programs: tuple[tuple[Op, ...], ...], done: list[list[bool]], posted: list[list[bool]],
-                      partner: list[list[tuple[int, int] | None]]) -> str:
-    """Follow the chain of waits from the first stuck operation, a few links deep."""
-    r, k = next((r, k) for r, p in enumerate(programs) for k in range(len(p)) if not done[r][k])
-    chain: list[str] = []
-    seen: set[tuple[int, int]] = set()
-    while (r, k) not in seen and len(chain) < 4:
-        seen.add((r, k))
+def _explain_deadlock(programs: Programs, done: list[list[bool]], posted: list[list[bool]],
+                      matching: _Matching) -> str:
+    """The cycle of waits that the first stuck operation leads into."""
+
+    def waits_for(r: int, k: int) -> tuple[tuple[int, int], str]:
         op = programs[r][k]
+        if posted[r][k]:
+            return matching.partner[r][k], "its partner"  # type: ignore[return-value]
         pending = [d for d in op.deps if not done[r][d]]
         if pending:
-            chain.append(f"{_describe(r, k, op)} waits for its dependency op {pending[0]}")
-            k = pending[0]
-            continue
-        pr, pk = partner[r][k]  # type: ignore[misc]
-        chain.append(f"{_describe(r, k, op)} waits for {_describe(pr, pk, programs[pr][pk])}")
-        r, k = pr, pk
-    return "; ".join(chain)
+            return (r, pending[0]), "its dependency"
+        prev = matching.prev_in_queue[r][k]
+        return (r, prev), "the earlier one of its FIFO queue to be posted"
+
+    node = next((r, k) for r, p in enumerate(programs) for k in range(len(p)) if not done[r][k])
+    path: list[tuple[int, int]] = []
+    seen: dict[tuple[int, int], int] = {}
+    while node not in seen:
+        seen[node] = len(path)
+        path.append(node)
+        node = waits_for(*node)[0]
+    cycle = path[seen[node]:]
+    links = []
+    for r, k in cycle[:6]:
+        (wr, wk), how = waits_for(r, k)
+        links.append(f"{_describe(r, k, programs[r][k])} waits for {how} {_describe(wr, wk, programs[wr][wk])}")
+    more = f"; ... ({len(cycle) - 6} more)" if len(cycle) > 6 else ""
+    return f"cycle of {len(cycle)} waits: " + "; ".join(links) + more

@@ -7,7 +7,7 @@ so a caller (or the CLI) can catch every expected failure with one clause.
 
 from __future__ import annotations
 
-__all__ = ["TopoccError", "ScheduleFormatError", "CommunicatorError"]
+__all__ = ["CommunicatorError", "ScheduleFormatError", "TopoccError"]
 
 
 class TopoccError(Exception):

@@ -122,6 +122,7 @@ class Metadata:
     algorithm: str = "unknown"
     options: Mapping[str, Any] = field(default_factory=dict)
     topology: str | None = None
+    topology_file: str | None = None
     fingerprint: str | None = None
     min_bytes: int = 0
     max_bytes: int | None = None
@@ -202,6 +203,7 @@ def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
             "algorithm": meta.algorithm,
             "options": dict(meta.options),
             "topology": meta.topology,
+            "topology_file": meta.topology_file,
             "fingerprint": meta.fingerprint,
             "min_bytes": meta.min_bytes,
             "max_bytes": meta.max_bytes,
@@ -225,6 +227,7 @@ def save_schedule(schedule: Schedule, path: str | Path) -> None:
     """Write ``schedule`` to ``path``; a ``.gz`` suffix writes gzip-compressed JSON."""
     text = dump_schedule(schedule)
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".gz":
         path.write_bytes(gzip.compress(text.encode(), compresslevel=6, mtime=0))
     else:
@@ -398,8 +401,8 @@ def chunking_problem(collective: str, ranks: int, n_in: int, n_out: int) -> str 
 
 
 def _parse_metadata(r: _Reader, doc: Any) -> Metadata:
-    fields = ("algorithm", "options", "topology", "fingerprint", "min_bytes", "max_bytes", "size_bytes",
-              "predicted_time_s")
+    fields = ("algorithm", "options", "topology", "topology_file", "fingerprint", "min_bytes", "max_bytes",
+              "size_bytes", "predicted_time_s")
     meta = r.obj(doc, "metadata", (), fields)
 
     def opt(name: str, parse: Any) -> Any:
@@ -413,6 +416,7 @@ def _parse_metadata(r: _Reader, doc: Any) -> Metadata:
         algorithm=r.string(meta.get("algorithm", "unknown"), "metadata.algorithm"),
         options=options,
         topology=opt("topology", r.string),
+        topology_file=opt("topology_file", r.string),
         fingerprint=opt("fingerprint", r.string),
         min_bytes=r.integer(meta.get("min_bytes", 0), "metadata.min_bytes", 0),
         max_bytes=opt("max_bytes", lambda v, p: r.integer(v, p, 0)),

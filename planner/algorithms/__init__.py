@@ -83,6 +83,9 @@ ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("hierarchical", "planner.algorithms.hierarchical", "hierarchical",
                   ("allreduce", "reducescatter", "allgather"),
                   "BlueConnect: reduce-scatter level by level up the hierarchy, all-gather back down"),
+        Algorithm("multitree", "planner.algorithms.multitree", "multitree",
+                  ("allreduce", "reducescatter", "allgather", "broadcast"),
+                  "MultiTree: one contention-free spanning tree per root, grown in lock-step"),
     )
 }
 

@@ -1,0 +1,216 @@
+"""The ``topocc`` command line: parse arguments, call the planner or runtime, print.
+
+Every expected failure prints one line (``topocc: error: ...``) on stderr and
+exits non-zero; set ``TOPOCC_DEBUG=1`` to see a traceback instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from planner.errors import TopoccError
+from planner.units import UnitError, parse_size, parse_size_range
+
+__all__ = ["cli", "main"]
+
+
+class SizeType(click.ParamType):
+    """A byte count written as ``64MiB``, ``1GB`` or ``4096``."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except UnitError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class SizeRangeType(click.ParamType):
+    """A size or a range of sizes, ``1KiB:1GiB``."""
+
+    name = "size[:size]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, int]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            return parse_size_range(value)
+        except UnitError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+SIZE = SizeType()
+SIZE_RANGE = SizeRangeType()
+COLLECTIVE = click.Choice(
+    ["allreduce", "reducescatter", "reduce-scatter", "allgather", "all-gather", "broadcast", "reduce", "alltoall",
+     "all-to-all"], case_sensitive=False)
+
+
+def _emit(doc: Any, as_json: bool, text: str | None = None) -> None:
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, default=str))
+    else:
+        from planner.summary import format_summary
+
+        click.echo(text if text is not None else format_summary(doc))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="topocc")
+def cli() -> None:
+    """topocc: compile, verify, simulate and run topology-aware collective schedules."""
+
+
+@cli.command("compile")
+@click.argument("topology")
+@click.option("-c", "--collective", type=COLLECTIVE, default="allreduce", show_default=True)
+@click.option("-s", "--size", type=SIZE_RANGE, default="64MiB", show_default=True,
+              help="Buffer size to tune for, or LOW:HIGH for a plan with one schedule per size bucket.")
+@click.option("-a", "--algorithm", default="auto", show_default=True, help="An algorithm name, or auto.")
+@click.option("--channels", type=click.IntRange(1, 64), default=None, help="Parallel rings/trees.")
+@click.option("--pipeline", type=click.IntRange(1, 4096), default=None, help="Pieces per chunk.")
+@click.option("--root", type=click.IntRange(0), default=0, show_default=True, help="Root of broadcast/reduce.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the schedule here.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+def compile_cmd(topology: str, collective: str, size: tuple[int, int], algorithm: str, channels: int | None,
+                pipeline: int | None, root: int, output: str | None, as_json: bool) -> None:
+    """Compile COLLECTIVE for TOPOLOGY (a YAML file or a shipped name), verify and simulate it."""
+    from planner.algorithms import Options
+    from planner.compile import compile_plan, compile_schedule, resolve_topology
+    from planner.summary import compiled_summary, format_plan, plan_summary
+    from runtime.plan import save_plan
+    from runtime.schedule import save_schedule
+
+    topo = resolve_topology(topology)
+    low, high = size
+    options = Options(size_bytes=low, channels=channels, pipeline=pipeline, root=root)
+    if low != high:
+        plan, results = compile_plan(topo, collective, low, high, algorithm, options)
+        if output:
+            save_plan(plan, output)
+        doc = plan_summary(results, output)
+        _emit(doc, as_json, format_plan(doc))
+        return
+    compiled = compile_schedule(topo, collective, algorithm, options)
+    if output:
+        save_schedule(compiled.schedule, output)
+    _emit(compiled_summary(compiled, output), as_json)
+
+
+@cli.command("verify")
+@click.argument("schedule", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+def verify_cmd(schedule: str, as_json: bool) -> None:
+    """Prove that SCHEDULE implements its collective (exit 0 only if it does)."""
+    from planner.summary import verify_summary
+    from planner.verify import verify
+    from runtime.schedule import load_schedule
+
+    loaded = load_schedule(schedule)
+    _emit(verify_summary(loaded, verify(loaded)), as_json)
+
+
+@cli.command("simulate")
+@click.argument("schedule", type=click.Path(dir_okay=False))
+@click.option("-t", "--topology", default=None, help="Topology to simulate on (default: the one it was compiled for).")
+@click.option("-s", "--size", type=SIZE, default=None, help="Buffer size (default: the size it was compiled for).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def simulate_cmd(schedule: str, topology: str | None, size: int | None, as_json: bool) -> None:
+    """Predict SCHEDULE's time on its topology, against the lower bound."""
+    from planner.compile import schedule_topology
+    from planner.summary import simulation_summary
+    from runtime.schedule import load_schedule
+
+    loaded = load_schedule(schedule)
+    topo = schedule_topology(loaded, schedule, topology)
+    doc = simulation_summary(topo, loaded, size or loaded.metadata.size_bytes or (64 << 20))
+    _emit(doc, as_json)
+
+
+@cli.group("topo")
+def topo_group() -> None:
+    """Inspect topologies."""
+
+
+@topo_group.command("show")
+@click.argument("topology")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def topo_show(topology: str, as_json: bool) -> None:
+    """Ranks, devices, links and cut bound of TOPOLOGY."""
+    from planner.compile import resolve_topology
+    from planner.summary import topology_summary
+
+    _emit(topology_summary(resolve_topology(topology)), as_json)
+
+
+@cli.command("algorithms")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def algorithms_cmd(as_json: bool) -> None:
+    """List the algorithms and the collectives each implements."""
+    from planner.summary import algorithms_table, format_algorithms
+
+    rows = algorithms_table()
+    _emit(rows, as_json, format_algorithms(rows))
+
+
+@cli.command("compile-shipped")
+@click.option("-o", "--output", type=click.Path(file_okay=False), default="schedules", show_default=True)
+@click.option("-s", "--size", type=SIZE, default="64MiB", show_default=True)
+@click.argument("names", nargs=-1)
+def compile_shipped_cmd(output: str, size: int, names: tuple[str, ...]) -> None:
+    """Recompile the allreduce schedules of the shipped topologies (all, or NAMES) into OUTPUT."""
+    from planner.compile import compile_shipped
+    from planner.summary import format_table
+    from planner.units import format_time
+
+    rows = []
+    for path, compiled in compile_shipped(output, names or None, size_bytes=size):
+        rows.append((path, compiled.schedule.metadata.algorithm, compiled.schedule.op_count,
+                     format_time(compiled.sim.time_s), f"{100 * compiled.efficiency:.1f}%"))
+    click.echo(format_table(rows, ("schedule", "algorithm", "ops", "predicted", "of bound")))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the CLI, turning every failure into one line and an exit code."""
+    debug = bool(os.environ.get("TOPOCC_DEBUG"))
+    try:
+        cli.main(args=argv, prog_name="topocc", standalone_mode=False)
+    except TopoccError as exc:
+        if debug:
+            raise
+        click.echo(f"topocc: error: {exc.one_line()}", err=True)
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.Abort:
+        click.echo("topocc: aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        if debug:
+            raise
+        click.echo(f"topocc: error: {' '.join(exc.format_message().split())}", err=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        click.echo("topocc: interrupted", err=True)
+        return 130
+    except BrokenPipeError:
+        return 141
+    except Exception as exc:  # a bug: still one line, with a way to see the traceback
+        if debug:
+            raise
+        click.echo(f"topocc: internal error: {type(exc).__name__}: {' '.join(str(exc).split())} "
+                   "(this is a bug; rerun with TOPOCC_DEBUG=1 for a traceback)", err=True)
+        return 70
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

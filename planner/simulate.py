@@ -1,0 +1,509 @@
+"""Discrete-event simulation of a schedule on a topology, with max-min fair link sharing.
+
+The model (the execution model of :mod:`runtime.schedule`, timed):
+
+* every rank runs its program; an operation starts once all of its ``deps``
+  have completed;
+* the k-th send from rank a to rank b on channel c matches the k-th receive
+  posted by b from a on channel c (FIFO, as the verifier matches them);
+* a transfer starts when both the send and its receive have started
+  (rendezvous); both complete when the data has arrived;
+* a message of ``count`` chunks carries ``count * chunk_bytes`` bytes over
+  ``topology.routes(src, dst)``, split evenly over the equal-cost paths; each
+  path's share is one *flow* over every link of the path, switches included;
+* all concurrently active flows share link capacities max-min fairly
+  (progressive filling), recomputed whenever a flow starts or ends;
+* a flow occupies all links of its path at its rate until its bytes are sent
+  (a fluid model, as in SimGrid's and htsim's flow-level modes); the message
+  completes when its last flow has sent its last byte plus the latency of its
+  slowest path (sum of the path's link latencies, max over its paths);
+* local operations (``copy``, ``reduce``) take zero time: memory bandwidth is
+  one to two orders of magnitude above link bandwidth, so the network
+  dominates; a model that charges them would go here.
+
+Complexity: every operation is visited a constant number of times; events at
+the same instant (within a relative 1e-12) are handled as one group, so fair
+shares are recomputed once per group, only over the connected components (flows
+linked by shared links) that the group touched.  Progressive filling over a
+component of F flows crossing L links costs O((F * h + L) log L) for paths of h
+hops.  Bulk-synchronous schedules whose concurrent flows use disjoint links
+(rings, trees on a switch) therefore cost O(ops log ops) overall; schedules
+whose flows all contend (alltoall through one switch) cost O(F) per group.
+Routes are computed once per rank pair and cached per topology.
+"""
+
+from __future__ import annotations
+
+import heapq
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from planner.errors import SimulationError
+from planner.topology import Topology
+from runtime.schedule import Op, Schedule
+
+__all__ = ["LinkEvent", "OpEvent", "SimResult", "bus_factor", "chunk_bytes", "simulate"]
+
+#: Events closer than this (relative) are one instant: floating-point noise must not split a step.
+_SAME_INSTANT = 1e-12
+
+_LOCAL, _SEND, _RECV = 0, 1, 2
+_KIND_CODES = {"copy": _LOCAL, "reduce": _LOCAL, "send": _SEND, "recv": _RECV, "recv_reduce": _RECV}
+
+
+@dataclass(frozen=True, slots=True)
+class OpEvent:
+    """When one operation ran: from the moment its dependencies were met until it completed.
+
+    For a send or receive, ``start_s`` is when it was posted; the gap until the
+    transfer began is time spent waiting for the peer.
+    """
+
+    rank: int
+    index: int
+    kind: str
+    peer: int | None
+    step: int
+    channel: int
+    chunk: str
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class LinkEvent:
+    """A flow (one path's share of a message) occupying a link while it transmits."""
+
+    src: str
+    dst: str
+    start_s: float
+    end_s: float
+    bytes: float
+    rank_src: int
+    rank_dst: int
+    step: int
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Predicted time and bandwidths of a schedule, with per-link loads.
+
+    ``algbw_GBps`` and ``busbw_GBps`` follow nccl-tests (doc/PERFORMANCE.md):
+    algbw = size / time, busbw = algbw * :func:`bus_factor`, in 1e9 bytes/s.
+    """
+
+    time_s: float
+    size_bytes: int
+    algbw_GBps: float
+    busbw_GBps: float
+    link_bytes: Mapping[tuple[str, str], float]
+    link_utilisation: Mapping[tuple[str, str], float]
+    rank_finish_s: tuple[float, ...]
+    op_events: tuple[OpEvent, ...] = field(default=(), repr=False)
+    link_events: tuple[LinkEvent, ...] = field(default=(), repr=False)
+
+    def bottlenecks(self, n: int = 5) -> list[tuple[tuple[str, str], float]]:
+        """The ``n`` most utilised links (bytes / (bandwidth * time)), busiest first."""
+        used = [(key, u) for key, u in self.link_utilisation.items() if u > 0]
+        used.sort(key=lambda item: (-item[1], item[0]))
+        return used[:n]
+
+
+def chunk_bytes(schedule: Schedule, size_bytes: int) -> float:
+    """Bytes per chunk: ``size_bytes`` is the larger of the input and output buffers (nccl-tests' size)."""
+    return size_bytes / max(schedule.input_chunks, schedule.output_chunks)
+
+
+def bus_factor(collective: str, ranks: int) -> float:
+    """busbw / algbw for a collective on ``ranks`` ranks (nccl-tests doc/PERFORMANCE.md).
+
+    >>> bus_factor("allreduce", 8)
+    1.75
+    """
+    n = ranks
+    if collective == "allreduce":
+        return 2.0 * (n - 1) / n
+    if collective in ("allgather", "reducescatter", "alltoall"):
+        return (n - 1) / n
+    if collective in ("broadcast", "reduce"):
+        return 1.0
+    raise SimulationError(f"unknown collective {collective!r}")
+
+
+# --------------------------------------------------------------------------- the network, cached per topology
+
+
+class _Network:
+    """Links as integers, and routes as tuples of link indices, computed once per rank pair."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.names = [(link.src, link.dst) for link in topology.links]
+        self.index = {key: i for i, key in enumerate(self.names)}
+        self.bandwidth = [link.bandwidth for link in topology.links]
+        self.routes: dict[tuple[int, int], tuple[tuple[tuple[int, ...], ...], float]] = {}
+
+    def route(self, src: int, dst: int) -> tuple[tuple[tuple[int, ...], ...], float]:
+        """(paths as link indices, latency of the slowest path) from rank ``src`` to rank ``dst``."""
+        key = (src, dst)
+        found = self.routes.get(key)
+        if found is None:
+            paths = self.topology.routes(src, dst)
+            index = self.index
+            found = (
+                tuple(tuple(index[(link.src, link.dst)] for link in path) for path in paths),
+                max((sum(link.latency for link in path) for path in paths), default=0.0),
+            )
+            self.routes[key] = found
+        return found
+
+
+_NETWORKS: dict[int, tuple[weakref.ref[Topology], _Network]] = {}
+
+
+def _network(topology: Topology) -> _Network:
+    """The cached :class:`_Network` of ``topology`` (dropped when the topology is garbage collected)."""
+    key = id(topology)
+    entry = _NETWORKS.get(key)
+    if entry is not None and entry[0]() is topology:
+        return entry[1]
+    net = _Network(topology)
+    _NETWORKS[key] = (weakref.ref(topology, lambda _ref, key=key: _NETWORKS.pop(key, None)), net)
+    return net
+
+
+# --------------------------------------------------------------------------- fair sharing
+
+
+def _fair_rates(flows: list[int], links: list[int], flow_links: list[tuple[int, ...]],
+                link_flows: list[set[int]], bandwidth: list[float]) -> dict[int, float]:
+    """Max-min fair rates of a component by progressive filling (Bertsekas & Gallager, Data Networks, 6.5.2).
+
+    Repeatedly the link with the smallest fair share (remaining capacity / unfixed
+    flows) saturates: its unfixed flows get that share and leave the problem.
+    """
+    if len(flows) == 1:
+        f = flows[0]
+        return {f: min(bandwidth[link] for link in flow_links[f])}
+    cap = {link: bandwidth[link] for link in links}
+    cnt = {link: len(link_flows[link]) for link in links}
+    heap = [(cap[link] / cnt[link], link) for link in links if cnt[link]]
+    heapq.heapify(heap)
+    rates: dict[int, float] = {}
+    floor = 0.0
+    while heap:
+        share, link = heapq.heappop(heap)
+        n = cnt[link]
+        if not n or share != cap[link] / n:
+            continue  # stale entry
+        share = max(share, floor)  # shares never decrease; guard against rounding
+        floor = share
+        for f in link_flows[link]:
+            if f in rates:
+                continue
+            rates[f] = share
+            for other in flow_links[f]:
+                cap[other] -= share
+                cnt[other] -= 1
+                if other != link and cnt[other]:
+                    heapq.heappush(heap, (cap[other] / cnt[other], other))
+    return rates
+
+
+# --------------------------------------------------------------------------- the simulation
+
+
+def _op_chunk(op: Op) -> str:
+    if op.kind == "send":
+        return str(op.src)
+    if op.kind in ("recv", "recv_reduce"):
+        return str(op.dst)
+    return f"{op.src}->{op.dst}"
+
+
+def _describe(schedule: Schedule, gid: int, base: list[int]) -> str:
+    import bisect
+
+    rank = bisect.bisect_right(base, gid) - 1
+    k = gid - base[rank]
+    op = schedule.programs[rank][k]
+    peer = f" {'to' if op.kind == 'send' else 'from'} rank {op.peer}" if op.peer is not None else ""
+    return f"rank {rank} op {k} ({op.kind}{peer})"
+
+
+def simulate(topology: Topology, schedule: Schedule, size_bytes: int, *, record: bool = False) -> SimResult:
+    """Predict how long ``schedule`` takes on ``topology`` for a buffer of ``size_bytes``.
+
+    See the module docstring for the model.  ``record=True`` also returns every
+    operation's and every link occupation's interval (for traces and charts).
+    Raises :class:`SimulationError` when the schedule does not fit the topology
+    or cannot run (unmatched messages, deadlock).
+
+    >>> result = simulate(topology, schedule, 1 << 26)  # doctest: +SKIP
+    >>> result.busbw_GBps, result.bottlenecks(3)  # doctest: +SKIP
+    """
+    where = f"{schedule.collective} schedule ({schedule.metadata.algorithm}) on {topology.name}"
+    if schedule.ranks != topology.size:
+        raise SimulationError(
+            f"the schedule has {schedule.ranks} ranks but the topology has {topology.size}", where=where,
+            fix=f"compile the schedule for this topology, or simulate it on a topology with {schedule.ranks} ranks",
+        )
+    if size_bytes < 0:
+        raise SimulationError(f"negative size {size_bytes}", where=where)
+    net = _network(topology)
+    cb = chunk_bytes(schedule, size_bytes)
+    programs = schedule.programs
+
+    # ---- flatten the programs: global op ids, dependency counters, dependents, message partners
+    base: list[int] = []
+    kinds: list[int] = []
+    waiting: list[int] = []
+    dependents: list[list[int] | None] = []
+    partner: list[int] = []
+    sends: dict[tuple[int, int, int], list[int]] = {}
+    recvs: dict[tuple[int, int, int], list[int]] = {}
+    g = 0
+    for rank, program in enumerate(programs):
+        base.append(g)
+        for op in program:
+            code = _KIND_CODES.get(op.kind)
+            if code is None:
+                raise SimulationError(f"rank {rank}: unknown operation {op.kind!r}", where=where)
+            kinds.append(code)
+            waiting.append(len(op.deps))
+            dependents.append(None)
+            partner.append(-1)
+            for d in op.deps:
+                target = base[rank] + d
+                deps_of = dependents[target]
+                if deps_of is None:
+                    dependents[target] = [g]
+                else:
+                    deps_of.append(g)
+            if code == _SEND:
+                sends.setdefault((rank, op.peer, op.channel), []).append(g)  # type: ignore[arg-type]
+            elif code == _RECV:
+                recvs.setdefault((op.peer, rank, op.channel), []).append(g)  # type: ignore[arg-type]
+            g += 1
+    total = g
+    base.append(total)
+    pairs: set[tuple[int, int]] = set()
+    for key in sends.keys() | recvs.keys():
+        s, r = sends.get(key, ()), recvs.get(key, ())
+        if len(s) != len(r):
+            src, dst, ch = key
+            raise SimulationError(
+                f"rank {src} sends {len(s)} message(s) to rank {dst}{f' on channel {ch}' if ch else ''} "
+                f"but rank {dst} receives {len(r)}", where=where, fix="verify the schedule first (planner.verify)",
+            )
+        for a, b in zip(s, r):
+            partner[a] = b
+            partner[b] = a
+        pairs.add(key[:2])
+    for src, dst in sorted(pairs):
+        if not topology.has_route(src, dst):
+            raise SimulationError(
+                f"rank {src} sends to rank {dst}, but no route joins them without passing through another GPU",
+                where=where, fix=f"relay the data through a rank that has a route to rank {dst}",
+            )
+    op_rank = [0] * total
+    for rank in range(len(programs)):
+        op_rank[base[rank]:base[rank + 1]] = [rank] * (base[rank + 1] - base[rank])
+
+    # ---- state
+    posted = [False] * total
+    finished = bytearray(total)
+    start_time = [0.0] * total if record else None
+    rank_finish = [0.0] * len(programs)
+    done_count = 0
+    # flows (append-only arrays indexed by flow id)
+    flow_links: list[tuple[int, ...]] = []
+    flow_rem: list[float] = []
+    flow_rate: list[float] = []
+    flow_last: list[float] = []
+    flow_ver: list[int] = []
+    flow_msg: list[int] = []
+    flow_start: list[float] = []
+    flow_bytes: list[float] = []
+    link_flows: list[set[int]] = [set() for _ in net.names]
+    link_bytes = [0.0] * len(net.names)
+    # messages, keyed by the send's global id
+    msg_pending: dict[int, int] = {}
+    msg_latency: dict[int, float] = {}
+    events: list[tuple[float, int, int, int]] = []  # (time, kind 0 flow end / 1 message done, id, version)
+    op_events: list[OpEvent] = []
+    link_events: list[LinkEvent] = []
+    ready = [i for i in range(total) if not waiting[i]]
+    touched: set[int] = set()
+    bandwidth = net.bandwidth
+
+    def complete(op: int, now: float) -> None:
+        nonlocal done_count
+        done_count += 1
+        finished[op] = 1
+        r = op_rank[op]
+        if now > rank_finish[r]:
+            rank_finish[r] = now
+        if start_time is not None:
+            k = op - base[r]
+            o = programs[r][k]
+            op_events.append(OpEvent(r, k, o.kind, o.peer, o.step, o.channel, _op_chunk(o), start_time[op], now))
+        deps_of = dependents[op]
+        if deps_of is not None:
+            for j in deps_of:
+                waiting[j] -= 1
+                if not waiting[j]:
+                    ready.append(j)
+
+    def message_done(send: int, now: float) -> None:
+        complete(send, now)
+        complete(partner[send], now)
+
+    def drain(now: float) -> None:
+        """Start every ready operation at ``now``; local ones complete at once."""
+        while ready:
+            op = ready.pop()
+            if start_time is not None:
+                start_time[op] = now
+            kind = kinds[op]
+            if kind == _LOCAL:
+                complete(op, now)
+                continue
+            posted[op] = True
+            other = partner[op]
+            if not posted[other]:
+                continue
+            send = op if kind == _SEND else other
+            src, dst = op_rank[send], op_rank[partner[send]]
+            paths, latency = net.route(src, dst)
+            nbytes = programs[src][send - base[src]].count * cb
+            if nbytes <= 0.0:
+                heapq.heappush(events, (now + latency, 1, send, 0))
+                continue
+            share = nbytes / len(paths)
+            msg_pending[send] = len(paths)
+            msg_latency[send] = latency
+            for path in paths:
+                fid = len(flow_rem)
+                flow_links.append(path)
+                flow_rem.append(share)
+                flow_rate.append(0.0)
+                flow_last.append(now)
+                flow_ver.append(0)
+                flow_msg.append(send)
+                flow_start.append(now)
+                flow_bytes.append(share)
+                for link in path:
+                    link_flows[link].add(fid)
+                    link_bytes[link] += share
+                touched.update(path)
+
+    def reallocate(now: float) -> None:
+        """Recompute fair rates in every component of flows that shares a link touched since the last call."""
+        seen_links: set[int] = set()
+        seen_flows: set[int] = set()
+        for start in touched:
+            if start in seen_links or not link_flows[start]:
+                continue
+            seen_links.add(start)
+            stack = [start]
+            comp_links: list[int] = []
+            comp_flows: list[int] = []
+            while stack:
+                link = stack.pop()
+                comp_links.append(link)
+                for f in link_flows[link]:
+                    if f in seen_flows:
+                        continue
+                    seen_flows.add(f)
+                    comp_flows.append(f)
+                    for other in flow_links[f]:
+                        if other not in seen_links:
+                            seen_links.add(other)
+                            stack.append(other)
+            rates = _fair_rates(comp_flows, comp_links, flow_links, link_flows, bandwidth)
+            for f, rate in rates.items():
+                old = flow_rate[f]
+                if rate == old:
+                    continue
+                rem = flow_rem[f] - old * (now - flow_last[f])
+                if rem < 0.0:
+                    rem = 0.0
+                flow_rem[f] = rem
+                flow_last[f] = now
+                flow_rate[f] = rate
+                ver = flow_ver[f] + 1
+                flow_ver[f] = ver
+                heapq.heappush(events, (now + rem / rate, 0, f, ver))
+        touched.clear()
+
+    drain(0.0)
+    reallocate(0.0)
+    now = 0.0
+    heappop = heapq.heappop
+    while events:
+        now = events[0][0]
+        limit = now + _SAME_INSTANT * now
+        while events and events[0][0] <= limit:
+            _, kind, ident, ver = heappop(events)
+            if kind == 1:
+                message_done(ident, now)
+                continue
+            if ver != flow_ver[ident]:
+                continue  # superseded by a rate change
+            path = flow_links[ident]
+            for link in path:
+                link_flows[link].discard(ident)
+            touched.update(path)
+            flow_ver[ident] = -1
+            if record:
+                send = flow_msg[ident]
+                src, dst = op_rank[send], op_rank[partner[send]]
+                step = programs[src][send - base[src]].step
+                for link in path:
+                    a, b = net.names[link]
+                    link_events.append(LinkEvent(a, b, flow_start[ident], now, flow_bytes[ident], src, dst, step))
+            msg = flow_msg[ident]
+            left = msg_pending[msg] - 1
+            msg_pending[msg] = left
+            if not left:
+                latency = msg_latency[msg]
+                if latency > 0.0:
+                    heapq.heappush(events, (now + latency, 1, msg, 0))
+                else:
+                    message_done(msg, now)
+        drain(now)
+        if touched:
+            reallocate(now)
+
+    if done_count != total:
+        stuck = next((i for i in range(total) if posted[i] and not finished[i]), None)
+        if stuck is None:
+            stuck = next(i for i in range(total) if not finished[i])
+        raise SimulationError(
+            f"deadlock: {done_count} of {total} operations completed; {_describe(schedule, stuck, base)} never did",
+            where=where, fix="verify the schedule first (planner.verify)",
+        )
+    time_s = max(rank_finish, default=0.0)
+    algbw = size_bytes / time_s / 1e9 if time_s > 0 else 0.0
+    names = net.names
+    link_map = {names[i]: link_bytes[i] for i in range(len(names))}
+    util = {
+        names[i]: (link_bytes[i] / (bandwidth[i] * time_s) if time_s > 0 else 0.0) for i in range(len(names))
+    }
+    op_events.sort(key=lambda e: (e.start_s, e.rank, e.index))
+    link_events.sort(key=lambda e: (e.start_s, e.src, e.dst))
+    return SimResult(
+        time_s=time_s,
+        size_bytes=size_bytes,
+        algbw_GBps=algbw,
+        busbw_GBps=algbw * bus_factor(schedule.collective, schedule.ranks),
+        link_bytes=MappingProxyType(link_map),
+        link_utilisation=MappingProxyType(util),
+        rank_finish_s=tuple(rank_finish),
+        op_events=tuple(op_events),
+        link_events=tuple(link_events),
+    )
+

@@ -1,0 +1,30 @@
+"""The compiled schedules in schedules/ load, verify, and match the shipped topologies they name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from planner.compile import schedule_topology, shipped_topologies
+from planner.verify import verify
+from runtime.schedule import load_schedule
+from tests.conftest import REPO
+
+SCHEDULES = sorted((REPO / "schedules").glob("*.json*"))
+
+
+def test_every_shipped_topology_has_a_schedule() -> None:
+    names = {p.name.split("-allreduce")[0] for p in SCHEDULES}
+    missing = sorted(set(shipped_topologies()) - names)
+    assert not missing, f"regenerate with `topocc compile-shipped`: missing {missing}"
+
+
+@pytest.mark.parametrize("path", SCHEDULES, ids=lambda p: p.name)
+def test_shipped_schedule_verifies(path: Path) -> None:
+    schedule = load_schedule(path)
+    assert schedule.collective == "allreduce"
+    verify(schedule)
+    topology = schedule_topology(schedule, path)  # also checks the fingerprint
+    assert topology.size == schedule.ranks
+    assert schedule.metadata.predicted_time_s and schedule.metadata.predicted_time_s > 0
