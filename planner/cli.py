@@ -151,6 +151,80 @@ def topo_show(topology: str, as_json: bool) -> None:
     _emit(topology_summary(resolve_topology(topology)), as_json)
 
 
+@topo_group.command("import")
+@click.argument("source", type=click.Path(dir_okay=False))
+@click.option("--nvidia-smi", "nvidia_smi", is_flag=True, help="SOURCE is `nvidia-smi topo -m` output.")
+@click.option("--name", default=None, help="Name of the imported topology.")
+@click.option("--hosts", type=click.IntRange(1), default=None, help="Replicate the imported host this many times.")
+@click.option("--network", default=None,
+              help="With --hosts: the network joining them, as YAML text or a file, e.g. '{type: fat_tree}'.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the YAML here.")
+def topo_import(source: str, nvidia_smi: bool, name: str | None, hosts: int | None, network: str | None,
+                output: str | None) -> None:
+    """Convert NCCL topology XML (or nvidia-smi topo -m output) into topology YAML."""
+    from pathlib import Path
+
+    from planner.formats import combine_hosts, convert_nccl_topo, convert_nvidia_smi
+    from planner.topology import parse_topology_text
+
+    imported = convert_nvidia_smi(source, name=name) if nvidia_smi else convert_nccl_topo(source, name=name)
+    text = imported.yaml
+    if hosts is not None:
+        if network is not None and Path(network).is_file():
+            network = Path(network).read_text()
+        text = combine_hosts(text, hosts, network)
+    topology = parse_topology_text(text, output or source)  # never write a file that would not load
+    for note in imported.notes:
+        click.echo(f"note: {note}", err=True)
+    if output:
+        Path(output).write_text(text)
+        click.echo(f"wrote {output}: {topology.size} ranks, {len(topology.devices)} devices")
+    else:
+        click.echo(text, nl=False)
+
+
+@cli.command("import")
+@click.argument("source", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Schedule JSON to write.")
+def import_cmd(source: str, output: str) -> None:
+    """Import an MSCCL XML algorithm as a topocc schedule (verified before it is written)."""
+    from planner.formats import import_msccl
+    from planner.summary import verify_summary
+    from planner.verify import verify
+    from runtime.schedule import save_schedule
+
+    schedule = import_msccl(source)
+    proof = verify(schedule)
+    save_schedule(schedule, output)
+    _emit(verify_summary(schedule, proof) | {"output": output}, False)
+    click.echo(f"wrote {output}")
+
+
+@cli.command("export")
+@click.argument("schedule", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["msccl-xml"]), default="msccl-xml", show_default=True)
+@click.option("--proto", type=click.Choice(["Simple", "LL", "LL128"]), default="Simple", show_default=True)
+@click.option("--name", default=None, help="Algorithm name in the XML.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here (default: stdout).")
+def export_cmd(schedule: str, fmt: str, proto: str, name: str | None, output: str | None) -> None:
+    """Export SCHEDULE as MSCCL XML (loadable by MSCCL and RCCL)."""
+    from pathlib import Path
+
+    from planner.formats import export_msccl
+    from planner.verify import verify
+    from runtime.schedule import load_schedule
+
+    loaded = load_schedule(schedule)
+    verify(loaded)
+    meta = loaded.metadata
+    xml = export_msccl(loaded, proto=proto, name=name, min_bytes=meta.min_bytes, max_bytes=meta.max_bytes)
+    if output:
+        Path(output).write_text(xml)
+        click.echo(f"wrote {output}")
+    else:
+        click.echo(xml, nl=False)
+
+
 @cli.command("algorithms")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def algorithms_cmd(as_json: bool) -> None:

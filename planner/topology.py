@@ -288,7 +288,8 @@ def quantity(src: Source, obj: Any, key: str, parse: Any, default: Any = None) -
     """Parse ``obj[key]`` with a unit parser, reporting the line on failure."""
     if key not in obj or obj[key] is None:
         if default is None:
-            raise src.error(obj, None, f"missing {key}", fix=f"add '{key}:' (e.g. 25 GB/s or 0.7 us)")
+            example = "0.7 us" if parse is parse_time else "25 GB/s" if parse is parse_bandwidth else "..."
+            raise src.error(obj, None, f"missing {key}", fix=f"add '{key}: {example}'")
         return default
     try:
         return parse(obj[key])
@@ -346,7 +347,7 @@ def parse_topology(doc: Any, source: str = "<topology>") -> Topology:
     """Validate a decoded topology document and build the :class:`Topology`."""
     src = Source(source)
     if doc is None:
-        raise TopologyError("empty topology file", where=source, fix="see README.md for the topology format")
+        raise TopologyError("empty topology file", where=source, fix="see docs/topology-format.md")
     top = check_keys(src, doc, "the topology", _TOP_KEYS, ("name",))
     name = name_string(src, top, "name")
     description = top.get("description", "")

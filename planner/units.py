@@ -15,7 +15,7 @@ __all__ = ["format_bandwidth", "format_size", "format_time", "parse_bandwidth", 
 
 _DECIMAL = {"": 1, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-_NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
+_NUMBER = r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 _BANDWIDTH = re.compile(
     _NUMBER + r"\s*(Ki|Mi|Gi|Ti|k|K|M|G|T)?\s*(B|bit|b|bps|Bps)?\s*(/\s*s|ps)?$"
 )

@@ -22,6 +22,7 @@ about a second).
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass
 
@@ -230,6 +231,25 @@ class _Matching:
 
     __slots__ = ("messages", "next_in_queue", "partner", "prev_in_queue")
 
+    @staticmethod
+    def _unmatched(schedule: Schedule, sends: dict[tuple[int, int, int], list[int]],
+                   recvs: dict[tuple[int, int, int], list[int]], key: tuple[int, int, int]) -> VerificationError:
+        src, dst, ch = key
+        s, r = sends.get(key, []), recvs.get(key, [])
+        chan = f" on channel {ch}" if ch else ""
+        excess = (src, s[len(r)]) if len(s) > len(r) else (dst, r[len(s)])
+        op = schedule.programs[excess[0]][excess[1]]
+        message = (f"unmatched message: rank {src} sends {len(s)} message(s) to rank {dst}{chan} but rank {dst} "
+                   f"receives {len(r)} from rank {src}{chan}; the first without a partner is "
+                   f"{_describe(excess[0], excess[1], op)}")
+        channels = sorted({c for (a, b, c) in sends.keys() | recvs.keys() if (a, b) == (src, dst)})
+        if len(channels) > 1:
+            per = ", ".join(f"ch {c}: {len(sends.get((src, dst, c), []))}/{len(recvs.get((src, dst, c), []))}"
+                            for c in channels)
+            message += f"; per channel, rank {src} sends/rank {dst} receives: {per}"
+        return _fail(schedule, message,
+                     fix="every send needs exactly one matching receive (FIFO per rank pair and channel)")
+
     def __init__(self, schedule: Schedule) -> None:
         programs = schedule.programs
         sends: dict[tuple[int, int, int], list[int]] = {}
@@ -250,15 +270,7 @@ class _Matching:
             src, dst, ch = key
             s, r = sends.get(key, []), recvs.get(key, [])
             if len(s) != len(r):
-                chan = f" on channel {ch}" if ch else ""
-                excess = (src, s[len(r)]) if len(s) > len(r) else (dst, r[len(s)])
-                raise _fail(
-                    schedule,
-                    f"unmatched message: rank {src} sends {len(s)} message(s) to rank {dst}{chan} but rank {dst} "
-                    f"receives {len(r)} from rank {src}{chan}; the first without a partner is "
-                    f"{_describe(excess[0], excess[1], programs[excess[0]][excess[1]])}",
-                    fix="every send needs exactly one matching receive (FIFO per rank pair and channel)",
-                )
+                raise self._unmatched(schedule, sends, recvs, key)
             for n, (ks, kr) in enumerate(zip(s, r)):
                 send, recv = programs[src][ks], programs[dst][kr]
                 if send.count != recv.count:
@@ -272,7 +284,7 @@ class _Matching:
                 self.partner[dst][kr] = (src, ks)
             for rank, queue in ((src, s), (dst, r)):
                 nxt, prev = self.next_in_queue[rank], self.prev_in_queue[rank]
-                for a, b in zip(queue, queue[1:]):
+                for a, b in itertools.pairwise(queue):
                     nxt[a], prev[b] = b, a
             self.messages += len(s)
 

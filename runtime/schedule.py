@@ -22,6 +22,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -218,7 +219,13 @@ def dump_schedule(schedule: Schedule) -> str:
     """Compact JSON text: one line per rank program keeps diffs readable."""
     doc = schedule_to_dict(schedule)
     programs = doc.pop("programs")
-    head = json.dumps(doc, indent=1, allow_nan=False)
+    try:
+        head = json.dumps(doc, indent=1, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ScheduleFormatError(
+            f"cannot store the schedule's metadata as JSON ({exc})",
+            fix="metadata options must be JSON values and numbers finite",
+        ) from None
     body = ",\n".join("  " + json.dumps(p, separators=(",", ":")) for p in programs)
     return head[:-2] + ',\n "programs": [\n' + body + "\n ]\n}\n"
 
@@ -244,7 +251,7 @@ def read_json_document(path: str | Path, kind: str) -> Any:
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)
-        except (OSError, EOFError) as exc:
+        except (OSError, EOFError, zlib.error) as exc:
             raise ScheduleFormatError(
                 f"corrupt gzip data ({exc})", where=str(path), fix="recompile or re-download the file"
             ) from None
@@ -254,11 +261,13 @@ def read_json_document(path: str | Path, kind: str) -> Any:
         raise ScheduleFormatError(
             f"not UTF-8 text at byte {exc.start}", where=str(path), fix=f"pass a topocc {kind} JSON file"
         ) from None
+    if not text.strip():
+        raise ScheduleFormatError("empty file", where=str(path), fix=f"pass a topocc {kind} JSON file")
     try:
         return json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         raise ScheduleFormatError(
-            f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+            f"invalid JSON: {exc.msg.removesuffix(' at')} at line {exc.lineno} column {exc.colno}",
             where=str(path),
             fix="the file is truncated or was edited by hand; recompile it",
         ) from None
@@ -299,7 +308,7 @@ class _Reader:
         for key in value:
             if key not in allowed:
                 raise self.fail(
-                    place, f"unknown field {key!r}", fix=f"allowed fields are {', '.join(sorted(allowed))}"
+                    place, f"unknown field {_short(key)}", fix=f"allowed fields are {', '.join(sorted(allowed))}"
                 )
         for key in required:
             if key not in value:
@@ -316,8 +325,10 @@ class _Reader:
         return value
 
     def number(self, value: Any, place: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.fail(place, f"expected a finite number, got {_type_name(value)}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise self.fail(place, f"expected a finite number, got {value}")
         if value < 0:
             raise self.fail(place, f"{value} is negative")
         return float(value)
@@ -333,6 +344,12 @@ class _Reader:
         return value
 
 
+def _short(value: Any, limit: int = 40) -> str:
+    """``repr(value)``, cut to ``limit`` characters for one-line messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _type_name(value: Any) -> str:
     return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
         type(value), type(value).__name__
@@ -346,13 +363,14 @@ def parse_schedule(doc: Any, source: str = "<schedule>") -> Schedule:
         doc, "", ("format", "version", "collective", "ranks", "chunks", "programs"), ("root", "inplace", "metadata")
     )
     if top["format"] != FORMAT:
-        raise r.fail("format", f"not a topocc schedule (format {top['format']!r})", fix=f"expected {FORMAT!r}")
+        raise r.fail("format", f"not a topocc schedule (format {_short(top['format'])})", fix=f"expected {FORMAT!r}")
     version = r.integer(top["version"], "version")
     if version != VERSION:
+        newer = "upgrade topocc to read it, or " if version > VERSION else ""
         raise r.fail(
             "version",
             f"unsupported schedule format version {version} (this topocc reads version {VERSION})",
-            fix="recompile the schedule with this version of topocc",
+            fix=f"{newer}recompile the schedule with this version of topocc",
         )
     try:
         collective = canonical_collective(r.string(top["collective"], "collective"))
@@ -430,8 +448,9 @@ def _parse_chunk(r: _Reader, doc: Any, place: str, limits: Mapping[str, int]) ->
     if len(items) not in (2, 3):
         raise r.fail(place, f"a chunk reference is [buffer, index] or [buffer, index, count], got {len(items)} items")
     buffer = items[0]
-    if buffer not in BUFFERS:
-        raise r.fail(f"{place}[0]", f"unknown buffer {buffer!r}", fix="use 'i' (input), 'o' (output) or 's' (scratch)")
+    if not isinstance(buffer, str) or buffer not in BUFFERS:
+        raise r.fail(f"{place}[0]", f"unknown buffer {_short(buffer)}",
+                     fix="use 'i' (input), 'o' (output) or 's' (scratch)")
     limit = limits[buffer]
     index = r.integer(items[1], f"{place}[1]", 0)
     count = r.integer(items[2], f"{place}[2]", 1) if len(items) == 3 else 1
@@ -446,8 +465,8 @@ def _parse_chunk(r: _Reader, doc: Any, place: str, limits: Mapping[str, int]) ->
 def _parse_op(r: _Reader, doc: Any, place: str, rank: int, k: int, ranks: int, limits: Mapping[str, int]) -> Op:
     op = r.obj(doc, place, ("op",), ("peer", "src", "dst", "deps", "step", "ch"))
     kind = op["op"]
-    if kind not in OP_KINDS:
-        raise r.fail(f"{place}.op", f"unknown operation {kind!r}", fix=f"use one of {', '.join(OP_KINDS)}")
+    if not isinstance(kind, str) or kind not in OP_KINDS:
+        raise r.fail(f"{place}.op", f"unknown operation {_short(kind)}", fix=f"use one of {', '.join(OP_KINDS)}")
     has_peer, has_src, has_dst = OP_KINDS[kind]
     peer = None
     if has_peer:

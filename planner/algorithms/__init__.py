@@ -86,6 +86,8 @@ ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("multitree", "planner.algorithms.multitree", "multitree",
                   ("allreduce", "reducescatter", "allgather", "broadcast"),
                   "MultiTree: one contention-free spanning tree per root, grown in lock-step"),
+        Algorithm("treepack", "planner.algorithms.treepack", "treepack", _ALL,
+                  "throughput-optimal spanning-tree packing from an LP (ForestColl), for large messages"),
     )
 }
 

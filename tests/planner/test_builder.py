@@ -9,6 +9,7 @@ references with a count).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import pytest
@@ -94,7 +95,7 @@ def chain_broadcast_schedule(p: int, k: int = 1, *, root: int = 2, inplace: bool
     for c in range(n):
         if not inplace:
             b.copy(root, Chunk("i", c), Chunk("o", c))
-        for a, z in zip(order, order[1:]):
+        for a, z in itertools.pairwise(order):
             b.transfer(a, z, Chunk("o", c), Chunk("o", c), step=c)
     return b.build("test-chain")
 

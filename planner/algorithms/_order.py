@@ -1,0 +1,369 @@
+"""Helpers shared by the baseline algorithms: topology-aware rank orders, ring phases, pipelining.
+
+The ring search looks for a Hamiltonian cycle over routable rank pairs that
+maximises the bottleneck bandwidth (the ring runs at its slowest hop), visiting
+each host's ranks contiguously so the ring crosses hosts as few times as
+possible.  Several rings ("channels", NCCL's term) are found greedily, each on
+the bandwidth left by the previous ones, the way NCCL packs rings onto the
+NVLinks of a DGX-1 (NCCL ``graph/search.cc``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterator, Sequence
+
+from planner.builder import ScheduleBuilder
+from planner.topology import Topology
+from runtime.schedule import Chunk, Schedule
+
+__all__ = [
+    "PIECE_BYTES",
+    "LinkLoads",
+    "check_routes",
+    "chunk_runs",
+    "find_cycle",
+    "find_rings",
+    "pieces",
+    "ring_all_gather",
+    "ring_order",
+    "ring_reduce_scatter",
+    "single_rank",
+    "split",
+]
+
+#: Target size of one pipelined piece (NCCL's chunk steps are of this order for large messages).
+PIECE_BYTES = 1 << 20
+#: Above this many members the ring search stops sorting every candidate by bandwidth.
+_SORT_LIMIT = 64
+_EPS = 1e-9
+
+Weight = Callable[[int, int], float]
+
+
+def pieces(requested: int | None, piece_source_bytes: float, cap: int) -> int:
+    """How many pieces to split one logical chunk of ``piece_source_bytes`` into.
+
+    ``requested`` (``Options.pipeline``) wins; otherwise pieces of about
+    :data:`PIECE_BYTES`, at most ``cap`` so that op counts stay bounded.
+    """
+    if requested is not None:
+        return max(1, requested)
+    return max(1, min(cap, int(piece_source_bytes // PIECE_BYTES)))
+
+
+def split(start: int, count: int, parts: int) -> list[Chunk]:
+    """``count`` chunks of the output buffer from ``start``, as ``parts`` near-equal runs (for pipelining)."""
+    parts = max(1, min(parts, count))
+    bounds = [start + (count * i) // parts for i in range(parts + 1)]
+    return [Chunk("o", a, b - a) for a, b in itertools.pairwise(bounds)]
+
+
+def chunk_runs(buffer: str, indices: Sequence[int]) -> list[Chunk]:
+    """Sorted chunk indices as maximal contiguous :class:`Chunk` runs of ``buffer``."""
+    runs: list[Chunk] = []
+    for i in sorted(indices):
+        if runs and runs[-1].index + runs[-1].count == i:
+            last = runs[-1]
+            runs[-1] = Chunk(buffer, last.index, last.count + 1)
+        else:
+            runs.append(Chunk(buffer, i, 1))
+    return runs
+
+
+def single_rank(collective: str, input_chunks: int, output_chunks: int, algorithm: str,
+                options: dict[str, object], root: int | None = None) -> Schedule:
+    """The one-rank schedule: copy input to output."""
+    b = ScheduleBuilder(collective, 1, input_chunks, output_chunks, root=root)
+    b.copy(0, Chunk("i", 0, input_chunks), Chunk("o", 0, output_chunks))
+    return b.build(algorithm, options)
+
+
+def check_routes(topology: Topology, pairs: Sequence[tuple[int, int]], algorithm: str) -> None:
+    """Raise :class:`NotApplicableError` naming the first pair with no GPU-free route."""
+    from planner.errors import NotApplicableError
+
+    for a, b in pairs:
+        if not topology.has_route(a, b):
+            raise NotApplicableError(
+                f"{algorithm} needs a direct route from rank {a} to rank {b} (no GPU-free path)"
+            )
+
+
+# --------------------------------------------------------------------------- link loads
+
+
+class LinkLoads:
+    """Route shares of every rank pair, and the load rings already put on each physical link.
+
+    The weight of a pair is the bandwidth one more message would get on its
+    route given the current loads (max-min share of each link), so a second
+    ring prefers the links the first one left idle.
+    """
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.load: dict[tuple[str, str], float] = {}
+        self._shares: dict[tuple[int, int], list[tuple[tuple[str, str], float, float]]] = {}
+
+    def shares(self, a: int, b: int) -> list[tuple[tuple[str, str], float, float]]:
+        """(link, share of the pair's traffic, link bandwidth) along the route ``a -> b``."""
+        key = (a, b)
+        got = self._shares.get(key)
+        if got is None:
+            paths = self.topology.routes(a, b)
+            share: dict[tuple[str, str], tuple[float, float]] = {}
+            for path in paths:
+                for link in path:
+                    k = (link.src, link.dst)
+                    old = share.get(k, (0.0, link.bandwidth))
+                    share[k] = (old[0] + 1.0 / len(paths), link.bandwidth)
+            got = [(k, s, bw) for k, (s, bw) in share.items()]
+            self._shares[key] = got
+        return got
+
+    def weight(self, a: int, b: int) -> float:
+        shares = self.shares(a, b)
+        if not shares:
+            return 0.0
+        return min(bw / (self.load.get(k, 0.0) + s) for k, s, bw in shares)
+
+    def add_ring(self, ring: Sequence[int]) -> None:
+        for a, b in zip(ring, [*ring[1:], ring[0]]):
+            for k, s, _ in self.shares(a, b):
+                self.load[k] = self.load.get(k, 0.0) + s
+
+    def time_per_byte(self, rings: int) -> float:
+        """Seconds per byte of the whole buffer when it is split evenly over ``rings`` rings."""
+        bws = {k: bw for shares in self._shares.values() for k, _, bw in shares}
+        return max((load / bws[k] for k, load in self.load.items()), default=0.0) / max(rings, 1)
+
+
+# --------------------------------------------------------------------------- ring search
+
+
+def _groups_of(topology: Topology, members: Sequence[int]) -> dict[int, int] | None:
+    """Host index of each member, or None when all members share one host or each is alone."""
+    host_index: dict[int, int] = {}
+    for h, ranks in enumerate(topology.hosts.values()):
+        for r in ranks:
+            host_index[r] = h
+    groups = {m: host_index[m] for m in members}
+    distinct = len(set(groups.values()))
+    if distinct in (1, len(members)):
+        return None
+    return groups
+
+
+def _search(members: Sequence[int], weight: Weight, threshold: float, groups: dict[int, int] | None,
+            limit: int) -> list[int] | None:
+    """Depth-first search for a Hamiltonian cycle whose every hop weighs at least ``threshold``.
+
+    With ``groups``, each group is visited contiguously (one entry and one exit
+    per host).  Candidates are tried best weight first, ties in natural order,
+    so symmetric fabrics are solved without backtracking.
+    """
+    n = len(members)
+    index = {m: i for i, m in enumerate(members)}
+    floor = threshold * (1 - _EPS)
+    start = members[0]
+    if n == 1:
+        return [start]
+    by_group: dict[int, list[int]] = {}
+    if groups is not None:
+        for m in members:
+            by_group.setdefault(groups[m], []).append(m)
+    group_order = list(by_group)
+    visited = {start}
+    remaining_in = {g: len(v) for g, v in by_group.items()}
+    if groups is not None:
+        remaining_in[groups[start]] -= 1
+
+    def ranked(u: int, cands: list[int]) -> list[int]:
+        scored = [(weight(u, v), v) for v in cands]
+        return [v for w, v in sorted(scored, key=lambda t: (-t[0], (index[t[1]] - index[u]) % n)) if w >= floor]
+
+    def candidates(u: int) -> Iterator[int]:
+        if groups is not None:
+            g = groups[u]
+            if remaining_in[g]:
+                yield from ranked(u, [v for v in by_group[g] if v not in visited])
+                return
+            pos = group_order.index(g)
+            for off in range(1, len(group_order)):
+                h = group_order[(pos + off) % len(group_order)]
+                if remaining_in[h] == len(by_group[h]):
+                    yield from ranked(u, [v for v in by_group[h] if v not in visited])
+            return
+        if n <= _SORT_LIMIT:
+            yield from ranked(u, [v for v in members if v not in visited])
+            return
+        for off in range(1, n):
+            v = members[(index[u] + off) % n]
+            if v not in visited and weight(u, v) >= floor:
+                yield v
+
+    path = [start]
+    stack = [candidates(start)]
+    nodes = 0
+    while stack:
+        nxt = next(stack[-1], None)
+        if nxt is None:
+            stack.pop()
+            gone = path.pop()
+            visited.discard(gone)
+            if groups is not None:
+                remaining_in[groups[gone]] += 1
+            continue
+        nodes += 1
+        if nodes > limit:
+            return None
+        if len(path) == n - 1:
+            if weight(nxt, start) >= floor:
+                return [*path, nxt]
+            continue
+        path.append(nxt)
+        visited.add(nxt)
+        if groups is not None:
+            remaining_in[groups[nxt]] -= 1
+        stack.append(candidates(nxt))
+    return None
+
+
+def _thresholds(members: Sequence[int], weight: Weight, groups: dict[int, int] | None) -> list[float]:
+    """Candidate bottleneck values, best first: every pair's weight on small sets, a sample on large ones."""
+    if len(members) <= _SORT_LIMIT:
+        values = [weight(a, b) for a in members for b in members if a != b]
+        # the ring leaves every member once: the bottleneck is at most each member's best out-weight
+        bound = min(max(weight(a, b) for b in members if b != a) for a in members)
+    else:
+        if groups is None:
+            sample = list(members[:8])
+            values = [weight(a, b) for a in sample for b in sample if a != b]
+            values += [weight(a, b) for a, b in zip(members, [*members[1:], members[0]])]
+        else:
+            by_group: dict[int, list[int]] = {}
+            for m in members:
+                by_group.setdefault(groups[m], []).append(m)
+            hosts = list(by_group.values())
+            first, second, last = hosts[0], hosts[1], hosts[-1]
+            values = [weight(a, b) for a in first for b in first if a != b]
+            cross = [weight(a, b) for a in first for b in second] + [weight(a, b) for a in last for b in first]
+            values += cross
+        bound = max(values, default=0.0)
+        if groups is not None:
+            bound = min(bound, max(cross))
+    positive = sorted({v for v in values if 0 < v <= bound * (1 + _EPS)}, reverse=True)
+    return positive or [0.0]
+
+
+def find_cycle(topology: Topology, members: Sequence[int], weight: Weight | None = None) -> list[int] | None:
+    """A Hamiltonian cycle over ``members`` (routable hops only) maximising the bottleneck weight.
+
+    ``weight(a, b)`` defaults to the route bandwidth; a hop with weight 0 (no
+    route) is never used.  Returns the cycle as a rank list, or None if the
+    search finds none within its budget.
+    """
+    members = list(members)
+    if len(members) <= 1:
+        return members
+    if weight is None:
+        loads = LinkLoads(topology)
+        weight = loads.weight
+    cache: dict[tuple[int, int], float] = {}
+
+    def cached(a: int, b: int) -> float:
+        w = cache.get((a, b))
+        if w is None:
+            w = weight(a, b) if topology.has_route(a, b) else 0.0
+            cache[(a, b)] = w
+        return w
+
+    limit = 20 * len(members) + 4000
+    groups = _groups_of(topology, members)
+    for mode in ([groups, None] if groups is not None else [None]):
+        # binary search for the highest threshold at which the (budgeted) search succeeds
+        values = _thresholds(members, cached, mode)
+        best: list[int] | None = None
+        lo, hi = 0, len(values) - 1
+        ring = _search(members, cached, max(values[0], _EPS), mode, limit)
+        if ring is not None:
+            return ring
+        lo = 1
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            ring = _search(members, cached, max(values[mid], _EPS), mode, limit)
+            if ring is not None:
+                best, hi = ring, mid - 1
+            else:
+                lo = mid + 1
+        if best is None and values[-1] > _EPS:
+            best = _search(members, cached, _EPS, mode, limit)
+        if best is not None:
+            return best
+    return None
+
+
+def ring_order(topology: Topology, members: Sequence[int] | None = None) -> list[int] | None:
+    """The single best ring over ``members`` (all ranks by default)."""
+    return find_cycle(topology, range(topology.size) if members is None else members)
+
+
+def find_rings(topology: Topology, channels: int | None, cap: int = 8) -> list[list[int]]:
+    """Rings for ``channels`` channels, or, when None, the count (up to ``cap``) that moves data fastest.
+
+    Each ring is searched on the bandwidth left by the previous ones
+    (:class:`LinkLoads`); with ``channels=None`` the prefix of rings with the
+    least time per byte (whole buffer split evenly) is kept, so on DGX-1 the
+    lane-disjoint NVLink rings come out and on a switch a single ring does.
+    Empty when no ring exists.
+    """
+    members = list(range(topology.size))
+    loads = LinkLoads(topology)
+    rings: list[list[int]] = []
+    best, best_count = math.inf, 0
+    want = channels if channels is not None else cap
+    for _ in range(want):
+        ring = find_cycle(topology, members, loads.weight)
+        if ring is None:
+            break
+        rings.append(ring)
+        loads.add_ring(ring)
+        t = loads.time_per_byte(len(rings))
+        if t < best * (1 - 0.02):
+            best, best_count = t, len(rings)
+    if channels is not None or not rings:
+        return rings
+    return rings[:best_count]
+
+
+# --------------------------------------------------------------------------- ring phases
+
+
+def ring_reduce_scatter(b: ScheduleBuilder, ring: Sequence[int], parts: Sequence[Sequence[Chunk]], *,
+                        step: int = 0, channel: int = 0) -> int:
+    """Ring reduce-scatter (Patarasuk & Yuan 2009): member ``i`` ends with ``parts[i]`` reduced over the ring.
+
+    Every member must already hold its own contribution in the chunks of
+    ``parts``.  At step ``t`` member ``i`` passes part ``i-t-1`` on to member
+    ``i+1``, which reduces it in; each part is a list of pieces sent as
+    separate messages, so consecutive steps pipeline.  Returns the next step.
+    """
+    n = len(ring)
+    for t in range(n - 1):
+        for i in range(n):
+            for piece in parts[(i - t - 1) % n]:
+                b.transfer(ring[i], ring[(i + 1) % n], piece, piece, reduce=True, step=step + t, channel=channel)
+    return step + max(n - 1, 0)
+
+
+def ring_all_gather(b: ScheduleBuilder, ring: Sequence[int], parts: Sequence[Sequence[Chunk]], *,
+                    step: int = 0, channel: int = 0) -> int:
+    """Ring all-gather: member ``i`` starts with ``parts[i]``; all members end with every part."""
+    n = len(ring)
+    for t in range(n - 1):
+        for i in range(n):
+            for piece in parts[(i - t) % n]:
+                b.transfer(ring[i], ring[(i + 1) % n], piece, piece, step=step + t, channel=channel)
+    return step + max(n - 1, 0)

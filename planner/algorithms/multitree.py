@@ -1,0 +1,368 @@
+"""MultiTree: one spanning tree per root, grown in lock-step over contention-free link slots.
+
+Huang et al., "Communication Algorithm-Architecture Co-Design for Distributed
+Deep Learning", ISCA 2021.  Section IV-A (Algorithm 1) builds every rank's
+spanning tree top-down, all trees together, one time step at a time: in each
+step the trees take turns (round robin, the first tree rotating each step) to
+add one child over links that no other transfer of that step uses, until no
+tree can grow; a link of ``k`` times the base bandwidth offers ``k`` slots per
+step.  Section IV-B turns the trees into a schedule: reduce-scatter runs every
+tree leaf to root in reverse time order, all-gather root to leaf, and
+all-reduce is the one followed by the other.
+
+Our generalisation of "link": a candidate tree edge is any routable rank pair
+``u -> v``; it takes, on every physical directed link of its equal-cost routes,
+the share of a slot that the simulator's even split over those routes puts
+there.  On switched fabrics (NVSwitch, fat-trees) the switch ports therefore
+become the contended resources, as they are.  Within a step, cheaper edges
+(lower route cost: fewer hops, more bandwidth) are offered to every tree before
+dearer ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from planner.algorithms import Options
+from planner.builder import ScheduleBuilder
+from planner.collectives import canonical_collective
+from planner.errors import NotApplicableError
+from planner.topology import Topology
+from runtime.schedule import Chunk, Schedule
+
+__all__ = ["TreeEdge", "TreePlan", "build_trees", "link_slots", "multitree", "route_load"]
+
+#: Pipelining aims at pieces of about this many bytes (large enough to amortise per-message latency).
+_TARGET_PIECE_BYTES = 1 << 20
+#: Most pieces each tree's block is split into.
+_MAX_PIECES = 16
+#: Cap on tree edges x pieces per phase, so that op counts stay bounded on large clusters.
+_MAX_TRANSFERS = 1 << 20
+#: Up to this many ranks, every routable pair is a candidate tree edge.
+_ALL_PAIRS_UP_TO = 64
+#: Beyond that, each rank keeps at most this many candidates of each route-cost class (spread evenly).
+_CLASS_QUOTA = 16
+#: Two route costs closer than this (relative) are one class.
+_SAME_COST = 1e-6
+_EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class TreeEdge:
+    """``parent -> child`` joined the tree in lock-step ``step`` (1-based)."""
+
+    parent: int
+    child: int
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class TreePlan:
+    """The trees of a MultiTree construction and the step each edge was added in.
+
+    ``edges[i]`` lists tree ``i``'s edges in the order they were added (steps
+    non-decreasing); ``slots`` is how many transfers each directed link
+    ``(src, dst)`` may carry in one step.
+    """
+
+    roots: tuple[int, ...]
+    edges: tuple[tuple[TreeEdge, ...], ...]
+    slots: Mapping[tuple[str, str], float]
+
+    @property
+    def steps(self) -> int:
+        """Lock-step time steps until every tree spans all ranks."""
+        return max((e.step for tree in self.edges for e in tree), default=0)
+
+    def depth(self, tree: int) -> int:
+        """Steps tree ``tree`` needed."""
+        return max((e.step for e in self.edges[tree]), default=0)
+
+
+def route_load(topology: Topology, src: int, dst: int) -> dict[tuple[str, str], float]:
+    """Share of one message ``src -> dst`` on each directed link: routes split evenly, as simulated."""
+    paths = topology.routes(src, dst)
+    load: dict[tuple[str, str], float] = {}
+    for path in paths:
+        for link in path:
+            key = (link.src, link.dst)
+            load[key] = load.get(key, 0.0) + 1.0 / len(paths)
+    return load
+
+
+def link_slots(topology: Topology) -> dict[tuple[str, str], float]:
+    """Transfers per step on each directed link: its bandwidth in units of the slowest link's (section IV-A)."""
+    base = min(link.bandwidth for link in topology.links)
+    return {(link.src, link.dst): link.bandwidth / base for link in topology.links}
+
+
+def _bit_reversed(n: int) -> list[int]:
+    """A permutation key of ``0..n-1`` that spreads consecutive offsets far apart (bit reversal)."""
+    bits = max(1, (n - 1).bit_length())
+    return [int(f"{i:0{bits}b}"[::-1], 2) for i in range(n)]
+
+
+def _candidates(topology: Topology, quota: int | None) -> tuple[list[list[int]], list[list[int]]]:
+    """Per rank: the ranks it may send to as a tree edge, cheapest route first, and each one's cost class.
+
+    Ties are broken by bit-reversed rank offset so that equally cheap children
+    spread over the cluster instead of piling onto the next few ranks.
+    """
+    p = topology.size
+    spread = _bit_reversed(p)
+    names = topology.ranks
+    cands: list[list[int]] = []
+    classes: list[list[int]] = []
+    for u in range(p):
+        # Route costs from u (Dijkstra over non-GPU interiors, cached by the topology for routes()).
+        dist = topology._shortest_from(u)[0]
+        found = sorted((dist[names[v]], spread[(v - u) % p], v) for v in range(p) if v != u and names[v] in dist)
+        order: list[int] = []
+        cls: list[int] = []
+        k, taken, last = -1, 0, None
+        for cost, _, v in found:
+            if last is None or cost > last * (1 + _SAME_COST) + 1e-15:
+                k, taken, last = k + 1, 0, cost
+            if quota is None or taken < quota:
+                order.append(v)
+                cls.append(k)
+                taken += 1
+        cands.append(order)
+        classes.append(cls)
+    return cands, classes
+
+
+def build_trees(topology: Topology, roots: Sequence[int], *, quota: int | None = None) -> TreePlan:
+    """Grow one spanning tree per entry of ``roots`` in lock-step, contention-free per step (Algorithm 1).
+
+    In step ``t`` a tree may add ``u -> v`` when ``u`` joined before ``t``,
+    ``v`` is not in the tree yet, and every link of the route still has the
+    slot share the edge needs in step ``t``.  Passes over route-cost classes
+    (cheapest first) hand out the cheap edges before the dear ones; within a
+    pass the trees add one edge per turn, the first tree rotating each step.
+    ``quota`` limits the candidates of each cost class per rank (None: all).
+    """
+    p = topology.size
+    n = len(roots)
+    slots = link_slots(topology)
+    link_ids = {key: i for i, key in enumerate(slots)}
+    cap = list(slots.values())
+    cands, classes = _candidates(topology, quota)
+    loads: dict[tuple[int, int], tuple[tuple[int, float], ...]] = {}
+
+    def load_of(u: int, v: int) -> tuple[tuple[int, float], ...]:
+        found = loads.get((u, v))
+        if found is None:
+            found = tuple((link_ids[key], f) for key, f in route_load(topology, u, v).items())
+            loads[(u, v)] = found
+        return found
+
+    member = [bytearray(p) for _ in range(n)]
+    senders: list[list[int]] = [[r] for r in roots]
+    fresh: list[list[int]] = [[] for _ in range(n)]
+    size = [1] * n
+    for i, r in enumerate(roots):
+        member[i][r] = 1
+    edges: list[list[TreeEdge]] = [[] for _ in range(n)]
+    top_class = max((c[-1] for c in classes if c), default=0)
+    used = [0.0] * len(cap)
+    step = 0
+    while any(s < p for s in size):
+        step += 1
+        for i in range(n):
+            senders[i].extend(fresh[i])
+            fresh[i].clear()
+        for j in range(len(used)):
+            used[j] = 0.0
+        grown = False
+        start = step % n
+        rotation = [i for i in range(start, n)] + [i for i in range(start)]
+        for pass_class in range(top_class + 1):
+            active = [i for i in rotation if size[i] < p]
+            while active:
+                still = []
+                for i in active:
+                    found = _find_edge(member[i], senders[i], cands, classes, pass_class, used, cap, load_of)
+                    if found is None:
+                        continue
+                    u, v, load = found
+                    for j, f in load:
+                        used[j] += f
+                    member[i][v] = 1
+                    size[i] += 1
+                    fresh[i].append(v)
+                    edges[i].append(TreeEdge(u, v, step))
+                    grown = True
+                    if size[i] < p:
+                        still.append(i)
+                active = still
+        if not grown:
+            if quota is None:
+                raise NotApplicableError("multitree: some rank cannot be reached over routable pairs")
+            return build_trees(topology, roots, quota=None)
+    return TreePlan(tuple(roots), tuple(tuple(e) for e in edges), slots)
+
+
+def _find_edge(member: bytearray, senders: list[int], cands: list[list[int]], classes: list[list[int]],
+               max_class: int, used: list[float], cap: list[float], load_of) -> tuple[int, int, tuple] | None:
+    """The first ``u -> v`` of cost class <= ``max_class`` from a sender to a non-member that fits this step."""
+    for u in senders:
+        cls = classes[u]
+        for k, v in enumerate(cands[u]):
+            if cls[k] > max_class:
+                break
+            if member[v]:
+                continue
+            load = load_of(u, v)
+            if all(used[j] + f <= cap[j] + _EPS for j, f in load):
+                return u, v, load
+    return None
+
+
+# --------------------------------------------------------------------------- schedules (section IV-B)
+
+
+def _pieces(options: Options, block_bytes: float, transfers: int) -> int:
+    """Pieces per tree block: ``options.pipeline``, else about 1 MiB each, within the op budget."""
+    if options.pipeline is not None:
+        if options.pipeline < 1:
+            raise NotApplicableError(f"multitree: pipeline must be >= 1, got {options.pipeline}")
+        return options.pipeline
+    want = max(1, min(_MAX_PIECES, round(block_bytes / _TARGET_PIECE_BYTES)))
+    return max(1, min(want, _MAX_TRANSFERS // max(1, transfers)))
+
+
+def _by_step(tree: Sequence[TreeEdge], reverse: bool = False) -> list[TreeEdge]:
+    return sorted(tree, key=lambda e: e.step, reverse=reverse)
+
+
+def multitree(topology: Topology, collective: str, options: Options) -> Schedule:
+    """MultiTree schedule for allreduce, reducescatter, allgather or broadcast.
+
+    All-gather: tree ``r`` carries rank ``r``'s block from ``r`` down to every
+    rank.  Reduce-scatter: tree ``r`` sums block ``r`` from the leaves up to
+    ``r``, each rank adding its children's partial sums to its own before it
+    sends up.  All-reduce: reduce-scatter then all-gather over the same trees;
+    tree ``r`` owns chunks ``r*pipeline ... r*pipeline + pipeline - 1``.
+    Broadcast: several trees from the root, built the same way, each carrying
+    an equal share.  Every block is split into ``pipeline`` pieces that stream
+    through the tree, so consecutive steps overlap.  Tree ``i``'s messages use
+    channel ``i``.
+
+    >>> multitree(load_topology("topologies/torus-4x4.yaml"), "allreduce", Options())  # doctest: +SKIP
+    """
+    collective = canonical_collective(collective)
+    p = topology.size
+    meta = options.as_dict()
+    if collective not in ("allreduce", "reducescatter", "allgather", "broadcast"):
+        raise NotApplicableError(f"multitree does not implement {collective}")
+    if collective == "broadcast":
+        return _broadcast(topology, options, meta)
+    if p == 1:
+        return _single(collective, meta)
+    plan = build_trees(topology, range(p), quota=None if p <= _ALL_PAIRS_UP_TO else _CLASS_QUOTA)
+    phases = 2 if collective == "allreduce" else 1
+    q = _pieces(options, options.size_bytes / p, phases * p * (p - 1))
+    meta.update(pipeline=q, steps=plan.steps)
+    if collective == "allgather":
+        b = ScheduleBuilder(collective, p, q, p * q)
+        for r in range(p):
+            b.copy(r, Chunk("i", 0, q), Chunk("o", r * q, q))
+        _gather(b, plan, q, source=lambda r, j: Chunk("i", j), block=lambda r, j: Chunk("o", r * q + j))
+    elif collective == "reducescatter":
+        b = ScheduleBuilder(collective, p, p * q, q, scratch_chunks=p * q)
+        _scatter(b, plan, q, own=lambda r, j: Chunk("i", r * q + j),
+                 partial=lambda r, j: Chunk("s", r * q + j), result=lambda j: Chunk("o", j))
+    else:
+        b = ScheduleBuilder(collective, p, p * q, p * q)
+        _scatter(b, plan, q, own=lambda r, j: Chunk("i", r * q + j),
+                 partial=lambda r, j: Chunk("o", r * q + j), result=None)
+        _gather(b, plan, q, source=lambda r, j: Chunk("o", r * q + j), block=lambda r, j: Chunk("o", r * q + j),
+                step_offset=plan.steps)
+    return b.build("multitree", meta)
+
+
+def _single(collective: str, meta: dict) -> Schedule:
+    b = ScheduleBuilder(collective, 1, 1, 1, root=0 if collective == "broadcast" else None)
+    b.copy(0, Chunk("i", 0), Chunk("o", 0))
+    return b.build("multitree", meta)
+
+
+def _gather(b: ScheduleBuilder, plan: TreePlan, q: int, *, source, block, step_offset: int = 0) -> None:
+    """Root to leaves: tree ``i``'s root sends ``source(i, j)``, every other rank forwards ``block(i, j)``."""
+    for i, tree in enumerate(plan.edges):
+        root = plan.roots[i]
+        for e in _by_step(tree):
+            for j in range(q):
+                src = source(i, j) if e.parent == root else block(i, j)
+                b.send(e.parent, e.child, src, step=step_offset + e.step, channel=i)
+                b.recv(e.child, e.parent, block(i, j), step=step_offset + e.step, channel=i)
+
+
+def _scatter(b: ScheduleBuilder, plan: TreePlan, q: int, *, own, partial, result) -> None:
+    """Leaves to root in reverse step order; each rank folds its children's sums into its own, then sends up.
+
+    ``own(i, j)`` is a rank's contribution to piece ``j`` of tree ``i``,
+    ``partial(i, j)`` where it accumulates, ``result(j)`` where the root
+    accumulates (None: in ``partial`` as well).
+    """
+    depth = plan.steps
+    for i, tree in enumerate(plan.edges):
+        root = plan.roots[i]
+        started: set[int] = set()  # ranks whose partial sum holds their own contribution already
+        for e in _by_step(tree, reverse=True):
+            child, parent = e.child, e.parent
+            up = depth + 1 - e.step
+            for j in range(q):
+                src = partial(i, j) if child in started else own(i, j)
+                acc = result(j) if (parent == root and result is not None) else partial(i, j)
+                b.send(child, parent, src, step=up, channel=i)
+                first = parent not in started
+                b.recv(parent, child, acc, reduce=True, src=own(i, j) if first else None, step=up, channel=i)
+            started.add(parent)
+
+
+#: Tree counts tried for broadcast (each tree carries an equal share of the buffer).
+_BROADCAST_TREES = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def _congestion(topology: Topology, plan: TreePlan) -> float:
+    """Seconds per byte of one tree's share on the busiest link (all trees streaming at once)."""
+    bandwidth = {(link.src, link.dst): link.bandwidth for link in topology.links}
+    load: dict[tuple[str, str], float] = {}
+    for tree in plan.edges:
+        for e in tree:
+            for key, f in route_load(topology, e.parent, e.child).items():
+                load[key] = load.get(key, 0.0) + f
+    return max(v / bandwidth[key] for key, v in load.items())
+
+
+def _broadcast(topology: Topology, options: Options, meta: dict) -> Schedule:
+    """Several trees from the root, grown together like MultiTree's, each carrying ``1/k`` of the buffer.
+
+    ``k`` is chosen from :data:`_BROADCAST_TREES` to minimise the busiest
+    link's load per byte broadcast.
+    """
+    p = topology.size
+    root = options.root
+    if not 0 <= root < p:
+        raise NotApplicableError(f"multitree: root {root} is not a rank of {topology.name} ({p} ranks)")
+    if p == 1:
+        return _single("broadcast", meta)
+    quota = None if p <= _ALL_PAIRS_UP_TO else _CLASS_QUOTA
+    best: tuple[float, TreePlan] | None = None
+    for k in _BROADCAST_TREES if options.channels is None else (options.channels,):
+        plan = build_trees(topology, [root] * k, quota=quota)
+        cost = _congestion(topology, plan) / k
+        if best is None or cost < best[0] * (1 - 1e-6):
+            best = (cost, plan)
+    assert best is not None
+    plan = best[1]
+    k = len(plan.roots)
+    q = _pieces(options, options.size_bytes / k, k * (p - 1))
+    meta.update(channels=k, pipeline=q, steps=plan.steps)
+    b = ScheduleBuilder("broadcast", p, k * q, k * q, root=root)
+    b.copy(root, Chunk("i", 0, k * q), Chunk("o", 0, k * q))
+    _gather(b, plan, q, source=lambda i, j: Chunk("i", i * q + j), block=lambda i, j: Chunk("o", i * q + j))
+    return b.build("multitree", meta)

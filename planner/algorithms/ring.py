@@ -1,0 +1,103 @@
+"""Topology-aware rings: the bandwidth-optimal baseline for large messages.
+
+All-reduce is a ring reduce-scatter followed by a ring all-gather (Patarasuk &
+Yuan, "Bandwidth optimal all-reduce algorithms for clusters of workstations",
+JPDC 2009, section 3); broadcast and reduce are pipelined chains along the ring
+from or to the root.  The rings come from :func:`planner.algorithms._order.find_rings`:
+several link-disjoint rings where the fabric has them (NCCL's channels), the
+data split evenly between them, and each chunk split into pieces so that
+consecutive steps overlap.
+"""
+
+from __future__ import annotations
+
+from planner.algorithms import Options
+from planner.algorithms._order import find_rings, pieces, ring_all_gather, ring_reduce_scatter, single_rank, split
+from planner.builder import ScheduleBuilder
+from planner.collectives import canonical_collective
+from planner.errors import NotApplicableError
+from planner.topology import Topology
+from runtime.schedule import Chunk, Schedule
+
+__all__ = ["ring"]
+
+#: Chunk budget for the all-to-all shaped phases (ranks x channels x pieces), to keep op counts bounded.
+_MAX_CHUNKS = 4096
+#: Most pieces a chain (broadcast, reduce) splits each channel's share into.
+_MAX_CHAIN_PIECES = 64
+
+
+def ring(topology: Topology, collective: str, options: Options) -> Schedule:
+    """Ring schedule for ``collective`` over the best rings of ``topology``.
+
+    Supports allreduce, reducescatter, allgather, broadcast and reduce.  Raises
+    :class:`NotApplicableError` when no Hamiltonian cycle over routable pairs exists.
+    """
+    collective = canonical_collective(collective)
+    if collective == "alltoall":
+        raise NotApplicableError("ring does not implement alltoall (use direct)")
+    p = topology.size
+    meta = options.as_dict()
+    if p == 1:
+        return single_rank(collective, 1, 1, "ring", meta, options.root if collective in ("broadcast", "reduce")
+                           else None)
+    rings = find_rings(topology, options.channels)
+    if not rings:
+        raise NotApplicableError("ring needs a cycle through all ranks over routable pairs; the search found none")
+    c = len(rings)
+    meta["channels"] = c
+    if p <= 64:
+        meta["rings"] = rings
+
+    if collective in ("allreduce", "reducescatter", "allgather"):
+        q = pieces(options.pipeline, options.size_bytes / (c * p), max(1, _MAX_CHUNKS // (c * p)))
+        meta["pipeline"] = q
+        if collective == "allreduce":
+            b = ScheduleBuilder(collective, p, c * p * q, c * p * q)
+            for r in range(p):
+                b.copy(r, Chunk("i", 0, c * p * q), Chunk("o", 0, c * p * q))
+            for ch, rg in enumerate(rings):
+                # segment s of channel ch: chunks (ch*p + s)*q ... + q; ring position i ends owning segment i
+                parts = [[Chunk("o", (ch * p + s) * q + j) for j in range(q)] for s in range(p)]
+                step = ring_reduce_scatter(b, rg, parts, channel=ch)
+                ring_all_gather(b, rg, parts, step=step, channel=ch)
+            return b.build("ring", meta)
+        k = c * q  # chunks per rank block; channel ch carries chunks ch*q ... ch*q + q of every block
+        if collective == "reducescatter":
+            b = ScheduleBuilder(collective, p, p * k, k, scratch_chunks=p * k)
+            for r in range(p):
+                b.copy(r, Chunk("i", 0, p * k), Chunk("s", 0, p * k))
+            for ch, rg in enumerate(rings):
+                parts = [[Chunk("s", rg[i] * k + ch * q + j) for j in range(q)] for i in range(p)]
+                ring_reduce_scatter(b, rg, parts, channel=ch)
+            for r in range(p):
+                b.copy(r, Chunk("s", r * k, k), Chunk("o", 0, k), step=p - 1)
+            return b.build("ring", meta)
+        b = ScheduleBuilder(collective, p, k, p * k)
+        for r in range(p):
+            b.copy(r, Chunk("i", 0, k), Chunk("o", r * k, k))
+        for ch, rg in enumerate(rings):
+            parts = [[Chunk("o", rg[i] * k + ch * q + j) for j in range(q)] for i in range(p)]
+            ring_all_gather(b, rg, parts, channel=ch)
+        return b.build("ring", meta)
+
+    # broadcast / reduce: a pipelined chain along each ring, from (to) the root
+    root = options.root
+    if not 0 <= root < p:
+        raise NotApplicableError(f"root {root} is not a rank of this {p}-rank topology")
+    q = pieces(options.pipeline, options.size_bytes / c, _MAX_CHAIN_PIECES)
+    meta["pipeline"] = q
+    n = c * q
+    b = ScheduleBuilder(collective, p, n, n, root=root)
+    for r in range(p):
+        if collective == "reduce" or r == root:
+            b.copy(r, Chunk("i", 0, n), Chunk("o", 0, n))
+    for ch, rg in enumerate(rings):
+        at = rg.index(root)
+        chain = rg[at:] + rg[:at] if collective == "broadcast" else rg[at + 1:] + rg[:at + 1]
+        for piece in split(ch * q, q, q):
+            for pos in range(p - 1):
+                src = Chunk("i", piece.index, piece.count) if pos == 0 else piece
+                b.transfer(chain[pos], chain[pos + 1], src, piece, reduce=collective == "reduce", step=pos,
+                           channel=ch)
+    return b.build("ring", meta)

@@ -1,0 +1,125 @@
+"""NCCL's double binary tree: two complementary binary trees, each carrying half the data.
+
+Sanders, Speck & Träff, "Two-tree algorithms for full bandwidth broadcast,
+reduction and scan", Parallel Computing 2009 (section 3), as adopted by NCCL
+2.4: in the second tree the ranks are shifted by one, so most ranks that are
+leaves in one tree are interior in the other and every rank's links carry
+about one tree's worth of traffic.  All-reduce reduces up both trees and
+broadcasts back down, each half pipelined in pieces.  Ranks are laid out in
+ring order (hosts contiguous), so the subtrees are mostly host-local.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from planner.algorithms import Options
+from planner.algorithms._order import pieces, ring_order, single_rank, split
+from planner.builder import ScheduleBuilder
+from planner.collectives import canonical_collective
+from planner.errors import NotApplicableError
+from planner.topology import Topology
+from runtime.schedule import Chunk, Schedule
+
+__all__ = ["binary_tree", "double_binary_tree"]
+
+_MAX_PIECES = 64
+
+
+def binary_tree(nodes: Sequence[int]) -> tuple[int, dict[int, int]]:
+    """A balanced in-order binary tree over ``nodes``: (root, parent of every other node).
+
+    In-order layout keeps each subtree a contiguous stretch of ``nodes``, so a
+    topology-aware order makes most tree edges local.
+    """
+    parent: dict[int, int] = {}
+
+    def build(lo: int, hi: int) -> int | None:
+        if lo > hi:
+            return None
+        mid = (lo + hi) // 2
+        for child in (build(lo, mid - 1), build(mid + 1, hi)):
+            if child is not None:
+                parent[child] = nodes[mid]
+        return nodes[mid]
+
+    root = build(0, len(nodes) - 1)
+    if root is None:
+        raise ValueError("a tree needs at least one node")
+    return root, parent
+
+
+def _depth_order(root: int, parent: dict[int, int]) -> list[int]:
+    """Non-root nodes, parents before children (breadth first)."""
+    children: dict[int, list[int]] = {}
+    for child, par in parent.items():
+        children.setdefault(par, []).append(child)
+    order, frontier = [], [root]
+    while frontier:
+        nxt = [c for v in frontier for c in children.get(v, [])]
+        order.extend(nxt)
+        frontier = nxt
+    return order
+
+
+def double_binary_tree(topology: Topology, collective: str, options: Options) -> Schedule:
+    """Double-binary-tree schedule for allreduce, broadcast or reduce (root: ``options.root``)."""
+    collective = canonical_collective(collective)
+    if collective not in ("allreduce", "broadcast", "reduce"):
+        raise NotApplicableError(f"tree does not implement {collective} (it builds allreduce, broadcast, reduce)")
+    p = topology.size
+    meta = options.as_dict()
+    rooted = collective != "allreduce"
+    root = options.root if rooted else None
+    if rooted and not 0 <= options.root < p:
+        raise NotApplicableError(f"root {options.root} is not a rank of this {p}-rank topology")
+    if p == 1:
+        return single_rank(collective, 1, 1, "tree", meta, root)
+    order = ring_order(topology) or list(range(p))
+    trees: list[tuple[int, dict[int, int]]] = []
+    if not rooted:
+        for shifted in (order, order[1:] + order[:1]):
+            trees.append(binary_tree(shifted))
+    else:
+        at = order.index(options.root)
+        rest = order[at + 1:] + order[:at]
+        for shifted in (rest, rest[1:] + rest[:1]):
+            sub_root, parent = binary_tree(shifted)
+            trees.append((options.root, {**parent, sub_root: options.root}))
+    for _, parent in trees:
+        for child, par in sorted(parent.items()):
+            pairs = [(child, par)] if collective == "reduce" else [(par, child)]
+            if collective == "allreduce":
+                pairs.append((par, child))
+            for a, b in pairs:
+                if not topology.has_route(a, b):
+                    raise NotApplicableError(
+                        f"tree needs a direct route from rank {a} to rank {b} (a tree edge; no GPU-free path)"
+                    )
+
+    q = pieces(options.pipeline, options.size_bytes / 2, _MAX_PIECES)
+    meta.update(pipeline=q, channels=2, trees=[sorted(parent.items()) for _, parent in trees] if p <= 64 else None)
+    n = 2 * q
+    b = ScheduleBuilder(collective, p, n, n, root=root)
+    for r in range(p):
+        if collective != "broadcast" or r == root:
+            b.copy(r, Chunk("i", 0, n), Chunk("o", 0, n))
+    for t, (tree_root, parent) in enumerate(trees):
+        down = _depth_order(tree_root, parent)
+        depth = {tree_root: 0}
+        for v in down:
+            depth[v] = depth[parent[v]] + 1
+        height = max(depth.values())
+        interior = set(parent.values())
+        for piece in split(t * q, q, q):
+            whole_input = Chunk("i", piece.index, piece.count)
+            if collective in ("allreduce", "reduce"):
+                for v in reversed(down):
+                    # a leaf sends straight from its input: no wait for its local copy
+                    src = piece if v in interior else whole_input
+                    b.transfer(v, parent[v], src, piece, reduce=True, step=height - depth[v], channel=t)
+            if collective in ("allreduce", "broadcast"):
+                for v in down:
+                    src = whole_input if parent[v] == root else piece
+                    b.transfer(parent[v], v, src, piece, step=height + depth[v], channel=t)
+    return b.build("tree", meta)

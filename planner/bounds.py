@@ -1,0 +1,426 @@
+"""Lower bounds on the time of a collective on a topology: cuts and latency.
+
+No schedule can beat the returned bound under the simulator's model
+(:mod:`planner.simulate`); the planner uses it to rank candidates and to say how
+far a schedule is from optimal.
+
+Bandwidth (cut) bounds.  For a set S of devices holding k of the p ranks
+(0 < k < p), some bytes must cross into S and some out of it; the links entering
+S carry at most their total bandwidth, so ``time >= bytes_in / cap_in(S)`` and
+likewise out.  With N = ``size_bytes`` (nccl-tests' size, the larger buffer):
+
+* allgather: in N (p-k)/p (the outside ranks' blocks, each needed once),
+  out N k/p (S's blocks, wanted outside);
+* reducescatter, the mirror: in N k/p (S's shards need the outside
+  contributions, at best pre-reduced to one copy), out N (p-k)/p;
+* allreduce: in N and out N (S's results depend on every outside input and
+  vice versa; this is the reduce-scatter plus the all-gather bound);
+* broadcast: in N into any S without the root, out N out of any S with it;
+* reduce: out N out of any S without the root, in N into any S with it;
+* alltoall: in and out N k (p-k)/p (each of the k ranks gets N/p from each of
+  the p-k others, and sends as much).
+
+Allreduce also gets a partition bound: split the ranks into m groups of
+devices (each rank alone, each host, each rack); every element must make at
+least 2(m-1) crossings between groups (one-way gossip among m parties needs
+2m-2 calls; reductions never mix elements, as the verifier enforces), so
+``time >= 2(m-1) N / sum of the groups' in- (or out-) capacities``.  On p equal
+ranks behind one switch this is the familiar 2(p-1)/p N/B (Patarasuk & Yuan,
+"Bandwidth optimal all-reduce algorithms", JPDC 2009).  It equals "twice the
+allgather cut" on groups of equal size and capacity, and unlike that per-cut
+rule stays valid on uneven topologies (a fast rank can reduce for slow ones).
+
+The maximum over any family of valid cuts is itself a valid lower bound, so the
+candidate family only decides how tight the bound is: each rank alone, each
+host, each rack, the first and second half of the hosts, a Kernighan-Lin
+bisection of the undirected graph, and (on small topologies) for each host the
+minimum cut separating its ranks from the others, by max-flow; each with its
+complement.
+
+Latency.  The last byte across a cut still has to traverse one of the cut's
+links, so a cut's bound adds its smallest crossing latency.  Separately, every
+output depends on some input of every other rank (broadcast: the root's; reduce:
+the root depends on all), so a chain of messages must cover the minimum-latency
+path between them, relaying allowed: the latency diameter.
+``time_s = max(bandwidth_s + cut latency, latency diameter)``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import networkx as nx
+
+from planner.collectives import canonical_collective
+from planner.errors import UsageError
+from planner.topology import Topology
+from planner.units import format_bandwidth, format_time
+
+__all__ = ["Bound", "lower_bound"]
+
+#: Per-host max-flow cuts run only when hosts * links stays under this (each max-flow is O(links) Python).
+MAXFLOW_BUDGET = 40_000
+#: All-pairs latency diameter is exact when ranks * links stays under this; above, iterated sweeps.
+EXACT_DIAMETER_BUDGET = 1_000_000
+#: Dijkstra runs of the sweep heuristic on large topologies.
+DIAMETER_SWEEPS = 8
+#: Kernighan-Lin passes (networkx default 10): the first few find almost all of the gain.
+KL_ITERATIONS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """A lower bound on a collective's time.
+
+    ``bandwidth_s`` is the binding cut's bytes / capacity; ``latency_s`` the
+    latency added to it (the cut's smallest crossing latency) or, when the
+    latency diameter alone is larger, that diameter.  ``time_s`` is
+    ``max(bandwidth_s + cut latency, diameter)``; ``cut`` says what binds,
+    e.g. ``"host h0 (4 ranks): 25 GB/s in"``.
+    """
+
+    time_s: float
+    bandwidth_s: float
+    latency_s: float
+    cut: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Cut:
+    """A candidate device set with its crossing capacities (bytes/s) and smallest crossing latencies.
+
+    It holds the ranks in ``ranks``, or, when ``inverted``, every rank but those
+    (complements are kept this way so that making them costs nothing).
+    """
+
+    label: str
+    ranks: frozenset[int]
+    inverted: bool
+    cap_in: float
+    cap_out: float
+    lat_in: float
+    lat_out: float
+
+    def count(self, p: int) -> int:
+        return p - len(self.ranks) if self.inverted else len(self.ranks)
+
+    def holds(self, rank: int) -> bool:
+        return (rank in self.ranks) != self.inverted
+
+
+@dataclass(frozen=True, slots=True)
+class _Partition:
+    """Disjoint device groups covering all ranks, for the allreduce gossip bound."""
+
+    label: str
+    parts: int
+    cap_in: float
+    cap_out: float
+    lat_in: float
+    lat_out: float
+
+
+class _CutFamily:
+    """The candidate cuts and partitions of a topology; independent of the collective, so cached."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        names = [d.name for d in topology.devices]
+        self.index = {name: i for i, name in enumerate(names)}
+        n = len(names)
+        self.in_adj: list[list[tuple[int, float, float]]] = [[] for _ in range(n)]
+        self.out_adj: list[list[tuple[int, float, float]]] = [[] for _ in range(n)]
+        for link in topology.links:
+            a, b = self.index[link.src], self.index[link.dst]
+            self.out_adj[a].append((b, link.bandwidth, link.latency))
+            self.in_adj[b].append((a, link.bandwidth, link.latency))
+        self.rank_dev = [self.index[name] for name in topology.ranks]
+        self.rank_of = {dev: r for r, dev in enumerate(self.rank_dev)}
+        self.cuts: list[_Cut] = []
+        self.partitions: list[_Partition] = []
+        self._seen: set[frozenset[int]] = set()
+        self._build()
+        self._diameter: tuple[float, int, int] | None = None
+
+    # ---- capacities
+
+    def _boundary(self, members: set[int] | frozenset[int]) -> tuple[float, float, float, float]:
+        cap_in = cap_out = 0.0
+        lat_in = lat_out = math.inf
+        for d in members:
+            for u, bw, lat in self.in_adj[d]:
+                if u not in members:
+                    cap_in += bw
+                    lat_in = min(lat_in, lat)
+            for v, bw, lat in self.out_adj[d]:
+                if v not in members:
+                    cap_out += bw
+                    lat_out = min(lat_out, lat)
+        return cap_in, cap_out, lat_in, lat_out
+
+    def _add(self, label: str, members: Iterable[int], complement_label: str | None = None) -> None:
+        members = frozenset(members)
+        if members in self._seen:
+            return
+        self._seen.add(members)
+        ranks = frozenset(self.rank_of[d] for d in members if d in self.rank_of)
+        if not 0 < len(ranks) < self.topology.size:
+            return
+        cap_in, cap_out, lat_in, lat_out = self._boundary(members)
+        self.cuts.append(_Cut(label, ranks, False, cap_in, cap_out, lat_in, lat_out))
+        # The complement comes for free: its in-links are S's out-links.
+        self.cuts.append(_Cut(complement_label or f"all but {label}", ranks, True, cap_out, cap_in, lat_out, lat_in))
+
+    def _add_partition(self, label: str, groups: list[set[int]]) -> None:
+        if len(groups) < 2:
+            return
+        cap_in = cap_out = 0.0
+        lat_in = lat_out = math.inf
+        for members in groups:
+            ci, co, li, lo = self._boundary(members)
+            cap_in += ci
+            cap_out += co
+            lat_in, lat_out = min(lat_in, li), min(lat_out, lo)
+        self.partitions.append(_Partition(label, len(groups), cap_in, cap_out, lat_in, lat_out))
+
+    # ---- candidates
+
+    def _build(self) -> None:
+        topo = self.topology
+        devices = topo.devices
+        p = topo.size
+        for r, dev in enumerate(self.rank_dev):
+            self._add(f"rank {r} ({devices[dev].name})", (dev,))
+        self._add_partition(f"each of the {p} ranks alone", [{dev} for dev in self.rank_dev])
+
+        # hosts: every device naming the host, plus ranks that have no host (their own host)
+        host_members: dict[str, set[int]] = {h: set() for h in topo.hosts}
+        for i, d in enumerate(devices):
+            key = d.host if d.host is not None else (d.name if i in self.rank_of else None)
+            if key is not None and key in host_members:
+                host_members[key].add(i)
+        host_names = list(topo.hosts)
+        if len(host_names) > 1:
+            for h in host_names:
+                self._add(f"host {h} ({_plural(len(topo.hosts[h]), 'rank')})", host_members[h])
+            if len(host_names) < p:
+                self._add_partition(f"each of the {len(host_names)} hosts", list(host_members.values()))
+            half = len(host_names) // 2
+            first = set().union(*(host_members[h] for h in host_names[:half]))
+            second = set().union(*(host_members[h] for h in host_names[half:]))
+            self._add(f"first {half} hosts", first)
+            self._add(f"last {len(host_names) - half} hosts", second)
+        else:
+            half = p // 2
+            self._add(f"ranks 0..{half - 1}", self.rank_dev[:half])
+            self._add(f"ranks {half}..{p - 1}", self.rank_dev[half:])
+
+        # racks: devices naming the rack, and devices of the hosts whose ranks are in it
+        if len(topo.racks) > 1:
+            host_rack = {}
+            for rack, ranks in topo.racks.items():
+                for r in ranks:
+                    d = devices[self.rank_dev[r]]
+                    host_rack[d.host or d.name] = rack
+            rack_members: dict[str, set[int]] = {rack: set() for rack in topo.racks}
+            for i, d in enumerate(devices):
+                rack = d.rack if d.rack in rack_members else host_rack.get(d.host or d.name)
+                if rack is not None:
+                    rack_members[rack].add(i)
+            for rack, members in rack_members.items():
+                self._add(f"rack {rack} ({_plural(len(topo.racks[rack]), 'rank')})", members)
+            if len(topo.racks) < len(host_names):
+                self._add_partition(f"each of the {len(topo.racks)} racks", list(rack_members.values()))
+
+        self._kernighan_lin()
+        if len(host_names) > 1 and len(host_names) * len(topo.links) <= MAXFLOW_BUDGET:
+            for h in host_names:
+                self._min_cuts(h, topo.hosts[h])
+
+    def _kernighan_lin(self) -> None:
+        graph = nx.Graph()
+        graph.add_nodes_from(range(len(self.in_adj)))
+        for a, edges in enumerate(self.out_adj):
+            for b, bw, _ in edges:
+                if graph.has_edge(a, b):
+                    graph[a][b]["weight"] += bw
+                else:
+                    graph.add_edge(a, b, weight=bw)
+        if graph.number_of_nodes() < 2:
+            return
+        side, _ = nx.algorithms.community.kernighan_lin_bisection(
+            graph, weight="weight", max_iter=KL_ITERATIONS, seed=0)
+        self._add("Kernighan-Lin bisection side A", side, "Kernighan-Lin bisection side B")
+
+    def _min_cuts(self, host: str, ranks: tuple[int, ...]) -> None:
+        """The cheapest device sets holding exactly ``host``'s ranks, into and out of it (max-flow min-cut)."""
+        graph = nx.DiGraph()
+        for a, edges in enumerate(self.out_adj):
+            for b, bw, _ in edges:
+                graph.add_edge(a, b, capacity=bw)
+        inside = {self.rank_dev[r] for r in ranks}
+        source, sink = -1, -2
+        for dev in self.rank_dev:
+            if dev in inside:
+                graph.add_edge(dev, sink)  # no capacity attribute: infinite
+            else:
+                graph.add_edge(source, dev)
+        _, (_, sink_side) = nx.minimum_cut(graph, source, sink)
+        self._add(f"min cut into host {host} ({_plural(len(ranks), 'rank')})", sink_side - {sink})
+        graph = nx.DiGraph(((b, a, data) for a, b, data in graph.edges(data=True)))
+        _, (_, sink_side) = nx.minimum_cut(graph, source, sink)
+        self._add(f"min cut out of host {host} ({_plural(len(ranks), 'rank')})", sink_side - {sink})
+
+    # ---- latency
+
+    def _dijkstra(self, start: int, reverse: bool) -> list[float]:
+        adj = self.in_adj if reverse else self.out_adj
+        dist = [math.inf] * len(adj)
+        dist[start] = 0.0
+        heap = [(0.0, start)]
+        while heap:
+            d, u = heapq.heappop(heap)
+            if d > dist[u]:
+                continue
+            for v, _, lat in adj[u]:
+                nd = d + lat
+                if nd < dist[v]:
+                    dist[v] = nd
+                    heapq.heappush(heap, (nd, v))
+        return dist
+
+    def from_rank(self, rank: int, reverse: bool = False) -> list[float]:
+        """Minimum latency from rank ``rank`` to every rank (to it, if ``reverse``), relaying allowed."""
+        dist = self._dijkstra(self.rank_dev[rank], reverse)
+        return [dist[d] for d in self.rank_dev]
+
+    def diameter(self) -> tuple[float, int, int]:
+        """(latency, src, dst) of the rank pair farthest apart; exact on small topologies, else a lower bound."""
+        if self._diameter is not None:
+            return self._diameter
+        p = self.topology.size
+        best = (0.0, 0, 0)
+        if all(lat == 0 for edges in self.out_adj for _, _, lat in edges):
+            pass
+        elif p * len(self.topology.links) <= EXACT_DIAMETER_BUDGET:
+            for s in range(p):
+                dist = self.from_rank(s)
+                t = max(range(p), key=dist.__getitem__)
+                best = max(best, (dist[t], s, t))
+        else:
+            # Double sweeps: the farthest target of a source, then the farthest source of that target, ...
+            # Any pair's distance is a valid bound, so stopping early only loosens it.
+            s, reverse = 0, False
+            for _ in range(DIAMETER_SWEEPS):
+                dist = self.from_rank(s, reverse)
+                t = max(range(p), key=dist.__getitem__)
+                best = max(best, (dist[t], t, s) if reverse else (dist[t], s, t))
+                s, reverse = t, not reverse
+        self._diameter = best
+        return best
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+_FAMILIES: dict[int, tuple[weakref.ref[Topology], _CutFamily]] = {}
+
+
+def _family(topology: Topology) -> _CutFamily:
+    key = id(topology)
+    entry = _FAMILIES.get(key)
+    if entry is not None and entry[0]() is topology:
+        return entry[1]
+    family = _CutFamily(topology)
+    _FAMILIES[key] = (weakref.ref(topology, lambda _ref, key=key: _FAMILIES.pop(key, None)), family)
+    return family
+
+
+def _demand(collective: str, n: float, p: int, k: int, has_root: bool) -> tuple[float, float]:
+    """(bytes into, bytes out of) a cut holding ``k`` of ``p`` ranks (see the module docstring)."""
+    if collective == "allgather":
+        return n * (p - k) / p, n * k / p
+    if collective == "reducescatter":
+        return n * k / p, n * (p - k) / p
+    if collective == "allreduce":
+        return n, n
+    if collective == "broadcast":
+        return (0.0, n) if has_root else (n, 0.0)
+    if collective == "reduce":
+        return (n, 0.0) if has_root else (0.0, n)
+    if collective == "alltoall":
+        both = n * k * (p - k) / p
+        return both, both
+    raise AssertionError(collective)
+
+
+def _term(need: float, cap: float, lat: float) -> tuple[float, float]:
+    """(bandwidth seconds, latency seconds) of moving ``need`` bytes over ``cap`` bytes/s."""
+    if need <= 0:
+        return 0.0, 0.0
+    return need / cap, (lat if math.isfinite(lat) else 0.0)
+
+
+def lower_bound(topology: Topology, collective: str, size_bytes: int, root: int = 0) -> Bound:
+    """A lower bound on the time of ``collective`` of ``size_bytes`` on ``topology``.
+
+    See the module docstring for the cuts and the latency terms.  Cut families
+    and latencies are cached per topology, so calls after the first are cheap.
+
+    >>> b = lower_bound(topology, "allreduce", 1 << 30)  # doctest: +SKIP
+    >>> (1 << 30) / b.time_s / 1e9, b.cut  # best possible algbw in GB/s, and why  # doctest: +SKIP
+    """
+    collective = canonical_collective(collective)
+    p = topology.size
+    if not 0 <= root < p:
+        raise UsageError(f"root {root} is not a rank of {topology.name} (it has {p} ranks)",
+                         fix=f"pass a root between 0 and {p - 1}")
+    if size_bytes < 0:
+        raise UsageError(f"negative size {size_bytes}")
+    if p == 1 or size_bytes == 0:
+        return Bound(0.0, 0.0, 0.0, "nothing has to move")
+    family = _family(topology)
+    n = float(size_bytes)
+
+    best = (0.0, 0.0, 0.0, "")  # (time, bandwidth, latency, description)
+    for cut in family.cuts:
+        need_in, need_out = _demand(collective, n, p, cut.count(p), cut.holds(root))
+        bw_in, lat_in = _term(need_in, cut.cap_in, cut.lat_in)
+        bw_out, lat_out = _term(need_out, cut.cap_out, cut.lat_out)
+        if bw_in + lat_in >= bw_out + lat_out:
+            candidate = (bw_in + lat_in, bw_in, lat_in, cut, "in")
+        else:
+            candidate = (bw_out + lat_out, bw_out, lat_out, cut, "out")
+        if candidate[0] > best[0]:
+            c = candidate[3]
+            cap = c.cap_in if candidate[4] == "in" else c.cap_out
+            best = (candidate[0], candidate[1], candidate[2], f"{c.label}: {format_bandwidth(cap)} {candidate[4]}")
+    if collective == "allreduce":
+        for part in family.partitions:
+            need = 2.0 * (part.parts - 1) * n
+            for cap, lat, way in ((part.cap_in, part.lat_in, "entering"), (part.cap_out, part.lat_out, "leaving")):
+                bw, lt = _term(need, cap, lat)
+                if bw + lt > best[0]:
+                    best = (bw + lt, bw, lt, f"{part.label}: 2(m-1)N over {format_bandwidth(cap)} {way} them")
+
+    if collective == "broadcast":
+        dist = family.from_rank(root)
+        far = max(range(p), key=dist.__getitem__)
+        latency, pair = dist[far], (root, far)
+    elif collective == "reduce":
+        dist = family.from_rank(root, reverse=True)
+        far = max(range(p), key=dist.__getitem__)
+        latency, pair = dist[far], (far, root)
+    else:
+        latency, *rest = family.diameter()
+        pair = (rest[0], rest[1])
+    time_s, bandwidth_s, latency_s, description = best
+    if latency > time_s:
+        return Bound(latency, bandwidth_s, latency, f"latency from rank {pair[0]} to rank {pair[1]}: "
+                     f"{format_time(latency)} (cut {description or 'none'})")
+    return Bound(time_s, bandwidth_s, latency_s, description)

@@ -1,0 +1,417 @@
+"""The public face of the runtime: a communicator that replays compiled schedules.
+
+>>> comm = Communicator("schedules/ring_allreduce.json")      # doctest: +SKIP
+>>> comm.allreduce(grad)                                        # doctest: +SKIP
+
+Failure behaviour
+-----------------
+* Refused before any data moves (:class:`~runtime.errors.CommunicatorError`):
+  a communicator size different from the schedule's rank count, a topology
+  fingerprint mismatch, ranks holding different schedules (checked once, at
+  construction), an unsupported dtype or op, sizes that do not fit the
+  collective, and ranks calling with different dtypes or sizes (checked by a
+  set-up handshake the first time each (schedule, dtype, size) is used).
+* Everything else that goes wrong with a peer (it died, hangs, or runs a
+  different schedule) ends in a ``timeout``: the rank raises a one-line
+  CommunicatorError naming the peers it was still waiting for, and the
+  communicator refuses further calls.
+* At interpreter exit, a process whose communicator failed prints that line
+  again and leaves with ``os._exit(5)`` instead of running ``MPI_Finalize``
+  (which would wait forever for the dead peer); a healthy process first checks,
+  with a barrier bounded by ``timeout``, that every peer reached its exit too.
+
+With MPICH's hydra ``mpiexec``, the death of a rank makes hydra kill every other
+rank at once unless ``-disable-auto-cleanup`` is given; pass it to see each
+surviving rank's message (``runtime.launch`` always does).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import weakref
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from runtime.errors import CommunicatorError
+from runtime.executor import DTYPES, REDUCTIONS, Program, _address, block_elements, message_tag_space, resolve_dtype
+from runtime.plan import Plan, as_plan, load_any
+from runtime.schedule import Schedule, dump_schedule
+from runtime.transports import Transport
+
+__all__ = ["Communicator", "load_plan_source", "select_schedule"]
+
+PlanSource = str | Path | Schedule | Plan | Sequence[Schedule | str | Path]
+
+
+def load_plan_source(source: PlanSource) -> Plan:
+    """A :class:`~runtime.plan.Plan` from a path (schedule or plan file), a schedule, a plan, or a list of these."""
+    if isinstance(source, (str, Path)):
+        loaded = load_any(source)
+        return loaded if isinstance(loaded, Plan) else as_plan(loaded)
+    if isinstance(source, (Schedule, Plan)):
+        return as_plan(source)
+    items = [load_any(s) if isinstance(s, (str, Path)) else s for s in source]
+    if len(items) == 1:
+        return as_plan(items[0])  # type: ignore[arg-type]
+    if any(not isinstance(s, Schedule) for s in items):
+        raise CommunicatorError("a list of schedules must hold schedules only (not plans)")
+    return as_plan(items)  # type: ignore[arg-type]
+
+
+def select_schedule(plan: Plan, nbytes: int) -> Schedule:
+    """The schedule for a call moving ``nbytes`` (the larger of the input and output buffers, as nccl-tests)."""
+    return plan.select(nbytes)
+
+
+_LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()
+_FAILURES: list[CommunicatorError] = []
+_GUARD_INSTALLED = False
+
+
+def _exit_guard() -> None:
+    """At exit: skip MPI_Finalize after a failure, and bound the wait for peers otherwise."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    if _FAILURES:
+        err = _FAILURES[0]
+        sys.stderr.write(f"topocc: {err.one_line()} [exiting without MPI_Finalize]\n")
+        sys.stderr.flush()
+        os._exit(err.exit_code)
+    for comm in list(_LIVE):
+        if comm._closed:
+            continue
+        if not comm.transport.barrier(comm.timeout):
+            sys.stderr.write(
+                f"topocc: rank {comm.rank}: not every peer reached exit within {comm.timeout:g} s "
+                "(a rank died or hangs); exiting without MPI_Finalize\n"
+            )
+            sys.stderr.flush()
+            os._exit(CommunicatorError.exit_code)
+
+
+def _install_guard() -> None:
+    global _GUARD_INSTALLED
+    if not _GUARD_INSTALLED:
+        atexit.register(_exit_guard)  # after mpi4py's import, so it runs before MPI finalizes
+        _GUARD_INSTALLED = True
+
+
+def _flat(array: Any, what: str) -> Any:
+    """A 1-D view of a contiguous array (no copy), refusing what the runtime cannot replay in place."""
+    if not hasattr(array, "dtype") or not hasattr(array, "reshape"):
+        raise CommunicatorError(f"{what} must be an array, got {type(array).__name__}")
+    flags = getattr(array, "flags", None)
+    if flags is not None and not flags["C_CONTIGUOUS"]:
+        raise CommunicatorError(f"{what} is not contiguous", fix="pass np.ascontiguousarray(...) ")
+    if flags is not None and not flags["WRITEABLE"]:
+        raise CommunicatorError(f"{what} is read-only")
+    return array.reshape(-1)
+
+
+def _same_memory(a: Any, b: Any) -> bool:
+    return _address(a) == _address(b) and a.nbytes == b.nbytes
+
+
+class Communicator:
+    """Replays compiled schedules over MPI (or another transport).
+
+    Parameters
+    ----------
+    source:
+        A schedule or plan file, a :class:`~runtime.schedule.Schedule`, a
+        :class:`~runtime.plan.Plan`, or a list of schedules with
+        ``metadata.min_bytes``/``max_bytes`` buckets (picked per call by size).
+    mpi_comm:
+        The mpi4py communicator to run on (default ``MPI.COMM_WORLD``); it is
+        duplicated, so the runtime's messages never meet the application's.
+    fingerprint:
+        If given, every schedule's ``metadata.fingerprint`` must equal it.
+    timeout:
+        Seconds a call (or the set-up handshake) may wait for peers before failing.
+    transport:
+        A ready :class:`~runtime.transports.Transport`, instead of MPI.
+
+    >>> comm = Communicator("ring.json", timeout=10.0)   # doctest: +SKIP
+    >>> x = comm.allreduce(np.ones(1001, np.float32))    # doctest: +SKIP
+    """
+
+    def __init__(self, source: PlanSource, mpi_comm: Any = None, *, fingerprint: str | None = None,
+                 timeout: float = 30.0, transport: Transport | None = None) -> None:
+        if not timeout > 0:
+            raise CommunicatorError(f"timeout must be positive, got {timeout}")
+        self.timeout = float(timeout)
+        self._closed = True
+        self._failed: CommunicatorError | None = None
+        self.plan = load_plan_source(source)
+        if fingerprint is not None:
+            for s in self.plan.schedules:
+                if s.metadata.fingerprint != fingerprint:
+                    raise CommunicatorError(
+                        f"topology fingerprint mismatch: the schedule was compiled for "
+                        f"{s.metadata.fingerprint or 'an unknown topology'}, this machine is {fingerprint}",
+                        where=f"{s.collective} schedule ({s.metadata.algorithm})",
+                        fix="recompile the schedule for this topology",
+                    )
+        if transport is None:
+            from runtime.transports.mpi import MPITransport
+
+            transport = MPITransport(mpi_comm)
+        self.transport = transport
+        self.rank = transport.rank
+        self.size = transport.size
+        if self.size != self.plan.ranks:
+            raise CommunicatorError(
+                f"the schedule is for {self.plan.ranks} ranks but the communicator has {self.size}",
+                where=f"rank {self.rank}", fix=f"launch with -n {self.plan.ranks} or compile for {self.size} ranks",
+            )
+        self._digests = {id(s): zlib.crc32(dump_schedule(s).encode()) for s in self.plan.schedules}
+        self._channels = {id(s): message_tag_space(s) for s in self.plan.schedules}
+        self._programs: dict[tuple[int, str, int], Program] = {}
+        digest = zlib.crc32(b"".join(d.to_bytes(4, "little") for d in self._digests.values()))
+        self._agree((0, digest, self.size), "construct the communicator",
+                    lambda r, v: f"rank {r} loaded a different schedule or plan than rank {self.rank}")
+        self._closed = False
+        _install_guard()
+        _LIVE.add(self)
+
+    # ------------------------------------------------------------------ set-up
+
+    @property
+    def collective(self) -> str:
+        """The collective every schedule of the plan computes."""
+        return self.plan.collective
+
+    def _fail(self, err: CommunicatorError) -> CommunicatorError:
+        self._failed = err
+        _FAILURES.append(err)
+        return err
+
+    def _agree(self, values: tuple[int, ...], doing: str, explain: Any) -> None:
+        """Check that every rank passes the same values, within the timeout (a set-up handshake)."""
+        rows = self.transport.allgather_ints(values, self.timeout)
+        if rows is None:
+            raise self._fail(CommunicatorError(
+                f"not every rank came to {doing} within {self.timeout:g} s",
+                where=f"rank {self.rank}",
+                fix="all ranks must make the same calls in the same order with the same dtype and size",
+            ))
+        for r, row in enumerate(rows):
+            if row != tuple(values):
+                raise self._fail(CommunicatorError(explain(r, row), where=f"rank {self.rank}",
+                                                   fix="all ranks must call with the same schedule, dtype and size"))
+
+    def _program(self, schedule: Schedule, dtype: np.dtype, block: int) -> Program:
+        key = (id(schedule), dtype.str, block)
+        program = self._programs.get(key)
+        if program is None:
+            code = list(DTYPES).index(str(dtype))
+            digest = self._digests[id(schedule)]
+            mine = (1, digest, code, block)
+
+            def explain(r: int, row: tuple[int, ...]) -> str:
+                theirs = list(DTYPES)[row[2]] if 0 <= row[2] < len(DTYPES) else "?"
+                return (f"{schedule.collective} called with {row[3]} x {theirs} per rank block on rank {r} "
+                        f"but {block} x {dtype} on rank {self.rank}")
+
+            self._agree(mine, f"set up {schedule.collective} for {block} x {dtype}", explain)
+            program = Program(schedule, self.rank, dtype, block, tag_ub=self.transport.tag_ub,
+                              channels=self._channels[id(schedule)])
+            self._programs[key] = program
+        return program
+
+    def _check(self, collective: str) -> None:
+        if self._failed is not None:
+            raise CommunicatorError(f"the communicator failed earlier: {self._failed.message}",
+                                    where=self._failed.where)
+        if self._closed:
+            raise CommunicatorError("the communicator is closed")
+        if collective != self.plan.collective:
+            raise CommunicatorError(
+                f"{collective} called on a communicator whose schedule computes {self.plan.collective}",
+                where=f"rank {self.rank}", fix=f"compile a {collective} schedule, or call {self.plan.collective}",
+            )
+
+    def _reduction(self, op: str, dtype: np.dtype) -> Any:
+        if op not in REDUCTIONS:
+            raise CommunicatorError(f"unknown reduction op {op!r}", fix=f"use one of {', '.join(REDUCTIONS)}")
+        if op == "avg" and dtype.kind in "iu":
+            raise CommunicatorError(f"avg on {dtype} is refused (an integer mean would round)",
+                                    fix="use op='sum' and divide, or a float dtype")
+        return REDUCTIONS[op]
+
+    def _run(self, program: Program, buffers: dict[str, Any], op: str, count: int) -> None:
+        s = program.schedule
+        what = f"{s.collective} ({s.metadata.algorithm}, {count} x {program.dtype})"
+        try:
+            binding = program.bind(self.transport, buffers)
+            program.run(binding, REDUCTIONS.get(op, np.add), self.timeout, what)
+        except CommunicatorError as err:
+            raise self._fail(err) from None
+
+    def _inputs(self, program: Program, user: Any, *, aliased: bool, needed: bool = True) -> Any:
+        """The input buffer to bind: the user's, or a private copy when the schedule would clobber it."""
+        if not aliased and "i" not in program.writes:
+            return user
+        own = program.owned("i")
+        if needed:
+            np.copyto(own, user)
+        return own
+
+    def _prepare(self, collective: str, send: Any, recv: Any, op: str | None) -> tuple[Schedule, Program, Any]:
+        dtype = resolve_dtype(send.dtype)
+        if recv is not None and recv.dtype != send.dtype:
+            raise CommunicatorError(f"{collective}: send buffer is {send.dtype} but receive buffer is {recv.dtype}")
+        if op is not None:
+            self._reduction(op, dtype)
+        in_count = send.size
+        out_count = recv.size if recv is not None else in_count
+        schedule = select_schedule(self.plan, max(in_count, out_count) * dtype.itemsize)
+        block = block_elements(schedule, in_count, out_count)
+        return schedule, self._program(schedule, dtype, block), dtype
+
+    # ------------------------------------------------------------------ collectives
+
+    def allreduce(self, array: Any, op: str = "sum") -> Any:
+        """Reduce ``array`` over all ranks, in place; returns ``array``.
+
+        ``op`` is sum, prod, max, min or avg (avg sums, then divides once; refused for integers).
+        """
+        self._check("allreduce")
+        a = _flat(array, "allreduce buffer")
+        schedule, program, _ = self._prepare("allreduce", a, None, op)
+        buffers = {"o": a}
+        if not schedule.inplace:
+            buffers["i"] = self._inputs(program, a, aliased=True)
+        self._run(program, buffers, op, a.size)
+        if op == "avg":
+            np.divide(a, self.size, out=a)
+        return array
+
+    def broadcast(self, array: Any) -> Any:
+        """Copy the root's ``array`` to every rank, in place; returns ``array``."""
+        self._check("broadcast")
+        a = _flat(array, "broadcast buffer")
+        schedule, program, _ = self._prepare("broadcast", a, None, None)
+        buffers = {"o": a}
+        if not schedule.inplace:
+            buffers["i"] = self._inputs(program, a, aliased=True, needed=self.rank == schedule.root)
+        self._run(program, buffers, "sum", a.size)
+        return array
+
+    def reduce(self, array: Any, op: str = "sum") -> Any:
+        """Reduce ``array`` onto the root, in place there; returns ``array``.
+
+        On the other ranks the array's contents afterwards are unspecified when
+        the schedule is in place (NCCL's convention), and unchanged otherwise.
+        """
+        self._check("reduce")
+        a = _flat(array, "reduce buffer")
+        schedule, program, _ = self._prepare("reduce", a, None, op)
+        root = self.rank == schedule.root
+        if schedule.inplace:
+            buffers = {"o": a}
+        elif root:
+            buffers = {"o": a, "i": self._inputs(program, a, aliased=True)}
+        else:
+            buffers = {"o": program.owned("o"), "i": self._inputs(program, a, aliased=False)}
+        self._run(program, buffers, op, a.size)
+        if op == "avg" and root:
+            np.divide(a, self.size, out=a)
+        return array
+
+    def allgather(self, sendbuf: Any, recvbuf: Any = None) -> Any:
+        """Gather every rank's ``sendbuf`` into ``recvbuf`` (rank order; allocated if None); returns it."""
+        self._check("allgather")
+        s = _flat(sendbuf, "allgather send buffer")
+        if recvbuf is None:
+            recvbuf = np.empty(s.size * self.size, dtype=s.dtype)
+        r = _flat(recvbuf, "allgather receive buffer")
+        schedule, program, _ = self._prepare("allgather", s, r, None)
+        if schedule.inplace:
+            mine = r[self.rank * s.size:(self.rank + 1) * s.size]
+            if not _same_memory(mine, s):
+                np.copyto(mine, s)
+            buffers = {"o": r}
+        else:
+            buffers = {"i": self._inputs(program, s, aliased=False), "o": r}
+        self._run(program, buffers, "sum", s.size)
+        return recvbuf
+
+    def reduce_scatter(self, sendbuf: Any, recvbuf: Any = None, op: str = "sum") -> Any:
+        """Reduce ``sendbuf`` over ranks; rank r gets block r in ``recvbuf`` (allocated if None); returns it."""
+        self._check("reducescatter")
+        s = _flat(sendbuf, "reduce_scatter send buffer")
+        if s.size % self.size:
+            raise CommunicatorError(f"reduce_scatter needs a send buffer divisible by {self.size} ranks, "
+                                    f"got {s.size} elements")
+        if recvbuf is None:
+            recvbuf = np.empty(s.size // self.size, dtype=s.dtype)
+        r = _flat(recvbuf, "reduce_scatter receive buffer")
+        schedule, program, _ = self._prepare("reducescatter", s, r, op)
+        if schedule.inplace:
+            mine = s[self.rank * r.size:(self.rank + 1) * r.size]
+            work = s if _same_memory(mine, r) else self._inputs(program, s, aliased=True)
+            self._run(program, {"i": work}, op, r.size)
+            result = work[self.rank * r.size:(self.rank + 1) * r.size]
+            if not _same_memory(result, r):
+                np.copyto(r, result)
+        else:
+            self._run(program, {"i": self._inputs(program, s, aliased=False), "o": r}, op, r.size)
+        if op == "avg":
+            np.divide(r, self.size, out=r)
+        return recvbuf
+
+    def alltoall(self, sendbuf: Any, recvbuf: Any = None) -> Any:
+        """Block j of ``sendbuf`` goes to rank j; block j of ``recvbuf`` comes from rank j; returns ``recvbuf``."""
+        self._check("alltoall")
+        s = _flat(sendbuf, "alltoall send buffer")
+        if recvbuf is None:
+            recvbuf = np.empty_like(s)
+        r = _flat(recvbuf, "alltoall receive buffer")
+        schedule, program, _ = self._prepare("alltoall", s, r, None)
+        if schedule.inplace:
+            if not _same_memory(r, s):
+                np.copyto(r, s)
+            buffers = {"o": r}
+        else:
+            buffers = {"i": self._inputs(program, s, aliased=False), "o": r}
+        self._run(program, buffers, "sum", s.size)
+        return recvbuf
+
+    def run_native(self, send: Any, recv: Any, op: str = "sum") -> None:
+        """The transport's own collective of this kind (benchmark baseline), if it has one."""
+        native = getattr(self.transport, "native", None)
+        if native is None:
+            raise CommunicatorError(f"the {self.transport.name} transport has no native collectives")
+        native(self.plan.collective, send, recv, op, self.plan.schedules[0].root or 0)
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Free persistent requests and the duplicated communicator (collective: call on every rank)."""
+        if self._closed:
+            return
+        self._closed = True
+        for program in self._programs.values():
+            program.free()
+        self._programs.clear()
+        if self._failed is None:
+            close = getattr(self.transport, "close", None)
+            if close is not None:
+                close()
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.close()

@@ -1,0 +1,513 @@
+"""Replay one rank's program of a schedule over a transport.
+
+Set-up happens once per (schedule, rank, dtype, element count) in
+:class:`Program` and once per set of user buffers in :class:`Binding`; a call
+then only starts persistent requests, polls them, and runs numpy ufuncs with
+``out=`` on precomputed views, so the hot path allocates no data buffers.
+
+Chunk layout (the runtime's half of the schedule format's contract): a
+collective's buffers are split into rank blocks of ``block`` elements (the whole
+buffer for allreduce, broadcast and reduce; one rank's part for allgather,
+reducescatter and alltoall), each block into ``k`` chunks, and chunk ``j`` of a
+block holds ``block // k + (j < block % k)`` elements.  So allgather output chunk
+``o`` has the size of input chunk ``o % k`` and reducescatter input chunk ``i``
+the size of output chunk ``i % k``.  Scratch chunk ``j`` is a slot of
+``ceil(block / k)`` elements at ``j * ceil(block / k)``; how many of them it
+holds is inferred from the data flowing into it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from runtime.errors import CommunicatorError
+from runtime.schedule import Chunk, Schedule
+from runtime.transports import PeerFailure, Transport
+
+__all__ = [
+    "DTYPES",
+    "REDUCTIONS",
+    "Binding",
+    "Layout",
+    "Program",
+    "block_elements",
+    "message_tag_space",
+    "resolve_dtype",
+]
+
+
+def _dtypes() -> dict[str, np.dtype]:
+    names = ["float32", "float64", "float16", "int32", "int64", "int8", "uint8"]
+    table = {name: np.dtype(name) for name in names}
+    try:  # numpy has no bfloat16; ml_dtypes (shipped with jax/tensorflow) provides one
+        import ml_dtypes
+
+        table["bfloat16"] = np.dtype(ml_dtypes.bfloat16)
+    except ImportError:
+        pass
+    return table
+
+
+#: Element types the runtime replays, by name.  ``bfloat16`` is present only when ml_dtypes is installed.
+DTYPES: dict[str, np.dtype] = _dtypes()
+
+#: Reduction operators as in-place numpy ufuncs.  ``avg`` sums, then the caller divides once at the end.
+REDUCTIONS: dict[str, Callable[..., Any]] = {
+    "sum": np.add, "avg": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum,
+}
+
+COPY, REDUCE, SEND, RECV, RECV_REDUCE = range(5)
+_KIND = {"copy": COPY, "reduce": REDUCE, "send": SEND, "recv": RECV, "recv_reduce": RECV_REDUCE}
+
+
+def resolve_dtype(dtype: Any) -> np.dtype:
+    """The numpy dtype for a name or dtype, refusing the ones the runtime does not replay."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    name = str(dt) if dt is not None else str(dtype)
+    if name not in DTYPES:
+        if name == "bfloat16" or str(dtype) == "bfloat16":
+            raise CommunicatorError(
+                "bfloat16 needs the ml_dtypes package (numpy has no bfloat16)", fix="pip install ml_dtypes"
+            )
+        raise CommunicatorError(f"unsupported dtype {name}", fix=f"use one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def block_elements(schedule: Schedule, in_count: int, out_count: int) -> int:
+    """The rank-block size in elements for buffers of ``in_count``/``out_count`` elements.
+
+    Raises :class:`CommunicatorError` when the two sizes do not fit the collective.
+    """
+    c, n = schedule.collective, schedule.ranks
+    if c == "allgather":
+        block, want = in_count, (in_count, in_count * n)
+    elif c == "reducescatter":
+        block, want = out_count, (out_count * n, out_count)
+    elif c == "alltoall":
+        if in_count % n:
+            raise CommunicatorError(f"alltoall needs a buffer size divisible by {n} ranks, got {in_count} elements")
+        block, want = in_count // n, (in_count, in_count)
+    else:
+        block, want = in_count, (in_count, in_count)
+    if (in_count, out_count) != want:
+        raise CommunicatorError(
+            f"{c} on {n} ranks needs {want[0]} input and {want[1]} output elements, got {in_count} and {out_count}"
+        )
+    return block
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Element offsets and sizes of chunks for one block size (see the module docstring)."""
+
+    block: int
+    k: int
+
+    @property
+    def cap(self) -> int:
+        """Elements of one scratch slot: the largest chunk."""
+        return -(-self.block // self.k)
+
+    def size(self, x: int) -> int:
+        j = x % self.k
+        return self.block // self.k + (j < self.block % self.k)
+
+    def offset(self, x: int) -> int:
+        b, j = divmod(x, self.k)
+        return b * self.block + j * (self.block // self.k) + min(j, self.block % self.k)
+
+
+def _per_rank(schedule: Schedule) -> int:
+    """Chunks per rank block (``k``)."""
+    c = schedule.collective
+    if c == "reducescatter":
+        return schedule.output_chunks
+    if c == "alltoall":
+        return schedule.input_chunks // schedule.ranks
+    return schedule.input_chunks
+
+
+def _alias(schedule: Schedule, rank: int, ref: Chunk | None) -> Chunk | None:
+    """Where an in-place schedule keeps ``ref`` (NCCL's conventions, as planner.collectives.alias)."""
+    if ref is None or not schedule.inplace or ref.buffer == "s":
+        return ref
+    c, k = schedule.collective, _per_rank(schedule)
+    if c == "allgather":
+        return Chunk("o", rank * k + ref.index, ref.count) if ref.buffer == "i" else ref
+    if c == "reducescatter":
+        return Chunk("i", rank * k + ref.index, ref.count) if ref.buffer == "o" else ref
+    return Chunk("o", ref.index, ref.count)
+
+
+def message_tag_space(schedule: Schedule) -> int:
+    """How many channels tags must separate: one more than the largest channel used."""
+    return 1 + max((op.channel for program in schedule.programs for op in program), default=0)
+
+
+def _sequence_numbers(program: Sequence[Any], rank: int) -> list[int]:
+    """Per-(pair, channel) sequence number of every send/receive, counted in program order."""
+    counters: dict[tuple[bool, int, int], int] = defaultdict(int)
+    seqs = []
+    for op in program:
+        if op.peer is None:
+            seqs.append(-1)
+            continue
+        key = (op.kind == "send", op.peer, op.channel)
+        seqs.append(counters[key])
+        counters[key] += 1
+    return seqs
+
+
+def _chunk_sizes(schedule: Schedule, layout: Layout, rank: int) -> list[list[int]]:
+    """Elements in each chunk an operation of ``rank`` touches (per op, one entry per chunk).
+
+    Input and output chunk sizes follow from the layout; a scratch chunk holds
+    whatever was last put there, so schedules using scratch are executed
+    symbolically (all ranks, in dependency order) to learn what each message carries.
+    """
+    if schedule.scratch_chunks == 0:
+        out = []
+        for op in schedule.programs[rank]:
+            ref = op.src if op.src is not None else op.dst
+            assert ref is not None
+            out.append([layout.size(x) for x in range(ref.index, ref.index + ref.count)])
+        return out
+    return _infer_with_scratch(schedule, layout)[rank]
+
+
+def _infer_with_scratch(schedule: Schedule, layout: Layout) -> list[list[list[int]]]:
+    programs = schedule.programs
+    sizes: list[list[list[int]]] = [[[] for _ in p] for p in programs]
+    content: list[dict[int, int]] = [{} for _ in programs]
+    seqs = [_sequence_numbers(p, r) for r, p in enumerate(programs)]
+    remaining = [[len(op.deps) for op in p] for p in programs]
+    succ: list[list[list[int]]] = [[[] for _ in p] for p in programs]
+    for r, p in enumerate(programs):
+        for k, op in enumerate(p):
+            for d in op.deps:
+                succ[r][d].append(k)
+    sent: dict[tuple[int, int, int, int], list[int]] = {}
+    parked: dict[tuple[int, int, int, int], int] = {}
+    work = [(r, k) for r, p in enumerate(programs) for k, op in enumerate(p) if not op.deps]
+    done = 0
+
+    def ref_sizes(r: int, ref: Chunk, where: str) -> list[int]:
+        if ref.buffer != "s":
+            return [layout.size(x) for x in range(ref.index, ref.index + ref.count)]
+        try:
+            return [content[r][x] for x in range(ref.index, ref.index + ref.count)]
+        except KeyError:
+            raise CommunicatorError(f"{where} reads scratch chunk {ref} before anything is written there") from None
+
+    while work:
+        r, k = work.pop()
+        op = programs[r][k]
+        where = f"rank {r} op {k}"
+        if op.kind in ("recv", "recv_reduce"):
+            assert op.peer is not None
+            key = (op.peer, r, op.channel, seqs[r][k])
+            if key not in sent:
+                parked[key] = k
+                continue
+            got = sent.pop(key)
+        else:
+            assert op.src is not None
+            got = ref_sizes(r, op.src, where)
+            if op.kind == "send":
+                assert op.peer is not None
+                key = (r, op.peer, op.channel, seqs[r][k])
+                sent[key] = got
+                if key in parked:
+                    work.append((op.peer, parked.pop(key)))
+        if op.dst is not None and op.dst.buffer == "s":
+            for t, z in enumerate(got):
+                content[r][op.dst.index + t] = z
+        sizes[r][k] = got
+        done += 1
+        for s in succ[r][k]:
+            remaining[r][s] -= 1
+            if remaining[r][s] == 0:
+                work.append((r, s))
+    if done != schedule.op_count:
+        raise CommunicatorError("the schedule cannot complete: some receives have no matching send",
+                                fix="verify the schedule with topocc verify")
+    return sizes
+
+
+Piece = tuple[str, int, int]  # buffer, element offset, element count
+
+
+def _pieces(layout: Layout, ref: Chunk, sizes: Sequence[int]) -> list[Piece]:
+    """The contiguous element ranges holding ``ref`` (one unless scratch slots are partly filled)."""
+    if ref.buffer != "s":
+        return [(ref.buffer, layout.offset(ref.index), sum(sizes))]
+    out: list[Piece] = []
+    cap = layout.cap
+    for t, z in enumerate(sizes):
+        start = (ref.index + t) * cap
+        if out and out[-1][1] + out[-1][2] == start:
+            out[-1] = (out[-1][0], out[-1][1], out[-1][2] + z)
+        else:
+            out.append(("s", start, z))
+    return out
+
+
+def _pair(*lists: list[Piece]) -> list[tuple[Piece, ...]]:
+    """Split piece lists of equal total length at the union of their boundaries, aligned."""
+    out = []
+    idx = [0] * len(lists)
+    used = [0] * len(lists)  # elements consumed of each current piece
+    while all(i < len(lst) for i, lst in zip(idx, lists)):
+        n = min(lst[i][2] - u for lst, i, u in zip(lists, idx, used))
+        if n:
+            out.append(tuple((lst[i][0], lst[i][1] + u, n) for lst, i, u in zip(lists, idx, used)))
+        for j, lst in enumerate(lists):
+            used[j] += n
+            if used[j] == lst[idx[j]][2]:
+                idx[j], used[j] = idx[j] + 1, 0
+    return out
+
+
+class Program:
+    """One rank's program compiled for a dtype and block size: indices, tags, dependency counters, staging.
+
+    Parameters
+    ----------
+    schedule, rank:
+        What to replay, as which rank.
+    dtype, block:
+        Element type and rank-block size (see :func:`block_elements`).
+    tag_ub, channels:
+        The transport's largest tag and :func:`message_tag_space` of the schedule;
+        a message's tag is ``(sequence * channels + channel) % (tag_ub + 1)``, so
+        each message of a (pair, channel) stream has its own tag while it is in
+        flight and receives may be posted in any order.
+    """
+
+    def __init__(self, schedule: Schedule, rank: int, dtype: np.dtype, block: int, *, tag_ub: int,
+                 channels: int) -> None:
+        self.schedule = schedule
+        self.rank = rank
+        self.dtype = dtype
+        self.block = block
+        self.layout = layout = Layout(block, _per_rank(schedule))
+        program = schedule.programs[rank]
+        self.n = len(program)
+        sizes = _chunk_sizes(schedule, layout, rank)
+        seqs = _sequence_numbers(program, rank)
+        self.kinds = [_KIND[op.kind] for op in program]
+        self.peers = [op.peer for op in program]
+        self.channels = [op.channel for op in program]
+        self.tags = [(s * channels + op.channel) % (tag_ub + 1) if s >= 0 else -1 for s, op in zip(seqs, program)]
+        self.ndeps = [len(op.deps) for op in program]
+        self.succ: list[list[int]] = [[] for _ in program]
+        for k, op in enumerate(program):
+            for d in op.deps:
+                self.succ[d].append(k)
+        self.roots = [k for k in range(self.n) if not self.ndeps[k]][::-1]
+        src = [_alias(schedule, rank, op.src) for op in program]
+        dst = [_alias(schedule, rank, op.dst) for op in program]
+        self.src_pieces = [_pieces(layout, s, z) if s is not None else [] for s, z in zip(src, sizes)]
+        self.dst_pieces = [_pieces(layout, d, z) if d is not None else [] for d, z in zip(dst, sizes)]
+        self.msg_len = [sum(z) for z in sizes]
+        self.buffers_used = {p[0] for ps in (*self.src_pieces, *self.dst_pieces) for p in ps}
+        self.writes = {p[0] for ps in self.dst_pieces for p in ps}
+        # staging: a message that is not one contiguous piece, and every received operand of a reduction
+        self.staging: dict[int, np.ndarray] = {}
+        for k, kind in enumerate(self.kinds):
+            pieces = self.src_pieces[k] if kind == SEND else self.dst_pieces[k]
+            if kind == RECV_REDUCE or (kind in (SEND, RECV) and len(pieces) > 1):
+                self.staging[k] = np.empty(self.msg_len[k], dtype=dtype)
+        self.scratch = np.empty(schedule.scratch_chunks * layout.cap, dtype=dtype)
+        self._bindings: dict[tuple[int, ...], Binding] = {}
+        self._owned: dict[str, np.ndarray] = {}
+
+    def owned(self, buffer: str) -> np.ndarray:
+        """A buffer of this program's own (allocated on first use), for inputs the caller must not see change."""
+        arr = self._owned.get(buffer)
+        if arr is None:
+            arr = self._owned[buffer] = np.empty(self.elements(buffer), dtype=self.dtype)
+        return arr
+
+    def elements(self, buffer: str) -> int:
+        """Elements a buffer must have (``i`` and ``o``; scratch is owned here)."""
+        if buffer == "s":
+            return len(self.scratch)
+        chunks = self.schedule.chunk_count(buffer)
+        return self.layout.offset(chunks - 1) + self.layout.size(chunks - 1)
+
+    def bind(self, transport: Transport, buffers: Mapping[str, Any], cache: int = 4) -> Binding:
+        """Views and persistent requests for these buffers, reused while the same buffers come back."""
+        key = tuple(_address(buffers[b]) if buffers.get(b) is not None else 0 for b in ("i", "o"))
+        binding = self._bindings.pop(key, None)
+        if binding is None:
+            binding = Binding(self, transport, {**buffers, "s": self.scratch})
+            if len(self._bindings) >= cache:
+                oldest = next(iter(self._bindings))
+                self._bindings.pop(oldest).free()
+        self._bindings[key] = binding  # most recent last
+        return binding
+
+    def free(self) -> None:
+        """Free every binding's persistent requests."""
+        for binding in self._bindings.values():
+            binding.free()
+        self._bindings.clear()
+
+    def run(self, binding: Binding, reduce: Callable[..., Any], timeout: float, what: str) -> None:
+        """Execute the program once: start ops as their dependencies complete, poll, reduce in place."""
+        transport = binding.transport
+        kinds, succ, reqs = self.kinds, self.succ, binding.requests
+        local, packs, unpacks, folds = binding.local, binding.packs, binding.unpacks, binding.folds
+        copyto = np.copyto
+        remaining = self.ndeps.copy()
+        ready = self.roots.copy()
+        active: list[Any] = []
+        active_ops: list[int] = []
+        starting: list[Any] = []
+        done = 0
+        n = self.n
+        deadline = time.monotonic() + timeout
+        test_some = transport.test_some
+        while True:
+            while ready:
+                k = ready.pop()
+                kind = kinds[k]
+                if kind >= SEND:
+                    if kind == SEND and k in packs:
+                        for d, s in packs[k]:
+                            copyto(d, s)
+                    starting.append(reqs[k])
+                    active_ops.append(k)
+                    continue
+                if kind == COPY:
+                    for d, s in local[k]:
+                        copyto(d, s)
+                else:
+                    for d, s in local[k]:
+                        reduce(d, s, out=d)
+                done += 1
+                for s in succ[k]:
+                    remaining[s] -= 1
+                    if not remaining[s]:
+                        ready.append(s)
+            if starting:
+                try:
+                    transport.start(starting)
+                except PeerFailure as exc:
+                    raise self._failure(str(exc), active_ops, exc.peers, what) from None
+                active.extend(starting)
+                starting = []
+            if done == n:
+                return
+            try:
+                finished = test_some(active)
+            except PeerFailure as exc:
+                raise self._failure(str(exc), active_ops, exc.peers, what) from None
+            if not finished:
+                if time.monotonic() > deadline:
+                    raise self._failure(f"timed out after {timeout:g} s", active_ops, (), what)
+                continue
+            for j in finished:
+                k = active_ops[j]
+                kind = kinds[k]
+                if kind == RECV_REDUCE:
+                    for d, left, s in folds[k]:
+                        reduce(left, s, out=d)
+                elif kind == RECV and k in unpacks:
+                    for d, s in unpacks[k]:
+                        copyto(d, s)
+                done += 1
+                for s in succ[k]:
+                    remaining[s] -= 1
+                    if not remaining[s]:
+                        ready.append(s)
+            if len(finished) == len(active):
+                active = []
+                active_ops = []
+            else:
+                gone = set(finished)
+                active = [r for j, r in enumerate(active) if j not in gone]
+                active_ops = [k for j, k in enumerate(active_ops) if j not in gone]
+
+    def _failure(self, reason: str, active_ops: Sequence[int], peers: Sequence[int], what: str) -> CommunicatorError:
+        """One line naming the peers this rank was still waiting for."""
+        waiting = sorted({p for k in active_ops if (p := self.peers[k]) is not None} | set(peers))
+        detail = []
+        for k in active_ops[:4]:
+            verb = "send to" if self.kinds[k] == SEND else "receive from"
+            detail.append(f"op {k}: {verb} rank {self.peers[k]}" + (f" ch {self.channels[k]}" if self.channels[k]
+                                                                      else ""))
+        more = f", +{len(active_ops) - 4} more" if len(active_ops) > 4 else ""
+        who = ", ".join(map(str, waiting)) if waiting else "none (no message pending)"
+        return CommunicatorError(
+            f"{reason} waiting for rank(s) {who} ({'; '.join(detail)}{more})",
+            where=f"rank {self.rank}: {what}",
+            fix="a peer died, hangs, or runs a different schedule; check its output",
+        )
+
+
+class Binding:
+    """Views of one set of buffers and the persistent requests on them (made once, started every call)."""
+
+    def __init__(self, program: Program, transport: Transport, buffers: Mapping[str, Any]) -> None:
+        self.transport = transport
+
+        def view(p: Piece) -> Any:
+            return buffers[p[0]][p[1]:p[1] + p[2]]
+
+        for name in program.buffers_used:
+            if buffers.get(name) is None:
+                raise CommunicatorError(f"the schedule uses buffer {name!r} but none was given")
+        self.requests: dict[int, Any] = {}
+        self.local: dict[int, list[tuple[Any, Any]]] = {}
+        self.packs: dict[int, list[tuple[Any, Any]]] = {}
+        self.unpacks: dict[int, list[tuple[Any, Any]]] = {}
+        self.folds: dict[int, list[tuple[Any, Any, Any]]] = {}
+        for k, kind in enumerate(program.kinds):
+            src, dst = program.src_pieces[k], program.dst_pieces[k]
+            stage = program.staging.get(k)
+            if kind in (COPY, REDUCE):
+                self.local[k] = [(view(d), view(s)) for s, d in _pair(src, dst)]
+                continue
+            peer, tag = program.peers[k], program.tags[k]
+            assert peer is not None
+            staged = [("@", 0, program.msg_len[k])]
+            if kind == SEND:
+                if stage is None:
+                    buf = view(src[0]) if src else np.empty(0, program.dtype)
+                else:
+                    buf = stage
+                    self.packs[k] = [(stage[b[1]:b[1] + b[2]], view(a)) for a, b in _pair(src, staged)]
+                self.requests[k] = transport.send_init(buf, peer, tag)
+            elif kind == RECV:
+                if stage is None:
+                    buf = view(dst[0]) if dst else np.empty(0, program.dtype)
+                else:
+                    buf = stage
+                    self.unpacks[k] = [(view(a), stage[b[1]:b[1] + b[2]]) for a, b in _pair(dst, staged)]
+                self.requests[k] = transport.recv_init(buf, peer, tag)
+            else:
+                assert stage is not None
+                left = src if src else dst
+                self.folds[k] = [(view(d), view(a), stage[s[1]:s[1] + s[2]]) for d, a, s in _pair(dst, left, staged)]
+                self.requests[k] = transport.recv_init(stage, peer, tag)
+
+    def free(self) -> None:
+        self.transport.free(list(self.requests.values()))
+        self.requests.clear()
+
+
+def _address(array: Any) -> int:
+    """The data address of a numpy or CUDA array (the key under which its binding is cached)."""
+    iface = getattr(array, "__array_interface__", None) or getattr(array, "__cuda_array_interface__", None)
+    return int(iface["data"][0]) if iface else id(array)

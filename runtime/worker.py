@@ -1,0 +1,244 @@
+"""Per-rank entry point that ``runtime.launch`` starts under ``mpiexec``.
+
+``python -m runtime.worker check SCHEDULE ...`` replays a schedule on
+deterministic data and compares with numpy; ``... bench SCHEDULE ...`` times it
+against MPI's native collective.  Rank 0 prints one JSON object per case on
+stdout; a failure prints one ``topocc: ...`` line on stderr and exits non-zero.
+
+Every rank regenerates every rank's input from a seed, so references need no
+communication: the result is checked on every rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from runtime.errors import TopoccError
+from runtime.executor import REDUCTIONS, resolve_dtype
+
+__all__ = ["case_count", "make_input", "main", "reference"]
+
+
+def case_count(collective: str, ranks: int, size_bytes: int, itemsize: int) -> int:
+    """Elements per call for nccl-tests' ``size`` (bytes of the larger buffer): see :func:`call_buffers`."""
+    elements = size_bytes // itemsize
+    if collective in ("allgather", "reducescatter", "alltoall"):
+        return elements // ranks
+    return elements
+
+
+def make_input(collective: str, ranks: int, rank: int, count: int, dtype: np.dtype, seed: int, data: str,
+               op: str) -> np.ndarray:
+    """Rank ``rank``'s input: ``count`` elements, or ``ranks * count`` for reducescatter and alltoall.
+
+    ``data="exact"`` draws small integers (products of them stay exact), so any
+    reduction order gives bit-identical results; ``"random"`` draws normal floats.
+    """
+    n = count * ranks if collective in ("reducescatter", "alltoall") else count
+    rng = np.random.default_rng([seed, rank, n])
+    if data == "exact" or dtype.kind in "iu":
+        if op == "prod":
+            values = rng.choice(np.array([1, 2] if dtype.kind == "u" else [-1, 1, 2]), size=n)
+        else:
+            low = 0 if dtype.kind == "u" else -3
+            values = rng.integers(low, 4, size=n)
+        return values.astype(dtype)
+    return rng.standard_normal(n).astype(dtype)
+
+
+def reference(collective: str, inputs: Sequence[np.ndarray], rank: int, root: int, op: str) -> np.ndarray | None:
+    """What ``rank`` must hold afterwards (None where the collective leaves it unspecified)."""
+    n = len(inputs)
+    if collective == "broadcast":
+        return inputs[root]
+    if collective == "allgather":
+        return np.concatenate(inputs)
+    if collective == "alltoall":
+        c = len(inputs[0]) // n
+        return np.concatenate([x[rank * c:(rank + 1) * c] for x in inputs])
+    ufunc = REDUCTIONS[op]
+    total = inputs[0].copy()
+    for x in inputs[1:]:
+        ufunc(total, x, out=total)
+    if op == "avg":
+        np.divide(total, n, out=total)
+    if collective == "reduce":
+        return total if rank == root else None
+    if collective == "reducescatter":
+        c = len(total) // n
+        return total[rank * c:(rank + 1) * c]
+    return total
+
+
+def call(comm: Any, collective: str, data: np.ndarray, op: str, recv: np.ndarray | None = None) -> np.ndarray:
+    """Run the communicator's collective on ``data`` and return where the result is."""
+    if collective == "allreduce":
+        return comm.allreduce(data, op=op)
+    if collective == "reduce":
+        return comm.reduce(data, op=op)
+    if collective == "broadcast":
+        return comm.broadcast(data)
+    if collective == "allgather":
+        return comm.allgather(data, recv)
+    if collective == "reducescatter":
+        return comm.reduce_scatter(data, recv, op=op)
+    return comm.alltoall(data, recv)
+
+
+def max_error(got: np.ndarray, want: np.ndarray | None) -> float:
+    """Largest absolute difference, computed in float64 (0 where nothing is specified)."""
+    if want is None or want.size == 0:
+        return 0.0
+    return float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
+
+
+def _die(how: str) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(9)
+
+
+def _check(comm: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    collective, ranks, rank = comm.collective, comm.size, comm.rank
+    root = comm.plan.schedules[0].root or 0
+    rows = []
+    calls = 0
+    for dtype_name in args.dtypes:
+        dtype = resolve_dtype(dtype_name)
+        for op in args.ops:
+            if op == "avg" and dtype.kind in "iu":
+                continue
+            for count in args.counts:
+                inputs = [make_input(collective, ranks, r, count, dtype, args.seed, args.data, op)
+                          for r in range(ranks)]
+                want = reference(collective, inputs, rank, root, op)
+                err = 0.0
+                for _ in range(args.repeat):
+                    data = inputs[rank].copy()
+                    got = call(comm, collective, data, op)
+                    err = max(err, max_error(got, want))
+                    calls += 1
+                    if args.die_rank == rank and calls == args.die_after:
+                        _die(args.die_how)
+                worst = comm.transport.max_float(err)
+                rows.append({"collective": collective, "dtype": str(dtype), "op": op, "count": count,
+                             "max_error": worst})
+    return rows
+
+
+def _bench(comm: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    collective, ranks, rank = comm.collective, comm.size, comm.rank
+    dtype = resolve_dtype(args.dtypes[0])
+    op = args.ops[0]
+    rows = []
+    for size in args.sizes:
+        count = case_count(collective, ranks, size, dtype.itemsize)
+        data = make_input(collective, ranks, rank, count, dtype, args.seed, "random", op)
+        root = comm.plan.schedules[0].root or 0
+        inputs = [make_input(collective, ranks, r, count, dtype, args.seed, "random", op) for r in range(ranks)]
+        want = reference(collective, inputs, rank, root, op)
+        del inputs
+        work = data.copy()
+        recv = _recv_buffer(collective, ranks, count, dtype)
+        got = call(comm, collective, work, op, recv)
+        err = comm.transport.max_float(max_error(got, want))
+        topocc_s = _time(comm, lambda: call(comm, collective, work, op, recv), args)
+        native_s = None
+        if getattr(comm.transport, "native", None) is not None:
+            nrecv = work if collective in ("allreduce", "broadcast") else _recv_buffer(collective, ranks, count,
+                                                                                       dtype, native=True)
+            try:
+                native_s = _time(comm, lambda: comm.run_native(work, nrecv, op), args)
+            except Exception as exc:  # e.g. a dtype this MPI cannot reduce: report, do not fail the run
+                print(f"topocc: native {collective} unavailable for {dtype}: {exc}", file=sys.stderr)
+        rows.append({"size": count_bytes(collective, ranks, count, dtype), "count": count, "dtype": str(dtype),
+                     "op": op, "time_s": topocc_s, "native_time_s": native_s, "max_error": err,
+                     "algorithm": comm.plan.select(size).metadata.algorithm})
+    return rows
+
+
+def count_bytes(collective: str, ranks: int, count: int, dtype: np.dtype) -> int:
+    """nccl-tests' size: bytes of the larger buffer for a call of ``count`` elements."""
+    per = count * ranks if collective in ("allgather", "reducescatter", "alltoall") else count
+    return per * dtype.itemsize
+
+
+def _recv_buffer(collective: str, ranks: int, count: int, dtype: np.dtype, native: bool = False) -> Any:
+    if collective in ("allgather", "alltoall"):
+        return np.empty(count * ranks, dtype)
+    if collective == "reducescatter":
+        return np.empty(count, dtype)
+    return np.empty(count, dtype) if native else None
+
+
+def _time(comm: Any, fn: Any, args: argparse.Namespace) -> float:
+    """Max over ranks of the mean per-iteration time after warm-up, between barriers."""
+    for _ in range(args.warmup):
+        fn()
+    comm.transport.barrier(comm.timeout)
+    start = time.perf_counter()
+    for _ in range(args.iters):
+        fn()
+    mean = (time.perf_counter() - start) / max(args.iters, 1)
+    return comm.transport.max_float(mean)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m runtime.worker", description=__doc__.splitlines()[0])
+    p.add_argument("mode", choices=("check", "bench"))
+    p.add_argument("schedule", nargs="+", help="schedule or plan file(s); several files form a plan")
+    p.add_argument("--dtypes", nargs="+", default=["float32"])
+    p.add_argument("--ops", nargs="+", default=["sum"])
+    p.add_argument("--counts", nargs="+", type=int, default=[1001], help="elements per rank block (check)")
+    p.add_argument("--sizes", nargs="+", type=int, default=[1 << 20], help="bytes, nccl-tests' size (bench)")
+    p.add_argument("--data", choices=("exact", "random"), default="random")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=1, help="calls per case (check)")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--timeout", type=float, default=30.0)
+    p.add_argument("--fingerprint", default=None)
+    p.add_argument("--die-rank", type=int, default=-1, help="testing: this rank dies ...")
+    p.add_argument("--die-after", type=int, default=1, help="... after this many calls ...")
+    p.add_argument("--die-how", choices=("exit", "kill"), default="exit", help="... by os._exit(9) or SIGKILL")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one worker; returns the exit code."""
+    args = parser().parse_args(argv)
+    from runtime.communicator import Communicator
+
+    rank = -1
+    try:
+        source = args.schedule[0] if len(args.schedule) == 1 else args.schedule
+        comm = Communicator(source, fingerprint=args.fingerprint, timeout=args.timeout)
+        rank = comm.rank
+        rows = _check(comm, args) if args.mode == "check" else _bench(comm, args)
+    except TopoccError as err:
+        text = err.one_line()
+        if rank >= 0 and not text.startswith("rank"):
+            text = f"rank {rank}: {text}"
+        print(f"topocc: {text}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(err.exit_code)  # MPI_Finalize would wait for the failed peer
+    if rank == 0:
+        for row in rows:
+            print(json.dumps(row), flush=True)
+    comm.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""Halving-doubling: the fold for non-powers of two, log-step structure, partner routes."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.algorithms import Options
+from planner.algorithms.halving_doubling import halving_doubling
+from planner.errors import NotApplicableError
+from planner.topology import parse_topology_text
+from tests.planner.algorithms.test_baselines import check_schedule, switch_cluster
+
+
+@pytest.mark.parametrize("ranks", [3, 5, 6, 7, 12])
+@pytest.mark.parametrize("collective", ["allreduce", "reducescatter", "allgather"])
+def test_non_power_of_two(collective: str, ranks: int) -> None:
+    topology = switch_cluster(ranks)
+    schedule = halving_doubling(topology, collective, Options(pipeline=2))
+    extras = ranks - (1 << (ranks.bit_length() - 1))
+    assert schedule.metadata.options["folded"] == extras
+    check_schedule(topology, schedule, collective, "halving-doubling")
+
+
+@pytest.mark.parametrize("ranks", [2, 4, 8, 16])
+def test_log_steps(ranks: int) -> None:
+    topology = switch_cluster(ranks)
+    schedule = halving_doubling(topology, "allreduce", Options(pipeline=1))
+    steps = {op.step for p in schedule.programs for op in p if op.kind == "send"}
+    assert len(steps) == 2 * (ranks.bit_length() - 1)
+    # each rank talks to log2(p) partners
+    assert len({op.peer for op in schedule.programs[0] if op.kind == "send"}) == ranks.bit_length() - 1
+
+
+def test_unroutable_partner_declines() -> None:
+    text = "\n".join([
+        "name: chain", "devices:", "  - {name: g, type: gpu, count: 4}", "links:",
+        "  - {ends: [g0, g1], bandwidth: 10 GB/s, latency: 1 us}",
+        "  - {ends: [g1, g2], bandwidth: 10 GB/s, latency: 1 us}",
+        "  - {ends: [g2, g3], bandwidth: 10 GB/s, latency: 1 us}",
+    ])
+    with pytest.raises(NotApplicableError, match="halving-doubling needs a direct route between ranks"):
+        halving_doubling(parse_topology_text(text), "allreduce", Options())

@@ -1,0 +1,62 @@
+"""Double binary tree: tree shape, complementarity, routes, rooted variants."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.algorithms import Options
+from planner.algorithms.tree import binary_tree, double_binary_tree
+from planner.errors import NotApplicableError
+from planner.topology import parse_topology_text
+from tests.planner.algorithms.test_baselines import check_schedule, switch_cluster
+
+
+@pytest.mark.parametrize("n", range(1, 17))
+def test_binary_tree_is_balanced_and_spanning(n: int) -> None:
+    nodes = list(range(100, 100 + n))
+    root, parent = binary_tree(nodes)
+    assert set(parent) | {root} == set(nodes) and root not in parent
+    children: dict[int, int] = {}
+    depth = {root: 0}
+    for v in nodes:
+        chain = [v]
+        while chain[-1] != root:
+            chain.append(parent[chain[-1]])
+        depth[v] = len(chain) - 1
+    for c in parent.values():
+        children[c] = children.get(c, 0) + 1
+    assert max(children.values(), default=0) <= 2
+    assert max(depth.values()) == (n).bit_length() - 1  # ceil(log2(n+1)) - 1 levels below the root
+
+
+def test_trees_are_complementary() -> None:
+    # NCCL's double binary tree: few ranks are interior in both trees, so the load spreads
+    topology = switch_cluster(16)
+    schedule = double_binary_tree(topology, "allreduce", Options())
+    trees = schedule.metadata.options["trees"]
+    interior = [{par for _, par in edges} for edges in trees]
+    assert len(interior[0] & interior[1]) <= 2
+    check_schedule(topology, schedule, "allreduce", "tree")
+
+
+@pytest.mark.parametrize("collective", ["broadcast", "reduce"])
+@pytest.mark.parametrize("root", [0, 3, 6])
+def test_rooted_trees_hang_from_the_root(collective: str, root: int) -> None:
+    topology = switch_cluster(7)
+    schedule = double_binary_tree(topology, collective, Options(root=root, pipeline=3))
+    for edges in schedule.metadata.options["trees"]:
+        parents = dict(edges)
+        assert root not in parents and len(parents) == 6
+        assert sum(par == root for par in parents.values()) == 1
+    check_schedule(topology, schedule, collective, "tree")
+
+
+def test_missing_tree_edge_declines() -> None:
+    text = "\n".join([
+        "name: chain", "devices:", "  - {name: g, type: gpu, count: 4}", "links:",
+        "  - {ends: [g0, g1], bandwidth: 10 GB/s, latency: 1 us}",
+        "  - {ends: [g1, g2], bandwidth: 10 GB/s, latency: 1 us}",
+        "  - {ends: [g2, g3], bandwidth: 10 GB/s, latency: 1 us}",
+    ])
+    with pytest.raises(NotApplicableError, match="tree needs a direct route"):
+        double_binary_tree(parse_topology_text(text), "allreduce", Options())

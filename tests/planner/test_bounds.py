@@ -1,0 +1,242 @@
+"""Cut and latency lower bounds: closed forms, and never above what a real schedule achieves."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from planner.bounds import Bound, lower_bound
+from planner.builder import ScheduleBuilder
+from planner.errors import UsageError
+from planner.simulate import simulate
+from planner.topology import Device, Link, Topology, build_topology, parse_topology_text
+from planner.verify import verify
+from runtime.schedule import Chunk, Schedule
+
+GB = 1e9
+COLLECTIVES = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall")
+
+
+def star(p: int, bandwidth: str = "10 GB/s", latency: str = "1 us", fast: str | None = None) -> Topology:
+    """p GPUs on one switch; with ``fast``, rank 0's link has that bandwidth instead."""
+    links = "\n".join(
+        f"  - {{ends: [g{i}, sw], bandwidth: {fast if fast and i == 0 else bandwidth}, latency: {latency}}}"
+        for i in range(p)
+    )
+    return parse_topology_text(
+        f"name: star{p}\ndevices:\n  - {{name: g, type: gpu, count: {p}}}\n  - {{name: sw, type: switch}}\n"
+        f"links:\n{links}\n"
+    )
+
+
+def ring(p: int, bandwidth: str = "10 GB/s", latency: str = "1 us", *, directed: bool = False) -> Topology:
+    direction = ", direction: forward" if directed else ""
+    links = "\n".join(
+        f"  - {{ends: [g{i}, g{(i + 1) % p}], bandwidth: {bandwidth}, latency: {latency}{direction}}}"
+        for i in range(p)
+    )
+    return parse_topology_text(f"name: ring{p}\ndevices:\n  - {{name: g, type: gpu, count: {p}}}\nlinks:\n{links}\n")
+
+
+def two_chassis(gpus: int = 4) -> Topology:
+    """An NDv2-like pair of hosts: NVLink inside (an NVSwitch here), one 100 Gbit/s NIC each, one switch."""
+    lines = ["name: two-chassis", "devices:"]
+    for h in range(2):
+        lines += [f"  - {{name: h{h}g, type: gpu, count: {gpus}, host: h{h}}}",
+                  f"  - {{name: h{h}nvs, type: nvswitch, host: h{h}}}",
+                  f"  - {{name: h{h}nic, type: nic, host: h{h}}}"]
+    lines += ["  - {name: tor, type: switch}", "links:"]
+    for h in range(2):
+        for g in range(gpus):
+            lines += [f"  - {{ends: [h{h}g{g}, h{h}nvs], bandwidth: 150 GB/s, latency: 1 us}}",
+                      f"  - {{ends: [h{h}g{g}, h{h}nic], bandwidth: 16 GB/s, latency: 1 us}}"]
+        lines.append(f"  - {{ends: [h{h}nic, tor], bandwidth: 100 Gbit/s, latency: 2 us}}")
+    return parse_topology_text("\n".join(lines) + "\n")
+
+
+def ring_allreduce(p: int) -> Schedule:
+    b = ScheduleBuilder("allreduce", ranks=p, input_chunks=p, output_chunks=p, inplace=True)
+    for s in range(2 * (p - 1)):
+        for r in range(p):
+            c = (r - s) % p if s < p - 1 else (r + 1 - (s - p + 1)) % p
+            b.transfer(r, (r + 1) % p, Chunk("o", c), Chunk("o", c), reduce=s < p - 1, step=s)
+    return b.build("ring")
+
+
+def ring_allgather(p: int) -> Schedule:
+    b = ScheduleBuilder("allgather", ranks=p, input_chunks=1, output_chunks=p)
+    for r in range(p):
+        b.copy(r, Chunk("i", 0), Chunk("o", r))
+    for s in range(p - 1):
+        for r in range(p):
+            c = (r - s) % p
+            b.transfer(r, (r + 1) % p, Chunk("o", c), Chunk("o", c), step=s)
+    return b.build("ring")
+
+
+def hub_allreduce(p: int, chunks: int) -> Schedule:
+    """Every rank streams its buffer to rank 0, which reduces and streams the result back, chunk by chunk."""
+    b = ScheduleBuilder("allreduce", ranks=p, input_chunks=chunks, output_chunks=chunks, inplace=True,
+                        scratch_chunks=chunks * (p - 1))
+    last_send = [None] * p
+    for j in range(chunks):
+        for r in range(1, p):
+            after = [last_send[r]] if last_send[r] is not None else []
+            last_send[r] = b.send(r, 0, Chunk("o", j), after=after)
+            scratch = Chunk("s", j * (p - 1) + r - 1)
+            b.recv(0, r, scratch)
+            b.reduce(0, scratch, Chunk("o", j))
+        for r in range(1, p):
+            b.transfer(0, r, Chunk("o", j), Chunk("o", j))
+    return b.build("hub")
+
+
+# --------------------------------------------------------------------------- closed forms
+
+
+@pytest.mark.parametrize("p", [2, 4, 8, 16])
+def test_star_allreduce_bound_is_the_ring_volume(p: int) -> None:
+    size = 1 << 30
+    bound = lower_bound(star(p), "allreduce", size)
+    assert bound.bandwidth_s == pytest.approx(2 * (p - 1) / p * size / (10 * GB), rel=1e-12)
+    assert bound.latency_s == pytest.approx(1e-6)
+    assert bound.time_s == pytest.approx(bound.bandwidth_s + bound.latency_s)
+
+
+def test_two_chassis_allgather_is_bound_by_the_nic() -> None:
+    size = 10**9
+    bound = lower_bound(two_chassis(), "allgather", size)
+    assert size / bound.bandwidth_s == pytest.approx(25 * GB)  # half the data in through 12.5 GB/s each way
+    assert "12.5 GB/s" in bound.cut and ("h0" in bound.cut or "h1" in bound.cut)
+    assert bound.latency_s == pytest.approx(2e-6)
+
+
+@pytest.mark.parametrize("p", [3, 6])
+def test_ring_topology_bounds(p: int) -> None:
+    size = 6 * 10**8
+    # a rank takes in (p-1)/p of the data over its two incoming links, half the ring takes in half over two
+    both = lower_bound(ring(p), "allgather", size)
+    assert both.bandwidth_s == pytest.approx((p - 1) / p / 2 * size / (10 * GB))
+    one_way = lower_bound(ring(p, directed=True), "allgather", size)
+    assert one_way.bandwidth_s == pytest.approx((p - 1) / p * size / (10 * GB))
+    assert lower_bound(ring(p, directed=True), "reducescatter", size).bandwidth_s == pytest.approx(
+        one_way.bandwidth_s)
+
+
+def test_rooted_collectives_bind_at_the_root() -> None:
+    size = 10**9
+    topo = star(6, fast="40 GB/s")  # rank 0 fast, the others 10 GB/s
+    # broadcast: every non-root rank must take in N; from root 3 its own uplink also carries N out
+    assert lower_bound(topo, "broadcast", size, root=3).bandwidth_s == pytest.approx(size / (10 * GB))
+    assert lower_bound(topo, "reduce", size, root=0).bandwidth_s == pytest.approx(size / (10 * GB))
+    bound = lower_bound(star(6, bandwidth="40 GB/s", fast="10 GB/s"), "reduce", size, root=0)
+    assert bound.cut == "rank 0 (g0): 10 GB/s in"
+    assert bound.bandwidth_s == pytest.approx(size / (10 * GB))
+    # latency: a line of GPUs, broadcast from one end must cross every hop
+    line = ring(5, latency="2 us", directed=True)
+    assert lower_bound(line, "broadcast", 1, root=0).time_s == pytest.approx(4 * 2e-6, rel=1e-6)
+    assert lower_bound(line, "reduce", 1, root=0).time_s == pytest.approx(4 * 2e-6, rel=1e-6)
+    assert "latency from rank 0 to rank 4" in lower_bound(line, "broadcast", 1, root=0).cut
+
+
+def test_reducescatter_mirrors_allgather() -> None:
+    # rank 0 has a fast link: allgather binds on what slow ranks take in, reducescatter on what they send
+    topo = star(4, fast="100 GB/s")
+    ag, rs = lower_bound(topo, "allgather", 10**9), lower_bound(topo, "reducescatter", 10**9)
+    assert ag.bandwidth_s == pytest.approx(rs.bandwidth_s)
+    assert ag.cut.endswith(" in") and rs.cut.endswith(" out")
+
+
+def test_alltoall_and_trivial_cases() -> None:
+    p, size = 8, 8 * 10**8
+    assert lower_bound(star(p), "alltoall", size).bandwidth_s == pytest.approx((p - 1) / p * size / (10 * GB))
+    assert lower_bound(star(p), "all-reduce", 0) == Bound(0.0, 0.0, 0.0, "nothing has to move")
+    single = parse_topology_text("name: one\ndevices:\n  - {name: g0, type: gpu}\n")
+    assert lower_bound(single, "allreduce", 1 << 20).time_s == 0.0
+    with pytest.raises(UsageError, match="root 9"):
+        lower_bound(star(4), "broadcast", 10, root=9)
+
+
+# --------------------------------------------------------------------------- never above a real schedule
+
+
+def _topologies() -> list[Topology]:
+    return [ring(4), ring(5, directed=True), star(6), star(5, fast="100 GB/s"), two_chassis(2)]
+
+
+@pytest.mark.parametrize("size", [64, 1 << 20, 1 << 30])
+@pytest.mark.parametrize("index", range(5))
+def test_bound_never_exceeds_a_simulated_ring(index: int, size: int) -> None:
+    topo = _topologies()[index]
+    p = topo.size
+    for schedule in (ring_allreduce(p), ring_allgather(p)):
+        sim = simulate(topo, schedule, size)
+        bound = lower_bound(topo, schedule.collective, size)
+        assert bound.time_s <= sim.time_s * (1 + 1e-9), (schedule.collective, bound, sim.time_s)
+        assert bound.time_s > 0
+
+
+def test_ring_on_a_directed_ring_meets_the_bandwidth_bound() -> None:
+    p, size = 5, 1 << 30
+    topo = ring(p, latency="0 us", directed=True)
+    for schedule in (ring_allreduce(p), ring_allgather(p)):
+        verify(schedule)
+        sim = simulate(topo, schedule, size)
+        assert lower_bound(topo, schedule.collective, size).time_s == pytest.approx(sim.time_s, rel=1e-9)
+
+
+def test_allreduce_bound_stays_valid_when_one_rank_is_much_faster() -> None:
+    # Slow ranks stream to a fast hub and back: about N/B (1 + 1/chunks), below 2(p-1)/p N/B,
+    # the per-rank "twice the allgather" figure, which would therefore not be a valid bound here.
+    p, size, chunks = 3, 1 << 30, 8
+    topo = star(p, latency="0 us", fast="1000 GB/s")
+    schedule = hub_allreduce(p, chunks)
+    verify(schedule)
+    sim = simulate(topo, schedule, size)
+    bound = lower_bound(topo, "allreduce", size)
+    assert sim.time_s < 2 * (p - 1) / p * size / (10 * GB)
+    assert bound.time_s <= sim.time_s
+    assert bound.bandwidth_s == pytest.approx(size / (10 * GB))
+
+
+# --------------------------------------------------------------------------- performance
+
+
+def fat_tree(hosts: int = 128, gpus: int = 8, leaves: int = 32, spines: int = 16) -> Topology:
+    """A 1024-GPU rail-less fat tree: NVSwitch per host, one 25 GB/s NIC per GPU, leaves and spines."""
+    devices: list[Device] = []
+    links: list[Link] = []
+
+    def both(a: str, b: str, bandwidth: float) -> None:
+        links.extend((Link(a, b, bandwidth, 1e-6), Link(b, a, bandwidth, 1e-6)))
+
+    per_leaf = hosts // leaves
+    for h in range(hosts):
+        rack = f"rack{h // per_leaf}"
+        devices += [Device(f"h{h}g{g}", "gpu", f"h{h}", rack) for g in range(gpus)]
+        devices += [Device(f"h{h}nvs", "nvswitch", f"h{h}", rack)]
+        for g in range(gpus):
+            devices.append(Device(f"h{h}nic{g}", "nic", f"h{h}", rack))
+            both(f"h{h}g{g}", f"h{h}nvs", 300 * GB)
+            both(f"h{h}g{g}", f"h{h}nic{g}", 25 * GB)
+            both(f"h{h}nic{g}", f"leaf{h // per_leaf}", 25 * GB)
+    devices += [Device(f"leaf{i}", "switch", None, f"rack{i}") for i in range(leaves)]
+    devices += [Device(f"spine{s}", "switch") for s in range(spines)]
+    for i in range(leaves):
+        for s in range(spines):
+            both(f"leaf{i}", f"spine{s}", 100 * GB)
+    return build_topology("fattree", devices, links)
+
+
+def test_bounds_on_a_1024_rank_fat_tree_are_fast() -> None:
+    topo = fat_tree()
+    assert len(topo.devices) > 2200
+    start = time.perf_counter()
+    bounds = {c: lower_bound(topo, c, 1 << 30) for c in COLLECTIVES}
+    elapsed = time.perf_counter() - start
+    assert elapsed < 4.0, f"{elapsed:.2f} s"
+    # a host's eight 25 GB/s NICs bind: all but its own 8/1024 of the data must enter through them
+    assert bounds["allgather"].bandwidth_s == pytest.approx((1 - 8 / 1024) * (1 << 30) / (200 * GB))
+    assert bounds["allreduce"].bandwidth_s == pytest.approx(2 * 127 / 128 * (1 << 30) / (200 * GB))
+    assert bounds["allreduce"].latency_s == pytest.approx(1e-6)

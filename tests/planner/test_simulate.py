@@ -1,0 +1,337 @@
+"""The contention simulator against closed forms: ring alpha-beta, fair sharing, multipath, latency."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from planner.builder import ScheduleBuilder
+from planner.errors import SimulationError
+from planner.simulate import SimResult, bus_factor, chunk_bytes, simulate
+from planner.topology import Topology, parse_topology_text
+from planner.verify import verify
+from runtime.schedule import Chunk, Schedule
+
+GB = 1e9
+
+
+def ring_allreduce(p: int) -> Schedule:
+    """In-place ring allreduce (reduce-scatter then all-gather), p chunks, rank r sends to r+1."""
+    b = ScheduleBuilder("allreduce", ranks=p, input_chunks=p, output_chunks=p, inplace=True)
+    for s in range(p - 1):
+        for r in range(p):
+            c = (r - s) % p
+            b.transfer(r, (r + 1) % p, Chunk("o", c), Chunk("o", c), reduce=True, step=s)
+    for s in range(p - 1):
+        for r in range(p):
+            c = (r + 1 - s) % p
+            b.transfer(r, (r + 1) % p, Chunk("o", c), Chunk("o", c), step=p - 1 + s)
+    return b.build("ring")
+
+
+def ring_topology(p: int, bandwidth: str = "10 GB/s", latency: str = "1 us", *, directed: bool = False) -> Topology:
+    """p GPUs joined in a ring by direct links (one direction only if ``directed``)."""
+    direction = ", direction: forward" if directed else ""
+    count = p if p > 2 or directed else 1
+    links = "\n".join(
+        f"  - {{ends: [g{i}, g{(i + 1) % p}], bandwidth: {bandwidth}, latency: {latency}{direction}}}"
+        for i in range(count)
+    )
+    return parse_topology_text(f"name: ring{p}\ndevices:\n  - {{name: g, type: gpu, count: {p}}}\nlinks:\n{links}\n")
+
+
+def star_topology(p: int, bandwidth: str = "10 GB/s", latency: str = "1 us") -> Topology:
+    """p GPUs on one switch."""
+    links = "\n".join(f"  - {{ends: [g{i}, sw], bandwidth: {bandwidth}, latency: {latency}}}" for i in range(p))
+    return parse_topology_text(
+        f"name: star{p}\ndevices:\n  - {{name: g, type: gpu, count: {p}}}\n  - {{name: sw, type: switch}}\n"
+        f"links:\n{links}\n"
+    )
+
+
+def messages(p: int, pairs: list[tuple[int, int]], chunks: list[int] | None = None) -> Schedule:
+    """Independent messages ``src -> dst`` (all posted at time 0), ``chunks[i]`` chunks each, out of 12."""
+    b = ScheduleBuilder("allreduce", ranks=p, input_chunks=12, output_chunks=12)
+    at = 0
+    for i, (src, dst) in enumerate(pairs):
+        n = chunks[i] if chunks else 1
+        b.transfer(src, dst, Chunk("i", at, n), Chunk("o", at, n))
+        at += n
+    return b.build("messages")
+
+
+def op_end(result: SimResult, rank: int, kind: str) -> list[float]:
+    return [e.end_s for e in result.op_events if e.rank == rank and e.kind == kind]
+
+
+# --------------------------------------------------------------------------- closed forms
+
+
+def test_ring_helper_is_a_correct_allreduce() -> None:
+    for p in (2, 3, 5):
+        verify(ring_allreduce(p))
+
+
+@pytest.mark.parametrize("directed", [False, True])
+@pytest.mark.parametrize("p", [2, 3, 5, 8])
+@pytest.mark.parametrize("size", [1 << 20, 10**9, 12345])
+def test_ring_allreduce_on_a_ring_matches_alpha_beta(p: int, size: int, directed: bool) -> None:
+    alpha, bandwidth = 1e-6, 10 * GB
+    result = simulate(ring_topology(p, directed=directed), ring_allreduce(p), size)
+    expected = 2 * (p - 1) * alpha + 2 * (p - 1) / p * size / bandwidth
+    assert result.time_s == pytest.approx(expected, rel=1e-6)
+    assert result.algbw_GBps == pytest.approx(size / expected / GB, rel=1e-6)
+    assert result.busbw_GBps == pytest.approx(result.algbw_GBps * 2 * (p - 1) / p, rel=1e-9)
+
+
+def test_ring_allreduce_on_a_star_pays_two_hops_of_latency() -> None:
+    p, size, alpha = 6, 1 << 24, 2e-6
+    result = simulate(star_topology(p, latency="2 us"), ring_allreduce(p), size)
+    assert result.time_s == pytest.approx(2 * (p - 1) * (2 * alpha + size / p / (10 * GB)), rel=1e-6)
+    # every uplink and downlink carries 2(p-1)/p of the buffer
+    for r in range(p):
+        assert result.link_bytes[(f"g{r}", "sw")] == pytest.approx(2 * (p - 1) / p * size)
+        assert result.link_bytes[("sw", f"g{r}")] == pytest.approx(2 * (p - 1) / p * size)
+
+
+def test_tiny_messages_cost_latency_only() -> None:
+    p = 5
+    topo = ring_topology(p, latency="3 us")
+    assert simulate(topo, ring_allreduce(p), 0).time_s == pytest.approx(2 * (p - 1) * 3e-6, rel=1e-12)
+    assert simulate(topo, ring_allreduce(p), 5).time_s == pytest.approx(2 * (p - 1) * 3e-6, rel=1e-3)
+
+
+# --------------------------------------------------------------------------- contention
+
+
+def two_senders_one_receiver() -> Topology:
+    return parse_topology_text(
+        """
+name: incast
+devices:
+  - {name: g, type: gpu, count: 3}
+  - {name: sw, type: switch}
+links:
+  - {ends: [g0, sw], bandwidth: 10 GB/s}
+  - {ends: [g1, sw], bandwidth: 10 GB/s}
+  - {ends: [g2, sw], bandwidth: 10 GB/s}
+"""
+    )
+
+
+def test_two_flows_on_one_link_each_get_half() -> None:
+    topo = two_senders_one_receiver()
+    size = 12 * 10**8  # 12 chunks of 1e8 bytes
+    alone = simulate(topo, messages(3, [(0, 2)]), size)
+    shared = simulate(topo, messages(3, [(0, 2), (1, 2)]), size)
+    assert alone.time_s == pytest.approx(1e8 / (10 * GB), rel=1e-9)
+    assert shared.time_s == pytest.approx(2 * alone.time_s, rel=1e-9)
+    assert shared.link_utilisation[("sw", "g2")] == pytest.approx(1.0)
+    assert shared.bottlenecks(1) == [(("sw", "g2"), pytest.approx(1.0))]
+
+
+def test_a_flow_speeds_up_when_its_competitor_finishes() -> None:
+    # 1 and 3 chunks share sw->g2: both at B/2 until the small one is done at 2M/B, then the big one at B.
+    result = simulate(two_senders_one_receiver(), messages(3, [(0, 2), (1, 2)], [1, 3]), 12 * 10**8, record=True)
+    m, b = 1e8, 10 * GB
+    assert op_end(result, 0, "send") == [pytest.approx(2 * m / b)]
+    assert op_end(result, 1, "send") == [pytest.approx(4 * m / b)]
+    assert result.rank_finish_s == pytest.approx((2 * m / b, 4 * m / b, 4 * m / b))
+
+
+def test_max_min_fairness_gives_the_remainder_to_unconstrained_flows() -> None:
+    # Three flows cross trunk s1->s2 (12 GB/s); flow A is held to 2 GB/s by its own uplink,
+    # so max-min fairness gives A 2 and B, C (12 - 2) / 2 = 5 each.
+    topo = parse_topology_text(
+        """
+name: maxmin
+devices:
+  - {name: g, type: gpu, count: 6}
+  - {name: s1, type: switch}
+  - {name: s2, type: switch}
+links:
+  - {ends: [g0, s1], bandwidth: 2 GB/s}
+  - {ends: [g1, s1], bandwidth: 10 GB/s}
+  - {ends: [g2, s1], bandwidth: 10 GB/s}
+  - {ends: [s1, s2], bandwidth: 12 GB/s}
+  - {ends: [s2, g3], bandwidth: 10 GB/s}
+  - {ends: [s2, g4], bandwidth: 10 GB/s}
+  - {ends: [s2, g5], bandwidth: 10 GB/s}
+"""
+    )
+    m = 1e8
+    result = simulate(topo, messages(6, [(0, 3), (1, 4), (2, 5)]), 12 * int(m), record=True)
+    assert op_end(result, 1, "send") == [pytest.approx(m / 5e9)]
+    assert op_end(result, 2, "send") == [pytest.approx(m / 5e9)]
+    assert op_end(result, 0, "send") == [pytest.approx(m / 2e9)]  # A never gets more than its uplink
+    trunk = [e for e in result.link_events if (e.src, e.dst) == ("s1", "s2")]
+    assert sorted(e.end_s for e in trunk) == pytest.approx([m / 5e9, m / 5e9, m / 2e9])
+    assert sum(e.bytes for e in trunk) == pytest.approx(result.link_bytes[("s1", "s2")])
+
+
+def test_messages_split_evenly_over_equal_cost_paths() -> None:
+    topo = parse_topology_text(
+        """
+name: two-planes
+devices:
+  - {name: g, type: gpu, count: 2}
+  - {name: a, type: switch}
+  - {name: b, type: switch}
+links:
+  - {ends: [g0, a], bandwidth: 10 GB/s, latency: 1 us}
+  - {ends: [a, g1], bandwidth: 10 GB/s, latency: 1 us}
+  - {ends: [g0, b], bandwidth: 10 GB/s, latency: 1 us}
+  - {ends: [b, g1], bandwidth: 10 GB/s, latency: 1 us}
+"""
+    )
+    assert len(topo.routes(0, 1)) == 2
+    size = 12 * 10**8
+    result = simulate(topo, messages(2, [(0, 1)], [12]), size)
+    assert result.time_s == pytest.approx(size / (20 * GB) + 2e-6, rel=1e-9)
+    assert result.link_bytes[("g0", "a")] == pytest.approx(size / 2)
+    assert result.link_bytes[("b", "g1")] == pytest.approx(size / 2)
+    assert result.link_bytes[("g1", "a")] == 0.0
+
+
+def reference_finish_times(topo: Topology, msgs: list[tuple[int, int, float]]) -> list[float]:
+    """Brute force: every flow alive at t=0, global progressive filling redone after every completion."""
+    flows = []  # [remaining bytes, links, message]
+    latency = []
+    for i, (src, dst, nbytes) in enumerate(msgs):
+        paths = topo.routes(src, dst)
+        latency.append(max(sum(link.latency for link in path) for path in paths))
+        flows += [[nbytes / len(paths), [(link.src, link.dst) for link in path], i] for path in paths]
+    now, sent = 0.0, [0.0] * len(msgs)
+    active = list(range(len(flows)))
+    while active:
+        rate: dict[int, float] = {}
+        while len(rate) < len(active):
+            shares = []
+            for link in {key for f in active for key in flows[f][1]}:
+                users = [f for f in active if link in flows[f][1]]
+                free = [f for f in users if f not in rate]
+                if free:
+                    left = topo.link(*link).bandwidth - sum(rate[f] for f in users if f in rate)
+                    shares.append((left / len(free), free))
+            share, free = min(shares, key=lambda item: item[0])
+            rate.update((f, share) for f in free)
+        step = min(flows[f][0] / rate[f] for f in active)
+        now += step
+        for f in active:
+            flows[f][0] -= rate[f] * step
+        for f in [f for f in active if flows[f][0] <= 1e-6 * rate[f] * step]:
+            active.remove(f)
+            sent[flows[f][2]] = now
+    return [sent[i] + latency[i] for i in range(len(msgs))]
+
+
+def random_topology(seed: int) -> Topology:
+    """Six GPUs on two switches joined by a trunk, with uneven bandwidths and latencies."""
+    rng = random.Random(seed)
+    lines = ["name: random", "devices:", "  - {name: g, type: gpu, count: 6}", "  - {name: s0, type: switch}",
+             "  - {name: s1, type: switch}", "links:"]
+    for g in range(6):
+        lines.append(f"  - {{ends: [g{g}, s{g % 2}], bandwidth: {rng.choice([5, 10, 20])} GB/s, "
+                     f"latency: {rng.choice([0, 1, 3])} us}}")
+    lines.append(f"  - {{ends: [s0, s1], bandwidth: {rng.choice([10, 25])} GB/s, latency: 1 us}}")
+    return parse_topology_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fair_sharing_matches_a_brute_force_reference(seed: int) -> None:
+    rng = random.Random(seed)
+    topo = random_topology(seed)
+    pairs = [tuple(rng.sample(range(6), 2)) for _ in range(8)]
+    counts = [rng.randint(1, 4) for _ in pairs]
+    b = ScheduleBuilder("allreduce", ranks=6, input_chunks=sum(counts), output_chunks=sum(counts))
+    at, sends = 0, []
+    for (src, dst), n in zip(pairs, counts):
+        sends.append((src, b.transfer(src, dst, Chunk("i", at, n), Chunk("o", at, n))[0]))
+        at += n
+    size = sum(counts) * 10**8
+    result = simulate(topo, b.build("random"), size, record=True)
+    ends = {(e.rank, e.index): e.end_s for e in result.op_events}
+    expected = reference_finish_times(topo, [(src, dst, n * 1e8) for (src, dst), n in zip(pairs, counts)])
+    assert [ends[key] for key in sends] == pytest.approx(expected, rel=1e-9)
+
+
+# --------------------------------------------------------------------------- results and recording
+
+
+def test_recorded_events_cover_every_operation_and_link() -> None:
+    p = 4
+    schedule = ring_allreduce(p)
+    result = simulate(star_topology(p), schedule, 1 << 20, record=True)
+    assert len(result.op_events) == schedule.op_count
+    assert all(0 <= e.start_s <= e.end_s <= result.time_s for e in result.op_events)
+    assert {e.kind for e in result.op_events} == {"send", "recv", "recv_reduce"}
+    assert len(result.link_events) == 2 * p * 2 * (p - 1)  # every message crosses an uplink and a downlink
+    for key, carried in result.link_bytes.items():
+        assert sum(e.bytes for e in result.link_events if (e.src, e.dst) == key) == pytest.approx(carried)
+    assert max(result.rank_finish_s) == result.time_s
+    plain = simulate(star_topology(p), schedule, 1 << 20)
+    assert plain.time_s == result.time_s and plain.op_events == () and plain.link_events == ()
+
+
+def test_chunk_bytes_and_bus_factor_follow_nccl_tests() -> None:
+    b = ScheduleBuilder("allgather", ranks=4, input_chunks=2, output_chunks=8)
+    assert chunk_bytes(b.build("x"), 800) == 100.0
+    assert bus_factor("allreduce", 8) == 1.75
+    assert bus_factor("allgather", 4) == bus_factor("reducescatter", 4) == bus_factor("alltoall", 4) == 0.75
+    assert bus_factor("broadcast", 8) == bus_factor("reduce", 8) == 1.0
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_wrong_rank_count_says_both_numbers() -> None:
+    with pytest.raises(SimulationError, match=r"4 ranks but the topology has 3.*fix"):
+        simulate(two_senders_one_receiver(), ring_allreduce(4), 1024)
+
+
+def test_unroutable_pair_names_the_ranks_and_the_relay() -> None:
+    # g0 - g1 - g2 in a line of direct GPU links: g0 cannot reach g2 without g1 forwarding.
+    topo = parse_topology_text(
+        """
+name: line
+devices:
+  - {name: g, type: gpu, count: 3}
+links:
+  - {ends: [g0, g1], bandwidth: 10 GB/s}
+  - {ends: [g1, g2], bandwidth: 10 GB/s}
+"""
+    )
+    assert not topo.has_route(0, 2)
+    with pytest.raises(SimulationError, match=r"rank 0 sends to rank 2.*relay") as info:
+        simulate(topo, messages(3, [(0, 2)]), 1024)
+    assert "\n" not in str(info.value)
+
+
+def test_unmatched_send_and_deadlock_are_reported() -> None:
+    topo = star_topology(2)
+    b = ScheduleBuilder("allreduce", ranks=2, input_chunks=1, output_chunks=1)
+    b.send(0, 1, Chunk("i", 0))
+    with pytest.raises(SimulationError, match=r"sends 1 message.*receives 0"):
+        simulate(topo, b.build("x"), 1024)
+    b = ScheduleBuilder("allreduce", ranks=2, input_chunks=1, output_chunks=1)
+    for r in range(2):  # each rank receives before it sends: a rendezvous deadlock
+        k = b.recv(r, 1 - r, Chunk("o", 0))
+        b.send(r, 1 - r, Chunk("i", 0), after=[k])
+    with pytest.raises(SimulationError, match="deadlock"):
+        simulate(topo, b.build("x"), 1024)
+
+
+# --------------------------------------------------------------------------- performance
+
+
+def test_a_large_ring_simulates_quickly() -> None:
+    p = 96  # 36k operations; the 256-rank, 261k-operation ring takes about 1.5 s
+    schedule = ring_allreduce(p)
+    topo = star_topology(p)
+    start = time.perf_counter()
+    result = simulate(topo, schedule, 1 << 28)
+    elapsed = time.perf_counter() - start
+    assert result.time_s == pytest.approx(2 * (p - 1) * (2e-6 + (1 << 28) / p / (10 * GB)), rel=1e-6)
+    assert elapsed < 3.0, f"{schedule.op_count} operations took {elapsed:.2f} s"

@@ -1,0 +1,127 @@
+"""Human units: exact values, round trips through the formatters, and refusals."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.units import (
+    UnitError,
+    format_bandwidth,
+    format_size,
+    format_time,
+    parse_bandwidth,
+    parse_size,
+    parse_size_range,
+    parse_time,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("25 GB/s", 25e9),
+        ("25GB/s", 25e9),
+        ("200 Gbit/s", 25e9),
+        ("100 Gbps", 12.5e9),
+        ("10 Gb/s", 1.25e9),
+        ("1 GiB/s", 2**30),
+        ("12.5 GBps", 12.5e9),
+        ("1e3 MB/s", 1e9),
+        ("+5 GB/s", 5e9),
+        (4096, 4096.0),
+        (2.5e9, 2.5e9),
+    ],
+)
+def test_parse_bandwidth(text: object, expected: float) -> None:
+    assert parse_bandwidth(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("0.7 us", 0.7e-6), ("700ns", 700e-9), ("1 ms", 1e-3), ("2 s", 2.0), ("1 µs", 1e-6), (0, 0.0), ("0 us", 0.0)],
+)
+def test_parse_time(text: object, expected: float) -> None:
+    assert parse_time(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("64MiB", 64 * 2**20), ("1GB", 10**9), ("4096", 4096), (4096, 4096), ("1 KiB", 1024), ("1.5KiB", 1536)],
+)
+def test_parse_size(text: object, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+def test_parse_size_range() -> None:
+    assert parse_size_range("1KiB:1GiB") == (1024, 2**30)
+    assert parse_size_range("64MiB") == (64 * 2**20, 64 * 2**20)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["fast", "", "25", "25 GB", "25 G", "0 GB/s", "-25 GB/s", "1e999 GB/s", "GB/s", "25 GB/h", True, None, 0, -1,
+     10**400, float("nan"), float("inf"), [25]],
+)
+def test_bad_bandwidth(text: object) -> None:
+    with pytest.raises(UnitError):
+        parse_bandwidth(text)
+
+
+@pytest.mark.parametrize("text", ["soon", "1", "-1 us", "3 parsecs", "1 us/s", "1e999 s", True, -0.5, float("nan")])
+def test_bad_time(text: object) -> None:
+    with pytest.raises(UnitError):
+        parse_time(text)
+
+
+@pytest.mark.parametrize("text", ["big", "0", "-1", "0.5", "1.3B", "1 GB/s", "1e999", 0, True, 10**400])
+def test_bad_size(text: object) -> None:
+    with pytest.raises(UnitError):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("text", ["1GiB:1KiB", "1KiB:", ":1KiB", "a:b"])
+def test_bad_size_range(text: str) -> None:
+    with pytest.raises(UnitError):
+        parse_size_range(text)
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(64 * 2**20, "64MiB"), (2**30, "1GiB"), (1536, "1.5KiB"), (100, "100B")],
+)
+def test_format_size(value: int, text: str) -> None:
+    assert format_size(value) == text
+
+
+def test_format_bandwidth_and_time() -> None:
+    assert format_bandwidth(25e9) == "25 GB/s"
+    assert format_time(0.7e-6) == "700 ns"
+    assert format_time(1.3e-6) == "1.3 us"
+    assert format_time(1.5e-3) == "1.5 ms"
+    assert format_time(2.0) == "2 s"
+    assert format_time(5e-9) == "5 ns"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=0, max_value=40), st.integers(min_value=1, max_value=1023))
+def test_size_round_trip(shift: int, mantissa: int) -> None:
+    """Sizes that are a whole number of KiB/MiB/GiB (or under 1 KiB) print and parse back exactly."""
+    size = mantissa << (10 * (shift // 10))
+    assert parse_size(format_size(size)) == size
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(min_value=1e3, max_value=1e15, allow_nan=False, allow_infinity=False))
+def test_bandwidth_round_trip(value: float) -> None:
+    """Formatting keeps 4 significant digits, so parsing back is within 0.05%."""
+    assert math.isclose(parse_bandwidth(format_bandwidth(value)), value, rel_tol=5e-4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(min_value=1e-9, max_value=1e3, allow_nan=False, allow_infinity=False))
+def test_time_round_trip(value: float) -> None:
+    assert math.isclose(parse_time(format_time(value)), value, rel_tol=5e-4)

@@ -1,0 +1,93 @@
+"""Hypothesis strategies for random, valid topologies (explicit devices and links, as YAML text).
+
+A topology is 1-4 hosts of 1-4 GPUs each.  Inside a host the GPUs hang off a
+switch, form a full mesh or a chain (sometimes one-way, closed into a directed
+ring); each host has a NIC that every GPU reaches, or only its first GPU does
+(then some pairs have no GPU-free route).  Hosts are joined by a top switch or
+a ring of NICs, optionally grouped into racks.  Bandwidths and latencies are
+random.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from planner.topology import Topology, parse_topology_text
+
+__all__ = ["TopologySpec", "topologies", "topology_specs", "topology_yaml"]
+
+_BANDWIDTHS = (10, 25, 50, 100)  # GB/s
+_LATENCIES = (0.5, 1, 2, 5)  # us
+
+TopologySpec = dict
+
+
+@st.composite
+def topology_specs(draw: st.DrawFn, max_hosts: int = 4, max_gpus: int = 4) -> TopologySpec:
+    """The random choices behind a topology, as plain data (shown by Hypothesis on failure)."""
+    hosts = draw(st.integers(1, max_hosts))
+    uniform = draw(st.booleans())
+    first = draw(st.integers(1, max_gpus))
+    gpus = [first if uniform else draw(st.integers(1, max_gpus)) for _ in range(hosts)]
+    return {
+        "gpus": gpus,
+        "fabric": [draw(st.sampled_from(("switch", "mesh", "chain"))) for _ in range(hosts)],
+        "directed_chain": draw(st.booleans()),
+        "nic_attach": draw(st.sampled_from(("all", "first"))),
+        "join": draw(st.sampled_from(("switch", "ring"))),
+        "racks": draw(st.sampled_from((0, 1, 2))),
+        "bandwidth": draw(st.lists(st.sampled_from(_BANDWIDTHS), min_size=4, max_size=4)),
+        "latency": draw(st.lists(st.sampled_from(_LATENCIES), min_size=4, max_size=4)),
+    }
+
+
+def topology_yaml(spec: TopologySpec) -> str:
+    """Render a :func:`topology_specs` draw as topology YAML with explicit devices and links."""
+    intra_bw, nic_bw, net_bw, sw_bw = spec["bandwidth"]
+    intra_lat, nic_lat, net_lat, sw_lat = spec["latency"]
+    devices: list[str] = []
+    links: list[str] = []
+
+    def link(a: str, b: str, bw: float, lat: float, forward: bool = False) -> None:
+        extra = ", direction: forward" if forward else ""
+        links.append(f"  - {{ends: [{a}, {b}], bandwidth: {bw} GB/s, latency: {lat} us{extra}}}")
+
+    n_hosts = len(spec["gpus"])
+    racks = spec["racks"]
+    for h, (n, fabric) in enumerate(zip(spec["gpus"], spec["fabric"])):
+        place = f"host: h{h}" + (f", rack: r{h * racks // n_hosts}" if racks else "")
+        gpus = [f"h{h}g{i}" for i in range(n)]
+        for g in gpus:
+            devices.append(f"  - {{name: {g}, type: gpu, {place}}}")
+        devices.append(f"  - {{name: h{h}nic, type: nic, {place}}}")
+        if fabric == "switch" and n > 1:
+            devices.append(f"  - {{name: h{h}sw, type: nvswitch, {place}}}")
+            for g in gpus:
+                link(g, f"h{h}sw", sw_bw, sw_lat)
+        elif fabric == "mesh":
+            for i in range(n):
+                for j in range(i + 1, n):
+                    link(gpus[i], gpus[j], intra_bw, intra_lat)
+        elif n > 1:
+            directed = spec["directed_chain"] and n > 2
+            for i in range(n - 1):
+                link(gpus[i], gpus[i + 1], intra_bw, intra_lat, forward=directed)
+            if directed:
+                link(gpus[-1], gpus[0], intra_bw, intra_lat, forward=True)
+        for g in gpus if spec["nic_attach"] == "all" else gpus[:1]:
+            link(g, f"h{h}nic", nic_bw, nic_lat)
+    if n_hosts > 1:
+        if spec["join"] == "switch":
+            devices.append("  - {name: top, type: switch}")
+            for h in range(n_hosts):
+                link(f"h{h}nic", "top", net_bw, net_lat)
+        else:
+            for h in range(n_hosts if n_hosts > 2 else 1):
+                link(f"h{h}nic", f"h{(h + 1) % n_hosts}nic", net_bw, net_lat)
+    return "\n".join(["name: random", "devices:", *devices, "links:", *links]) + "\n"
+
+
+@st.composite
+def topologies(draw: st.DrawFn, max_hosts: int = 4, max_gpus: int = 4) -> Topology:
+    """A random valid :class:`Topology` (see the module docstring)."""
+    return parse_topology_text(topology_yaml(draw(topology_specs(max_hosts, max_gpus))), "random")
