@@ -23,7 +23,8 @@ likewise out.  With N = ``size_bytes`` (nccl-tests' size, the larger buffer):
 Allreduce also gets a partition bound: split the ranks into m groups of
 devices (each rank alone, each host, each rack); every element must make at
 least 2(m-1) crossings between groups (one-way gossip among m parties needs
-2m-2 calls; reductions never mix elements, as the verifier enforces), so
+2m-2 calls, Harary & Schwenk, "The communication problem on graphs and
+digraphs", 1974; reductions never mix elements, as the verifier enforces), so
 ``time >= 2(m-1) N / sum of the groups' in- (or out-) capacities``.  On p equal
 ranks behind one switch this is the familiar 2(p-1)/p N/B (Patarasuk & Yuan,
 "Bandwidth optimal all-reduce algorithms", JPDC 2009).  It equals "twice the
@@ -41,7 +42,9 @@ Latency.  The last byte across a cut still has to traverse one of the cut's
 links, so a cut's bound adds its smallest crossing latency.  Separately, every
 output depends on some input of every other rank (broadcast: the root's; reduce:
 the root depends on all), so a chain of messages must cover the minimum-latency
-path between them, relaying allowed: the latency diameter.
+path between them, relaying allowed: the latency diameter (exact all-pairs
+Dijkstra on small topologies; on large ones, alternating forward and backward
+sweeps from the farthest rank found, which can only under-estimate it).
 ``time_s = max(bandwidth_s + cut latency, latency diameter)``.
 """
 
@@ -128,7 +131,9 @@ class _CutFamily:
     """The candidate cuts and partitions of a topology; independent of the collective, so cached."""
 
     def __init__(self, topology: Topology) -> None:
-        self.topology = topology
+        # No reference to the topology itself: the cache entry must not keep it alive.
+        self.size = topology.size
+        self.link_count = len(topology.links)
         names = [d.name for d in topology.devices]
         self.index = {name: i for i, name in enumerate(names)}
         n = len(names)
@@ -143,7 +148,7 @@ class _CutFamily:
         self.cuts: list[_Cut] = []
         self.partitions: list[_Partition] = []
         self._seen: set[frozenset[int]] = set()
-        self._build()
+        self._build(topology)
         self._diameter: tuple[float, int, int] | None = None
 
     # ---- capacities
@@ -168,7 +173,7 @@ class _CutFamily:
             return
         self._seen.add(members)
         ranks = frozenset(self.rank_of[d] for d in members if d in self.rank_of)
-        if not 0 < len(ranks) < self.topology.size:
+        if not 0 < len(ranks) < self.size:
             return
         cap_in, cap_out, lat_in, lat_out = self._boundary(members)
         self.cuts.append(_Cut(label, ranks, False, cap_in, cap_out, lat_in, lat_out))
@@ -189,8 +194,7 @@ class _CutFamily:
 
     # ---- candidates
 
-    def _build(self) -> None:
-        topo = self.topology
+    def _build(self, topo: Topology) -> None:
         devices = topo.devices
         p = topo.size
         for r, dev in enumerate(self.rank_dev):
@@ -302,11 +306,11 @@ class _CutFamily:
         """(latency, src, dst) of the rank pair farthest apart; exact on small topologies, else a lower bound."""
         if self._diameter is not None:
             return self._diameter
-        p = self.topology.size
+        p = self.size
         best = (0.0, 0, 0)
         if all(lat == 0 for edges in self.out_adj for _, _, lat in edges):
             pass
-        elif p * len(self.topology.links) <= EXACT_DIAMETER_BUDGET:
+        elif p * self.link_count <= EXACT_DIAMETER_BUDGET:
             for s in range(p):
                 dist = self.from_rank(s)
                 t = max(range(p), key=dist.__getitem__)

@@ -225,6 +225,58 @@ def export_cmd(schedule: str, fmt: str, proto: str, name: str | None, output: st
         click.echo(xml, nl=False)
 
 
+@cli.command("run")
+@click.argument("schedule", type=click.Path(dir_okay=False))
+@click.option("--np", "nprocs", type=click.IntRange(1), default=None, help="Ranks (default: the schedule's).")
+@click.option("-s", "--size", type=SIZE, default="64MiB", show_default=True)
+@click.option("--dtype", default="float32", show_default=True)
+@click.option("--op", default="sum", show_default=True, type=click.Choice(["sum", "prod", "max", "min", "avg"]))
+@click.option("--timeout", type=click.FloatRange(0.1), default=30.0, show_default=True,
+              help="Seconds a rank waits for a peer before failing.")
+def run_cmd(schedule: str, nprocs: int | None, size: int, dtype: str, op: str, timeout: float) -> None:
+    """Replay SCHEDULE on --np MPI ranks (mpiexec) and check the result against numpy."""
+    from planner.errors import CommunicatorError
+    from runtime.launch import run_schedule
+    from runtime.plan import load_any
+
+    loaded = load_any(schedule)
+    result = run_schedule(schedule, nprocs or loaded.ranks, size, dtype=dtype, op=op, timeout=timeout)
+    if not result.ok:
+        raise CommunicatorError(f"replay failed (exit {result.returncode}): "
+                                + ("; ".join(result.errors) or "no error line from the ranks"))
+
+
+@cli.command("bench")
+@click.argument("schedule", type=click.Path(dir_okay=False))
+@click.option("--np", "nprocs", type=click.IntRange(1), default=None, help="Ranks (default: the schedule's).")
+@click.option("--sizes", type=SIZE_RANGE, default="1KiB:64MiB", show_default=True)
+@click.option("--factor", type=click.IntRange(2), default=4, show_default=True, help="Size step.")
+@click.option("--iters", type=click.IntRange(1), default=20, show_default=True)
+@click.option("--warmup", type=click.IntRange(0), default=5, show_default=True)
+@click.option("--dtype", default="float32", show_default=True)
+@click.option("--timeout", type=click.FloatRange(0.1), default=30.0, show_default=True)
+@click.option("-t", "--topology", default=None, help="Topology for the prediction (default: the compiled one).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON rows.")
+def bench_cmd(schedule: str, nprocs: int | None, sizes: tuple[int, int], factor: int, iters: int, warmup: int,
+              dtype: str, timeout: float, topology: str | None, as_json: bool) -> None:
+    """Time SCHEDULE (or a plan) against the MPI's native collective, nccl-tests style."""
+    from planner.compile import bucket_sizes
+    from planner.summary import predicted_times
+    from runtime.launch import bench_schedule
+    from runtime.plan import load_any
+
+    loaded = load_any(schedule)
+    size_list = bucket_sizes(*sizes, factor=factor)
+    rows = bench_schedule(schedule, nprocs or loaded.ranks, size_list, iters=iters, warmup=warmup, dtype=dtype,
+                          timeout=timeout, echo=not as_json)
+    predicted = predicted_times(loaded, [r.size for r in rows], schedule, topology)
+    if as_json:
+        click.echo(json.dumps([r.to_json() | {"predicted_time_s": p} for r, p in zip(rows, predicted)], indent=2))
+    else:
+        click.echo("# predicted (simulator): " + ", ".join(
+            f"{r.size}: {p * 1e6:.1f} us" if p else f"{r.size}: n/a" for r, p in zip(rows, predicted)))
+
+
 @cli.command("algorithms")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def algorithms_cmd(as_json: bool) -> None:

@@ -34,6 +34,7 @@ Routes are computed once per rank pair and cached per topology.
 
 from __future__ import annotations
 
+import bisect
 import gc
 import heapq
 import weakref
@@ -143,20 +144,20 @@ class _Network:
     """Links as integers, and routes as tuples of link indices, computed once per rank pair."""
 
     def __init__(self, topology: Topology) -> None:
-        self.topology = topology
+        # No reference to the topology itself: the cache entry must not keep it alive.
         self.names = [(link.src, link.dst) for link in topology.links]
         self.index = {key: i for i, key in enumerate(self.names)}
         self.bandwidth = [link.bandwidth for link in topology.links]
         self.routes: dict[tuple[int, int], tuple[tuple[tuple[int, ...], ...], float]] = {}
 
-    def route(self, src: int, dst: int) -> tuple[tuple[tuple[int, ...], ...], float]:
+    def route(self, topology: Topology, src: int, dst: int) -> tuple[tuple[tuple[int, ...], ...], float]:
         """(paths as link indices, latency of the slowest path) from rank ``src`` to rank ``dst``."""
         key = (src, dst)
         found = self.routes.get(key)
         if found is None:
             if len(self.routes) >= _ROUTE_CACHE_PAIRS:
                 self.routes.clear()  # bounded memory: an alltoall on 1024 ranks touches a million pairs
-            paths = self.topology.routes(src, dst)
+            paths = topology.routes(src, dst)
             index = self.index
             found = (
                 tuple(tuple(index[(link.src, link.dst)] for link in path) for path in paths),
@@ -189,6 +190,9 @@ def _fair_rates(flows: list[int], links: list[int], flow_links: list[tuple[int, 
 
     Repeatedly the link with the smallest fair share (remaining capacity / unfixed
     flows) saturates: its unfixed flows get that share and leave the problem.
+    Fixing flows at the smallest share never lowers another link's share, so the
+    heap is updated lazily: a link whose key is out of date is pushed back with
+    its current share when it reaches the top.
     """
     if len(flows) == 1:
         f = flows[0]
@@ -197,24 +201,27 @@ def _fair_rates(flows: list[int], links: list[int], flow_links: list[tuple[int, 
     cnt = {link: len(link_flows[link]) for link in links}
     heap = [(cap[link] / cnt[link], link) for link in links if cnt[link]]
     heapq.heapify(heap)
+    heappop, heappush = heapq.heappop, heapq.heappush
     rates: dict[int, float] = {}
     floor = 0.0
     while heap:
-        share, link = heapq.heappop(heap)
+        share, link = heappop(heap)
         n = cnt[link]
-        if not n or share != cap[link] / n:
-            continue  # stale entry
-        share = max(share, floor)  # shares never decrease; guard against rounding
+        if not n:
+            continue
+        current = cap[link] / n
+        if current > share * (1 + 1e-12):
+            heappush(heap, (current, link))
+            continue
+        share = current if current > floor else floor  # shares never decrease; guard against rounding
         floor = share
         for f in link_flows[link]:
             if f in rates:
                 continue
-            rates[f] = share * (0.9 if f % 2 else 1.0)
+            rates[f] = share
             for other in flow_links[f]:
                 cap[other] -= share
                 cnt[other] -= 1
-                if other != link and cnt[other]:
-                    heapq.heappush(heap, (cap[other] / cnt[other], other))
     return rates
 
 
@@ -230,8 +237,6 @@ def _op_chunk(op: Op) -> str:
 
 
 def _describe(schedule: Schedule, gid: int, base: list[int]) -> str:
-    import bisect
-
     rank = bisect.bisect_right(base, gid) - 1
     k = gid - base[rank]
     op = schedule.programs[rank][k]
@@ -331,6 +336,10 @@ def _simulate(topology: Topology, schedule: Schedule, size_bytes: int, record: b
             partner[a] = b
             partner[b] = a
         pairs.add(key[:2])
+    for src, dst in pairs:
+        if src == dst or not all(isinstance(r, int) and 0 <= r < schedule.ranks for r in (src, dst)):
+            raise SimulationError(f"a message from rank {src!r} to rank {dst!r}: not a pair of distinct ranks",
+                                  where=where, fix="verify the schedule first (planner.verify)")
     for src, dst in sorted(pairs):
         if not topology.has_route(src, dst):
             raise SimulationError(
@@ -404,7 +413,7 @@ def _simulate(topology: Topology, schedule: Schedule, size_bytes: int, record: b
                 continue
             send = op if kind == _SEND else other
             src, dst = op_rank[send], op_rank[partner[send]]
-            paths, latency = net.route(src, dst)
+            paths, latency = net.route(topology, src, dst)
             nbytes = programs[src][send - base[src]].count * cb
             if nbytes <= 0.0:
                 heapq.heappush(events, (now + latency, 1, send, 0))

@@ -15,6 +15,7 @@ from planner.simulate import SimResult, simulate
 from planner.topology import Topology, describe
 from planner.units import format_bandwidth, format_size, format_time
 from planner.verify import VerifyReport
+from runtime.plan import Plan, as_plan
 from runtime.schedule import Schedule
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "format_summary",
     "format_table",
     "plan_summary",
+    "predicted_times",
     "simulation_summary",
     "topology_summary",
     "verify_summary",
@@ -121,6 +123,20 @@ def simulation_summary(topology: Topology, schedule: Schedule, size_bytes: int) 
         **_timing(sim, bound),
         "link_utilisation": {f"{a} -> {b}": round(u, 4) for (a, b), u in sorted(sim.link_utilisation.items())},
     }
+
+
+def predicted_times(source: Schedule | Plan, sizes: Sequence[int], schedule_path: str | None = None,
+                    topology: str | None = None) -> list[float | None]:
+    """The simulator's prediction per size for a schedule or plan (None where its topology is not found)."""
+    from planner.compile import schedule_topology
+    from planner.errors import TopoccError
+
+    plan = as_plan(source)
+    try:
+        topo = schedule_topology(plan.schedules[0], schedule_path, topology)
+    except TopoccError:
+        return [None for _ in sizes]
+    return [simulate(topo, plan.select(size), size).time_s for size in sizes]
 
 
 def verify_summary(schedule: Schedule, proof: VerifyReport) -> dict[str, Any]:

@@ -28,6 +28,7 @@ surviving rank's message (``runtime.launch`` always does).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import weakref
@@ -77,24 +78,18 @@ _GUARD_INSTALLED = False
 def _exit_guard() -> None:
     """At exit: skip MPI_Finalize after a failure, and bound the wait for peers otherwise."""
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(Exception):
             stream.flush()
-        except Exception:
-            pass
     if _FAILURES:
         err = _FAILURES[0]
-        sys.stderr.write(f"topocc: {err.one_line()} [exiting without MPI_Finalize]\n")
-        sys.stderr.flush()
+        os.write(2, f"topocc: {err.one_line()} [exiting without MPI_Finalize]\n".encode())
         os._exit(err.exit_code)
     for comm in list(_LIVE):
         if comm._closed:
             continue
         if not comm.transport.barrier(comm.timeout):
-            sys.stderr.write(
-                f"topocc: rank {comm.rank}: not every peer reached exit within {comm.timeout:g} s "
-                "(a rank died or hangs); exiting without MPI_Finalize\n"
-            )
-            sys.stderr.flush()
+            os.write(2, f"topocc: rank {comm.rank}: not every peer reached exit within {comm.timeout:g} s "
+                        "(a rank died or hangs); exiting without MPI_Finalize\n".encode())
             os._exit(CommunicatorError.exit_code)
 
 

@@ -18,6 +18,7 @@ holds is inferred from the data flowing into it.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -378,6 +379,7 @@ class Program:
         n = self.n
         deadline = time.monotonic() + timeout
         test_some = transport.test_some
+        idle = os.sched_yield
         while True:
             while ready:
                 k = ready.pop()
@@ -416,6 +418,7 @@ class Program:
             if not finished:
                 if time.monotonic() > deadline:
                     raise self._failure(f"timed out after {timeout:g} s", active_ops, (), what)
+                idle()  # let a peer sharing this core run (ranks often outnumber cores)
                 continue
             for j in finished:
                 k = active_ops[j]

@@ -25,7 +25,7 @@ import numpy as np
 from runtime.errors import TopoccError
 from runtime.executor import REDUCTIONS, resolve_dtype
 
-__all__ = ["case_count", "make_input", "main", "reference"]
+__all__ = ["case_count", "main", "make_input", "reference"]
 
 
 def case_count(collective: str, ranks: int, size_bytes: int, itemsize: int) -> int:
@@ -116,7 +116,8 @@ def _check(comm: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
     calls = 0
     for dtype_name in args.dtypes:
         dtype = resolve_dtype(dtype_name)
-        for op in args.ops:
+        ops = args.ops if collective in ("allreduce", "reduce", "reducescatter") else args.ops[:1]
+        for op in ops:
             if op == "avg" and dtype.kind in "iu":
                 continue
             for count in args.counts:
@@ -132,7 +133,8 @@ def _check(comm: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
                     if args.die_rank == rank and calls == args.die_after:
                         _die(args.die_how)
                 worst = comm.transport.max_float(err)
-                rows.append({"collective": collective, "dtype": str(dtype), "op": op, "count": count,
+                rows.append({"collective": collective, "algorithm": comm.plan.schedules[0].metadata.algorithm,
+                             "dtype": str(dtype), "op": op, "count": count,
                              "max_error": worst})
     return rows
 
@@ -153,15 +155,15 @@ def _bench(comm: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
         recv = _recv_buffer(collective, ranks, count, dtype)
         got = call(comm, collective, work, op, recv)
         err = comm.transport.max_float(max_error(got, want))
-        topocc_s = _time(comm, lambda: call(comm, collective, work, op, recv), args)
+        topocc_s = _time(comm, lambda w=work, r=recv: call(comm, collective, w, op, r), args)
         native_s = None
         if getattr(comm.transport, "native", None) is not None:
             nrecv = work if collective in ("allreduce", "broadcast") else _recv_buffer(collective, ranks, count,
                                                                                        dtype, native=True)
             try:
-                native_s = _time(comm, lambda: comm.run_native(work, nrecv, op), args)
+                native_s = _time(comm, lambda w=work, r=nrecv: comm.run_native(w, r, op), args)
             except Exception as exc:  # e.g. a dtype this MPI cannot reduce: report, do not fail the run
-                print(f"topocc: native {collective} unavailable for {dtype}: {exc}", file=sys.stderr)
+                print(f"note: native {collective} unavailable for {dtype}: {exc}", file=sys.stderr)
         rows.append({"size": count_bytes(collective, ranks, count, dtype), "count": count, "dtype": str(dtype),
                      "op": op, "time_s": topocc_s, "native_time_s": native_s, "max_error": err,
                      "algorithm": comm.plan.select(size).metadata.algorithm})
@@ -198,6 +200,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m runtime.worker", description=__doc__.splitlines()[0])
     p.add_argument("mode", choices=("check", "bench"))
     p.add_argument("schedule", nargs="+", help="schedule or plan file(s); several files form a plan")
+    p.add_argument("--each", action="store_true", help="check each file on its own communicator (check)")
     p.add_argument("--dtypes", nargs="+", default=["float32"])
     p.add_argument("--ops", nargs="+", default=["sum"])
     p.add_argument("--counts", nargs="+", type=int, default=[1001], help="elements per rank block (check)")
@@ -222,21 +225,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     rank = -1
     try:
-        source = args.schedule[0] if len(args.schedule) == 1 else args.schedule
-        comm = Communicator(source, fingerprint=args.fingerprint, timeout=args.timeout)
-        rank = comm.rank
-        rows = _check(comm, args) if args.mode == "check" else _bench(comm, args)
+        sources = args.schedule if args.each else [args.schedule[0] if len(args.schedule) == 1 else args.schedule]
+        rows = []
+        for source in sources:
+            comm = Communicator(source, fingerprint=args.fingerprint, timeout=args.timeout)
+            rank = comm.rank
+            rows += _check(comm, args) if args.mode == "check" else _bench(comm, args)
+            if rank == 0:
+                for row in rows:
+                    print(json.dumps(row), flush=True)
+            rows = []
+            comm.close()
     except TopoccError as err:
         text = err.one_line()
         if rank >= 0 and not text.startswith("rank"):
             text = f"rank {rank}: {text}"
-        print(f"topocc: {text}", file=sys.stderr, flush=True)
         sys.stdout.flush()
+        sys.stderr.flush()
+        os.write(2, f"topocc: {text}\n".encode())  # one write: lines of different ranks must not interleave
         os._exit(err.exit_code)  # MPI_Finalize would wait for the failed peer
-    if rank == 0:
-        for row in rows:
-            print(json.dumps(row), flush=True)
-    comm.close()
     return 0
 
 

@@ -16,7 +16,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.algorithms import Options
-from planner.algorithms._order import chunk_runs, find_cycle, pieces, ring_all_gather, ring_reduce_scatter, single_rank
+from planner.algorithms._order import (
+    chunk_runs,
+    find_cycle,
+    pieces,
+    ring_all_gather,
+    ring_reduce_scatter,
+    single_rank,
+    split,
+)
 from planner.builder import ScheduleBuilder
 from planner.collectives import canonical_collective
 from planner.errors import NotApplicableError
@@ -141,7 +149,8 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
             b.copy(r, Chunk("i", 0, p * q), Chunk("o", 0, p * q))
 
         def refs(lo: int, hi: int) -> list[Chunk]:
-            return [Chunk("o", v * q + j) for v in range(lo, hi) for j in range(q)]
+            # a part travels as q pieces whatever its size, so later stages pipeline as well as the first
+            return split(lo * q, (hi - lo) * q, q)
     else:
         k, buffer = 1, "s" if collective == "reducescatter" else "o"
         if collective == "reducescatter":

@@ -31,7 +31,7 @@ from planner.errors import NotApplicableError
 from planner.topology import Topology
 from runtime.schedule import Chunk, Schedule
 
-__all__ = ["TreeEdge", "TreePlan", "build_trees", "link_slots", "multitree", "route_load"]
+__all__ = ["TreeEdge", "TreePlan", "build_trees", "multitree", "route_load"]
 
 #: Pipelining aims at pieces of about this many bytes (large enough to amortise per-message latency).
 _TARGET_PIECE_BYTES = 1 << 20
@@ -63,12 +63,14 @@ class TreePlan:
 
     ``edges[i]`` lists tree ``i``'s edges in the order they were added (steps
     non-decreasing); ``slots`` is how many transfers each directed link
-    ``(src, dst)`` may carry in one step.
+    ``(src, dst)`` may carry in one step; with ``reverse`` the data of edge
+    ``parent -> child`` flows from child to parent (reduction trees).
     """
 
     roots: tuple[int, ...]
     edges: tuple[tuple[TreeEdge, ...], ...]
     slots: Mapping[tuple[str, str], float]
+    reverse: bool = False
 
     @property
     def steps(self) -> int:
@@ -91,73 +93,137 @@ def route_load(topology: Topology, src: int, dst: int) -> dict[tuple[str, str], 
     return load
 
 
-def link_slots(topology: Topology) -> dict[tuple[str, str], float]:
-    """Transfers per step on each directed link: its bandwidth in units of the slowest link's (section IV-A)."""
-    base = min(link.bandwidth for link in topology.links)
-    return {(link.src, link.dst): link.bandwidth / base for link in topology.links}
-
-
 def _bit_reversed(n: int) -> list[int]:
     """A permutation key of ``0..n-1`` that spreads consecutive offsets far apart (bit reversal)."""
     bits = max(1, (n - 1).bit_length())
     return [int(f"{i:0{bits}b}"[::-1], 2) for i in range(n)]
 
 
-def _candidates(topology: Topology, quota: int | None) -> tuple[list[list[int]], list[list[int]]]:
-    """Per rank: the ranks it may send to as a tree edge, cheapest route first, and each one's cost class.
+class _Fabric:
+    """Candidate tree edges of a topology: per rank, whom it may feed, cheapest route first.
 
-    Ties are broken by bit-reversed rank offset so that equally cheap children
-    spread over the cluster instead of piling onto the next few ranks.
+    ``reverse`` builds trees whose data flows child to parent (reductions): the
+    route of edge ``u -> v`` is then ``v -> u``.  A pair is a candidate only if
+    its route's bottleneck reaches the base bandwidth, the highest one at which
+    the candidate pairs still connect every rank (so a slow detour such as a
+    QPI hop is never a tree edge when NVLink connects the ranks).
     """
-    p = topology.size
-    spread = _bit_reversed(p)
-    names = topology.ranks
-    cands: list[list[int]] = []
-    classes: list[list[int]] = []
-    for u in range(p):
-        # Route costs from u (Dijkstra over non-GPU interiors, cached by the topology for routes()).
-        dist = topology._shortest_from(u)[0]
-        found = sorted((dist[names[v]], spread[(v - u) % p], v) for v in range(p) if v != u and names[v] in dist)
-        order: list[int] = []
-        cls: list[int] = []
-        k, taken, last = -1, 0, None
-        for cost, _, v in found:
-            if last is None or cost > last * (1 + _SAME_COST) + 1e-15:
-                k, taken, last = k + 1, 0, cost
-            if quota is None or taken < quota:
+
+    def __init__(self, topology: Topology, *, reverse: bool, quota: int | None) -> None:
+        p = topology.size
+        self.p = p
+        names = topology.ranks
+        link_ids = {(link.src, link.dst): i for i, link in enumerate(topology.links)}
+        self.bandwidth = [link.bandwidth for link in topology.links]
+        self.keys = [(link.src, link.dst) for link in topology.links]
+        spread = _bit_reversed(p)
+        # route costs: Dijkstra over non-GPU interiors, the same search (and cache) as Topology.routes()
+        cost = [topology._shortest_from(a)[0] for a in range(p)]
+        self.loads: dict[tuple[int, int], tuple[tuple[int, float], ...]] = {}
+        ranked: list[list[tuple[float, int, int]]] = []
+        for u in range(p):
+            found = []
+            for v in range(p):
+                a, b = (v, u) if reverse else (u, v)
+                c = cost[a].get(names[b])
+                if v != u and c is not None:
+                    found.append((c, spread[(v - u) % p], v))
+            found.sort()
+            ranked.append(found)
+        kept = [self._keep(found, quota) for found in ranked]
+        width: dict[tuple[int, int], float] = {}
+        for u in range(p):
+            for _, v in kept[u]:
+                a, b = (v, u) if reverse else (u, v)
+                load = tuple((link_ids[key], f) for key, f in route_load(topology, a, b).items())
+                self.loads[(u, v)] = load
+                width[(u, v)] = min(self.bandwidth[j] / f for j, f in load)
+        self.base = self._base_bandwidth(width)
+        self.cap = [bw / self.base for bw in self.bandwidth]
+        self.cands: list[list[int]] = []
+        self.classes: list[list[int]] = []
+        for u in range(p):
+            order, cls = [], []
+            k, last = -1, None
+            for c, v in kept[u]:
+                if width[(u, v)] < self.base * (1 - _SAME_COST):
+                    continue
+                if last is None or c > last * (1 + _SAME_COST) + 1e-15:
+                    k, last = k + 1, c
                 order.append(v)
                 cls.append(k)
+            self.cands.append(order)
+            self.classes.append(cls)
+        self.top_class = max((c[-1] for c in self.classes if c), default=0)
+
+    @staticmethod
+    def _keep(found: list[tuple[float, int, int]], quota: int | None) -> list[tuple[float, int]]:
+        """(cost, rank) of the candidates kept: all, or ``quota`` of each cost class."""
+        kept: list[tuple[float, int]] = []
+        taken, last = 0, None
+        for c, _, v in found:
+            if last is None or c > last * (1 + _SAME_COST) + 1e-15:
+                taken, last = 0, c
+            if quota is None or taken < quota:
+                kept.append((c, v))
                 taken += 1
-        cands.append(order)
-        classes.append(cls)
-    return cands, classes
+        return kept
+
+    def _base_bandwidth(self, width: Mapping[tuple[int, int], float]) -> float:
+        """The highest route bandwidth B such that pairs at least B wide still connect all ranks."""
+        levels = sorted(set(width.values()), reverse=True)
+        lo, hi = 0, len(levels) - 1  # levels[hi] (the narrowest) connects if anything does
+        if not self._connected(width, levels[hi]):
+            raise NotApplicableError("multitree: the ranks are not connected by routable pairs")
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._connected(width, levels[mid]):
+                hi = mid
+            else:
+                lo = mid + 1
+        return levels[lo]
+
+    def _connected(self, width: Mapping[tuple[int, int], float], base: float) -> bool:
+        """Every rank reaches every other over pairs at least ``base`` wide (both directions of search)."""
+        out: list[list[int]] = [[] for _ in range(self.p)]
+        inn: list[list[int]] = [[] for _ in range(self.p)]
+        for (u, v), w in width.items():
+            if w >= base * (1 - _SAME_COST):
+                out[u].append(v)
+                inn[v].append(u)
+        return all(_reaches_all(adj, self.p) for adj in (out, inn))
 
 
-def build_trees(topology: Topology, roots: Sequence[int], *, quota: int | None = None) -> TreePlan:
+def _reaches_all(adj: list[list[int]], p: int) -> bool:
+    seen = bytearray(p)
+    seen[0] = 1
+    stack = [0]
+    while stack:
+        for v in adj[stack.pop()]:
+            if not seen[v]:
+                seen[v] = 1
+                stack.append(v)
+    return all(seen)
+
+
+def build_trees(topology: Topology, roots: Sequence[int], *, reverse: bool = False,
+                quota: int | None = None) -> TreePlan:
     """Grow one spanning tree per entry of ``roots`` in lock-step, contention-free per step (Algorithm 1).
 
     In step ``t`` a tree may add ``u -> v`` when ``u`` joined before ``t``,
-    ``v`` is not in the tree yet, and every link of the route still has the
-    slot share the edge needs in step ``t``.  Passes over route-cost classes
-    (cheapest first) hand out the cheap edges before the dear ones; within a
-    pass the trees add one edge per turn, the first tree rotating each step.
-    ``quota`` limits the candidates of each cost class per rank (None: all).
+    ``v`` is not in the tree yet, and every link of the route (``v -> u`` with
+    ``reverse``, for reductions) still has the slot share the edge needs in
+    step ``t``.  Passes over route-cost classes (cheapest first) hand out the
+    cheap edges before the dear ones; within a pass the trees add one edge per
+    turn, the first tree rotating each step.  Among the edges a tree may add, it
+    takes the one whose busiest link has carried the least so far, which
+    spreads the load over the steps.  ``quota`` limits the candidates of each
+    cost class per rank (None: all).
     """
     p = topology.size
     n = len(roots)
-    slots = link_slots(topology)
-    link_ids = {key: i for i, key in enumerate(slots)}
-    cap = list(slots.values())
-    cands, classes = _candidates(topology, quota)
-    loads: dict[tuple[int, int], tuple[tuple[int, float], ...]] = {}
-
-    def load_of(u: int, v: int) -> tuple[tuple[int, float], ...]:
-        found = loads.get((u, v))
-        if found is None:
-            found = tuple((link_ids[key], f) for key, f in route_load(topology, u, v).items())
-            loads[(u, v)] = found
-        return found
-
+    fab = _Fabric(topology, reverse=reverse, quota=quota)
+    cap = fab.cap
     member = [bytearray(p) for _ in range(n)]
     senders: list[list[int]] = [[r] for r in roots]
     fresh: list[list[int]] = [[] for _ in range(n)]
@@ -165,30 +231,31 @@ def build_trees(topology: Topology, roots: Sequence[int], *, quota: int | None =
     for i, r in enumerate(roots):
         member[i][r] = 1
     edges: list[list[TreeEdge]] = [[] for _ in range(n)]
-    top_class = max((c[-1] for c in classes if c), default=0)
     used = [0.0] * len(cap)
+    total = [0.0] * len(cap)
+    exhaustive = quota is None
     step = 0
     while any(s < p for s in size):
         step += 1
         for i in range(n):
             senders[i].extend(fresh[i])
             fresh[i].clear()
-        for j in range(len(used)):
-            used[j] = 0.0
+        used = [0.0] * len(cap)
         grown = False
         start = step % n
-        rotation = [i for i in range(start, n)] + [i for i in range(start)]
-        for pass_class in range(top_class + 1):
+        rotation = list(range(start, n)) + list(range(start))
+        for pass_class in range(fab.top_class + 1):
             active = [i for i in rotation if size[i] < p]
             while active:
                 still = []
                 for i in active:
-                    found = _find_edge(member[i], senders[i], cands, classes, pass_class, used, cap, load_of)
+                    found = _find_edge(fab, member[i], senders[i], pass_class, used, total, exhaustive)
                     if found is None:
                         continue
                     u, v, load = found
                     for j, f in load:
                         used[j] += f
+                        total[j] += f / cap[j]
                     member[i][v] = 1
                     size[i] += 1
                     fresh[i].append(v)
@@ -200,24 +267,39 @@ def build_trees(topology: Topology, roots: Sequence[int], *, quota: int | None =
         if not grown:
             if quota is None:
                 raise NotApplicableError("multitree: some rank cannot be reached over routable pairs")
-            return build_trees(topology, roots, quota=None)
-    return TreePlan(tuple(roots), tuple(tuple(e) for e in edges), slots)
+            return build_trees(topology, roots, reverse=reverse, quota=None)
+    slots = {fab.keys[j]: c for j, c in enumerate(cap)}
+    return TreePlan(tuple(roots), tuple(tuple(e) for e in edges), slots, reverse)
 
 
-def _find_edge(member: bytearray, senders: list[int], cands: list[list[int]], classes: list[list[int]],
-               max_class: int, used: list[float], cap: list[float], load_of) -> tuple[int, int, tuple] | None:
-    """The first ``u -> v`` of cost class <= ``max_class`` from a sender to a non-member that fits this step."""
+def _find_edge(fab: _Fabric, member: bytearray, senders: list[int], max_class: int, used: list[float],
+               total: list[float], exhaustive: bool) -> tuple[int, int, tuple[tuple[int, float], ...]] | None:
+    """An edge ``u -> v`` of cost class <= ``max_class`` from a sender to a non-member that fits this step.
+
+    The cheapest class first; within it, the least loaded busiest link (all
+    candidates when ``exhaustive``, else the first that fits).
+    """
+    cap, loads = fab.cap, fab.loads
+    best: tuple[int, float, int, int] | None = None
     for u in senders:
-        cls = classes[u]
-        for k, v in enumerate(cands[u]):
-            if cls[k] > max_class:
+        cls = fab.classes[u]
+        for k, v in enumerate(fab.cands[u]):
+            c = cls[k]
+            if c > max_class or (best is not None and c > best[0]):
                 break
             if member[v]:
                 continue
-            load = load_of(u, v)
-            if all(used[j] + f <= cap[j] + _EPS for j, f in load):
+            load = loads[(u, v)]
+            if not all(used[j] + f <= cap[j] + _EPS for j, f in load):
+                continue
+            if not exhaustive:
                 return u, v, load
-    return None
+            busiest = max(total[j] + f / cap[j] for j, f in load)
+            if best is None or (c, busiest) < best[:2]:
+                best = (c, busiest, u, v)
+    if best is None:
+        return None
+    return best[2], best[3], loads[(best[2], best[3])]
 
 
 # --------------------------------------------------------------------------- schedules (section IV-B)
@@ -261,25 +343,30 @@ def multitree(topology: Topology, collective: str, options: Options) -> Schedule
         return _broadcast(topology, options, meta)
     if p == 1:
         return _single(collective, meta)
-    plan = build_trees(topology, range(p), quota=None if p <= _ALL_PAIRS_UP_TO else _CLASS_QUOTA)
+    quota = None if p <= _ALL_PAIRS_UP_TO else _CLASS_QUOTA
+    down = build_trees(topology, range(p), quota=quota) if collective != "reducescatter" else None
+    up = build_trees(topology, range(p), reverse=True, quota=quota) if collective != "allgather" else None
     phases = 2 if collective == "allreduce" else 1
     q = _pieces(options, options.size_bytes / p, phases * p * (p - 1))
-    meta.update(pipeline=q, steps=plan.steps)
+    meta.update(pipeline=q, steps=sum(plan.steps for plan in (up, down) if plan is not None))
     if collective == "allgather":
+        assert down is not None
         b = ScheduleBuilder(collective, p, q, p * q)
         for r in range(p):
             b.copy(r, Chunk("i", 0, q), Chunk("o", r * q, q))
-        _gather(b, plan, q, source=lambda r, j: Chunk("i", j), block=lambda r, j: Chunk("o", r * q + j))
+        _gather(b, down, q, source=lambda r, j: Chunk("i", j), block=lambda r, j: Chunk("o", r * q + j))
     elif collective == "reducescatter":
+        assert up is not None
         b = ScheduleBuilder(collective, p, p * q, q, scratch_chunks=p * q)
-        _scatter(b, plan, q, own=lambda r, j: Chunk("i", r * q + j),
+        _scatter(b, up, q, own=lambda r, j: Chunk("i", r * q + j),
                  partial=lambda r, j: Chunk("s", r * q + j), result=lambda j: Chunk("o", j))
     else:
+        assert up is not None and down is not None
         b = ScheduleBuilder(collective, p, p * q, p * q)
-        _scatter(b, plan, q, own=lambda r, j: Chunk("i", r * q + j),
+        _scatter(b, up, q, own=lambda r, j: Chunk("i", r * q + j),
                  partial=lambda r, j: Chunk("o", r * q + j), result=None)
-        _gather(b, plan, q, source=lambda r, j: Chunk("o", r * q + j), block=lambda r, j: Chunk("o", r * q + j),
-                step_offset=plan.steps)
+        _gather(b, down, q, source=lambda r, j: Chunk("o", r * q + j), block=lambda r, j: Chunk("o", r * q + j),
+                step_offset=up.steps)
     return b.build("multitree", meta)
 
 

@@ -324,3 +324,8 @@ def test_cleanup_stale_removes_only_dead_owners() -> None:
     finally:
         for ns in (stale, live):
             subprocess.run(["ip", "netns", "delete", ns], timeout=10, capture_output=True, check=False)
+
+
+def test_emulation_unavailable_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert emulation_available.__wrapped__() == "network namespaces need root"

@@ -263,6 +263,14 @@ def test_defaults_bandwidth() -> None:
     assert topo.link("g0", "g1").bandwidth == 5e9  # type: ignore[union-attr]
 
 
+def test_examples_in_the_format_doc_load() -> None:
+    doc = (ROOT / "docs" / "topology-format.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", doc, re.S)
+    assert len(blocks) >= 2
+    for block in blocks:
+        check_invariants(parse_topology_text(block, "doc.yaml"))
+
+
 def test_missing_file() -> None:
     with pytest.raises(TopologyError, match="no such file"):
         load_topology(ROOT / "topologies" / "does-not-exist.yaml")

@@ -6,6 +6,8 @@ dependencies), so each is checked by ``planner.verify`` before the runtime sees 
 
 from __future__ import annotations
 
+import itertools
+
 from planner.builder import ScheduleBuilder
 from runtime.schedule import Chunk, Metadata, Op, Schedule, build_schedule
 
@@ -98,7 +100,7 @@ def chain_broadcast(n: int, chunks: int = 2, root: int = 0, *, inplace: bool = F
     if not inplace:
         b.copy(root, Chunk("i", 0, chunks), Chunk("o", 0, chunks))
     for c in range(chunks):
-        for a, z in zip(order, order[1:]):
+        for a, z in itertools.pairwise(order):
             b.transfer(a, z, Chunk("o", c), Chunk("o", c), step=c)
     return b.build("chain")
 
@@ -109,7 +111,7 @@ def chain_reduce(n: int, chunks: int = 2, root: int = 0) -> Schedule:
     for r in range(n):
         b.copy(r, Chunk("i", 0, chunks), Chunk("o", 0, chunks))
     for c in range(chunks):
-        for a, z in zip(order, order[1:]):
+        for a, z in itertools.pairwise(order):
             b.transfer(a, z, Chunk("o", c), Chunk("o", c), reduce=True, step=c)
     return b.build("chain")
 

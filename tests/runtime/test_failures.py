@@ -1,0 +1,129 @@
+"""Failure behaviour: refusals before data moves, and dead or mismatched peers turning into timeouts.
+
+MPICH's hydra mpiexec kills every rank as soon as one dies by a signal, and
+after any non-zero exit unless ``-disable-auto-cleanup`` is given; these tests
+use that flag (and ``runtime.launch``'s shell wrapper for signal deaths) so the
+surviving ranks can report, and check plain ``mpiexec`` still ends promptly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runtime.launch import find_mpiexec, run_schedule
+from runtime.schedule import save_schedule
+
+pytestmark = pytest.mark.mpi
+
+HERE = Path(__file__).parent
+SCRIPTS = HERE / "mpi_scripts"
+_spec = importlib.util.spec_from_file_location("runtime_test_schedules", SCRIPTS / "schedules.py")
+S = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(S)  # type: ignore[union-attr]
+
+TIMEOUT = 3.0
+
+
+def mpiexec(n: int, *args: str, auto_cleanup: bool = False, limit: float = 40) -> tuple[subprocess.CompletedProcess,
+                                                                                        float]:
+    flags = [] if auto_cleanup else ["-disable-auto-cleanup"]
+    start = time.monotonic()
+    proc = subprocess.run([find_mpiexec(), *flags, "-n", str(n), sys.executable, *args], capture_output=True,
+                          text=True, timeout=limit)
+    return proc, time.monotonic() - start
+
+
+@pytest.fixture
+def ring4(tmp_path: Path) -> Path:
+    path = tmp_path / "ring4.json"
+    save_schedule(S.ring_allreduce(4, 2, channels=2), path)
+    return path
+
+
+def waiting_for(lines: list[str]) -> dict[int, set[int]]:
+    """rank -> the peers its error line says it was waiting for."""
+    out = {}
+    for line in lines:
+        m = re.search(r"rank (\d+): .*timed out after [\d.]+ s waiting for rank\(s\) ([\d, ]+)", line)
+        if m:
+            out[int(m.group(1))] = {int(p) for p in m.group(2).split(",")}
+    return out
+
+
+@pytest.mark.parametrize("how", ["exit", "kill"])
+def test_killed_rank_fails_fast_on_every_survivor(ring4: Path, how: str) -> None:
+    start = time.monotonic()
+    result = run_schedule(ring4, 4, 4004, timeout=TIMEOUT, repeat=3, echo=False,
+                          worker_args=["--die-rank", "2", "--die-after", "1", "--die-how", how])
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0
+    assert elapsed < TIMEOUT + 10
+    waits = waiting_for(list(result.errors))
+    assert set(waits) == {0, 1, 3}, result.stderr[-2000:]
+    assert waits[3] == {2}  # rank 3 receives from rank 2 in the ring
+    assert all(line.count("\n") == 0 for line in result.errors)
+
+
+def test_plain_script_rank_exits_between_collectives(ring4: Path) -> None:
+    proc, elapsed = mpiexec(4, str(SCRIPTS / "die_between.py"), str(ring4), "exit", str(TIMEOUT))
+    assert proc.returncode != 0
+    assert elapsed < TIMEOUT + 10
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("topocc:")]
+    waits = waiting_for(lines)
+    assert set(waits) == {0, 1, 3}, proc.stderr[-2000:]
+    assert waits[3] == {2}
+    assert "exiting without MPI_Finalize" in lines[0]
+
+
+def test_plain_mpiexec_with_auto_cleanup_does_not_hang(ring4: Path) -> None:
+    """Default hydra: a SIGKILLed rank takes the whole job down at once (no survivor can report)."""
+    proc, elapsed = mpiexec(4, str(SCRIPTS / "die_between.py"), str(ring4), "kill", str(TIMEOUT),
+                            auto_cleanup=True)
+    assert proc.returncode != 0
+    assert elapsed < TIMEOUT + 10
+    assert "second allreduce unexpectedly completed" not in proc.stdout
+
+
+def test_rank_count_mismatch_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ring3.json"
+    save_schedule(S.ring_allreduce(3), path)
+    result = run_schedule(path, 2, 4000, timeout=TIMEOUT, echo=False)
+    assert result.returncode == 5
+    assert len(result.errors) == 2
+    assert all("is for 3 ranks but the communicator has 2" in line for line in result.errors)
+
+
+def test_fingerprint_mismatch_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ring.json"
+    save_schedule(S.ring_allreduce(2).with_metadata(fingerprint="sha256:aaaa"), path)
+    ok = run_schedule(path, 2, 4000, timeout=TIMEOUT, echo=False, worker_args=["--fingerprint", "sha256:aaaa"])
+    assert ok.ok
+    bad = run_schedule(path, 2, 4000, timeout=TIMEOUT, echo=False, worker_args=["--fingerprint", "sha256:bbbb"])
+    assert bad.returncode == 5
+    assert bad.errors and all("fingerprint mismatch" in line and "sha256:aaaa" in line for line in bad.errors)
+
+
+@pytest.mark.parametrize(("mode", "message"), [
+    ("schedule", "loaded a different schedule or plan"),
+    ("dtype", "float64"),
+    ("count", "1002"),
+])
+def test_disagreeing_ranks_refused_before_data_moves(tmp_path: Path, mode: str, message: str) -> None:
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    save_schedule(S.ring_allreduce(2), a)
+    save_schedule(S.ring_allreduce(2, 2), b)
+    proc, elapsed = mpiexec(2, str(SCRIPTS / "mismatch.py"), mode, str(a), str(b))
+    assert proc.returncode != 0
+    assert elapsed < 10 + 10
+    refused = [ln for ln in proc.stdout.splitlines() if ln.startswith("REFUSED")]
+    assert len(refused) == 2, proc.stdout + proc.stderr[-2000:]
+    assert all(message in ln for ln in refused)
+    if mode != "schedule":
+        assert proc.stdout.count("untouched") == 2

@@ -1,0 +1,138 @@
+"""Replays under mpiexec compared with numpy: every collective, dtype and op, odd sizes, 2-8 ranks."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.verify import verify
+from runtime.launch import RANK_WRAPPER, bench_schedule, find_mpiexec, run_schedule
+from runtime.schedule import save_schedule
+
+pytestmark = pytest.mark.mpi
+
+HERE = Path(__file__).parent
+_spec = importlib.util.spec_from_file_location("runtime_test_schedules", HERE / "mpi_scripts" / "schedules.py")
+S = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(S)  # type: ignore[union-attr]
+
+ALL_DTYPES = ["float32", "float64", "float16", "int32", "int64", "int8", "uint8"]
+ALL_OPS = ["sum", "prod", "max", "min", "avg"]
+
+
+def check_all(files: list[Path], np_: int, dtypes: list[str], ops: list[str], counts: list[int],
+              limit: float = 90) -> list[dict]:
+    """Run the worker on every file and return rank 0's rows; fail on any error line."""
+    cmd = [find_mpiexec(), "-disable-auto-cleanup", "-n", str(np_), *RANK_WRAPPER, sys.executable, "-m",
+           "runtime.worker", "check", "--each", *map(str, files), "--data", "exact", "--timeout", "20",
+           "--repeat", "2", "--dtypes", *dtypes, "--ops", *ops, "--counts", *map(str, counts)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return rows
+
+
+def save_verified(schedules: dict, tmp_path: Path) -> list[Path]:
+    files = []
+    for name, schedule in schedules.items():
+        verify(schedule)
+        files.append(tmp_path / f"{name}.json")
+        save_schedule(schedule, files[-1])
+    return files
+
+
+def assert_exact(rows: list[dict], expected_cases: int) -> None:
+    assert len(rows) == expected_cases
+    wrong = [r for r in rows if r["max_error"] != 0.0]
+    assert not wrong, wrong[:5]
+
+
+def expected(schedules: dict, dtypes: list[str], ops: list[str], counts: list[int]) -> int:
+    total = 0
+    for s in schedules.values():
+        reducing = s.collective in ("allreduce", "reduce", "reducescatter")
+        for d in dtypes:
+            used = ops if reducing else ops[:1]
+            total += sum(1 for o in used if not (o == "avg" and d.startswith(("int", "uint")))) * len(counts)
+    return total
+
+
+def test_every_collective_dtype_and_op_on_2_ranks(tmp_path: Path) -> None:
+    schedules = S.every_collective(2)
+    files = save_verified(schedules, tmp_path)
+    counts = [1, 7, 1001]
+    rows = check_all(files, 2, ALL_DTYPES, ALL_OPS, counts)
+    assert_exact(rows, expected(schedules, ALL_DTYPES, ALL_OPS, counts))
+    assert {r["algorithm"] for r in rows} >= {"ring", "direct", "chain", "direct-scratch", "pairwise-src"}
+
+
+@pytest.mark.parametrize(("ranks", "dtypes", "ops", "counts"), [
+    (3, ["float64", "int32", "int8"], ["sum", "min", "prod"], [1, 7, 1001]),
+    (4, ["float32", "float16", "int64", "uint8"], ["sum", "max", "avg"], [1, 7, 65537]),
+])
+def test_every_collective_on_more_ranks(tmp_path: Path, ranks: int, dtypes: list[str], ops: list[str],
+                                        counts: list[int]) -> None:
+    schedules = S.every_collective(ranks)
+    rows = check_all(save_verified(schedules, tmp_path), ranks, dtypes, ops, counts)
+    assert_exact(rows, expected(schedules, dtypes, ops, counts))
+
+
+def test_eight_ranks(tmp_path: Path) -> None:
+    schedules = {"ring": S.ring_allreduce(8, 2, channels=2), "a2a": S.direct_alltoall(8, 1),
+                 "rs": S.ring_reducescatter(8, 1)}
+    rows = check_all(save_verified(schedules, tmp_path), 8, ["float32", "int8"], ["sum"], [1, 7, 1001])
+    assert_exact(rows, expected(schedules, ["float32", "int8"], ["sum"], [1, 7, 1001]))
+
+
+TOPOLOGY = """
+name: tiny-2x2
+cluster:
+  hosts: 2
+  host:
+    gpus: 2
+    fabric: fully-connected
+    gpu_link: {bandwidth: 10 GB/s, latency: 1 us, kind: shm}
+    nics: 1
+    nic: {bandwidth: 100 Gbit/s, latency: 5 us, kind: ethernet}
+  network: {type: fat-tree, hosts_per_leaf: 2, spines: 1, latency: 5 us}
+"""
+
+
+def test_planner_algorithms_replay(tmp_path: Path) -> None:
+    """Schedules from planner.algorithms (ring, tree, halving-doubling, direct, hierarchical) on 4 ranks."""
+    from planner.algorithms import ALGORITHMS, Options
+    from planner.errors import NotApplicableError
+    from planner.topology import parse_topology_text
+
+    topo = parse_topology_text(TOPOLOGY, "tiny-2x2")
+    schedules = {}
+    for name in ("ring", "tree", "halving-doubling", "direct", "hierarchical"):
+        for collective in ALGORITHMS[name].collectives:
+            try:
+                s = ALGORITHMS[name].load()(topo, collective, Options(size_bytes=1 << 16, pipeline=2))
+            except NotApplicableError:
+                continue
+            schedules[f"{name}-{collective}"] = s
+    assert "ring-allreduce" in schedules and "direct-alltoall" in schedules
+    ranks = next(iter(schedules.values())).ranks
+    rows = check_all(save_verified(schedules, tmp_path), ranks, ["float32", "int32"], ["sum", "max"], [1, 7, 1001])
+    assert_exact(rows, expected(schedules, ["float32", "int32"], ["sum", "max"], [1, 7, 1001]))
+
+
+def test_run_and_bench_library_functions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    schedule = S.ring_allreduce(3, 2)
+    result = run_schedule(schedule, 3, 4000, dtype="float32", timeout=20)
+    assert result.ok, result.stderr
+    assert result.rows[0]["count"] == 1000
+    assert result.max_error < 1e-4
+    rows = bench_schedule(schedule, 3, [4096, 1 << 16], iters=3, warmup=1, timeout=20)
+    assert [r.size for r in rows] == [4096, 1 << 16]
+    assert all(r.time_s > 0 and r.native_time_s and r.max_error < 1e-4 for r in rows)
+    assert abs(rows[0].busbw - rows[0].algbw * 4 / 3) < 1e-9
+    out = capsys.readouterr().out
+    assert "busbw" in out and "mpi(us)" in out and "max error" in out
