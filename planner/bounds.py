@@ -367,6 +367,8 @@ def _term(need: float, cap: float, lat: float) -> tuple[float, float]:
     """(bandwidth seconds, latency seconds) of moving ``need`` bytes over ``cap`` bytes/s."""
     if need <= 0:
         return 0.0, 0.0
+    if cap <= 0:  # only in a topology built without build_topology's connectivity check
+        return math.inf, 0.0
     return need / cap, (lat if math.isfinite(lat) else 0.0)
 
 
@@ -394,16 +396,11 @@ def lower_bound(topology: Topology, collective: str, size_bytes: int, root: int 
     best = (0.0, 0.0, 0.0, "")  # (time, bandwidth, latency, description)
     for cut in family.cuts:
         need_in, need_out = _demand(collective, n, p, cut.count(p), cut.holds(root))
-        bw_in, lat_in = _term(need_in, cut.cap_in, cut.lat_in)
-        bw_out, lat_out = _term(need_out, cut.cap_out, cut.lat_out)
-        if bw_in + lat_in >= bw_out + lat_out:
-            candidate = (bw_in + lat_in, bw_in, lat_in, cut, "in")
-        else:
-            candidate = (bw_out + lat_out, bw_out, lat_out, cut, "out")
-        if candidate[0] > best[0]:
-            c = candidate[3]
-            cap = c.cap_in if candidate[4] == "in" else c.cap_out
-            best = (candidate[0], candidate[1], candidate[2], f"{c.label}: {format_bandwidth(cap)} {candidate[4]}")
+        for need, cap, lat, way in ((need_in, cut.cap_in, cut.lat_in, "in"),
+                                    (need_out, cut.cap_out, cut.lat_out, "out")):
+            bw, lt = _term(need, cap, lat)
+            if bw + lt > best[0]:
+                best = (bw + lt, bw, lt, f"{cut.label}: {format_bandwidth(cap)} {way}")
     if collective == "allreduce":
         for part in family.partitions:
             need = 2.0 * (part.parts - 1) * n

@@ -18,7 +18,7 @@ from pathlib import Path
 from planner.algorithms import ALGORITHMS, Options, get_algorithm
 from planner.bounds import Bound, lower_bound
 from planner.collectives import canonical_collective
-from planner.errors import NotApplicableError, SimulationError, TopoccError, UsageError
+from planner.errors import InfeasibleError, NotApplicableError, SimulationError, TopoccError, UsageError
 from planner.simulate import SimResult, simulate
 from planner.topology import Topology, load_topology
 from planner.verify import VerifyReport, verify
@@ -107,12 +107,17 @@ def compile_schedule(topology: Topology, collective: str, algorithm: str = "auto
     best: tuple[float, Schedule] | None = None
     candidates: list[Candidate] = []
     for name in names:
+        limit = ALGORITHMS[name].auto_max_ranks
+        if limit is not None and topology.size > limit:
+            candidates.append(Candidate(name, None, 0.0, reason=f"skipped by auto above {limit} ranks "
+                                        f"(p^2 operations); ask for it with --algorithm {name}"))
+            continue
         started = time.perf_counter()
         try:
             schedule = _build(topology, collective, name, options)
             verify(schedule)
             predicted = simulate(topology, schedule, options.size_bytes).time_s
-        except (NotApplicableError, SimulationError) as exc:
+        except (NotApplicableError, SimulationError, InfeasibleError) as exc:
             candidates.append(Candidate(name, None, time.perf_counter() - started, reason=exc.message))
             continue
         candidates.append(Candidate(name, predicted, time.perf_counter() - started, schedule.op_count))

@@ -11,9 +11,12 @@ Three properties, each with a precise error when it fails:
   every output chunk holding exactly the value the collective specifies: for a
   reduction, each rank's contribution exactly once.
 
-Sends (and receives) of one rank to (from) one peer on one channel are posted in
-program order, since FIFO matching depends on it: a later one is posted only once
-the earlier one has been, even when its own dependencies are met sooner.
+Sends (and receives) of one rank to (from) one peer on one channel are assumed
+to be posted in program order, as a runtime that matches by posting order (MPI's
+non-overtaking rule) must: a later one is posted only once the earlier one has
+been, even when its own dependencies are met sooner.  A runtime that tags each
+message with its sequence number needs less; proving the stricter rule keeps a
+schedule deadlock-free on both.
 
 Error messages are built only when a check fails, so a correct schedule costs no
 string formatting (a 256-rank ring allreduce, about 260k operations, verifies in
@@ -280,7 +283,8 @@ class _Matching:
                         schedule,
                         f"{_describe(src, ks, send)} sends {send.count} chunk(s) but its matching receive "
                         f"{_describe(dst, kr, recv)} receives {recv.count}",
-                        fix=f"message {n} from rank {src} to rank {dst} on channel {ch} must have one length",
+                        fix=f"send and receive number {n} from rank {src} to rank {dst} on channel {ch} "
+                            "must move the same number of chunks",
                     )
                 self.partner[src][ks] = (dst, kr)
                 self.partner[dst][kr] = (src, ks)

@@ -37,10 +37,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from runtime.errors import CommunicatorError
-from runtime.executor import DTYPES, REDUCTIONS, Program, _address, block_elements, message_tag_space, resolve_dtype
+from runtime.executor import (
+    DTYPE_NAMES,
+    NUMPY_OPS,
+    ArrayOps,
+    Program,
+    block_elements,
+    message_tag_space,
+)
 from runtime.plan import Plan, as_plan, load_any
 from runtime.schedule import Schedule, dump_schedule
 from runtime.transports import Transport
@@ -100,20 +105,13 @@ def _install_guard() -> None:
         _GUARD_INSTALLED = True
 
 
-def _flat(array: Any, what: str) -> Any:
-    """A 1-D view of a contiguous array (no copy), refusing what the runtime cannot replay in place."""
-    if not hasattr(array, "dtype") or not hasattr(array, "reshape"):
-        raise CommunicatorError(f"{what} must be an array, got {type(array).__name__}")
-    flags = getattr(array, "flags", None)
-    if flags is not None and not flags["C_CONTIGUOUS"]:
-        raise CommunicatorError(f"{what} is not contiguous", fix="pass np.ascontiguousarray(...) ")
-    if flags is not None and not flags["WRITEABLE"]:
-        raise CommunicatorError(f"{what} is read-only")
-    return array.reshape(-1)
+def _same_memory(ops: ArrayOps, a: Any, b: Any) -> bool:
+    return ops.address(a) == ops.address(b) and a.nbytes == b.nbytes
 
 
-def _same_memory(a: Any, b: Any) -> bool:
-    return _address(a) == _address(b) and a.nbytes == b.nbytes
+#: One traced operation: (rank, call number, collective, algorithm, op index, kind, peer, channel, elements,
+#: start, end); times are ``time.perf_counter()`` seconds, one clock for every process of a machine.
+TraceRecord = tuple[int, int, str, str, int, str, int | None, int, int, float, float]
 
 
 class Communicator:
@@ -133,7 +131,9 @@ class Communicator:
     timeout:
         Seconds a call (or the set-up handshake) may wait for peers before failing.
     transport:
-        A ready :class:`~runtime.transports.Transport`, instead of MPI.
+        A ready :class:`~runtime.transports.Transport`, instead of MPI (for torch tensors:
+        :class:`~runtime.transports.torch_dist.TorchTransport`).  Its ``array_ops`` attribute, if any,
+        says how to allocate, copy and reduce its buffers (numpy by default).
 
     >>> comm = Communicator("ring.json", timeout=10.0)   # doctest: +SKIP
     >>> x = comm.allreduce(np.ones(1001, np.float32))    # doctest: +SKIP
@@ -161,6 +161,9 @@ class Communicator:
 
             transport = MPITransport(mpi_comm)
         self.transport = transport
+        self.ops: ArrayOps = getattr(transport, "array_ops", None) or NUMPY_OPS
+        self._trace: list[TraceRecord] | None = None
+        self._calls = 0
         self.rank = transport.rank
         self.size = transport.size
         if self.size != self.plan.ranks:
@@ -204,22 +207,23 @@ class Communicator:
                 raise self._fail(CommunicatorError(explain(r, row), where=f"rank {self.rank}",
                                                    fix="all ranks must call with the same schedule, dtype and size"))
 
-    def _program(self, schedule: Schedule, dtype: np.dtype, block: int) -> Program:
-        key = (id(schedule), dtype.str, block)
+    def _program(self, schedule: Schedule, dtype: Any, block: int) -> Program:
+        name = self.ops.dtype_name(dtype)
+        key = (id(schedule), name, block)
         program = self._programs.get(key)
         if program is None:
-            code = list(DTYPES).index(str(dtype))
+            code = DTYPE_NAMES.index(name)
             digest = self._digests[id(schedule)]
             mine = (1, digest, code, block)
 
             def explain(r: int, row: tuple[int, ...]) -> str:
-                theirs = list(DTYPES)[row[2]] if 0 <= row[2] < len(DTYPES) else "?"
+                theirs = DTYPE_NAMES[row[2]] if 0 <= row[2] < len(DTYPE_NAMES) else "?"
                 return (f"{schedule.collective} called with {row[3]} x {theirs} per rank block on rank {r} "
-                        f"but {block} x {dtype} on rank {self.rank}")
+                        f"but {block} x {name} on rank {self.rank}")
 
-            self._agree(mine, f"set up {schedule.collective} for {block} x {dtype}", explain)
+            self._agree(mine, f"set up {schedule.collective} for {block} x {name}", explain)
             program = Program(schedule, self.rank, dtype, block, tag_ub=self.transport.tag_ub,
-                              channels=self._channels[id(schedule)])
+                              channels=self._channels[id(schedule)], ops=self.ops)
             self._programs[key] = program
         return program
 
@@ -235,22 +239,47 @@ class Communicator:
                 where=f"rank {self.rank}", fix=f"compile a {collective} schedule, or call {self.plan.collective}",
             )
 
-    def _reduction(self, op: str, dtype: np.dtype) -> Any:
-        if op not in REDUCTIONS:
-            raise CommunicatorError(f"unknown reduction op {op!r}", fix=f"use one of {', '.join(REDUCTIONS)}")
-        if op == "avg" and dtype.kind in "iu":
-            raise CommunicatorError(f"avg on {dtype} is refused (an integer mean would round)",
+    def _reduction(self, op: str, dtype: Any) -> Any:
+        reductions = self.ops.reductions
+        if op not in reductions:
+            raise CommunicatorError(f"unknown reduction op {op!r}", fix=f"use one of {', '.join(reductions)}")
+        if op == "avg" and self.ops.is_integer(dtype):
+            raise CommunicatorError(f"avg on {self.ops.dtype_name(dtype)} is refused (an integer mean would round)",
                                     fix="use op='sum' and divide, or a float dtype")
-        return REDUCTIONS[op]
+        return reductions[op]
 
     def _run(self, program: Program, buffers: dict[str, Any], op: str, count: int) -> None:
         s = program.schedule
-        what = f"{s.collective} ({s.metadata.algorithm}, {count} x {program.dtype})"
+        what = f"{s.collective} ({s.metadata.algorithm}, {count} x {self.ops.dtype_name(program.dtype)})"
+        events: list[tuple[int, float, float]] | None = [] if self._trace is not None else None
         try:
             binding = program.bind(self.transport, buffers)
-            program.run(binding, REDUCTIONS.get(op, np.add), self.timeout, what)
+            program.run(binding, self.ops.reductions.get(op, self.ops.reductions["sum"]), self.timeout, what, events)
         except CommunicatorError as err:
             raise self._fail(err) from None
+        self._calls += 1
+        if events is not None and self._trace is not None:
+            self._record(program, events)
+
+    # ------------------------------------------------------------------ tracing
+
+    def start_trace(self) -> None:
+        """Record every later call's operations (start and end per op); off by default, and free when off."""
+        self._trace = []
+
+    def stop_trace(self) -> list[TraceRecord]:
+        """Stop recording and return what was recorded (see :data:`TraceRecord`)."""
+        records, self._trace = self._trace or [], None
+        return records
+
+    def _record(self, program: Program, events: list[tuple[int, float, float]]) -> None:
+        assert self._trace is not None
+        s = program.schedule
+        ops = s.programs[self.rank]
+        for k, start, end in events:
+            op = ops[k]
+            self._trace.append((self.rank, self._calls, s.collective, s.metadata.algorithm, k, op.kind, op.peer,
+                                op.channel, program.msg_len[k], start, end))
 
     def _inputs(self, program: Program, user: Any, *, aliased: bool, needed: bool = True) -> Any:
         """The input buffer to bind: the user's, or a private copy when the schedule would clobber it."""
@@ -258,18 +287,18 @@ class Communicator:
             return user
         own = program.owned("i")
         if needed:
-            np.copyto(own, user)
+            self.ops.copyto(own, user)
         return own
 
     def _prepare(self, collective: str, send: Any, recv: Any, op: str | None) -> tuple[Schedule, Program, Any]:
-        dtype = resolve_dtype(send.dtype)
+        dtype = self.ops.dtype_of(send)
         if recv is not None and recv.dtype != send.dtype:
             raise CommunicatorError(f"{collective}: send buffer is {send.dtype} but receive buffer is {recv.dtype}")
         if op is not None:
             self._reduction(op, dtype)
-        in_count = send.size
-        out_count = recv.size if recv is not None else in_count
-        schedule = select_schedule(self.plan, max(in_count, out_count) * dtype.itemsize)
+        in_count = self.ops.count(send)
+        out_count = self.ops.count(recv) if recv is not None else in_count
+        schedule = select_schedule(self.plan, max(in_count, out_count) * self.ops.itemsize(send))
         block = block_elements(schedule, in_count, out_count)
         return schedule, self._program(schedule, dtype, block), dtype
 
@@ -281,25 +310,25 @@ class Communicator:
         ``op`` is sum, prod, max, min or avg (avg sums, then divides once; refused for integers).
         """
         self._check("allreduce")
-        a = _flat(array, "allreduce buffer")
+        a = self.ops.check(array, "allreduce buffer")
         schedule, program, _ = self._prepare("allreduce", a, None, op)
         buffers = {"o": a}
         if not schedule.inplace:
             buffers["i"] = self._inputs(program, a, aliased=True)
-        self._run(program, buffers, op, a.size)
+        self._run(program, buffers, op, self.ops.count(a))
         if op == "avg":
-            np.divide(a, self.size, out=a)
+            self.ops.divide(a, self.size)
         return array
 
     def broadcast(self, array: Any) -> Any:
         """Copy the root's ``array`` to every rank, in place; returns ``array``."""
         self._check("broadcast")
-        a = _flat(array, "broadcast buffer")
+        a = self.ops.check(array, "broadcast buffer")
         schedule, program, _ = self._prepare("broadcast", a, None, None)
         buffers = {"o": a}
         if not schedule.inplace:
             buffers["i"] = self._inputs(program, a, aliased=True, needed=self.rank == schedule.root)
-        self._run(program, buffers, "sum", a.size)
+        self._run(program, buffers, "sum", self.ops.count(a))
         return array
 
     def reduce(self, array: Any, op: str = "sum") -> Any:
@@ -309,7 +338,7 @@ class Communicator:
         the schedule is in place (NCCL's convention), and unchanged otherwise.
         """
         self._check("reduce")
-        a = _flat(array, "reduce buffer")
+        a = self.ops.check(array, "reduce buffer")
         schedule, program, _ = self._prepare("reduce", a, None, op)
         root = self.rank == schedule.root
         if schedule.inplace:
@@ -318,68 +347,68 @@ class Communicator:
             buffers = {"o": a, "i": self._inputs(program, a, aliased=True)}
         else:
             buffers = {"o": program.owned("o"), "i": self._inputs(program, a, aliased=False)}
-        self._run(program, buffers, op, a.size)
+        self._run(program, buffers, op, self.ops.count(a))
         if op == "avg" and root:
-            np.divide(a, self.size, out=a)
+            self.ops.divide(a, self.size)
         return array
 
     def allgather(self, sendbuf: Any, recvbuf: Any = None) -> Any:
         """Gather every rank's ``sendbuf`` into ``recvbuf`` (rank order; allocated if None); returns it."""
         self._check("allgather")
-        s = _flat(sendbuf, "allgather send buffer")
+        s = self.ops.check(sendbuf, "allgather send buffer")
         if recvbuf is None:
-            recvbuf = np.empty(s.size * self.size, dtype=s.dtype)
-        r = _flat(recvbuf, "allgather receive buffer")
+            recvbuf = self.ops.empty_like(s, self.ops.count(s) * self.size)
+        r = self.ops.check(recvbuf, "allgather receive buffer")
         schedule, program, _ = self._prepare("allgather", s, r, None)
         if schedule.inplace:
-            mine = r[self.rank * s.size:(self.rank + 1) * s.size]
-            if not _same_memory(mine, s):
-                np.copyto(mine, s)
+            mine = r[self.rank * self.ops.count(s):(self.rank + 1) * self.ops.count(s)]
+            if not _same_memory(self.ops, mine, s):
+                self.ops.copyto(mine, s)
             buffers = {"o": r}
         else:
             buffers = {"i": self._inputs(program, s, aliased=False), "o": r}
-        self._run(program, buffers, "sum", s.size)
+        self._run(program, buffers, "sum", self.ops.count(s))
         return recvbuf
 
     def reduce_scatter(self, sendbuf: Any, recvbuf: Any = None, op: str = "sum") -> Any:
         """Reduce ``sendbuf`` over ranks; rank r gets block r in ``recvbuf`` (allocated if None); returns it."""
         self._check("reducescatter")
-        s = _flat(sendbuf, "reduce_scatter send buffer")
-        if s.size % self.size:
+        s = self.ops.check(sendbuf, "reduce_scatter send buffer")
+        if self.ops.count(s) % self.size:
             raise CommunicatorError(f"reduce_scatter needs a send buffer divisible by {self.size} ranks, "
-                                    f"got {s.size} elements")
+                                    f"got {self.ops.count(s)} elements")
         if recvbuf is None:
-            recvbuf = np.empty(s.size // self.size, dtype=s.dtype)
-        r = _flat(recvbuf, "reduce_scatter receive buffer")
+            recvbuf = self.ops.empty_like(s, self.ops.count(s) // self.size)
+        r = self.ops.check(recvbuf, "reduce_scatter receive buffer")
         schedule, program, _ = self._prepare("reducescatter", s, r, op)
         if schedule.inplace:
-            mine = s[self.rank * r.size:(self.rank + 1) * r.size]
-            work = s if _same_memory(mine, r) else self._inputs(program, s, aliased=True)
-            self._run(program, {"i": work}, op, r.size)
-            result = work[self.rank * r.size:(self.rank + 1) * r.size]
-            if not _same_memory(result, r):
-                np.copyto(r, result)
+            mine = s[self.rank * self.ops.count(r):(self.rank + 1) * self.ops.count(r)]
+            work = s if _same_memory(self.ops, mine, r) else self._inputs(program, s, aliased=True)
+            self._run(program, {"i": work}, op, self.ops.count(r))
+            result = work[self.rank * self.ops.count(r):(self.rank + 1) * self.ops.count(r)]
+            if not _same_memory(self.ops, result, r):
+                self.ops.copyto(r, result)
         else:
-            self._run(program, {"i": self._inputs(program, s, aliased=False), "o": r}, op, r.size)
+            self._run(program, {"i": self._inputs(program, s, aliased=False), "o": r}, op, self.ops.count(r))
         if op == "avg":
-            np.divide(r, self.size, out=r)
+            self.ops.divide(r, self.size)
         return recvbuf
 
     def alltoall(self, sendbuf: Any, recvbuf: Any = None) -> Any:
         """Block j of ``sendbuf`` goes to rank j; block j of ``recvbuf`` comes from rank j; returns ``recvbuf``."""
         self._check("alltoall")
-        s = _flat(sendbuf, "alltoall send buffer")
+        s = self.ops.check(sendbuf, "alltoall send buffer")
         if recvbuf is None:
-            recvbuf = np.empty_like(s)
-        r = _flat(recvbuf, "alltoall receive buffer")
+            recvbuf = self.ops.empty_like(s)
+        r = self.ops.check(recvbuf, "alltoall receive buffer")
         schedule, program, _ = self._prepare("alltoall", s, r, None)
         if schedule.inplace:
-            if not _same_memory(r, s):
-                np.copyto(r, s)
+            if not _same_memory(self.ops, r, s):
+                self.ops.copyto(r, s)
             buffers = {"o": r}
         else:
             buffers = {"i": self._inputs(program, s, aliased=False), "o": r}
-        self._run(program, buffers, "sum", s.size)
+        self._run(program, buffers, "sum", self.ops.count(s))
         return recvbuf
 
     def run_native(self, send: Any, recv: Any, op: str = "sum") -> None:

@@ -33,7 +33,10 @@ from runtime.transports import PeerFailure, Transport
 
 __all__ = [
     "DTYPES",
+    "DTYPE_NAMES",
+    "NUMPY_OPS",
     "REDUCTIONS",
+    "ArrayOps",
     "Binding",
     "Layout",
     "Program",
@@ -63,6 +66,9 @@ REDUCTIONS: dict[str, Callable[..., Any]] = {
     "sum": np.add, "avg": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum,
 }
 
+#: Every element type name any backend may replay, in a fixed order (the set-up handshake sends the index).
+DTYPE_NAMES: tuple[str, ...] = ("float32", "float64", "float16", "int32", "int64", "int8", "uint8", "bfloat16")
+
 COPY, REDUCE, SEND, RECV, RECV_REDUCE = range(5)
 _KIND = {"copy": COPY, "reduce": REDUCE, "send": SEND, "recv": RECV, "recv_reduce": RECV_REDUCE}
 
@@ -81,6 +87,68 @@ def resolve_dtype(dtype: Any) -> np.dtype:
             )
         raise CommunicatorError(f"unsupported dtype {name}", fix=f"use one of {', '.join(DTYPES)}")
     return DTYPES[name]
+
+
+class ArrayOps:
+    """The array operations the executor and communicator use: allocate, copy, reduce, divide (numpy here).
+
+    A transport whose buffers are not numpy arrays (torch tensors) exposes a
+    subclass as its ``array_ops`` attribute; everything else in the replay is
+    shared.  ``reductions[op](a, b, out=d)`` must compute ``d = a (op) b`` in place.
+    """
+
+    name = "numpy"
+    reductions: Mapping[str, Callable[..., Any]] = REDUCTIONS
+
+    def dtype_of(self, array: Any) -> Any:
+        """The backend dtype of ``array``, refusing the ones the runtime does not replay."""
+        return resolve_dtype(array.dtype)
+
+    def dtype_name(self, dtype: Any) -> str:
+        """The dtype's name in :data:`DTYPE_NAMES`."""
+        return str(dtype)
+
+    def is_integer(self, dtype: Any) -> bool:
+        return bool(dtype.kind in "iu")
+
+    def empty(self, count: int, dtype: Any) -> Any:
+        return np.empty(count, dtype=dtype)
+
+    def empty_like(self, array: Any, count: int | None = None) -> Any:
+        """A new 1-D buffer of ``array``'s type (and device), ``count`` elements (default: as many)."""
+        return np.empty(array.size if count is None else count, dtype=array.dtype)
+
+    def copyto(self, dst: Any, src: Any) -> None:
+        np.copyto(dst, src)
+
+    def divide(self, array: Any, n: int) -> None:
+        np.divide(array, n, out=array)
+
+    def count(self, array: Any) -> int:
+        """Number of elements."""
+        return int(array.size)
+
+    def itemsize(self, array: Any) -> int:
+        """Bytes per element."""
+        return int(array.itemsize)
+
+    def address(self, array: Any) -> int:
+        return _address(array)
+
+    def check(self, array: Any, what: str) -> Any:
+        """A flat 1-D view of a contiguous, writable array (no copy), or a CommunicatorError."""
+        if not hasattr(array, "dtype") or not hasattr(array, "reshape"):
+            raise CommunicatorError(f"{what} must be an array, got {type(array).__name__}")
+        flags = getattr(array, "flags", None)
+        if flags is not None and not flags["C_CONTIGUOUS"]:
+            raise CommunicatorError(f"{what} is not contiguous", fix="pass np.ascontiguousarray(...) ")
+        if flags is not None and not flags["WRITEABLE"]:
+            raise CommunicatorError(f"{what} is read-only")
+        return array.reshape(-1)
+
+
+#: The numpy backend (MPI on host memory, and CUDA-aware MPI on arrays with ``__cuda_array_interface__``).
+NUMPY_OPS = ArrayOps()
 
 
 def block_elements(schedule: Schedule, in_count: int, out_count: int) -> int:
@@ -294,9 +362,10 @@ class Program:
         flight and receives may be posted in any order.
     """
 
-    def __init__(self, schedule: Schedule, rank: int, dtype: np.dtype, block: int, *, tag_ub: int,
-                 channels: int) -> None:
+    def __init__(self, schedule: Schedule, rank: int, dtype: Any, block: int, *, tag_ub: int,
+                 channels: int, ops: ArrayOps = NUMPY_OPS) -> None:
         self.schedule = schedule
+        self.ops = ops
         self.rank = rank
         self.dtype = dtype
         self.block = block
@@ -323,20 +392,20 @@ class Program:
         self.buffers_used = {p[0] for ps in (*self.src_pieces, *self.dst_pieces) for p in ps}
         self.writes = {p[0] for ps in self.dst_pieces for p in ps}
         # staging: a message that is not one contiguous piece, and every received operand of a reduction
-        self.staging: dict[int, np.ndarray] = {}
+        self.staging: dict[int, Any] = {}
         for k, kind in enumerate(self.kinds):
             pieces = self.src_pieces[k] if kind == SEND else self.dst_pieces[k]
             if kind == RECV_REDUCE or (kind in (SEND, RECV) and len(pieces) > 1):
-                self.staging[k] = np.empty(self.msg_len[k], dtype=dtype)
-        self.scratch = np.empty(schedule.scratch_chunks * layout.cap, dtype=dtype)
+                self.staging[k] = ops.empty(self.msg_len[k], dtype)
+        self.scratch = ops.empty(schedule.scratch_chunks * layout.cap, dtype)
         self._bindings: dict[tuple[int, ...], Binding] = {}
-        self._owned: dict[str, np.ndarray] = {}
+        self._owned: dict[str, Any] = {}
 
-    def owned(self, buffer: str) -> np.ndarray:
+    def owned(self, buffer: str) -> Any:
         """A buffer of this program's own (allocated on first use), for inputs the caller must not see change."""
         arr = self._owned.get(buffer)
         if arr is None:
-            arr = self._owned[buffer] = np.empty(self.elements(buffer), dtype=self.dtype)
+            arr = self._owned[buffer] = self.ops.empty(self.elements(buffer), self.dtype)
         return arr
 
     def elements(self, buffer: str) -> int:
@@ -348,7 +417,7 @@ class Program:
 
     def bind(self, transport: Transport, buffers: Mapping[str, Any], cache: int = 4) -> Binding:
         """Views and persistent requests for these buffers, reused while the same buffers come back."""
-        key = tuple(_address(buffers[b]) if buffers.get(b) is not None else 0 for b in ("i", "o"))
+        key = tuple(self.ops.address(buffers[b]) if buffers.get(b) is not None else 0 for b in ("i", "o"))
         binding = self._bindings.pop(key, None)
         if binding is None:
             binding = Binding(self, transport, {**buffers, "s": self.scratch})
@@ -364,12 +433,17 @@ class Program:
             binding.free()
         self._bindings.clear()
 
-    def run(self, binding: Binding, reduce: Callable[..., Any], timeout: float, what: str) -> None:
-        """Execute the program once: start ops as their dependencies complete, poll, reduce in place."""
+    def run(self, binding: Binding, reduce: Callable[..., Any], timeout: float, what: str,
+            events: list[tuple[int, float, float]] | None = None) -> None:
+        """Execute the program once: start ops as their dependencies complete, poll, reduce in place.
+
+        With ``events`` (a list), append ``(op index, start, end)`` in ``time.perf_counter()`` seconds for
+        every operation (a message: from its start until this rank saw it complete); None records nothing.
+        """
         transport = binding.transport
         kinds, succ, reqs = self.kinds, self.succ, binding.requests
         local, packs, unpacks, folds = binding.local, binding.packs, binding.unpacks, binding.folds
-        copyto = np.copyto
+        copyto = self.ops.copyto
         remaining = self.ndeps.copy()
         ready = self.roots.copy()
         active: list[Any] = []
@@ -380,10 +454,14 @@ class Program:
         deadline = time.monotonic() + timeout
         test_some = transport.test_some
         idle = os.sched_yield
+        clock = time.perf_counter
+        started: dict[int, float] = {}
         while True:
             while ready:
                 k = ready.pop()
                 kind = kinds[k]
+                if events is not None:
+                    started[k] = clock()
                 if kind >= SEND:
                     if kind == SEND and k in packs:
                         for d, s in packs[k]:
@@ -397,6 +475,8 @@ class Program:
                 else:
                     for d, s in local[k]:
                         reduce(d, s, out=d)
+                if events is not None:
+                    events.append((k, started.pop(k), clock()))
                 done += 1
                 for s in succ[k]:
                     remaining[s] -= 1
@@ -429,6 +509,8 @@ class Program:
                 elif kind == RECV and k in unpacks:
                     for d, s in unpacks[k]:
                         copyto(d, s)
+                if events is not None:
+                    events.append((k, started.pop(k), clock()))
                 done += 1
                 for s in succ[k]:
                     remaining[s] -= 1
@@ -487,14 +569,14 @@ class Binding:
             staged = [("@", 0, program.msg_len[k])]
             if kind == SEND:
                 if stage is None:
-                    buf = view(src[0]) if src else np.empty(0, program.dtype)
+                    buf = view(src[0]) if src else program.ops.empty(0, program.dtype)
                 else:
                     buf = stage
                     self.packs[k] = [(stage[b[1]:b[1] + b[2]], view(a)) for a, b in _pair(src, staged)]
                 self.requests[k] = transport.send_init(buf, peer, tag)
             elif kind == RECV:
                 if stage is None:
-                    buf = view(dst[0]) if dst else np.empty(0, program.dtype)
+                    buf = view(dst[0]) if dst else program.ops.empty(0, program.dtype)
                 else:
                     buf = stage
                     self.unpacks[k] = [(view(a), stage[b[1]:b[1] + b[2]]) for a, b in _pair(dst, staged)]

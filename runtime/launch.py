@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,13 @@ __all__ = [
     "format_bench_table",
     "launch_worker",
     "run_schedule",
+    "trace_records",
+    "write_trace",
 ]
+
+#: Builds the full command line from the worker's arguments after the interpreter (``-m runtime.worker ...``),
+#: e.g. an emulated cluster's ``mpiexec`` placing each rank in its host's network namespace.
+Launcher = Callable[[Sequence[str]], list[str]]
 
 #: Each rank runs under a shell, so a rank killed by a signal reaches hydra as an exit code (137): hydra
 #: kills every rank of a job when one dies *by a signal*, even with -disable-auto-cleanup, but leaves
@@ -80,10 +86,17 @@ def _worker_env() -> dict[str, str]:
 
 
 def launch_worker(np: int, args: Sequence[str], *, limit_s: float, mpiexec: str | None = None,
-                  extra_mpiexec_args: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
-    """Run ``runtime.worker`` on ``np`` ranks; kill the whole job if it outlives ``limit_s`` seconds."""
-    cmd = [find_mpiexec(mpiexec), "-disable-auto-cleanup", *extra_mpiexec_args, "-n", str(np),
-           *RANK_WRAPPER, sys.executable, "-m", "runtime.worker", *args]
+                  extra_mpiexec_args: Sequence[str] = (), launcher: Launcher | None = None
+                  ) -> subprocess.CompletedProcess[str]:
+    """Run ``runtime.worker`` on ``np`` ranks; kill the whole job if it outlives ``limit_s`` seconds.
+
+    ``launcher`` replaces the default ``mpiexec -n NP python`` prefix (it must start ``np`` ranks).
+    """
+    if launcher is not None:
+        cmd = launcher(["-m", "runtime.worker", *args])
+    else:
+        cmd = [find_mpiexec(mpiexec), "-disable-auto-cleanup", *extra_mpiexec_args, "-n", str(np),
+               *RANK_WRAPPER, sys.executable, "-m", "runtime.worker", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_worker_env(),
                             start_new_session=True)
     try:
@@ -188,6 +201,8 @@ class BenchRow:
     busbw: float
     native_busbw: float | None
     algorithm: str = ""
+    gloo_time_s: float | None = None
+    iters: int = 0
 
     @property
     def ratio(self) -> float | None:
@@ -199,21 +214,39 @@ class BenchRow:
 
 
 def bench_schedule(source: str | Path | Schedule | Plan | Sequence[Any], np: int, sizes: Sequence[int], *,
-                   iters: int = 20, warmup: int = 5, dtype: str = "float32", op: str = "sum",
-                   timeout: float = 30.0, mpiexec: str | None = None, echo: bool = True) -> list[BenchRow]:
+                   iters: int | Sequence[int] = 20, warmup: int = 5, dtype: str = "float32", op: str = "sum",
+                   timeout: float = 30.0, mpiexec: str | None = None, echo: bool = True,
+                   launcher: Launcher | None = None, gloo: str | None = None, trace: str | Path | None = None,
+                   limit_s: float | None = None) -> list[BenchRow]:
     """Time a schedule (or plan) against MPI's native collective at each size; print an nccl-tests table.
 
     Time is the maximum over ranks of the mean per-iteration time after
-    ``warmup`` calls, between barriers.  Raises CommunicatorError if the job fails.
+    ``warmup`` calls, between barriers.  ``iters`` is one count or one per size.
+    ``launcher`` builds the command (see :data:`Launcher`; default: local
+    ``mpiexec``); ``gloo`` (rank 0's ``HOST:PORT``) also times torch's gloo
+    allreduce; ``trace`` (a ``.json`` path) records one call per size on every
+    rank and writes them as a Chrome trace (see :func:`write_trace`).  The job is
+    killed after ``limit_s`` (default: ``timeout`` per call).  Raises
+    CommunicatorError if the job fails.
     """
+    counts = [iters] * len(sizes) if isinstance(iters, int) else list(iters)
+    if len(counts) != len(sizes):
+        raise CommunicatorError(f"{len(counts)} iteration counts for {len(sizes)} sizes")
     with tempfile.TemporaryDirectory(prefix="topocc-bench-") as tmp:
         files = _as_files(source, Path(tmp))
         collective, ranks = _collective(files)
         args = ["bench", *files, "--dtypes", dtype, "--ops", op, "--sizes", *map(str, sizes),
-                "--iters", str(iters), "--warmup", str(warmup), "--timeout", str(timeout)]
-        calls = (iters + warmup + 1) * 2 * len(sizes)
-        proc = launch_worker(np, args, limit_s=timeout * calls + STARTUP_S, mpiexec=mpiexec)
+                "--iters", *map(str, counts), "--warmup", str(warmup), "--timeout", str(timeout)]
+        if gloo:
+            args += ["--gloo", gloo]
+        if trace is not None:
+            args += ["--trace", str(Path(tmp) / "trace")]
+        calls = sum(c + warmup + 1 for c in counts) * (3 if gloo else 2)
+        limit = limit_s if limit_s is not None else timeout * calls + STARTUP_S
+        proc = launch_worker(np, args, limit_s=limit, mpiexec=mpiexec, launcher=launcher)
         result = _parse(proc, 0.0)
+        if trace is not None and result.ok:
+            write_trace(trace_records(Path(tmp) / "trace"), trace)
     if not result.ok:
         detail = "; ".join(result.errors) or proc.stderr.strip().splitlines()[-1:] or "no output"
         raise CommunicatorError(f"benchmark failed (exit {result.returncode}): {detail}")
@@ -226,6 +259,7 @@ def bench_schedule(source: str | Path | Schedule | Plan | Sequence[Any], np: int
             size=r["size"], count=r["count"], dtype=r["dtype"], op=r["op"], time_s=r["time_s"],
             native_time_s=native, max_error=r["max_error"], algbw=algbw, busbw=algbw * factor,
             native_busbw=(r["size"] / native / 1e9 * factor) if native else None, algorithm=r["algorithm"],
+            gloo_time_s=r.get("gloo_time_s"), iters=r.get("iters", 0),
         ))
     if echo:
         print(format_bench_table(rows, collective, ranks))
@@ -244,3 +278,30 @@ def format_bench_table(rows: Sequence[BenchRow], collective: str, ranks: int) ->
         lines.append(f" {r.size:12d} {r.count:11d} {r.dtype:>8} | {r.time_s * 1e6:10.1f} {r.algbw:7.2f} "
                      f"{r.busbw:7.2f} {r.max_error:9.2g} | {native} | {ratio}")
     return "\n".join(lines)
+
+
+def trace_records(folder: str | Path) -> list[tuple[Any, ...]]:
+    """Every rank's traced operations from a bench ``--trace`` folder (``rank<R>.json`` files), in rank order.
+
+    Each record is a :data:`runtime.communicator.TraceRecord`: (rank, call, collective, algorithm, op index,
+    kind, peer, channel, elements, start_s, end_s).
+    """
+    files = sorted(Path(folder).glob("rank*.json"), key=lambda p: int(p.stem[4:]))
+    return [tuple(r) for f in files for r in json.loads(f.read_text())]
+
+
+def write_trace(records: Sequence[tuple[Any, ...]], path: str | Path) -> Path:
+    """Write measured per-op records (see :func:`trace_records`) as a Chrome trace, one track per rank.
+
+    Converted by :func:`runtime.trace.chrome_trace` (the project's one writer) from ``OpEvent``-like
+    mappings; ``step`` is the traced call's number and ``chunk`` the elements moved.
+    """
+    from runtime.trace import write_trace as write_chrome_trace
+
+    events = [{"rank": rank, "index": k, "kind": kind, "peer": peer, "step": call, "channel": channel,
+               "chunk": f"{elements} el", "start_s": start, "end_s": end}
+              for rank, call, _c, _a, k, kind, peer, channel, elements, start, end in records]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_chrome_trace(path, events)
+    return path

@@ -12,7 +12,11 @@ Execution model (what the verifier proves and the runtime relies on):
   earlier operations of the same rank) has completed;
 * the k-th send from rank a to rank b on channel c matches the k-th receive
   posted by b from a on channel c, counted in program order (MPI's non-overtaking
-  order, per channel);
+  order, per channel).  A runtime gets this either by tagging each message with
+  its sequence number (topocc's executor) or by posting the sends to one peer on
+  one channel, and the receives from one peer on one channel, in program order;
+  the verifier proves deadlock freedom under the stricter of the two, in-order
+  posting (a later one waits until the earlier one is posted, not completed);
 * a send and its receive complete together (rendezvous), the strictest model, so
   a schedule that cannot deadlock under it cannot deadlock under eager sends.
 """

@@ -2,7 +2,9 @@
 
 ``python -m runtime.worker check SCHEDULE ...`` replays a schedule on
 deterministic data and compares with numpy; ``... bench SCHEDULE ...`` times it
-against MPI's native collective.  Rank 0 prints one JSON object per case on
+against MPI's native collective (and, with ``--gloo HOST:PORT``, torch's gloo
+allreduce; with ``--trace DIR``, one extra traced call per size is written to
+``DIR/rank<R>.json``).  Rank 0 prints one JSON object per case on
 stdout; a failure prints one ``topocc: ...`` line on stderr and exits non-zero.
 
 Every rank regenerates every rank's input from a seed, so references need no
@@ -144,7 +146,9 @@ def _bench(comm: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
     dtype = resolve_dtype(args.dtypes[0])
     op = args.ops[0]
     rows = []
-    for size in args.sizes:
+    iters = args.iters if len(args.iters) == len(args.sizes) else [args.iters[0]] * len(args.sizes)
+    traces: list[Any] = []
+    for size, n_iter in zip(args.sizes, iters):
         count = case_count(collective, ranks, size, dtype.itemsize)
         data = make_input(collective, ranks, rank, count, dtype, args.seed, "random", op)
         root = comm.plan.schedules[0].root or 0
@@ -155,19 +159,55 @@ def _bench(comm: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
         recv = _recv_buffer(collective, ranks, count, dtype)
         got = call(comm, collective, work, op, recv)
         err = comm.transport.max_float(max_error(got, want))
-        topocc_s = _time(comm, lambda w=work, r=recv: call(comm, collective, w, op, r), args)
+        topocc_s = _time(comm, lambda w=work, r=recv: call(comm, collective, w, op, r), args.warmup, n_iter)
+        if args.trace:
+            comm.start_trace()
+            call(comm, collective, work, op, recv)
+            traces.extend(comm.stop_trace())
         native_s = None
         if getattr(comm.transport, "native", None) is not None:
             nrecv = work if collective in ("allreduce", "broadcast") else _recv_buffer(collective, ranks, count,
                                                                                        dtype, native=True)
             try:
-                native_s = _time(comm, lambda w=work, r=nrecv: comm.run_native(w, r, op), args)
+                native_s = _time(comm, lambda w=work, r=nrecv: comm.run_native(w, r, op), args.warmup, n_iter)
             except Exception as exc:  # e.g. a dtype this MPI cannot reduce: report, do not fail the run
                 print(f"note: native {collective} unavailable for {dtype}: {exc}", file=sys.stderr)
+        gloo_s = _time_gloo(comm, collective, work, op, args.warmup, n_iter) if args.gloo else None
         rows.append({"size": count_bytes(collective, ranks, count, dtype), "count": count, "dtype": str(dtype),
-                     "op": op, "time_s": topocc_s, "native_time_s": native_s, "max_error": err,
-                     "algorithm": comm.plan.select(size).metadata.algorithm})
+                     "op": op, "time_s": topocc_s, "native_time_s": native_s, "gloo_time_s": gloo_s,
+                     "max_error": err, "algorithm": comm.plan.select(size).metadata.algorithm, "iters": n_iter})
+    if args.trace:
+        os.makedirs(args.trace, exist_ok=True)
+        with open(os.path.join(args.trace, f"rank{rank}.json"), "w") as f:
+            json.dump([list(r) for r in traces], f)
     return rows
+
+
+def _init_gloo(comm: Any, address: str, timeout: float) -> None:
+    """Join torch.distributed (gloo) with the MPI ranks and size, rendezvous at ``address`` (rank 0's HOST:PORT)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"tcp://{address}", rank=comm.rank, world_size=comm.size,
+                                timeout=timedelta(seconds=max(60.0, 4 * timeout)))
+
+
+def _time_gloo(comm: Any, collective: str, work: np.ndarray, op: str, warmup: int, iters: int) -> float | None:
+    """torch.distributed's gloo allreduce on the same data (a baseline); None for other collectives."""
+    if collective != "allreduce" or op not in ("sum", "max", "min", "prod"):
+        return None
+    import torch
+    import torch.distributed as dist
+
+    rop = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
+           "prod": dist.ReduceOp.PRODUCT}[op]
+    try:
+        tensor = torch.from_numpy(work)
+    except TypeError:  # a dtype torch cannot wrap (ml_dtypes' bfloat16)
+        return None
+    return _time(comm, lambda: dist.all_reduce(tensor, op=rop), warmup, iters)
 
 
 def count_bytes(collective: str, ranks: int, count: int, dtype: np.dtype) -> int:
@@ -184,15 +224,15 @@ def _recv_buffer(collective: str, ranks: int, count: int, dtype: np.dtype, nativ
     return np.empty(count, dtype) if native else None
 
 
-def _time(comm: Any, fn: Any, args: argparse.Namespace) -> float:
+def _time(comm: Any, fn: Any, warmup: int, iters: int) -> float:
     """Max over ranks of the mean per-iteration time after warm-up, between barriers."""
-    for _ in range(args.warmup):
+    for _ in range(warmup):
         fn()
     comm.transport.barrier(comm.timeout)
     start = time.perf_counter()
-    for _ in range(args.iters):
+    for _ in range(iters):
         fn()
-    mean = (time.perf_counter() - start) / max(args.iters, 1)
+    mean = (time.perf_counter() - start) / max(iters, 1)
     return comm.transport.max_float(mean)
 
 
@@ -208,10 +248,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--data", choices=("exact", "random"), default="random")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeat", type=int, default=1, help="calls per case (check)")
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--iters", nargs="+", type=int, default=[20], help="one count, or one per size (bench)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--timeout", type=float, default=30.0)
     p.add_argument("--fingerprint", default=None)
+    p.add_argument("--gloo", default=None, metavar="HOST:PORT", help="also time torch gloo allreduce (bench)")
+    p.add_argument("--trace", default=None, metavar="DIR", help="write one traced call per size (bench)")
     p.add_argument("--die-rank", type=int, default=-1, help="testing: this rank dies ...")
     p.add_argument("--die-after", type=int, default=1, help="... after this many calls ...")
     p.add_argument("--die-how", choices=("exit", "kill"), default="exit", help="... by os._exit(9) or SIGKILL")
@@ -230,6 +272,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for source in sources:
             comm = Communicator(source, fingerprint=args.fingerprint, timeout=args.timeout)
             rank = comm.rank
+            if args.gloo and args.mode == "bench":
+                _init_gloo(comm, args.gloo, args.timeout)
             rows += _check(comm, args) if args.mode == "check" else _bench(comm, args)
             if rank == 0:
                 for row in rows:

@@ -59,6 +59,9 @@ class Algorithm:
     function: str
     collectives: tuple[str, ...]
     summary: str
+    #: ``auto`` skips this algorithm above this many ranks: its schedule grows as p^2 operations (or its
+    #: solver as a model of that size), so at scale it loses to the hierarchical ones and costs minutes.
+    auto_max_ranks: int | None = None
 
     def load(self) -> AlgorithmFn:
         fn: AlgorithmFn = getattr(importlib.import_module(self.module), self.function)
@@ -72,22 +75,27 @@ ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in (
         Algorithm("ring", "planner.algorithms.ring", "ring", _ALL,
-                  "topology-aware rings (one or more channels), bandwidth-optimal for large messages"),
+                  "topology-aware rings (one or more channels), bandwidth-optimal for large messages",
+                  auto_max_ranks=256),
         Algorithm("tree", "planner.algorithms.tree", "double_binary_tree", ("allreduce", "broadcast", "reduce"),
                   "double binary tree (NCCL's tree), logarithmic latency"),
         Algorithm("halving-doubling", "planner.algorithms.halving_doubling", "halving_doubling",
                   ("allreduce", "reducescatter", "allgather"),
                   "recursive halving-doubling (Rabenseifner), log p steps"),
         Algorithm("direct", "planner.algorithms.direct", "direct", (*_ALL, "alltoall"),
-                  "all-pairs exchange in one step, for small messages and all-to-all"),
+                  "all-pairs exchange in one step, for small messages and all-to-all", auto_max_ranks=256),
         Algorithm("hierarchical", "planner.algorithms.hierarchical", "hierarchical",
                   ("allreduce", "reducescatter", "allgather"),
                   "BlueConnect: reduce-scatter level by level up the hierarchy, all-gather back down"),
         Algorithm("multitree", "planner.algorithms.multitree", "multitree",
                   ("allreduce", "reducescatter", "allgather", "broadcast"),
-                  "MultiTree: one contention-free spanning tree per root, grown in lock-step"),
+                  "MultiTree: one contention-free spanning tree per root, grown in lock-step", auto_max_ranks=256),
         Algorithm("treepack", "planner.algorithms.treepack", "treepack", _ALL,
-                  "throughput-optimal spanning-tree packing from an LP (ForestColl), for large messages"),
+                  "throughput-optimal spanning-tree packing from an LP (ForestColl), for large messages",
+                  auto_max_ranks=16),
+        Algorithm("mcf", "planner.algorithms.mcf", "mcf", _ALL,
+                  "min-cost multi-commodity flow over time (DDL, TE-CCL): LP/MILP over epochs, rounded",
+                  auto_max_ranks=8),
     )
 }
 

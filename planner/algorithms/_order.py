@@ -10,6 +10,7 @@ NVLinks of a DGX-1 (NCCL ``graph/search.cc``).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -247,13 +248,17 @@ def _thresholds(members: Sequence[int], weight: Weight, groups: dict[int, int] |
             for m in members:
                 by_group.setdefault(groups[m], []).append(m)
             hosts = list(by_group.values())
-            first, second, last = hosts[0], hosts[1], hosts[-1]
-            values = [weight(a, b) for a in first for b in first if a != b]
-            cross = [weight(a, b) for a in first for b in second] + [weight(a, b) for a in last for b in first]
+            values = [weight(a, b) for a in hosts[0] for b in hosts[0] if a != b]
+            # the search leaves each host for the next one in order: the ring is no better than the
+            # worst of those host-to-host hops, each at its best pair
+            cross = [
+                max(weight(a, b) for a in h for b in g)
+                for h, g in zip(hosts, [*hosts[1:], hosts[0]])
+            ]
             values += cross
         bound = max(values, default=0.0)
         if groups is not None:
-            bound = min(bound, max(cross))
+            bound = min(bound, min(cross))
     positive = sorted({v for v in values if 0 < v <= bound * (1 + _EPS)}, reverse=True)
     return positive or [0.0]
 
@@ -280,7 +285,7 @@ def find_cycle(topology: Topology, members: Sequence[int], weight: Weight | None
             cache[(a, b)] = w
         return w
 
-    limit = 20 * len(members) + 4000
+    limit = 4 * len(members) + 4000
     groups = _groups_of(topology, members)
     for mode in ([groups, None] if groups is not None else [None]):
         # binary search for the highest threshold at which the (budgeted) search succeeds
@@ -305,12 +310,25 @@ def find_cycle(topology: Topology, members: Sequence[int], weight: Weight | None
     return None
 
 
-def ring_order(topology: Topology, members: Sequence[int] | None = None) -> list[int] | None:
-    """The single best ring over ``members`` (all ranks by default)."""
-    return find_cycle(topology, range(topology.size) if members is None else members)
+def ring_order(topology: Topology) -> list[int] | None:
+    """The single best ring over all ranks (memoised per topology: every algorithm orders ranks by it)."""
+    found = _ring_order(topology)
+    return None if found is None else list(found)
+
+
+@functools.lru_cache(maxsize=8)
+def _ring_order(topology: Topology) -> tuple[int, ...] | None:
+    found = find_cycle(topology, range(topology.size))
+    return None if found is None else tuple(found)
 
 
 def find_rings(topology: Topology, channels: int | None, cap: int = 8) -> list[list[int]]:
+    """Rings for ``channels`` channels (see :func:`_find_rings`), memoised per topology."""
+    return [list(rg) for rg in _find_rings(topology, channels, cap)]
+
+
+@functools.lru_cache(maxsize=8)
+def _find_rings(topology: Topology, channels: int | None, cap: int) -> tuple[tuple[int, ...], ...]:
     """Rings for ``channels`` channels, or, when None, the count (up to ``cap``) that moves data fastest.
 
     Each ring is searched on the bandwidth left by the previous ones
@@ -333,9 +351,8 @@ def find_rings(topology: Topology, channels: int | None, cap: int = 8) -> list[l
         t = loads.time_per_byte(len(rings))
         if t < best * (1 - 0.02):
             best, best_count = t, len(rings)
-    if channels is not None or not rings:
-        return rings
-    return rings[:best_count]
+    kept = rings if channels is not None else rings[:best_count]
+    return tuple(tuple(rg) for rg in kept)
 
 
 # --------------------------------------------------------------------------- ring phases

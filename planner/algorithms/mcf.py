@@ -65,7 +65,7 @@ EDGES_PER_RANK = 10
 #: Largest model (send variables, before pruning) built by default; about 10 s with GLOP on 2 cores.
 MAX_VARIABLES = 200_000
 #: Models up to this many send variables are solved exactly (MILP) unless told otherwise.
-EXACT_VARIABLES = 1_500
+EXACT_VARIABLES = 300
 #: Horizon cap; beyond it epochs are lengthened.
 MAX_EPOCHS = 96
 #: Epochs a fluid (LP) model gives the lower bound: fine enough to plan pipelining, coarse enough to solve fast.
@@ -85,8 +85,10 @@ class FlowSettings:
     """How to build and solve the model: exactness, solvers and sizes (None: decided from the instance)."""
 
     exact: bool | None = None
-    lp: SolverOptions = field(default_factory=lambda: SolverOptions(backend="glop", time_limit_s=60.0))
-    mip: SolverOptions = field(default_factory=lambda: SolverOptions(backend="scip", time_limit_s=30.0))
+    # CLP by measurement (benchmarks/mcf_bench.py): this model is degenerate, and GLOP, fastest on treepack's
+    # LPs, takes 2-8x longer here and misses 60 s on ndv2-2chassis
+    lp: SolverOptions = field(default_factory=lambda: SolverOptions(backend="clp", time_limit_s=60.0))
+    mip: SolverOptions = field(default_factory=lambda: SolverOptions(backend="scip", time_limit_s=20.0))
     max_variables: int = MAX_VARIABLES
 
 
@@ -346,9 +348,11 @@ def _round(p: int, sources: Sequence[int], edges: Sequence[_Edge], model: _Model
             raise NotApplicableError("mcf could not deliver every piece along its edges (no route)")
         for key in tokens:  # a bucket holds at most one epoch's capacity plus one sub-piece
             tokens[key] = min(tokens[key] + link_capacity[key], link_capacity[key] + 1.0 / q)
-        for k, c, x in sorted(by_epoch.get(t, ())):
-            e = edges[k]
+        for k, c, x in by_epoch.get(t, ()):
             wanted[c, k] = wanted.get((c, k), 0.0) + values[x] * q
+        # what rounding still owes (this epoch's sends and earlier ones the sender could not make yet)
+        for c, k in sorted(ck for ck, w in wanted.items() if math.floor(w + 0.5) > sent.get(ck, 0)):
+            e = edges[k]
             for sp in range(c * q, c * q + q):
                 if math.floor(wanted[c, k] + 0.5) <= sent.get((c, k), 0) or not fits(k):
                     break
@@ -421,8 +425,8 @@ def flow_plan(topology: Topology, sources: Sequence[int], piece_bytes: float, *,
     for _ in range(3):
         model = _build(topology, sources, edges, piece_bytes, tau, horizon, exact)
         solution, gap = _solve(model, exact, settings)
-        if float(solution.values[model.miss].sum()) <= EPS:
-            break
+        if float(solution.values[model.miss].sum()) <= EPS or not solution.optimal:
+            break  # done, or out of time: the rounding's repair delivers what the best solution misses
         horizon = math.ceil(1.5 * horizon)  # the horizon was too short for every piece
     transfers, repaired, epochs = _round(p, sources, edges, model, solution.values, q, link_capacity, horizon, exact)
     variables, rows = model.lp.size

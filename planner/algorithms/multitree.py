@@ -104,8 +104,8 @@ class _Fabric:
 
     ``reverse`` builds trees whose data flows child to parent (reductions): the
     route of edge ``u -> v`` is then ``v -> u``.  A pair is a candidate only if
-    its route's bottleneck reaches the base bandwidth, the highest one at which
-    the candidate pairs still connect every rank (so a slow detour such as a
+    the slowest link its routes touch reaches the base bandwidth, the highest
+    one at which the candidate pairs still connect every rank (so a slow detour such as a
     QPI hop is never a tree edge when NVLink connects the ranks).
     """
 
@@ -137,7 +137,7 @@ class _Fabric:
                 a, b = (v, u) if reverse else (u, v)
                 load = tuple((link_ids[key], f) for key, f in route_load(topology, a, b).items())
                 self.loads[(u, v)] = load
-                width[(u, v)] = min(self.bandwidth[j] / f for j, f in load)
+                width[(u, v)] = min(self.bandwidth[j] for j, _ in load)
         self.base = self._base_bandwidth(width)
         self.cap = [bw / self.base for bw in self.bandwidth]
         self.cands: list[list[int]] = []
@@ -357,14 +357,14 @@ def multitree(topology: Topology, collective: str, options: Options) -> Schedule
         _gather(b, down, q, source=lambda r, j: Chunk("i", j), block=lambda r, j: Chunk("o", r * q + j))
     elif collective == "reducescatter":
         assert up is not None
-        b = ScheduleBuilder(collective, p, p * q, q, scratch_chunks=p * q)
+        b = ScheduleBuilder(collective, p, p * q, q, scratch_chunks=(p + _extra_children(up, p)) * q)
         _scatter(b, up, q, own=lambda r, j: Chunk("i", r * q + j),
-                 partial=lambda r, j: Chunk("s", r * q + j), result=lambda j: Chunk("o", j))
+                 partial=lambda r, j: Chunk("s", r * q + j), result=lambda j: Chunk("o", j), spare=p * q)
     else:
         assert up is not None and down is not None
-        b = ScheduleBuilder(collective, p, p * q, p * q)
+        b = ScheduleBuilder(collective, p, p * q, p * q, scratch_chunks=_extra_children(up, p) * q)
         _scatter(b, up, q, own=lambda r, j: Chunk("i", r * q + j),
-                 partial=lambda r, j: Chunk("o", r * q + j), result=None)
+                 partial=lambda r, j: Chunk("o", r * q + j), result=None, spare=0)
         _gather(b, down, q, source=lambda r, j: Chunk("o", r * q + j), block=lambda r, j: Chunk("o", r * q + j),
                 step_offset=up.steps)
     return b.build("multitree", meta)
@@ -387,26 +387,49 @@ def _gather(b: ScheduleBuilder, plan: TreePlan, q: int, *, source, block, step_o
                 b.recv(e.child, e.parent, block(i, j), step=step_offset + e.step, channel=i)
 
 
-def _scatter(b: ScheduleBuilder, plan: TreePlan, q: int, *, own, partial, result) -> None:
+def _extra_children(plan: TreePlan, p: int) -> int:
+    """Most children beyond the first that one rank has, summed over the trees (its scratch slots)."""
+    extra = [0] * p
+    for tree in plan.edges:
+        kids = [0] * p
+        for e in tree:
+            kids[e.parent] += 1
+        for r, k in enumerate(kids):
+            extra[r] += max(0, k - 1)
+    return max(extra)
+
+
+def _scatter(b: ScheduleBuilder, plan: TreePlan, q: int, *, own, partial, result, spare: int) -> None:
     """Leaves to root in reverse step order; each rank folds its children's sums into its own, then sends up.
 
     ``own(i, j)`` is a rank's contribution to piece ``j`` of tree ``i``,
     ``partial(i, j)`` where it accumulates, ``result(j)`` where the root
-    accumulates (None: in ``partial`` as well).
+    accumulates (None: in ``partial`` as well).  The first child's sum is
+    received-and-reduced in place; the others land in their own scratch chunks
+    (from ``spare`` on) and are reduced locally, so that all children of a rank
+    can send at once instead of queueing on the accumulator.
     """
     depth = plan.steps
+    slot = [spare] * b.ranks
     for i, tree in enumerate(plan.edges):
         root = plan.roots[i]
         started: set[int] = set()  # ranks whose partial sum holds their own contribution already
         for e in _by_step(tree, reverse=True):
             child, parent = e.child, e.parent
             up = depth + 1 - e.step
+            first = parent not in started
             for j in range(q):
                 src = partial(i, j) if child in started else own(i, j)
                 acc = result(j) if (parent == root and result is not None) else partial(i, j)
                 b.send(child, parent, src, step=up, channel=i)
-                first = parent not in started
-                b.recv(parent, child, acc, reduce=True, src=own(i, j) if first else None, step=up, channel=i)
+                if first:
+                    b.recv(parent, child, acc, reduce=True, src=own(i, j), step=up, channel=i)
+                else:
+                    tmp = Chunk("s", slot[parent] + j)
+                    b.recv(parent, child, tmp, step=up, channel=i)
+                    b.reduce(parent, tmp, acc, step=up)
+            if not first:
+                slot[parent] += q
             started.add(parent)
 
 

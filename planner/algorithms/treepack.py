@@ -33,7 +33,12 @@ __all__ = ["Packing", "pack_trees", "treepack"]
 #: The LP has roots x destinations x edges flow variables; beyond this many ranks use a hierarchical plan.
 MAX_RANKS = 32
 #: Candidate edges per rank (cheapest routes first); enough to reach the cut bound on the fabrics we model.
-EDGES_PER_RANK = 10
+EDGES_PER_RANK = 6
+#: Extra edges per rank to other hosts, so hierarchical clusters stay connected in the LP.
+CROSS_HOST_EDGES = 3
+#: CLP solves this degenerate LP several times faster than GLOP and HiGHS (measured on dgx2, torus-4x4,
+#: mesh-4x4 and pcie-4x4-10gbe: 0.6-6 s against 2.6-21 s).
+DEFAULT_SOLVER = SolverOptions(backend="clp", time_limit_s=15.0)
 #: A tiny cost per unit of edge capacity, weighted by latency, so that among equally fast packings the
 #: LP picks shallow trees over long chains.
 LATENCY_WEIGHT = 1e-3
@@ -49,8 +54,14 @@ class Packing:
 
 
 def _candidate_edges(topology: Topology, reverse: bool) -> list[tuple[int, int]]:
+    """The cheapest routable edges of each rank, plus its cheapest edges to other hosts.
+
+    The cross-host edges keep the rank graph connected where a host's own fabric
+    is far cheaper than its NICs (every intra-host edge would win otherwise).
+    """
     p = topology.size
-    edges = []
+    host_of = {r: h for h, ranks in topology.hosts.items() for r in ranks}
+    edges: list[tuple[int, int]] = []
     for u in range(p):
         reachable = []
         for v in range(p):
@@ -59,9 +70,12 @@ def _candidate_edges(topology: Topology, reverse: bool) -> list[tuple[int, int]]
             a, b = (v, u) if reverse else (u, v)
             if topology.has_route(a, b):
                 cost = topology.route_latency(a, b) * 1e6 + 1e9 / topology.route_bandwidth(a, b)
-                reachable.append((cost, v))
+                # ties go round the ranks (u+1, u+2, ...) so that on a switch every rank keeps in-edges
+                reachable.append((round(cost, 9), (v - u) % p, v))
         reachable.sort()
-        edges.extend((u, v) for _, v in reachable[:EDGES_PER_RANK])
+        chosen = [v for _, _, v in reachable[:EDGES_PER_RANK]]
+        remote = [v for _, _, v in reachable if host_of[v] != host_of[u] and v not in chosen]
+        edges.extend((u, v) for v in chosen + remote[:CROSS_HOST_EDGES])
     return edges
 
 
@@ -120,7 +134,7 @@ def pack_trees(topology: Topology, roots: Sequence[int], *, reverse: bool = Fals
     for key, terms in usage.items():
         capacity = topology.link(*key).bandwidth / top_bw  # type: ignore[union-attr]
         lp.add_le([*terms, (t, -capacity)], 0.0)
-    solution = solve(lp, solver or SolverOptions())
+    solution = solve(lp, solver or DEFAULT_SOLVER)
     values = solution.values
     trees: dict[int, list[tuple[float, dict[int, int]]]] = {}
     for r in roots:

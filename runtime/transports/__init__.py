@@ -3,7 +3,11 @@
 A transport moves bytes between ranks with non-blocking, persistent
 point-to-point requests and runs a few small collectives for set-up checks and
 timing.  The executor never sees MPI or torch directly, so a new backend is one
-module implementing :class:`Transport`.  Backends import their library lazily:
+module implementing :class:`Transport`: ``mpi.py`` (mpi4py, numpy or CUDA-aware
+buffers) and ``torch_dist.py`` (torch.distributed over gloo or NCCL, torch
+tensors).  A backend whose buffers are not numpy arrays also exposes an
+``array_ops`` attribute (a :class:`runtime.executor.ArrayOps`) saying how to
+allocate, copy and reduce them.  Backends import their library lazily:
 ``from runtime.transports import mpi`` costs nothing until a communicator is made.
 """
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
 
 import pytest
@@ -477,3 +478,19 @@ def test_many_ops_on_one_rank_race_check() -> None:
     prog = list(good.programs[0])
     prog[-1] = copy(Chunk("s", n % 2), Chunk("o", 0))  # drops its dependency on the last write of s
     fails(schedule("allreduce", 1, 1, 1, [prog], scratch_chunks=2), f"rank 0 op {n + 1} (copy s[")
+
+
+def test_verify_restores_garbage_collection_state() -> None:
+    s = two_rank_allreduce()
+    assert gc.isenabled()
+    verify(s)
+    assert gc.isenabled()
+    with pytest.raises(VerificationError):
+        verify(two_rank_allreduce(rank1=[]))
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        verify(s)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

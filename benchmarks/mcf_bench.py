@@ -1,0 +1,76 @@
+"""mcf benchmark: solver backends on one model, and schedule quality against the lower bound and treepack.
+
+Prints one table: topology, collective, size, backend, model size (variables,
+rows), solve seconds, predicted time, % of the lower bound and algbw; treepack
+rows (no solver columns) for comparison.
+Run: ``python benchmarks/mcf_bench.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from planner.algorithms import Options
+from planner.algorithms.mcf import mcf
+from planner.algorithms.treepack import treepack
+from planner.bounds import lower_bound
+from planner.compile import resolve_topology
+from planner.errors import TopoccError
+from planner.simulate import simulate
+from planner.summary import format_table
+from planner.units import format_size, format_time
+from planner.verify import verify
+
+#: (topology, collective, size, backends): the first case compares backends on one LP model.
+CASES = [
+    ("dgx1-v100", "allgather", 100 << 20, ("glop", "highs", "clp", "pdlp", "pulp-cbc")),
+    ("ndv2-2chassis", "allgather", 1 << 30, ("clp", "glop")),
+    ("dgx1-v100", "allreduce", 64 << 20, ("clp",)),
+    ("dgx1-v100", "allreduce", 1 << 30, ("clp",)),
+    ("torus-4x4", "allreduce", 64 << 20, ("clp",)),
+    ("torus-4x4", "allreduce", 1 << 30, ("clp",)),
+]
+QUICK = [(*CASES[0][:3], ("glop", "clp", "pulp-cbc")), (*CASES[1][:3], ("clp",))]
+
+
+def rows(cases: list[tuple[str, str, int, tuple[str, ...]]]) -> list[tuple[object, ...]]:
+    out: list[tuple[object, ...]] = []
+    for name, collective, size, backends in cases:
+        topology = resolve_topology(name)
+        bound = lower_bound(topology, collective, size).time_s
+        runs = [(b, mcf, {"solver": b, "time_limit_s": 300}) for b in backends] + [("treepack", treepack, {})]
+        for label, fn, extra in runs:
+            started = time.perf_counter()
+            try:
+                schedule = fn(topology, collective, Options(size_bytes=size, extra=extra))
+            except TopoccError as exc:
+                out.append((name, collective, format_size(size), label, "-", "-", "-", "-", "-", exc.message[:50]))
+                continue
+            elapsed = time.perf_counter() - started
+            verify(schedule)
+            sim = simulate(topology, schedule, size)
+            meta = schedule.metadata.options
+            out.append((name, collective, format_size(size), label if fn is treepack else f"mcf/{label}",
+                        meta.get("variables", "-"), meta.get("rows", "-"),
+                        f"{meta['solve_s']:.2f}" if "solve_s" in meta else f"({elapsed:.2f})",
+                        format_time(sim.time_s), f"{100 * bound / sim.time_s:.1f}%", f"{sim.algbw_GBps:.2f}"))
+            print("  done", out[-1], file=sys.stderr, flush=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="two cases, three backends")
+    args = parser.parse_args()
+    table = rows(QUICK if args.quick else CASES)
+    print(format_table(table, ("topology", "collective", "size", "backend", "variables", "rows", "solve s",
+                               "predicted", "% of bound", "algbw GB/s")))
+
+
+if __name__ == "__main__":
+    main()

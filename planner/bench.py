@@ -1,0 +1,222 @@
+"""Benchmark a compiled schedule on an emulated cluster, beside MPI's and gloo's allreduce and the simulator.
+
+:func:`bench_emulated` brings up an :class:`~planner.emulation.EmulatedCluster`
+for the topology (each host a network namespace, inter-host links shaped to
+their bandwidth times ``scale``), runs one ``mpiexec`` inside it that times, for
+every size, the schedule's replay, native ``MPI_Allreduce`` and torch's gloo
+allreduce (its ranks in the same namespaces, meeting at rank 0's address), and
+sets each measurement beside the simulator's prediction for the *scaled*
+topology.  The schedule is compiled for the real topology; the scaled one has
+the same ranks and structure, only slower inter-host links, so it is simulated
+there as is.
+
+The regime says whether the figures mean anything: when the measured time is
+close to the network-only prediction, the emulated network limits the run
+(``network-bound``); when it is far above, the CPUs (ranks busy-polling on few
+cores, copies, reductions) or per-message latency do, and ratios between
+algorithms say little about the network.
+
+>>> rows = bench_emulated("emu-racks", None, [16 << 20])   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from planner.compile import compile_plan, resolve_topology
+from planner.emulation import DEFAULT_SCALE, EmulatedCluster, emulation_available
+from planner.errors import UsageError
+from planner.simulate import simulate
+from planner.topology import Topology
+from runtime.errors import TopoccError
+from runtime.launch import _worker_env, bench_schedule, find_mpiexec
+from runtime.plan import Plan, as_plan, load_any
+from runtime.schedule import Schedule
+
+__all__ = ["NETWORK_BOUND", "EmulatedRow", "bench_emulated", "format_emulated_table", "iterations_for", "run_emulated"]
+
+#: A size is network-bound when the simulator's (network-only) prediction is at least this share of the
+#: measured time: the rest is what the emulation adds (CPU, copies, TCP stacks, scheduling of ranks on cores).
+NETWORK_BOUND = 0.8
+#: Rendezvous port for torch.distributed, on rank 0's emulated address (the namespace is ours alone).
+GLOO_PORT = 29533
+#: Wall-clock the timed calls of one size should take, per method (iterations are cut to fit).
+CASE_BUDGET_S = 6.0
+
+
+@dataclass(frozen=True, slots=True)
+class EmulatedRow:
+    """One size: measured times (slowest rank's mean), the prediction on the scaled topology, the regime."""
+
+    size: int
+    algorithm: str
+    time_s: float
+    native_time_s: float | None
+    gloo_time_s: float | None
+    predicted_s: float
+    max_error: float
+    iters: int
+    regime: str
+
+    @property
+    def speedup_vs_native(self) -> float | None:
+        """Native MPI time over ours (above 1: the compiled schedule is faster)."""
+        return self.native_time_s / self.time_s if self.native_time_s and self.time_s else None
+
+    @property
+    def predicted_over_measured(self) -> float:
+        """The simulator's prediction over the measured time (1.0: exact; below: the run was slower)."""
+        return self.predicted_s / self.time_s if self.time_s else math.nan
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "speedup_vs_native": self.speedup_vs_native,
+                "predicted_over_measured": self.predicted_over_measured}
+
+
+def regime(predicted_s: float, measured_s: float) -> str:
+    """``network-bound`` when the network-only prediction explains most of the time, else ``CPU/latency-bound``."""
+    return "network-bound" if predicted_s >= NETWORK_BOUND * measured_s else "CPU/latency-bound"
+
+
+def iterations_for(predicted_s: float, iters: int, budget_s: float = CASE_BUDGET_S) -> int:
+    """Timed iterations for a size: ``iters``, fewer when each call is predicted to be long (at least 1)."""
+    return max(1, min(iters, int(budget_s / max(predicted_s, 1e-9))))
+
+
+def _load(source: str | Path | Schedule | Plan) -> Plan:
+    if isinstance(source, (str, Path)):
+        loaded = load_any(source)
+        return loaded if isinstance(loaded, Plan) else as_plan(loaded)
+    return as_plan(source)
+
+
+def bench_emulated(topology_path: str | Path | Topology, source: str | Path | Schedule | Plan | None,
+                   sizes: Sequence[int], *, scale: float = DEFAULT_SCALE, np: int | None = None, iters: int = 5,
+                   warmup: int = 1, include_gloo: bool = True, algorithm: str = "auto", trace: str | Path | None = None,
+                   timeout: float | None = None, echo: bool = True) -> list[EmulatedRow]:
+    """Time an allreduce schedule (or plan) on the emulated ``topology_path``; one row per size.
+
+    Parameters
+    ----------
+    topology_path:
+        A topology file, a shipped topology's name, or a loaded topology.
+    source:
+        A schedule or plan (file or object) compiled for that topology; None compiles a plan for
+        ``sizes`` with ``algorithm`` (``auto`` by default).
+    sizes:
+        nccl-tests sizes in bytes (float32 elements).
+    scale:
+        Multiplies every inter-host bandwidth (see :class:`~planner.emulation.EmulatedCluster`).
+    np:
+        Ranks; must equal the topology's (each rank runs in its host's namespace).  None: the topology's.
+    iters, warmup:
+        Timed and untimed calls per size and method; ``iters`` is cut so that each method's timed
+        calls of a size take about :data:`CASE_BUDGET_S` by the prediction.
+    include_gloo:
+        Also time torch.distributed's gloo allreduce (needs torch).
+    trace:
+        A ``.json`` path: one call per size is recorded on every rank and written as a Chrome trace.
+    timeout:
+        Per-call deadline of the replay (default: from the slowest prediction).
+
+    Raises :class:`~runtime.errors.TopoccError` (no root, a failed job, a mismatched schedule).
+    """
+    why = emulation_available()
+    if why is not None:
+        raise TopoccError(f"cannot emulate a cluster here: {why}", fix="run as root on Linux with iproute2")
+    topology = topology_path if isinstance(topology_path, Topology) else resolve_topology(str(topology_path))
+    sizes = sorted(int(s) for s in sizes)
+    if not sizes or sizes[0] <= 0:
+        raise UsageError("give at least one positive size")
+    if np is not None and np != topology.size:
+        raise UsageError(f"the emulated {topology.name} runs {topology.size} ranks, not {np}",
+                         fix=f"use -n {topology.size} (one rank per device of the topology)")
+    plan = compile_plan(topology, "allreduce", sizes[0], sizes[-1], algorithm)[0] if source is None else _load(source)
+    if plan.ranks != topology.size:
+        raise UsageError(f"the schedule is for {plan.ranks} ranks but {topology.name} has {topology.size}")
+    if plan.collective != "allreduce":
+        raise UsageError(f"the emulated benchmark compares allreduce, not {plan.collective}")
+    if include_gloo:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise TopoccError("the gloo baseline needs torch", fix="pip install torch, or pass include_gloo=False") \
+                from None
+    with EmulatedCluster(topology, scale=scale) as cluster:
+        scaled = cluster.scaled_topology()
+        predicted = [simulate(scaled, plan.select(s), s).time_s for s in sizes]
+        counts = [iterations_for(p, iters) for p in predicted]
+        per_call = timeout if timeout is not None else 60.0 + 10 * max(predicted)
+        # each size: warm-up and timed calls of 2-3 methods, at most a few times the prediction each
+        limit = 120.0 + sum((c + warmup + 1) * (3 if include_gloo else 2) * 4 * p for c, p in zip(counts, predicted))
+        env = {"GLOO_SOCKET_IFNAME": cluster.hosts[0].interface, "OMP_NUM_THREADS": "1"}
+
+        def launcher(argv: Sequence[str]) -> list[str]:
+            return cluster.mpiexec_command(argv, env=env)
+
+        gloo = f"{cluster.host_of(0).address}:{GLOO_PORT}" if include_gloo else None
+        measured = bench_schedule(plan, topology.size, sizes, iters=counts, warmup=warmup, timeout=per_call,
+                                  launcher=launcher, gloo=gloo, trace=trace, limit_s=limit, echo=False)
+    rows = [EmulatedRow(size=m.size, algorithm=m.algorithm, time_s=m.time_s, native_time_s=m.native_time_s,
+                        gloo_time_s=m.gloo_time_s, predicted_s=p, max_error=m.max_error, iters=m.iters,
+                        regime=regime(p, m.time_s))
+            for m, p in zip(measured, predicted)]
+    if echo:
+        print(format_emulated_table(rows, topology, scale))
+    return rows
+
+
+def _ms(t: float | None) -> str:
+    return f"{t * 1e3:10.1f}" if t else f"{'n/a':>10}"
+
+
+def _x(v: float | None) -> str:
+    return f"{v:6.2f}" if v else f"{'n/a':>6}"
+
+
+def format_emulated_table(rows: Sequence[EmulatedRow], topology: Topology, scale: float) -> str:
+    """The rows as a table: times in ms, native/ours and predicted/measured, and each size's regime."""
+    head = [f"# allreduce on emulated {topology.name} ({topology.size} ranks, {len(topology.hosts)} hosts, "
+            f"inter-host bandwidth x{scale:g}); times in ms, slowest rank's mean",
+            f"#{'size':>11} {'algorithm':>14} | {'topocc':>10} {'mpi':>10} {'gloo':>10} {'predicted':>10} | "
+            f"{'mpi/ours':>8} {'pred/meas':>9} {'#wrong':>7} {'iters':>5} | regime"]
+    lines = list(head)
+    for r in rows:
+        lines.append(f" {r.size:11d} {r.algorithm[:14]:>14} | {_ms(r.time_s)} {_ms(r.native_time_s)} "
+                     f"{_ms(r.gloo_time_s)} {_ms(r.predicted_s)} | {_x(r.speedup_vs_native):>8} "
+                     f"{_x(r.predicted_over_measured):>9} {r.max_error:7.2g} {r.iters:5d} | {r.regime}")
+    bound = [r for r in rows if r.regime != "network-bound"]
+    if bound:
+        lines.append(f"# {len(bound)} of {len(rows)} sizes are not network-bound (measured well above the "
+                     "network-only prediction): compare algorithms only where the network limits the run")
+    return "\n".join(lines)
+
+
+def run_emulated(topology_path: str | Path | Topology, argv: Sequence[str], *, scale: float = DEFAULT_SCALE,
+                 timeout_s: float = 600.0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` as every rank of the topology, each in its host's namespace, under one ``mpiexec``.
+
+    The library half of ``topocc emulate TOPO -- cmd``: ``argv[0]`` is any program (``python`` and a
+    script, or a binary); the cluster is up only while it runs and is removed afterwards, even on
+    failure or timeout (then :class:`~runtime.errors.TopoccError`).  Output is captured.
+    """
+    why = emulation_available()
+    if why is not None:
+        raise TopoccError(f"cannot emulate a cluster here: {why}", fix="run as root on Linux with iproute2")
+    if not argv:
+        raise UsageError("give the command to run after --")
+    topology = topology_path if isinstance(topology_path, Topology) else resolve_topology(str(topology_path))
+    with EmulatedCluster(topology, scale=scale) as cluster:
+        rank_env = {"GLOO_SOCKET_IFNAME": cluster.hosts[0].interface, **(env or {})}
+        cmd = cluster.mpiexec_command(list(argv[1:]), python=argv[0], env=rank_env, mpiexec=find_mpiexec())
+        return cluster.run(cmd, timeout_s=timeout_s, env=_worker_env())
+
+
+if __name__ == "__main__":  # pragma: no cover - a convenience: python -m planner.bench TOPO SIZE...
+    bench_emulated(sys.argv[1], None, [int(s) for s in sys.argv[2:]] or [1 << 20])

@@ -1,0 +1,13 @@
+"""Inspecting plans: an HTML report, a Graphviz drawing and terminal tables.
+
+``render_html`` and ``render_topology_html`` write one self-contained page;
+``render_dot`` a DOT graph of the topology with the plan overlaid;
+``terminal_summary`` the plain-text view of ``topocc inspect``.
+"""
+
+from planner.report.dot import render_dot as render_dot
+from planner.report.html import render_html as render_html
+from planner.report.html import render_topology_html as render_topology_html
+from planner.report.text import terminal_summary as terminal_summary
+
+__all__ = ["render_dot", "render_html", "render_topology_html", "terminal_summary"]

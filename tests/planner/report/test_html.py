@@ -1,0 +1,127 @@
+"""The HTML report: self-contained, escaped, deterministic, and bounded in size at 1024 ranks."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from planner.report import render_html, render_topology_html
+from planner.report._model import build_view, messages
+from planner.topology import parse_topology_text
+
+from .conftest import SIZE, Plan
+
+
+def _step_data(html: str) -> dict:
+    found = re.search(r'<script id="step-data" type="application/json">(.*?)</script>', html, re.S)
+    assert found, "step data missing"
+    return json.loads(found.group(1))
+
+
+def check_self_contained(html: str) -> None:
+    """No fetches: no external scripts, styles, images or imports (the SVG namespace is not a fetch)."""
+    assert html.startswith("<!DOCTYPE html>")
+    for pattern in (r'src="', r'<link\b', r"@import", r'href="(?!#)', r"url\((?!#)"):
+        assert not re.search(pattern, html), pattern
+    assert html.count("<svg") == html.count("</svg>")
+
+
+def test_dgx1_report_has_every_view(dgx1_ring: Plan) -> None:
+    p = dgx1_ring
+    html = render_html(p.topology, p.schedule, SIZE, baselines=p.baselines, result=p.result)
+    check_self_contained(html)
+    for anchor in ('id="svg-topo"', 'id="svg-structure"', 'id="svg-steps"', 'id="svg-gantt"', 'id="comparison"',
+                   'id="bottlenecks"', 'id="chan-select"', 'id="step-select"'):
+        assert anchor in html
+    # one drawn group per channel, one arrow per sender -> receiver pair of that channel
+    channels = sorted({m.channel for m in messages(p.schedule)})
+    assert channels == list(range(6))
+    for ch in channels:
+        group = re.search(rf'<g class="chan" data-ch="{ch}".*?</g>', html, re.S).group(0)
+        assert group.count("<path") == sum(1 for m in messages(p.schedule) if m.channel == ch) == 8
+    # the comparison names both schedules with their predicted times
+    table = re.search(r'<table id="comparison">.*?</table>', html, re.S).group(0)
+    assert "ring (this plan)" in table and "<td>tree</td>" in table
+    # step data: one entry per step, indices of drawn links, bytes adding up to what the links carried
+    data = _step_data(html)
+    steps = {e.step for e in p.result.link_events}
+    assert set(data["steps"]) == {str(s) for s in steps}
+    n_lines = html.count('class="se"')
+    assert n_lines == len(build_view(p.topology).edges)
+    total = sum(b for pairs in data["steps"].values() for _, b in pairs)
+    assert all(0 <= i < n_lines for pairs in data["steps"].values() for i, _ in pairs)
+    assert total == pytest.approx(sum(p.result.link_bytes.values()), rel=1e-3)
+    # Gantt: a bar per send and receive (8 ranks x 168 messages x 2 ends), plus link bars
+    comm = sum(1 for e in p.result.op_events if e.peer is not None)
+    gantt = re.search(r'<svg id="svg-gantt".*?</svg>', html, re.S).group(0)
+    assert gantt.count("<rect") >= comm
+
+
+def test_deterministic(dgx1_ring: Plan) -> None:
+    p = dgx1_ring
+    first = render_html(p.topology, p.schedule, SIZE, baselines=p.baselines, result=p.result)
+    assert render_html(p.topology, p.schedule, SIZE, baselines=p.baselines) == first  # simulates again
+
+
+def test_names_are_escaped() -> None:
+    topo = parse_topology_text(
+        """
+name: "<script>alert(1)</script>"
+devices:
+  - {name: "g<b>0", type: gpu, host: "h&1"}
+  - {name: "g\\"1", type: gpu, host: "h&1"}
+links:
+  - {ends: ["g<b>0", "g\\"1"], bandwidth: 10 GB/s, latency: 1 us}
+"""
+    )
+    from planner.algorithms import Options
+    from planner.compile import compile_schedule
+
+    schedule = compile_schedule(topo, "allreduce", "ring", Options(size_bytes=1 << 20)).schedule
+    for html in (render_html(topo, schedule, 1 << 20), render_topology_html(topo)):
+        assert "<script>alert" not in html and "<b>" not in html and 'g"1' not in html
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "h&amp;1" in html
+        check_self_contained(html)
+
+
+def test_hosts_and_racks_are_boxes(racks_plan: Plan) -> None:
+    p = racks_plan
+    html = render_html(p.topology, p.schedule, SIZE, baselines=p.baselines, result=p.result)
+    check_self_contained(html)
+    topo_svg = re.search(r'<svg id="svg-topo".*?</svg>', html, re.S).group(0)
+    assert topo_svg.count('class="box-rack"') == 3 and topo_svg.count('class="box-host"') == 6
+    assert '<td>ring</td>' in html
+
+
+def test_topology_page_at_1024_ranks_is_aggregated() -> None:
+    from planner.compile import resolve_topology
+
+    topo = resolve_topology("fattree-1024")
+    html = render_topology_html(topo)
+    check_self_contained(html)
+    svg = re.search(r'<svg id="svg-topo".*?</svg>', html, re.S).group(0)
+    # 128 hosts + 48 switches drawn, not 2224 devices; links merged per host/switch pair
+    assert svg.count('class="n-host"') == 128
+    assert svg.count('class="n-switch"') == 48
+    assert svg.count("<line") < 800
+    assert "h0.gpu0" not in svg
+
+
+@pytest.mark.slow
+def test_1024_rank_report_is_bounded(fattree_plan: Plan) -> None:
+    p = fattree_plan
+    started = time.perf_counter()
+    html = render_html(p.topology, p.schedule, SIZE, result=p.result)
+    elapsed = time.perf_counter() - started
+    check_self_contained(html)
+    assert len(html.encode()) < 5_000_000
+    assert elapsed < 10.0, f"rendering 1024 ranks took {elapsed:.1f} s"
+    for name in ("svg-topo", "svg-structure", "svg-steps", "svg-gantt"):
+        svg = re.search(rf'<svg id="{name}".*?</svg>', html, re.S).group(0)
+        shapes = len(re.findall(r"<(?:rect|line|path|circle)\b", svg))
+        assert shapes < 5000, (name, shapes)
+    gantt = re.search(r'<svg id="svg-gantt".*?</svg>', html, re.S).group(0)
+    assert ">h0 (8 ranks)<" in gantt and ">rank 0<" not in gantt  # per host past 64 ranks
