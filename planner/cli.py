@@ -122,16 +122,22 @@ def verify_cmd(schedule: str, as_json: bool) -> None:
 @click.argument("schedule", type=click.Path(dir_okay=False))
 @click.option("-t", "--topology", default=None, help="Topology to simulate on (default: the one it was compiled for).")
 @click.option("-s", "--size", type=SIZE, default=None, help="Buffer size (default: the size it was compiled for).")
+@click.option("--candidates", is_flag=True, help="Also race every algorithm at this size and show why the winner won.")
+@click.option("--trace", type=click.Path(dir_okay=False), default=None,
+              help="Write the simulated timeline as a Chrome trace (Perfetto, chrome://tracing).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def simulate_cmd(schedule: str, topology: str | None, size: int | None, as_json: bool) -> None:
+def simulate_cmd(schedule: str, topology: str | None, size: int | None, candidates: bool, trace: str | None,
+                 as_json: bool) -> None:
     """Predict SCHEDULE's time on its topology, against the lower bound."""
     from planner.compile import schedule_topology
     from planner.summary import simulation_summary
-    from runtime.schedule import load_schedule
+    from runtime.plan import as_plan, load_any
 
-    loaded = load_schedule(schedule)
+    plan = as_plan(load_any(schedule))
+    size = size or plan.schedules[0].metadata.size_bytes or (64 << 20)
+    loaded = plan.select(size)
     topo = schedule_topology(loaded, schedule, topology)
-    doc = simulation_summary(topo, loaded, size or loaded.metadata.size_bytes or (64 << 20))
+    doc = simulation_summary(topo, loaded, size, candidates=candidates, trace=trace)
     _emit(doc, as_json)
 
 
@@ -143,12 +149,20 @@ def topo_group() -> None:
 @topo_group.command("show")
 @click.argument("topology")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def topo_show(topology: str, as_json: bool) -> None:
+@click.option("--html", type=click.Path(dir_okay=False), default=None, help="Also draw it as a self-contained page.")
+def topo_show(topology: str, as_json: bool, html: str | None) -> None:
     """Ranks, devices, links and cut bound of TOPOLOGY."""
     from planner.compile import resolve_topology
     from planner.summary import topology_summary
 
-    _emit(topology_summary(resolve_topology(topology)), as_json)
+    topo = resolve_topology(topology)
+    if html:
+        from pathlib import Path
+
+        from planner.report import render_topology_html
+
+        Path(html).write_text(render_topology_html(topo))
+    _emit(topology_summary(topo) | ({"html": html} if html else {}), as_json)
 
 
 @topo_group.command("import")
@@ -256,9 +270,15 @@ def run_cmd(schedule: str, nprocs: int | None, size: int, dtype: str, op: str, t
 @click.option("--dtype", default="float32", show_default=True)
 @click.option("--timeout", type=click.FloatRange(0.1), default=30.0, show_default=True)
 @click.option("-t", "--topology", default=None, help="Topology for the prediction (default: the compiled one).")
+@click.option("--emulate", default=None, help="Run on an emulated cluster of this topology (needs root).")
+@click.option("--scale", type=click.FloatRange(1e-6, 1.0), default=1e-3, show_default=True,
+              help="With --emulate: emulated link rate = real bandwidth x scale.")
+@click.option("--trace", type=click.Path(dir_okay=False), default=None,
+              help="Record one measured call per size and write it as a Chrome trace.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON rows.")
 def bench_cmd(schedule: str, nprocs: int | None, sizes: tuple[int, int], factor: int, iters: int, warmup: int,
-              dtype: str, timeout: float, topology: str | None, as_json: bool) -> None:
+              dtype: str, timeout: float, topology: str | None, emulate: str | None, scale: float,
+              trace: str | None, as_json: bool) -> None:
     """Time SCHEDULE (or a plan) against the MPI's native collective, nccl-tests style."""
     from planner.compile import bucket_sizes
     from planner.summary import predicted_times
@@ -267,14 +287,85 @@ def bench_cmd(schedule: str, nprocs: int | None, sizes: tuple[int, int], factor:
 
     loaded = load_any(schedule)
     size_list = bucket_sizes(*sizes, factor=factor)
+    if emulate:
+        from planner.bench import bench_emulated
+
+        emulated = bench_emulated(emulate, schedule, size_list, scale=scale, np=nprocs, iters=iters, warmup=warmup,
+                                  trace=trace, timeout=timeout, echo=not as_json)
+        if as_json:
+            click.echo(json.dumps([r.to_json() for r in emulated], indent=2))
+        return
     rows = bench_schedule(schedule, nprocs or loaded.ranks, size_list, iters=iters, warmup=warmup, dtype=dtype,
-                          timeout=timeout, echo=not as_json)
+                          timeout=timeout, echo=not as_json, trace=trace)
     predicted = predicted_times(loaded, [r.size for r in rows], schedule, topology)
     if as_json:
         click.echo(json.dumps([r.to_json() | {"predicted_time_s": p} for r, p in zip(rows, predicted)], indent=2))
     else:
         click.echo("# predicted (simulator): " + ", ".join(
             f"{r.size}: {p * 1e6:.1f} us" if p else f"{r.size}: n/a" for r, p in zip(rows, predicted)))
+
+
+@cli.command("inspect")
+@click.argument("schedule", type=click.Path(dir_okay=False))
+@click.option("-t", "--topology", default=None, help="Topology (default: the one it was compiled for).")
+@click.option("-s", "--size", type=SIZE, default=None, help="Buffer size (default: the size it was compiled for).")
+@click.option("--html", type=click.Path(dir_okay=False), default=None, help="Write a self-contained HTML report.")
+@click.option("--dot", type=click.Path(dir_okay=False), default=None, help="Write Graphviz DOT with the plan.")
+@click.option("--baselines", default="ring,tree", show_default=True,
+              help="Algorithms to compare with in the HTML report (comma-separated; empty for none).")
+def inspect_cmd(schedule: str, topology: str | None, size: int | None, html: str | None, dot: str | None,
+                baselines: str) -> None:
+    """Show a plan: terminal tables, or an HTML report / DOT drawing of topology, structure and timeline."""
+    from planner.summary import inspect_schedule
+
+    click.echo(inspect_schedule(schedule, topology, size, html=html, dot=dot,
+                                baselines=[b for b in baselines.split(",") if b]))
+
+
+@cli.command("emulate", context_settings={"ignore_unknown_options": True})
+@click.argument("topology")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--scale", type=click.FloatRange(1e-6, 1.0), default=1e-3, show_default=True,
+              help="Emulated link rate = real bandwidth x scale.")
+@click.option("--timeout", type=click.FloatRange(1.0), default=600.0, show_default=True)
+def emulate_cmd(topology: str, command: tuple[str, ...], scale: float, timeout: float) -> None:
+    """Run COMMAND as every rank of TOPOLOGY on an emulated cluster (network namespaces, tc; needs root)."""
+    from planner.bench import run_emulated
+    from planner.errors import CommunicatorError
+
+    result = run_emulated(topology, list(command), scale=scale, timeout_s=timeout)
+    click.echo(result.stdout, nl=False)
+    click.echo(result.stderr, nl=False, err=True)
+    if result.returncode != 0:
+        raise CommunicatorError(f"the command failed on the emulated cluster (exit {result.returncode})")
+
+
+@cli.command("plan-buckets")
+@click.argument("profile", type=click.Path(dir_okay=False))
+@click.option("--plan", "plan_path", type=click.Path(dir_okay=False), required=True,
+              help="Compiled allreduce plan or schedule whose cost model to use.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the block plan (JSON).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def plan_buckets_cmd(profile: str, plan_path: str, output: str | None, as_json: bool) -> None:
+    """Group gradients into blocks and order them (Prophet) against DDP's default and per-tensor priority."""
+    from pathlib import Path
+
+    from planner.buckets import bucket_plan_to_dict, format_bucket_plan, load_profile, plan_buckets, plan_cost
+    from planner.compile import schedule_topology
+    from planner.errors import TopoccError
+    from runtime.plan import as_plan, load_any
+
+    loaded = load_profile(profile)
+    plan = as_plan(load_any(plan_path))
+    try:
+        topo = schedule_topology(plan.schedules[0], plan_path)
+    except TopoccError:
+        topo = None
+    result = plan_buckets(loaded, plan_cost(plan, topo))
+    doc = bucket_plan_to_dict(result, loaded)
+    if output:
+        Path(output).write_text(json.dumps(doc, indent=1))
+    _emit(doc, as_json, format_bucket_plan(result, loaded))
 
 
 @cli.command("algorithms")

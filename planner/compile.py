@@ -109,8 +109,8 @@ def compile_schedule(topology: Topology, collective: str, algorithm: str = "auto
     for name in names:
         limit = ALGORITHMS[name].auto_max_ranks
         if limit is not None and topology.size > limit:
-            candidates.append(Candidate(name, None, 0.0, reason=f"skipped by auto above {limit} ranks "
-                                        f"(p^2 operations); ask for it with --algorithm {name}"))
+            candidates.append(Candidate(name, None, 0.0, reason=f"auto skips it above {limit} ranks, where it "
+                                        f"costs too much to compile; ask for it with --algorithm {name}"))
             continue
         started = time.perf_counter()
         try:

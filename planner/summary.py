@@ -24,6 +24,7 @@ __all__ = [
     "format_plan",
     "format_summary",
     "format_table",
+    "inspect_schedule",
     "plan_summary",
     "predicted_times",
     "simulation_summary",
@@ -111,11 +112,17 @@ def format_plan(doc: Mapping[str, Any]) -> str:
     return text
 
 
-def simulation_summary(topology: Topology, schedule: Schedule, size_bytes: int) -> dict[str, Any]:
-    """What ``topocc simulate`` reports: prediction, bound, bandwidths, busiest links."""
-    sim = simulate(topology, schedule, size_bytes)
+def simulation_summary(topology: Topology, schedule: Schedule, size_bytes: int, *, candidates: bool = False,
+                       trace: str | None = None) -> dict[str, Any]:
+    """What ``topocc simulate`` reports: prediction, bound, bandwidths, busiest links.
+
+    ``candidates`` races every algorithm at this size (as ``auto`` does) so the
+    table shows where this schedule stands; ``trace`` writes the simulated
+    timeline as a Chrome trace.
+    """
+    sim = simulate(topology, schedule, size_bytes, record=trace is not None)
     bound = lower_bound(topology, schedule.collective, size_bytes, schedule.root or 0)
-    return {
+    doc: dict[str, Any] = {
         "topology": topology.name,
         "collective": schedule.collective,
         "algorithm": schedule.metadata.algorithm,
@@ -123,6 +130,58 @@ def simulation_summary(topology: Topology, schedule: Schedule, size_bytes: int) 
         **_timing(sim, bound),
         "link_utilisation": {f"{a} -> {b}": round(u, 4) for (a, b), u in sorted(sim.link_utilisation.items())},
     }
+    if trace:
+        from planner.formats.chrome_trace import simulated_trace
+        from runtime.trace import write_trace
+
+        write_trace(trace, simulated_trace(topology, schedule, sim))
+        doc["trace"] = trace
+    if candidates:
+        from planner.algorithms import Options
+        from planner.compile import compile_schedule
+
+        race = compile_schedule(topology, schedule.collective, "auto",
+                                Options(size_bytes=size_bytes, root=schedule.root or 0))
+        doc["candidates"] = compiled_summary(race)["candidates"]
+        doc["winner"] = race.schedule.metadata.algorithm
+    return doc
+
+
+def inspect_schedule(path: str, topology: str | None = None, size_bytes: int | None = None, *,
+                     html: str | None = None, dot: str | None = None, baselines: Sequence[str] = ()) -> str:
+    """``topocc inspect``: write the HTML report and/or DOT drawing, or return the terminal view."""
+    from pathlib import Path
+
+    from planner.algorithms import Options
+    from planner.compile import compile_schedule, schedule_topology
+    from planner.errors import TopoccError
+    from planner.report import render_dot, render_html, terminal_summary
+    from runtime.plan import load_any
+
+    plan = as_plan(load_any(path))
+    size = size_bytes or plan.schedules[0].metadata.size_bytes or (64 << 20)
+    schedule = plan.select(size)
+    topo = schedule_topology(schedule, path, topology)
+    if not html and not dot:
+        return terminal_summary(topo, schedule, size_bytes=size)
+    result = simulate(topo, schedule, size, record=True)
+    written = []
+    if html:
+        compared: dict[str, SimResult] = {}
+        for name in baselines:
+            if name == schedule.metadata.algorithm:
+                continue
+            try:
+                compared[name] = compile_schedule(topo, schedule.collective, name,
+                                                  Options(size_bytes=size, root=schedule.root or 0)).sim
+            except TopoccError:
+                continue  # a baseline that does not apply here is simply not compared
+        Path(html).write_text(render_html(topo, schedule, size, baselines=compared, result=result))
+        written.append(html)
+    if dot:
+        Path(dot).write_text(render_dot(topo, schedule, size_bytes=size, result=result))
+        written.append(dot)
+    return "wrote " + ", ".join(written)
 
 
 def predicted_times(source: Schedule | Plan, sizes: Sequence[int], schedule_path: str | None = None,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import random
-import time
 import weakref
 
 import pytest
@@ -347,15 +346,12 @@ def test_unmatched_send_and_deadlock_are_reported() -> None:
 # --------------------------------------------------------------------------- performance
 
 
-def test_a_large_ring_simulates_quickly() -> None:
-    p = 64  # 16k operations; the 256-rank, 261k-operation ring takes about 1.5 s of CPU
+def test_a_large_ring_matches_the_closed_form() -> None:
+    p = 64  # 16k operations (speed is measured by benchmarks/planner_bench.py, not asserted here)
     schedule = ring_allreduce(p)
     topo = star_topology(p)
-    start = time.process_time()
     result = simulate(topo, schedule, 1 << 28)
-    elapsed = time.process_time() - start
     assert result.time_s == pytest.approx(2 * (p - 1) * (2e-6 + (1 << 28) / p / (10 * GB)), rel=1e-6)
-    assert elapsed < 2.0, f"{schedule.op_count} operations took {elapsed:.2f} s of CPU"
 
 
 def test_route_cache_does_not_keep_a_topology_alive() -> None:

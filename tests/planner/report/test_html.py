@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import pytest
 
@@ -113,12 +112,9 @@ def test_topology_page_at_1024_ranks_is_aggregated() -> None:
 @pytest.mark.slow
 def test_1024_rank_report_is_bounded(fattree_plan: Plan) -> None:
     p = fattree_plan
-    started = time.perf_counter()
     html = render_html(p.topology, p.schedule, SIZE, result=p.result)
-    elapsed = time.perf_counter() - started
     check_self_contained(html)
     assert len(html.encode()) < 5_000_000
-    assert elapsed < 10.0, f"rendering 1024 ranks took {elapsed:.1f} s"
     for name in ("svg-topo", "svg-structure", "svg-steps", "svg-gantt"):
         svg = re.search(rf'<svg id="{name}".*?</svg>', html, re.S).group(0)
         shapes = len(re.findall(r"<(?:rect|line|path|circle)\b", svg))
