@@ -14,15 +14,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from planner.algorithms import ALGORITHMS, Options  # noqa: E402
-from planner.bounds import lower_bound  # noqa: E402
-from planner.compile import compile_schedule, resolve_topology, shipped_topologies  # noqa: E402
-from planner.errors import TopoccError  # noqa: E402
-from planner.summary import format_table  # noqa: E402
-from planner.topology import parse_topology_text  # noqa: E402
-from planner.units import format_size, format_time  # noqa: E402
+from planner.algorithms import ALGORITHMS, Options
+from planner.bounds import lower_bound
+from planner.compile import compile_schedule, resolve_topology, shipped_topologies
+from planner.errors import TopoccError
+from planner.summary import format_table
+from planner.topology import parse_topology_text
+from planner.units import format_size, format_time
 
 SIZES = (64 << 10, 1 << 20, 64 << 20, 1 << 30)
 

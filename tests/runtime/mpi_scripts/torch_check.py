@@ -97,8 +97,8 @@ def main() -> int:
     rank, world, init, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     backend = "nccl" if mode == "nccl" else "gloo"
     if backend == "nccl":
-        torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if backend == "nccl" else torch.device("cpu")
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
     if mode in ("check", "nccl"):
         dtypes = sys.argv[5].split(",")
