@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -332,19 +331,6 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-_FAMILIES: dict[int, tuple[weakref.ref[Topology], _CutFamily]] = {}
-
-
-def _family(topology: Topology) -> _CutFamily:
-    key = id(topology)
-    entry = _FAMILIES.get(key)
-    if entry is not None and entry[0]() is topology:
-        return entry[1]
-    family = _CutFamily(topology)
-    _FAMILIES[key] = (weakref.ref(topology, lambda _ref, key=key: _FAMILIES.pop(key, None)), family)
-    return family
-
-
 def _demand(collective: str, n: float, p: int, k: int, has_root: bool) -> tuple[float, float]:
     """(bytes into, bytes out of) a cut holding ``k`` of ``p`` ranks (see the module docstring)."""
     if collective == "allgather":
@@ -390,7 +376,7 @@ def lower_bound(topology: Topology, collective: str, size_bytes: int, root: int 
         raise UsageError(f"negative size {size_bytes}")
     if p == 1 or size_bytes == 0:
         return Bound(0.0, 0.0, 0.0, "nothing has to move")
-    family = _family(topology)
+    family = topology.derived("bounds.cuts", lambda: _CutFamily(topology))
     n = float(size_bytes)
 
     best = (0.0, 0.0, 0.0, "")  # (time, bandwidth, latency, description)

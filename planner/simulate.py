@@ -48,7 +48,6 @@ from __future__ import annotations
 import bisect
 import gc
 import heapq
-import weakref
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -179,20 +178,6 @@ class _Network:
         return found
 
 
-_NETWORKS: dict[int, tuple[weakref.ref[Topology], _Network]] = {}
-
-
-def _network(topology: Topology) -> _Network:
-    """The cached :class:`_Network` of ``topology`` (dropped when the topology is garbage collected)."""
-    key = id(topology)
-    entry = _NETWORKS.get(key)
-    if entry is not None and entry[0]() is topology:
-        return entry[1]
-    net = _Network(topology)
-    _NETWORKS[key] = (weakref.ref(topology, lambda _ref, key=key: _NETWORKS.pop(key, None)), net)
-    return net
-
-
 # --------------------------------------------------------------------------- fair sharing
 
 
@@ -293,7 +278,7 @@ def _simulate(topology: Topology, schedule: Schedule, size_bytes: int, record: b
         )
     if size_bytes < 0:
         raise SimulationError(f"negative size {size_bytes}", where=where)
-    net = _network(topology)
+    net = topology.derived("simulate.network", lambda: _Network(topology))
     cb = chunk_bytes(schedule, size_bytes)
     programs = schedule.programs
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import networkx as nx
 
@@ -36,6 +36,8 @@ __all__ = [
     "parse_topology",
     "parse_topology_text",
 ]
+
+T = TypeVar("T")
 
 DEVICE_KINDS = ("gpu", "cpu", "pcie", "nvswitch", "nic", "switch")
 #: A route's cost is its latency plus the time a message of this size takes on each hop:
@@ -218,18 +220,35 @@ class Topology:
         paths = self.routes(src, dst)
         return sum(link.latency for link in paths[0]) if paths else float("inf")
 
+    def route_shares(self, src: int, dst: int) -> dict[tuple[str, str], float]:
+        """The fraction of a message ``src -> dst`` that crosses each directed link.
+
+        Messages are split evenly over the equal-cost paths (as the simulator
+        sends them); paths may share links, which then carry every share.
+        """
+        cache: dict[tuple[int, int], dict[tuple[str, str], float]] = self.derived("route_shares", dict)
+        found = cache.get((src, dst))
+        if found is None:
+            paths = self.routes(src, dst)
+            found = {}
+            for path in paths:
+                for link in path:
+                    key = (link.src, link.dst)
+                    found[key] = found.get(key, 0.0) + 1.0 / len(paths)
+            cache[(src, dst)] = found
+        return found
+
     def route_bandwidth(self, src: int, dst: int) -> float:
         """Bandwidth of a lone message from ``src`` to ``dst`` split over its equal-cost paths."""
-        paths = self.routes(src, dst)
-        if not paths:
-            return 0.0
-        # Paths may share links; a shared link carries the share of every path through it.
-        load: dict[tuple[str, str], float] = {}
-        for path in paths:
-            for link in path:
-                key = (link.src, link.dst)
-                load[key] = load.get(key, 0.0) + 1.0 / len(paths)
-        return min(self._links[key].bandwidth / share for key, share in load.items())
+        shares = self.route_shares(src, dst)
+        return min((self._links[key].bandwidth / share for key, share in shares.items()), default=0.0)
+
+    def derived(self, key: str, factory: Callable[[], T]) -> T:
+        """A value computed once per topology and kept with it (the simulator's network, the cut family)."""
+        store: dict[str, Any] = self.__dict__.setdefault("_derived", {})
+        if key not in store:
+            store[key] = factory()
+        return store[key]  # type: ignore[no-any-return]
 
 
 # --------------------------------------------------------------------------- loading

@@ -113,14 +113,8 @@ class LinkLoads:
         key = (a, b)
         got = self._shares.get(key)
         if got is None:
-            paths = self.topology.routes(a, b)
-            share: dict[tuple[str, str], tuple[float, float]] = {}
-            for path in paths:
-                for link in path:
-                    k = (link.src, link.dst)
-                    old = share.get(k, (0.0, link.bandwidth))
-                    share[k] = (old[0] + 1.0 / len(paths), link.bandwidth)
-            got = [(k, s, bw) for k, (s, bw) in share.items()]
+            link = self.topology.link
+            got = [(k, s, link(*k).bandwidth) for k, s in self.topology.route_shares(a, b).items()]  # type: ignore[union-attr]
             self._shares[key] = got
         return got
 

@@ -143,11 +143,7 @@ def _edges(topology: Topology, piece_bytes: float, reverse: bool) -> list[_Edge]
     edges = []
     for u, v in chosen:
         a, b = phys(u, v)
-        paths = topology.routes(a, b)
-        shares: dict[tuple[str, str], float] = {}
-        for path in paths:
-            for link in path:
-                shares[(link.src, link.dst)] = shares.get((link.src, link.dst), 0.0) + 1.0 / len(paths)
+        shares = topology.route_shares(a, b)
         edges.append(_Edge(u, v, tuple(sorted(shares.items())), topology.route_bandwidth(a, b),
                            topology.route_latency(a, b)))
     return edges

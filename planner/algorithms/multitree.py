@@ -31,7 +31,7 @@ from planner.errors import NotApplicableError
 from planner.topology import Topology
 from runtime.schedule import Chunk, Schedule
 
-__all__ = ["TreeEdge", "TreePlan", "build_trees", "multitree", "route_load"]
+__all__ = ["TreeEdge", "TreePlan", "build_trees", "multitree"]
 
 #: Pipelining aims at pieces of about this many bytes (large enough to amortise per-message latency).
 _TARGET_PIECE_BYTES = 1 << 20
@@ -82,17 +82,6 @@ class TreePlan:
         return max((e.step for e in self.edges[tree]), default=0)
 
 
-def route_load(topology: Topology, src: int, dst: int) -> dict[tuple[str, str], float]:
-    """Share of one message ``src -> dst`` on each directed link: routes split evenly, as simulated."""
-    paths = topology.routes(src, dst)
-    load: dict[tuple[str, str], float] = {}
-    for path in paths:
-        for link in path:
-            key = (link.src, link.dst)
-            load[key] = load.get(key, 0.0) + 1.0 / len(paths)
-    return load
-
-
 def _bit_reversed(n: int) -> list[int]:
     """A permutation key of ``0..n-1`` that spreads consecutive offsets far apart (bit reversal)."""
     bits = max(1, (n - 1).bit_length())
@@ -135,7 +124,7 @@ class _Fabric:
         for u in range(p):
             for _, v in kept[u]:
                 a, b = (v, u) if reverse else (u, v)
-                load = tuple((link_ids[key], f) for key, f in route_load(topology, a, b).items())
+                load = tuple((link_ids[key], f) for key, f in topology.route_shares(a, b).items())
                 self.loads[(u, v)] = load
                 width[(u, v)] = min(self.bandwidth[j] for j, _ in load)
         self.base = self._base_bandwidth(width)
@@ -443,7 +432,7 @@ def _congestion(topology: Topology, plan: TreePlan) -> float:
     load: dict[tuple[str, str], float] = {}
     for tree in plan.edges:
         for e in tree:
-            for key, f in route_load(topology, e.parent, e.child).items():
+            for key, f in topology.route_shares(e.parent, e.child).items():
                 load[key] = load.get(key, 0.0) + f
     return max(v / bandwidth[key] for key, v in load.items())
 

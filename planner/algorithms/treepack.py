@@ -79,18 +79,6 @@ def _candidate_edges(topology: Topology, reverse: bool) -> list[tuple[int, int]]
     return edges
 
 
-def _edge_loads(topology: Topology, edge: tuple[int, int], reverse: bool) -> dict[tuple[str, str], float]:
-    """Share of the edge's traffic on each physical link (ECMP paths split evenly)."""
-    a, b = (edge[1], edge[0]) if reverse else edge
-    paths = topology.routes(a, b)
-    shares: dict[tuple[str, str], float] = {}
-    for path in paths:
-        for link in path:
-            key = (link.src, link.dst)
-            shares[key] = shares.get(key, 0.0) + 1.0 / len(paths)
-    return shares
-
-
 def pack_trees(topology: Topology, roots: Sequence[int], *, reverse: bool = False,
                solver: SolverOptions | None = None) -> Packing:
     """Solve the packing LP for ``roots`` and decompose it into weighted spanning trees.
@@ -105,7 +93,7 @@ def pack_trees(topology: Topology, roots: Sequence[int], *, reverse: bool = Fals
     for k, (u, v) in enumerate(edges):
         out_edges[u].append(k)
         in_edges[v].append(k)
-    loads = [_edge_loads(topology, e, reverse) for e in edges]
+    loads = [topology.route_shares(v, u) if reverse else topology.route_shares(u, v) for u, v in edges]
     links = {key for shares in loads for key in shares}
     top_bw = max(topology.link(*key).bandwidth for key in links)  # type: ignore[union-attr]
     latency = [(topology.route_latency(v, u) if reverse else topology.route_latency(u, v)) for u, v in edges]

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.algorithms import Options
-from planner.algorithms.multitree import TreePlan, build_trees, multitree, route_load
+from planner.algorithms.multitree import TreePlan, build_trees, multitree
 from planner.topology import Topology, load_topology, parse_topology_text
 from planner.verify import verify
 from tests.conftest import TOPOLOGIES
@@ -83,7 +83,7 @@ def check_plan(topology: Topology, plan: TreePlan) -> None:
             joined[e.child] = e.step
             a, b = (e.child, e.parent) if plan.reverse else (e.parent, e.child)
             assert topology.has_route(a, b)
-            for key, f in route_load(topology, a, b).items():
+            for key, f in topology.route_shares(a, b).items():
                 per_step[(e.step, key)] = per_step.get((e.step, key), 0.0) + f
         assert sorted(joined) == list(range(p))
     for (step, key), load in per_step.items():
@@ -121,7 +121,8 @@ def test_torus_trees_are_shallow() -> None:
     # direct router neighbours only: every edge crosses exactly one router-to-router link
     for tree in plan.edges:
         for e in tree:
-            hops = [k for k in route_load(topology, e.parent, e.child) if k[0].startswith("r") and k[1].startswith("r")]
+            shares = topology.route_shares(e.parent, e.child)
+            hops = [k for k in shares if k[0].startswith("r") and k[1].startswith("r")]
             assert len(hops) == 1
 
 
