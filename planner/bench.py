@@ -35,7 +35,7 @@ from planner.errors import UsageError
 from planner.simulate import simulate
 from planner.topology import Topology
 from runtime.errors import TopoccError
-from runtime.launch import _worker_env, bench_schedule, find_mpiexec
+from runtime.launch import bench_schedule, find_mpiexec, worker_env
 from runtime.plan import Plan, as_plan, load_any
 from runtime.schedule import Schedule
 
@@ -215,7 +215,7 @@ def run_emulated(topology_path: str | Path | Topology, argv: Sequence[str], *, s
     with EmulatedCluster(topology, scale=scale) as cluster:
         rank_env = {"GLOO_SOCKET_IFNAME": cluster.hosts[0].interface, **(env or {})}
         cmd = cluster.mpiexec_command(list(argv[1:]), python=argv[0], env=rank_env, mpiexec=find_mpiexec())
-        return cluster.run(cmd, timeout_s=timeout_s, env=_worker_env())
+        return cluster.run(cmd, timeout_s=timeout_s, env=worker_env())
 
 
 if __name__ == "__main__":  # pragma: no cover - a convenience: python -m planner.bench TOPO SIZE...

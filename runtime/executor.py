@@ -42,6 +42,7 @@ __all__ = [
     "Program",
     "block_elements",
     "message_tag_space",
+    "pair_pieces",
     "resolve_dtype",
 ]
 
@@ -330,7 +331,7 @@ def _pieces(layout: Layout, ref: Chunk, sizes: Sequence[int]) -> list[Piece]:
     return out
 
 
-def _pair(*lists: list[Piece]) -> list[tuple[Piece, ...]]:
+def pair_pieces(*lists: list[Piece]) -> list[tuple[Piece, ...]]:
     """Split piece lists of equal total length at the union of their boundaries, aligned."""
     out = []
     idx = [0] * len(lists)
@@ -562,7 +563,7 @@ class Binding:
             src, dst = program.src_pieces[k], program.dst_pieces[k]
             stage = program.staging.get(k)
             if kind in (COPY, REDUCE):
-                self.local[k] = [(view(d), view(s)) for s, d in _pair(src, dst)]
+                self.local[k] = [(view(d), view(s)) for s, d in pair_pieces(src, dst)]
                 continue
             peer, tag = program.peers[k], program.tags[k]
             assert peer is not None
@@ -572,19 +573,20 @@ class Binding:
                     buf = view(src[0]) if src else program.ops.empty(0, program.dtype)
                 else:
                     buf = stage
-                    self.packs[k] = [(stage[b[1]:b[1] + b[2]], view(a)) for a, b in _pair(src, staged)]
+                    self.packs[k] = [(stage[b[1]:b[1] + b[2]], view(a)) for a, b in pair_pieces(src, staged)]
                 self.requests[k] = transport.send_init(buf, peer, tag)
             elif kind == RECV:
                 if stage is None:
                     buf = view(dst[0]) if dst else program.ops.empty(0, program.dtype)
                 else:
                     buf = stage
-                    self.unpacks[k] = [(view(a), stage[b[1]:b[1] + b[2]]) for a, b in _pair(dst, staged)]
+                    self.unpacks[k] = [(view(a), stage[b[1]:b[1] + b[2]]) for a, b in pair_pieces(dst, staged)]
                 self.requests[k] = transport.recv_init(buf, peer, tag)
             else:
                 assert stage is not None
                 left = src if src else dst
-                self.folds[k] = [(view(d), view(a), stage[s[1]:s[1] + s[2]]) for d, a, s in _pair(dst, left, staged)]
+                self.folds[k] = [(view(d), view(a), stage[s[1]:s[1] + s[2]])
+                                 for d, a, s in pair_pieces(dst, left, staged)]
                 self.requests[k] = transport.recv_init(stage, peer, tag)
 
     def free(self) -> None:

@@ -77,7 +77,7 @@ def bus_factor(collective: str, ranks: int) -> float:
     return 1.0
 
 
-def _worker_env() -> dict[str, str]:
+def worker_env() -> dict[str, str]:
     """The environment for the ranks: this checkout importable, nothing else changed."""
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)
@@ -97,7 +97,7 @@ def launch_worker(np: int, args: Sequence[str], *, limit_s: float, mpiexec: str 
     else:
         cmd = [find_mpiexec(mpiexec), "-disable-auto-cleanup", *extra_mpiexec_args, "-n", str(np),
                *RANK_WRAPPER, sys.executable, "-m", "runtime.worker", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_worker_env(),
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=worker_env(),
                             start_new_session=True)
     try:
         out, err = proc.communicate(timeout=limit_s)

@@ -51,9 +51,9 @@ from runtime.executor import (
     REDUCE,
     SEND,
     Program,
-    _pair,
     block_elements,
     message_tag_space,
+    pair_pieces,
     resolve_dtype,
 )
 from runtime.plan import Plan
@@ -295,11 +295,11 @@ class TorchReplay:
                 k = ready.pop()
                 kind = program.kinds[k]
                 if kind == COPY:
-                    for s, d in _pair(program.src_pieces[k], program.dst_pieces[k]):
+                    for s, d in pair_pieces(program.src_pieces[k], program.dst_pieces[k]):
                         view(d).copy_(view(s))
                     finish(k)
                 elif kind == REDUCE:
-                    for s, d in _pair(program.src_pieces[k], program.dst_pieces[k]):
+                    for s, d in pair_pieces(program.src_pieces[k], program.dst_pieces[k]):
                         view(d).add_(view(s))
                     finish(k)
                 else:
@@ -308,7 +308,7 @@ class TorchReplay:
                     if kind == SEND:
                         if k in staging:
                             staged = [("@", 0, program.msg_len[k])]
-                            for a, b in _pair(program.src_pieces[k], staged):
+                            for a, b in pair_pieces(program.src_pieces[k], staged):
                                 buf[b[1]:b[1] + b[2]].copy_(view(a))
                         ops.append(dist.P2POp(dist.isend, buf, peer, self.group, program.tags[k]))
                     else:
@@ -354,12 +354,12 @@ class TorchReplay:
         kind = program.kinds[k]
         if kind == RECV and k in staging:
             staged = [("@", 0, program.msg_len[k])]
-            for a, b in _pair(program.dst_pieces[k], staged):
+            for a, b in pair_pieces(program.dst_pieces[k], staged):
                 view(a).copy_(staging[k][b[1]:b[1] + b[2]])
         elif kind == RECV_REDUCE:
             staged = [("@", 0, program.msg_len[k])]
             left = program.src_pieces[k] or program.dst_pieces[k]
-            for d, a, s in _pair(program.dst_pieces[k], left, staged):
+            for d, a, s in pair_pieces(program.dst_pieces[k], left, staged):
                 torch.add(view(a), staging[k][s[1]:s[1] + s[2]], out=view(d))
 
 

@@ -2,7 +2,7 @@
 
 ``network`` (a mapping, or YAML text of one) says how:
 
-* ``type: switch`` (default): every NIC to one switch;
+* ``type: switch`` (default; also ``single-switch``, as in topology templates): every NIC to one switch;
 * ``type: fat_tree``: ``hosts_per_leaf`` hosts (default 4) per leaf switch,
   ``spines`` spine switches (default 2), each leaf's uplink capacity its NIC
   capacity divided by ``oversubscription`` (default 1), spread over the spines;
@@ -29,6 +29,8 @@ from planner.units import UnitError, parse_bandwidth, parse_time
 __all__ = ["NETWORK_TYPES", "combine_hosts"]
 
 NETWORK_TYPES = ("switch", "fat_tree", "rail")
+#: The names the topology templates use for the same networks (planner/templates.py) are accepted too.
+_SAME_AS_TEMPLATES = {"single-switch": "switch", "fat-tree": "fat_tree", "rail-optimized": "rail"}
 _KEYS = ("type", "bandwidth", "latency", "hosts_per_leaf", "spines", "oversubscription", "name")
 
 
@@ -57,7 +59,7 @@ def combine_hosts(host_yaml_text: str, hosts: int, network: Mapping[str, Any] | 
     for key in net:
         if key not in _KEYS:
             raise _fail(f"unknown network key {key!r}", fix=f"allowed keys: {', '.join(_KEYS)}")
-    kind = net.get("type", "switch")
+    kind = _SAME_AS_TEMPLATES.get(net.get("type", "switch"), net.get("type", "switch"))
     if kind not in NETWORK_TYPES:
         raise _fail(f"unknown network type {kind!r}", fix=f"use one of {', '.join(NETWORK_TYPES)}")
     host = parse_topology_text(host_yaml_text, "host topology")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from runtime import Communicator, CommunicatorError
-from runtime.executor import Layout, Program, _pair, block_elements, resolve_dtype
+from runtime.executor import Layout, Program, block_elements, pair_pieces, resolve_dtype
 from runtime.schedule import Metadata
 
 HERE = Path(__file__).parent
@@ -70,7 +70,7 @@ def test_dtypes() -> None:
 def test_pair_splits_at_every_boundary() -> None:
     a = [("s", 0, 3), ("s", 10, 2)]
     b = [("o", 100, 5)]
-    assert _pair(a, b) == [(("s", 0, 3), ("o", 100, 3)), (("s", 10, 2), ("o", 103, 2))]
+    assert pair_pieces(a, b) == [(("s", 0, 3), ("o", 100, 3)), (("s", 10, 2), ("o", 103, 2))]
 
 
 def test_scratch_sizes_follow_the_data() -> None:
