@@ -49,9 +49,11 @@ def quality_rows(names: list[str], sizes: tuple[int, ...], collective: str) -> l
 
 
 def fat_tree(hosts: int) -> str:
-    """A fattree-1024-like cluster of ``hosts`` x 8 GPUs, for the scale table."""
+    """A fattree-1024-like cluster of ``hosts`` x 8 GPUs (at most 4 hosts per leaf), for the scale table."""
     shipped = (Path(__file__).resolve().parent.parent / "topologies" / "fattree-1024.yaml").read_text()
-    return shipped.replace("hosts: 128", f"hosts: {hosts}").replace("name: fattree-1024", f"name: fattree-{hosts * 8}")
+    return (shipped.replace("hosts: 128", f"hosts: {hosts}")
+            .replace("hosts_per_leaf: 4 ", f"hosts_per_leaf: {min(4, hosts)} ")
+            .replace("name: fattree-1024", f"name: fattree-{hosts * 8}"))
 
 
 def scale_rows(gpu_counts: tuple[int, ...]) -> list[tuple[object, ...]]:
@@ -75,12 +77,14 @@ def main() -> None:
     parser.add_argument("--collective", default="allreduce")
     parser.add_argument("--quick", action="store_true", help="64 MiB and 1 GiB only; scale up to 1024 GPUs")
     parser.add_argument("--scale", default=None, help="comma-separated GPU counts for the scale table")
+    parser.add_argument("--scale-only", action="store_true", help="print only the scale table")
     args = parser.parse_args()
     names = args.topologies.split(",") if args.topologies else [n for n in shipped_topologies()
                                                                   if not n.startswith("emu-")]
     sizes = SIZES[2:] if args.quick else SIZES
-    print(format_table(quality_rows(names, sizes, args.collective),
-                       ("topology", "size", "algorithm", "predicted", "of bound", "compile", "chose / note")))
+    if not args.scale_only:
+        print(format_table(quality_rows(names, sizes, args.collective),
+                           ("topology", "size", "algorithm", "predicted", "of bound", "compile", "chose / note")))
     counts = tuple(int(c) for c in args.scale.split(",")) if args.scale else (
         (16, 128, 1024) if args.quick else (16, 128, 1024, 4096))
     print()

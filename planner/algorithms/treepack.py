@@ -94,7 +94,7 @@ def pack_trees(topology: Topology, roots: Sequence[int], *, reverse: bool = Fals
         out_edges[u].append(k)
         in_edges[v].append(k)
     loads = [topology.route_shares(v, u) if reverse else topology.route_shares(u, v) for u, v in edges]
-    links = {key for shares in loads for key in shares}
+    links = sorted({key for shares in loads for key in shares})  # sorted: the row order must not follow str hashes
     top_bw = max(topology.link(*key).bandwidth for key in links)  # type: ignore[union-attr]
     latency = [(topology.route_latency(v, u) if reverse else topology.route_latency(u, v)) for u, v in edges]
     scale = max(latency) or 1.0
