@@ -220,6 +220,20 @@ class Topology:
         paths = self.routes(src, dst)
         return sum(link.latency for link in paths[0]) if paths else float("inf")
 
+    @cached_property
+    def symmetric(self) -> bool:
+        """Whether every link has a reverse twin of equal bandwidth and latency (all full duplex).
+
+        On a symmetric topology data flowing toward a root can use the reverse of
+        any plan that spreads data from it, so such plans are solved once.
+        """
+        links = self._links
+        return all(
+            (twin := links.get((link.dst, link.src))) is not None
+            and twin.bandwidth == link.bandwidth and twin.latency == link.latency
+            for link in self.links
+        )
+
     def route_shares(self, src: int, dst: int) -> dict[tuple[str, str], float]:
         """The fraction of a message ``src -> dst`` that crosses each directed link.
 

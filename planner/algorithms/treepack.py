@@ -229,7 +229,10 @@ def treepack(topology: Topology, collective: str, options: Options) -> Schedule:
     b = ScheduleBuilder(collective, p, in_chunks, out_chunks, scratch_chunks=in_chunks if collective ==
                         "reducescatter" else 0, root=options.root if rooted else None)
     down = pack_trees(topology, roots) if collective in ("allgather", "allreduce", "broadcast") else None
-    up = pack_trees(topology, roots, reverse=True) if collective in ("reducescatter", "allreduce", "reduce") else None
+    up = None
+    if collective in ("reducescatter", "allreduce", "reduce"):
+        # on a full-duplex fabric the reversed LP is the same LP: reduce along the broadcast trees
+        up = down if down is not None and topology.symmetric else pack_trees(topology, roots, reverse=True)
 
     def piece_chunk(r: int, j: int) -> int:
         return j if rooted else r * k + j

@@ -361,3 +361,9 @@ def test_python_tags_do_not_run() -> None:
     with pytest.raises(TopologyError):
         parse_topology_text(text)
     assert not marker.exists()
+
+
+def test_symmetric_means_every_link_has_an_equal_reverse() -> None:
+    assert load("dgx1-v100.yaml").symmetric
+    assert load("fattree-1024.yaml").symmetric
+    assert not load("ndv2-2chassis.yaml").symmetric  # one-way links between the chassis
