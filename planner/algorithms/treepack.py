@@ -17,7 +17,7 @@ broadcast and reduce use one root.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from planner.algorithms import Options
@@ -190,6 +190,17 @@ def _assign_pieces(trees: list[tuple[float, dict[int, int]]], pieces: int) -> li
     return [(parent, n) for (_, parent), n in zip(trees, counts) if n]
 
 
+def _tree_pieces(packing: Packing, pieces: int) -> Iterator[tuple[int, list[tuple[int, int]], int]]:
+    """(root, the tree's edges from the root outward, piece index) for every piece of every root."""
+    for r in packing.roots:
+        j = 0
+        for parent, n in _assign_pieces(packing.trees[r], pieces):
+            order = _bfs_order(parent, r)
+            for piece in range(j, j + n):
+                yield r, order, piece
+            j += n
+
+
 def _bfs_order(parent: dict[int, int], root: int) -> list[tuple[int, int]]:
     """Tree edges (parent, child) from the root outward."""
     children: dict[int, list[int]] = {}
@@ -243,28 +254,18 @@ def treepack(topology: Topology, collective: str, options: Options) -> Schedule:
         for rank in range(p):
             b.copy(rank, Chunk("i", 0, in_chunks), Chunk(acc, 0, in_chunks))
     if up is not None:
-        for r in roots:
-            j = 0
-            for parent, n in _assign_pieces(up.trees[r], k):
-                order = _bfs_order(parent, r)
-                for piece in range(j, j + n):
-                    c = piece_chunk(r, piece)
-                    for par, child in reversed(order):  # deepest edges first: a node has all its children's sums
-                        b.transfer(child, par, Chunk(acc, c), Chunk(acc, c), reduce=True, step=0)
-                    if collective == "reducescatter":
-                        b.copy(r, Chunk("s", c), Chunk("o", piece), step=0)
-                j += n
+        for r, order, piece in _tree_pieces(up, k):
+            c = piece_chunk(r, piece)
+            for par, child in reversed(order):  # deepest edges first: a node has all its children's sums
+                b.transfer(child, par, Chunk(acc, c), Chunk(acc, c), reduce=True, step=0)
+            if collective == "reducescatter":
+                b.copy(r, Chunk("s", c), Chunk("o", piece), step=0)
     if down is not None:
-        for r in roots:
-            j = 0
-            for parent, n in _assign_pieces(down.trees[r], k):
-                order = _bfs_order(parent, r)
-                for piece in range(j, j + n):
-                    c = piece_chunk(r, piece)
-                    if collective == "allgather":
-                        b.copy(r, Chunk("i", piece), Chunk("o", c))
-                    for par, child in order:
-                        b.transfer(par, child, Chunk("o", c), Chunk("o", c), step=1)
-                j += n
+        for r, order, piece in _tree_pieces(down, k):
+            c = piece_chunk(r, piece)
+            if collective == "allgather":
+                b.copy(r, Chunk("i", piece), Chunk("o", c))
+            for par, child in order:
+                b.transfer(par, child, Chunk("o", c), Chunk("o", c), step=1)
     load = max(x.load for x in (down, up) if x is not None)
     return b.build("treepack", {**options.as_dict(), "pieces": k, "lp_load": round(load, 6)})
