@@ -199,6 +199,11 @@ class _CutFamily:
         for r, dev in enumerate(self.rank_dev):
             self._add(f"rank {r} ({devices[dev].name})", (dev,))
         self._add_partition(f"each of the {p} ranks alone", [{dev} for dev in self.rank_dev])
+        groups: list[set[int]] = [{dev} for dev in self.rank_dev]
+        for dev, r in self._nearest_rank().items():
+            groups[r].add(dev)
+        if any(len(g) > 1 for g in groups):
+            self._add_partition(f"each of the {p} ranks with the devices nearest to it alone", groups)
 
         # hosts: every device naming the host, plus ranks that have no host (their own host)
         host_members: dict[str, set[int]] = {h: set() for h in topo.hosts}
@@ -243,6 +248,30 @@ class _CutFamily:
         if len(host_names) > 1 and len(host_names) * len(topo.links) <= MAXFLOW_BUDGET:
             for h in host_names:
                 self._min_cuts(h, topo.hosts[h])
+
+    def _nearest_rank(self) -> dict[int, int]:
+        """Non-rank devices with one nearest rank (in hops, either direction): a router or NIC serving one GPU.
+
+        Any assignment of such devices to groups gives a valid partition; this one
+        moves a rank's private switch inside its group, so that its group's
+        capacity is that of the switch's network links (a mesh router's two to
+        four links rather than its 100 GB/s injection port).
+        """
+        owner: dict[int, int | None] = {dev: r for r, dev in enumerate(self.rank_dev)}
+        frontier = list(self.rank_dev)
+        while frontier:
+            reached: dict[int, int | None] = {}
+            for u in frontier:
+                for v, _, _ in (*self.out_adj[u], *self.in_adj[u]):
+                    if v in owner:
+                        continue
+                    if v in reached and reached[v] != owner[u]:
+                        reached[v] = None  # two ranks equally near: the device is shared
+                    else:
+                        reached.setdefault(v, owner[u])
+            owner.update(reached)
+            frontier = [v for v, r in reached.items() if r is not None]
+        return {dev: r for dev, r in owner.items() if r is not None and dev not in self.rank_of}
 
     def _kernighan_lin(self) -> None:
         graph = nx.Graph()

@@ -10,12 +10,24 @@ into trees greedily (widest tree first), each tree carrying a share of the
 root's pieces proportional to its weight.
 
 All-gather runs the out-trees root to leaf; reduce-scatter runs the trees of
-the reversed topology leaf to root; all-reduce is the two in sequence;
-broadcast and reduce use one root.
+the reversed topology leaf to root; broadcast and reduce use one root.
+
+All-reduce on a full-duplex fabric packs *undirected* spanning trees instead:
+each piece of data is reduced up a tree to the tree's centre and broadcast
+back down the same tree, so every tree edge carries the piece once each way
+(2(p-1) crossings per element, which is what :mod:`planner.bounds` charges;
+by Nash-Williams and Tutte the best packing meets the partition bound when
+the candidate edges allow it).  Unlike reduce-scatter followed by all-gather
+no rank has to receive ``2 (p-1)/p N``: a leaf sends N and receives N.  The
+packing comes from minimum spanning trees under multiplicative link prices
+and one small LP that weighs them (:func:`pack_undirected`).  Reductions and
+broadcasts use separate channels so neither queues behind the other, and a
+window of credits keeps reductions from racing ahead of broadcasts.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -28,7 +40,7 @@ from planner.solvers import LinearProgram, SolverOptions, solve
 from planner.topology import Topology
 from runtime.schedule import Chunk, Schedule
 
-__all__ = ["Packing", "pack_trees", "treepack"]
+__all__ = ["Packing", "pack_trees", "pack_undirected", "treepack"]
 
 #: The LP has roots x destinations x edges flow variables; beyond this many ranks use a hierarchical plan.
 MAX_RANKS = 32
@@ -42,6 +54,21 @@ DEFAULT_SOLVER = SolverOptions(backend="clp", time_limit_s=15.0)
 #: A tiny cost per unit of edge capacity, weighted by latency, so that among equally fast packings the
 #: LP picks shallow trees over long chains.
 LATENCY_WEIGHT = 1e-3
+#: All-reduce piece size and count cap (the op count is 4 (p-1) per piece).
+ALLREDUCE_PIECE_BYTES = 128 << 10
+MAX_ALLREDUCE_PIECES = 1024
+#: A rank sends a piece up only once it has the result of the piece WINDOW before it (credits, as NCCL's
+#: bounded slots): otherwise reductions race ahead of broadcasts on shared links and starve them; 64
+#: measured best on mesh-4x4, torus-4x4 and dgx1-v100 among 4 to 256.
+WINDOW = 96
+#: Multiplicative-weights rounds that generate candidate trees, and the price step per round (relative to
+#: the round's busiest link); the final LP picks among the trees found, so more rounds only add choice.
+MWU_ROUNDS = 120
+MWU_STEP = 0.1
+#: Trees lighter than this (after the LP) are dropped and the rest rescaled: too few pieces to use them.
+MIN_TREE_WEIGHT = 1e-3
+#: Fewest trees whose best weighting is within this fraction of the optimum over all trees found.
+TREE_SLACK = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,17 +113,134 @@ def pack_trees(topology: Topology, roots: Sequence[int], *, reverse: bool = Fals
     With ``reverse`` the trees are for data flowing toward the root (each edge
     ``u -> v`` of a tree then means ``v`` sends to ``u``).
     """
-    p = topology.size
     edges = _candidate_edges(topology, reverse)
+    if reverse:
+        loads = [topology.route_shares(v, u) for u, v in edges]
+        latency = [topology.route_latency(v, u) for u, v in edges]
+    else:
+        loads = [topology.route_shares(u, v) for u, v in edges]
+        latency = [topology.route_latency(u, v) for u, v in edges]
+    return _solve(topology, roots, edges, loads, latency, solver)
+
+
+def pack_undirected(topology: Topology, solver: SolverOptions | None = None) -> Packing:
+    """Undirected spanning trees for all-reduce, every tree edge carrying data both ways.
+
+    The fractional packing is found by column generation without duals: a
+    multiplicative-weights pass (Garg and Koenemann, "Faster and simpler
+    algorithms for multicommodity flow", FOCS 1998) repeatedly takes the minimum
+    spanning tree under link prices that grow with each link's load, and a small
+    LP then weighs the trees found to minimise the busiest link's load.  Unlike
+    an arborescence LP this needs no decomposition step, which a greedy pass
+    cannot do exactly.
+    """
+    p = topology.size
+    forward = _candidate_edges(topology, reverse=False)
+    pairs = sorted({(min(u, v), max(u, v)) for u, v in forward if topology.has_route(v, u)})
+    loads: list[dict[tuple[str, str], float]] = []
+    latency: list[float] = []
+    for u, v in pairs:
+        both = dict(topology.route_shares(u, v))
+        for key, share in topology.route_shares(v, u).items():
+            both[key] = both.get(key, 0.0) + share
+        loads.append(both)
+        latency.append(topology.route_latency(u, v) + topology.route_latency(v, u))
+    links = sorted({key for shares in loads for key in shares})
+    top_bw = max(topology.link(*key).bandwidth for key in links)  # type: ignore[union-attr]
+    capacity = {key: topology.link(*key).bandwidth / top_bw for key in links}  # type: ignore[union-attr]
+    price = {key: 1.0 / capacity[key] for key in links}
+    # latency breaks ties between equally loaded trees, in favour of short hops
+    tie = [LATENCY_WEIGHT * lat / (max(latency) or 1.0) for lat in latency]
+    found: dict[tuple[int, ...], dict[tuple[str, str], float]] = {}
+    for _ in range(MWU_ROUNDS):
+        cost = [sum(price[key] * s for key, s in shares.items()) * (1.0 + t) for shares, t in zip(loads, tie)]
+        chosen = _spanning_tree(p, pairs, cost)
+        if chosen is None:
+            raise NotApplicableError("tree packing: the ranks are not connected by routes both ways",
+                                     fix="all-reduce tree packing needs full-duplex routes; try ring or mcf")
+        tree_load: dict[tuple[str, str], float] = {}
+        for e in chosen:
+            for key, share in loads[e].items():
+                tree_load[key] = tree_load.get(key, 0.0) + share
+        peak = max(tree_load[key] / capacity[key] for key in tree_load)
+        for key, amount in tree_load.items():
+            price[key] *= math.exp(MWU_STEP * amount / capacity[key] / peak)
+        found.setdefault(tuple(chosen), tree_load)
+    columns = list(found.values())
+    weights, load = _weigh(columns, capacity, solver)
+    # fewer trees pipeline better (each keeps more pieces in flight): keep the heaviest few that stay
+    # within TREE_SLACK of the optimum
+    ranked = sorted(range(len(columns)), key=lambda j: -weights[j])
+    lo, hi = 1, len(ranked)
+    best = (weights, load, list(range(len(columns))))
+    while lo < hi:
+        mid = (lo + hi) // 2
+        kept = ranked[:mid]
+        w, value = _weigh([columns[j] for j in kept], capacity, solver)
+        if value <= load * (1 + TREE_SLACK):
+            best, hi = (w, value, kept), mid
+        else:
+            lo = mid + 1
+    w, value, kept = best
+    keys = list(found)
+    trees = [(w[n], _parent_map(p, [pairs[e] for e in keys[j]])) for n, j in enumerate(kept) if w[n] > MIN_TREE_WEIGHT]
+    total = sum(x for x, _ in trees)
+    return Packing((0,), {0: [(x / total, parent) for x, parent in trees]}, value * total)
+
+
+def _weigh(columns: list[dict[tuple[str, str], float]], capacity: dict[tuple[str, str], float],
+           solver: SolverOptions | None) -> tuple[list[float], float]:
+    """Tree weights summing to 1 that minimise the busiest link's load, and that load."""
+    lp = LinearProgram()
+    t = lp.var(cost=1.0)
+    weight = [lp.var() for _ in columns]
+    lp.add_eq([(w, 1.0) for w in weight], 1.0)
+    for key, cap in capacity.items():
+        terms = [(w, tree_load[key]) for w, tree_load in zip(weight, columns) if key in tree_load]
+        if terms:
+            lp.add_le([*terms, (t, -cap)], 0.0)
+    values = solve(lp, solver or DEFAULT_SOLVER).values
+    return [float(values[w]) for w in weight], float(values[t])
+
+
+def _spanning_tree(p: int, pairs: list[tuple[int, int]], cost: list[float]) -> list[int] | None:
+    """Kruskal: indices into ``pairs`` of a minimum spanning tree under ``cost``, None if disconnected."""
+    leader = list(range(p))
+
+    def find(a: int) -> int:
+        while leader[a] != a:
+            leader[a] = leader[leader[a]]
+            a = leader[a]
+        return a
+
+    chosen: list[int] = []
+    for e in sorted(range(len(pairs)), key=lambda e: (cost[e], e)):
+        a, b = find(pairs[e][0]), find(pairs[e][1])
+        if a != b:
+            leader[a] = b
+            chosen.append(e)
+    return chosen if len(chosen) == p - 1 else None
+
+
+def _parent_map(p: int, edges: list[tuple[int, int]]) -> dict[int, int]:
+    """The undirected tree ``edges`` as child -> parent from rank 0."""
+    tree = _bfs_tree(p, 0, [*edges, *((v, u) for u, v in edges)])
+    assert tree is not None  # a spanning tree spans
+    return tree
+
+
+def _solve(topology: Topology, roots: Sequence[int], edges: list[tuple[int, int]],
+           loads: list[dict[tuple[str, str], float]], latency: list[float],
+           solver: SolverOptions | None) -> Packing:
+    """The packing LP over candidate ``edges``, each loading links by ``loads[k]`` per unit of tree weight."""
+    p = topology.size
     out_edges: dict[int, list[int]] = {u: [] for u in range(p)}
     in_edges: dict[int, list[int]] = {u: [] for u in range(p)}
     for k, (u, v) in enumerate(edges):
         out_edges[u].append(k)
         in_edges[v].append(k)
-    loads = [topology.route_shares(v, u) if reverse else topology.route_shares(u, v) for u, v in edges]
     links = sorted({key for shares in loads for key in shares})  # sorted: the row order must not follow str hashes
     top_bw = max(topology.link(*key).bandwidth for key in links)  # type: ignore[union-attr]
-    latency = [(topology.route_latency(v, u) if reverse else topology.route_latency(u, v)) for u, v in edges]
     scale = max(latency) or 1.0
 
     lp = LinearProgram()
@@ -223,6 +367,79 @@ def _pieces(options: Options, p: int) -> int:
     return max(1, min(32, int(per_root // (256 << 10)) or 1))
 
 
+def _allreduce_pieces(options: Options) -> int:
+    if options.pipeline:
+        return options.pipeline
+    # pieces of ALLREDUCE_PIECE_BYTES: enough to follow the tree weights and to keep a tree's pipeline
+    # (reduce up, broadcast down: twice its depth) short against its share of the pieces
+    return max(1, min(MAX_ALLREDUCE_PIECES, options.size_bytes // ALLREDUCE_PIECE_BYTES))
+
+
+def _centred(topology: Topology, parent: dict[int, int]) -> list[tuple[int, int]]:
+    """The tree's edges (parent, child) outward from its latency centre, the root that makes pipelines shortest.
+
+    A piece's reduce and broadcast both take the tree's height from the root, so
+    the root is the rank of smallest eccentricity (route latencies, then hops).
+    """
+    adjacency: dict[int, list[int]] = {}
+    for child, par in parent.items():
+        adjacency.setdefault(child, []).append(par)
+        adjacency.setdefault(par, []).append(child)
+
+    def eccentricity(start: int) -> tuple[float, int]:
+        far, hops = 0.0, 0
+        stack = [(start, -1, 0.0, 0)]
+        while stack:
+            u, came, dist, depth = stack.pop()
+            far, hops = max(far, dist), max(hops, depth)
+            stack.extend((v, u, dist + topology.route_latency(u, v), depth + 1) for v in adjacency[u] if v != came)
+        return round(far, 12), hops
+
+    root = min(sorted(adjacency), key=eccentricity)
+    order, queue, seen = [], deque([root]), {root}
+    while queue:
+        u = queue.popleft()
+        for v in sorted(adjacency[u]):
+            if v not in seen:
+                seen.add(v)
+                order.append((u, v))
+                queue.append(v)
+    return order
+
+
+def _interleave(counts: list[int]) -> list[int]:
+    """Tree index of every piece, the trees' pieces spread evenly over the sequence (each tree keeps busy)."""
+    slots = sorted(((j + 0.5) / n, i) for i, n in enumerate(counts) for j in range(n))
+    return [i for _, i in slots]
+
+
+def _allreduce(topology: Topology, options: Options) -> Schedule:
+    """All-reduce over undirected packed trees: each piece reduced up its tree, then broadcast down it."""
+    p = topology.size
+    packing = pack_undirected(topology)
+    trees = packing.trees[packing.roots[0]]
+    k = _allreduce_pieces(options)
+    assigned = _assign_pieces(trees, k)
+    orders = [_centred(topology, parent) for parent, _ in assigned]
+    b = ScheduleBuilder("allreduce", p, k, k)
+    for rank in range(p):
+        b.copy(rank, Chunk("i", 0, k), Chunk("o", 0, k))
+    done: list[list[int]] = [[] for _ in range(p)]  # per rank, its last op on each piece, in piece order
+    for c, i in enumerate(_interleave([n for _, n in assigned])):
+        piece = Chunk("o", c)
+        for par, child in reversed(orders[i]):  # deepest edges first: a node has all its children's sums
+            gate = done[child][-WINDOW:-WINDOW + 1] if len(done[child]) >= WINDOW else []
+            b.send(child, par, piece, step=0, channel=0, after=gate)
+            b.recv(par, child, piece, reduce=True, step=0, channel=0)
+        root = orders[i][0][0]
+        for par, child in orders[i]:
+            b.send(par, child, piece, step=1, channel=1)
+            done[child].append(b.recv(child, par, piece, step=1, channel=1))
+        done[root].append(len(b.programs[root]) - 1)
+    return b.build("treepack", {**options.as_dict(), "pieces": k, "trees": len(assigned),
+                                "lp_load": round(packing.load, 6)})
+
+
 def treepack(topology: Topology, collective: str, options: Options) -> Schedule:
     """Tree-packing schedule for ``collective`` (see the module docstring)."""
     p = topology.size
@@ -231,6 +448,8 @@ def treepack(topology: Topology, collective: str, options: Options) -> Schedule:
                                  fix="use hierarchical or multitree at this scale")
     if p == 1:
         raise NotApplicableError("tree packing needs at least two ranks")
+    if collective == "allreduce" and topology.symmetric:
+        return _allreduce(topology, options)
     k = _pieces(options, p)
     rooted = collective in ("broadcast", "reduce")
     roots = [options.root] if rooted else list(range(p))

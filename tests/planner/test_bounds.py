@@ -201,6 +201,22 @@ def test_allreduce_bound_stays_valid_when_one_rank_is_much_faster() -> None:
     assert bound.bandwidth_s == pytest.approx(size / (10 * GB))
 
 
+def test_a_rank_private_router_joins_its_group() -> None:
+    # A ring of 4 routers, one GPU on each behind a 100 GB/s port, 25 GB/s between routers.  With each
+    # router inside its GPU's group the partition bound is 2(4-1)N over the 8 directed router links,
+    # above any single cut (N over a router's 2 links).
+    devices = [Device(f"g{i}", "gpu") for i in range(4)] + [Device(f"r{i}", "switch") for i in range(4)]
+    links: list[Link] = []
+    for i in range(4):
+        links += [Link(f"g{i}", f"r{i}", 100 * GB, 0.0), Link(f"r{i}", f"g{i}", 100 * GB, 0.0)]
+        j = (i + 1) % 4
+        links += [Link(f"r{i}", f"r{j}", 25 * GB, 0.0), Link(f"r{j}", f"r{i}", 25 * GB, 0.0)]
+    size = 1 << 30
+    bound = lower_bound(build_topology("square", devices, links), "allreduce", size)
+    assert bound.bandwidth_s == pytest.approx(6 * size / (8 * 25 * GB))
+    assert "nearest" in bound.cut
+
+
 # --------------------------------------------------------------------------- performance
 
 
