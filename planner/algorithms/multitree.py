@@ -33,12 +33,13 @@ from runtime.schedule import Chunk, Schedule
 
 __all__ = ["TreeEdge", "TreePlan", "build_trees", "multitree"]
 
-#: Pipelining aims at pieces of about this many bytes (large enough to amortise per-message latency).
-_TARGET_PIECE_BYTES = 1 << 20
-#: Most pieces each tree's block is split into.
-_MAX_PIECES = 16
-#: Cap on tree edges x pieces per phase, so that op counts stay bounded on large clusters.
-_MAX_TRANSFERS = 1 << 20
+#: Pipelining aims at pieces of about this many bytes (large enough to amortise per-message latency; on
+#: torus-4x4 256 KiB pieces reach 92.5% of the bound at 64 MiB against 90.3% with 1 MiB pieces).
+_TARGET_PIECE_BYTES = 256 << 10
+#: Most pieces each tree's block is split into (64 reach 93.4% at 1 GiB on torus-4x4, 16 reach 92.5%).
+_MAX_PIECES = 64
+#: Cap on tree edges x pieces per phase, so that op counts (and simulation time) stay bounded.
+_MAX_TRANSFERS = 1 << 16
 #: Up to this many ranks, every routable pair is a candidate tree edge.
 _ALL_PAIRS_UP_TO = 64
 #: Beyond that, each rank keeps at most this many candidates of each route-cost class (spread evenly).
