@@ -54,12 +54,14 @@ DEFAULT_SOLVER = SolverOptions(backend="clp", time_limit_s=15.0)
 #: A tiny cost per unit of edge capacity, weighted by latency, so that among equally fast packings the
 #: LP picks shallow trees over long chains.
 LATENCY_WEIGHT = 1e-3
-#: All-reduce piece size and count cap (the op count is 4 (p-1) per piece).
-ALLREDUCE_PIECE_BYTES = 128 << 10
+#: All-reduce piece size and count cap (the op count is 4 (p-1) per piece).  What matters is the count:
+#: every tree fills and drains its pipeline once, so each needs many pieces (mesh-4x4 at 64 MiB: 85.7% of
+#: the bound with 512 pieces, 90.4% with 1024, 91.9% with 2048, whatever the size).
+ALLREDUCE_PIECE_BYTES = 64 << 10
 MAX_ALLREDUCE_PIECES = 1024
 #: A rank sends a piece up only once it has the result of the piece WINDOW before it (credits, as NCCL's
-#: bounded slots): otherwise reductions race ahead of broadcasts on shared links and starve them; 64
-#: measured best on mesh-4x4, torus-4x4 and dgx1-v100 among 4 to 256.
+#: bounded slots): otherwise reductions race ahead of broadcasts on shared links and starve them; 96
+#: measured best on mesh-4x4 and torus-4x4 among 4 to 384 (64: 2-4 points less, 384: 10-15 less).
 WINDOW = 96
 #: Multiplicative-weights rounds that generate candidate trees, and the price step per round (relative to
 #: the round's busiest link); the final LP picks among the trees found, so more rounds only add choice.

@@ -71,12 +71,12 @@ def test_mesh_packing_meets_the_partition_bound() -> None:
 
 
 @pytest.mark.parametrize(("name", "size", "at_least"), [
-    ("mesh-4x4", 64 << 20, 0.84),
-    ("emu-uniform", 64 << 20, 0.94),
+    ("mesh-4x4", 64 << 20, 0.89),
+    ("emu-uniform", 64 << 20, 0.96),
     ("emu-racks", 1 << 30, 0.97),
 ])
 def test_allreduce_quality(name: str, size: int, at_least: float) -> None:
-    """Measured fractions of the lower bound (85.7%, 95.9%, 98.7% when written), with a little slack."""
+    """Measured fractions of the lower bound (90.4%, 97.7%, 98.7% when written), with a little slack."""
     topology = load_topology(TOPOLOGIES / f"{name}.yaml")
     compiled = compile_schedule(topology, "allreduce", "treepack", Options(size_bytes=size))
     assert compiled.schedule.metadata.options["trees"] >= 1
@@ -88,9 +88,9 @@ def test_allreduce_overlaps_reduce_and_broadcast() -> None:
     schedule = treepack(switch_cluster(4), "allreduce", Options(size_bytes=4 << 20))
     channels = {(op.step, op.channel) for program in schedule.programs for op in program if op.kind != "copy"}
     assert channels == {(0, 0), (1, 1)}
-    # the window gates a send on the piece WINDOW earlier: with 32 pieces there is none yet
+    # 64 KiB pieces, at most 1024
     big = treepack(switch_cluster(4), "allreduce", Options(size_bytes=64 << 20))
-    assert big.metadata.options["pieces"] == 512
+    assert big.metadata.options["pieces"] == 1024
     assert simulate(switch_cluster(4), big, 64 << 20).time_s <= lower_bound(
         switch_cluster(4), "allreduce", 64 << 20).time_s / 0.9
 
