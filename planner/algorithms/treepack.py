@@ -55,13 +55,14 @@ DEFAULT_SOLVER = SolverOptions(backend="clp", time_limit_s=15.0)
 #: LP picks shallow trees over long chains.
 LATENCY_WEIGHT = 1e-3
 #: All-reduce piece size and count cap (the op count is 4 (p-1) per piece).  What matters is the count:
-#: every tree fills and drains its pipeline once, so each needs many pieces (mesh-4x4 at 64 MiB: 85.7% of
-#: the bound with 512 pieces, 90.4% with 1024, 91.9% with 2048, whatever the size).
+#: every tree fills and drains its pipeline once, so each needs many pieces (mesh-4x4: 85.7% of the bound
+#: with 512 pieces, 90.4% with 1024, 93.8% with 2048, 96.5% with 4096, whatever the size).
 ALLREDUCE_PIECE_BYTES = 64 << 10
-MAX_ALLREDUCE_PIECES = 1024
-#: A rank sends a piece up only once it has the result of the piece WINDOW before it (credits, as NCCL's
-#: bounded slots): otherwise reductions race ahead of broadcasts on shared links and starve them; 96
-#: measured best on mesh-4x4 and torus-4x4 among 4 to 384 (64: 2-4 points less, 384: 10-15 less).
+MAX_ALLREDUCE_PIECES = 4096
+#: A rank sends a piece up only once it has the result of the piece ``window`` before it (credits, as
+#: NCCL's bounded slots): otherwise reductions race ahead of broadcasts on shared links and starve them.
+#: WINDOW at 1024 pieces, growing as pieces^0.7: measured best on mesh-4x4 and torus-4x4 among 4 to 384 at
+#: 1024 pieces (64: 2-4 points less, 384: 10-15 less) and among 96 to 256 at 4096.
 WINDOW = 96
 #: Multiplicative-weights rounds that generate candidate trees, and the price step per round (relative to
 #: the round's busiest link); the final LP picks among the trees found, so more rounds only add choice.
@@ -69,8 +70,9 @@ MWU_ROUNDS = 120
 MWU_STEP = 0.1
 #: Trees lighter than this (after the LP) are dropped and the rest rescaled: too few pieces to use them.
 MIN_TREE_WEIGHT = 1e-3
-#: Fewest trees whose best weighting is within this fraction of the optimum over all trees found.
-TREE_SLACK = 0.02
+#: Fewest trees whose best weighting is within this fraction of the optimum over all trees found (fewer
+#: trees pipeline better only with few pieces; at 4096 pieces 2% slack costs 1-2 points).
+TREE_SLACK = 0.002
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,11 +428,12 @@ def _allreduce(topology: Topology, options: Options) -> Schedule:
     b = ScheduleBuilder("allreduce", p, k, k)
     for rank in range(p):
         b.copy(rank, Chunk("i", 0, k), Chunk("o", 0, k))
+    window = max(WINDOW, round(WINDOW * (k / 1024) ** 0.7))
     done: list[list[int]] = [[] for _ in range(p)]  # per rank, its last op on each piece, in piece order
     for c, i in enumerate(_interleave([n for _, n in assigned])):
         piece = Chunk("o", c)
         for par, child in reversed(orders[i]):  # deepest edges first: a node has all its children's sums
-            gate = done[child][-WINDOW:-WINDOW + 1] if len(done[child]) >= WINDOW else []
+            gate = done[child][-window:-window + 1] if len(done[child]) >= window else []
             b.send(child, par, piece, step=0, channel=0, after=gate)
             b.recv(par, child, piece, reduce=True, step=0, channel=0)
         root = orders[i][0][0]
