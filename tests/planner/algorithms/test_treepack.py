@@ -72,11 +72,12 @@ def test_mesh_packing_meets_the_partition_bound() -> None:
 
 @pytest.mark.parametrize(("name", "size", "at_least"), [
     ("mesh-4x4", 64 << 20, 0.89),
+    pytest.param("mesh-4x4", 1 << 30, 0.95, marks=pytest.mark.slow),
     ("emu-uniform", 64 << 20, 0.96),
     ("emu-racks", 1 << 30, 0.97),
 ])
 def test_allreduce_quality(name: str, size: int, at_least: float) -> None:
-    """Measured fractions of the lower bound (90.4%, 97.7%, 98.7% when written), with a little slack."""
+    """Measured fractions of the lower bound (90.5%, 95.7%, 97.7%, 99.4% when written), with a little slack."""
     topology = load_topology(TOPOLOGIES / f"{name}.yaml")
     compiled = compile_schedule(topology, "allreduce", "treepack", Options(size_bytes=size))
     assert compiled.schedule.metadata.options["trees"] >= 1
