@@ -80,8 +80,10 @@ def cli() -> None:
 @click.option("--root", type=click.IntRange(0), default=0, show_default=True, help="Root of broadcast/reduce.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the schedule here.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+@click.option("--progress/--no-progress", default=None,
+              help="One line on stderr per auto candidate as it runs (default: when stderr is a terminal).")
 def compile_cmd(topology: str, collective: str, size: tuple[int, int], algorithm: str, channels: int | None,
-                pipeline: int | None, root: int, output: str | None, as_json: bool) -> None:
+                pipeline: int | None, root: int, output: str | None, as_json: bool, progress: bool | None) -> None:
     """Compile COLLECTIVE for TOPOLOGY (a YAML file or a shipped name), verify and simulate it."""
     from planner.algorithms import Options
     from planner.compile import compile_plan, compile_schedule, resolve_topology
@@ -92,14 +94,16 @@ def compile_cmd(topology: str, collective: str, size: tuple[int, int], algorithm
     topo = resolve_topology(topology)
     low, high = size
     options = Options(size_bytes=low, channels=channels, pipeline=pipeline, root=root)
+    show = sys.stderr.isatty() if progress is None else progress
+    report = (lambda event: click.echo(event.describe(), err=True)) if show else None
     if low != high:
-        plan, results = compile_plan(topo, collective, low, high, algorithm, options)
+        plan, results = compile_plan(topo, collective, low, high, algorithm, options, progress=report)
         if output:
             save_plan(plan, output)
         doc = plan_summary(results, output)
         _emit(doc, as_json, format_plan(doc))
         return
-    compiled = compile_schedule(topo, collective, algorithm, options)
+    compiled = compile_schedule(topo, collective, algorithm, options, progress=report)
     if output:
         save_schedule(compiled.schedule, output)
     _emit(compiled_summary(compiled, output), as_json)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -19,8 +19,9 @@ from planner.algorithms import ALGORITHMS, Options, get_algorithm
 from planner.bounds import Bound, lower_bound
 from planner.collectives import canonical_collective
 from planner.errors import InfeasibleError, NotApplicableError, SimulationError, TopoccError, UsageError
-from planner.simulate import SimResult, simulate
+from planner.simulate import SimResult, chunk_bytes, simulate
 from planner.topology import Topology, load_topology
+from planner.units import format_time
 from planner.verify import VerifyReport, verify
 from runtime.plan import Plan
 from runtime.schedule import Schedule, save_schedule
@@ -28,9 +29,12 @@ from runtime.schedule import Schedule, save_schedule
 __all__ = [
     "Candidate",
     "Compiled",
+    "Progress",
+    "ProgressFn",
     "compile_plan",
     "compile_schedule",
     "compile_shipped",
+    "link_time",
     "resolve_topology",
     "schedule_topology",
     "shipped_topologies",
@@ -46,6 +50,41 @@ class Candidate:
     compile_s: float
     operations: int = 0
     reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """One event of an ``auto`` race, for a progress display.
+
+    ``phase`` is ``build``, ``simulate`` or ``verify`` when that phase of
+    candidate ``index`` (of ``total``) starts, and ``done`` when the candidate is
+    settled (``candidate`` says how); ``elapsed_s`` counts from the start of the
+    race.
+    """
+
+    algorithm: str
+    phase: str
+    index: int
+    total: int
+    elapsed_s: float
+    candidate: Candidate | None = None
+
+
+    def describe(self) -> str:
+        """One status line: ``[2/8] tree: simulate (3.1 s)``, or how the candidate was settled."""
+        head = f"[{self.index}/{self.total}] {self.algorithm}"
+        clock = f"{self.elapsed_s:.1f} s"
+        c = self.candidate
+        if self.phase == "verify":
+            return f"{head}: verify the winner ({clock})"
+        if c is None:
+            return f"{head}: {self.phase} ({clock})"
+        if c.time_s is None:
+            return f"{head}: {c.reason} ({clock})"
+        return f"{head}: {format_time(c.time_s)}, {c.operations:,} operations, {c.compile_s:.1f} s ({clock})"
+
+
+ProgressFn = Callable[[Progress], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +113,36 @@ def _build(topology: Topology, collective: str, name: str, options: Options) -> 
     return algorithm.load()(topology, collective, options)
 
 
+def link_time(topology: Topology, schedule: Schedule, size_bytes: int) -> float:
+    """A lower bound of :func:`~planner.simulate.simulate`'s time: the busiest link's bytes over its bandwidth.
+
+    Every message is split over its routes exactly as the simulator splits it
+    (:meth:`Topology.route_shares`), and the simulator never lets the flows on a
+    link exceed its bandwidth (max-min fair rates are feasible), so no schedule
+    finishes before its most loaded link has carried its load.  Costs one pass
+    over the sends, no events.
+    """
+    cb = chunk_bytes(schedule, size_bytes)
+    per_pair: dict[tuple[int, int], int] = {}
+    for rank, program in enumerate(schedule.programs):
+        for op in program:
+            if op.kind == "send":
+                key = (rank, op.peer)  # type: ignore[assignment]
+                per_pair[key] = per_pair.get(key, 0) + op.count  # type: ignore[index,arg-type]
+    load: dict[tuple[str, str], float] = {}
+    for (a, b), chunks in per_pair.items():
+        if not topology.has_route(a, b):
+            continue  # the simulator refuses the schedule; it says why
+        for key, share in topology.route_shares(a, b).items():
+            load[key] = load.get(key, 0.0) + share * chunks * cb
+    link = topology.link
+    return max((v / link(*key).bandwidth for key, v in load.items()), default=0.0)  # type: ignore[union-attr]
+
+
 def _finish(topology: Topology, schedule: Schedule, options: Options, size_range: tuple[int, int | None] | None,
-            candidates: tuple[Candidate, ...] = ()) -> Compiled:
+            candidates: tuple[Candidate, ...] = (), sim: SimResult | None = None) -> Compiled:
     proof = verify(schedule)
-    sim = simulate(topology, schedule, options.size_bytes)
+    sim = sim or simulate(topology, schedule, options.size_bytes)
     bound = lower_bound(topology, schedule.collective, options.size_bytes, options.root)
     low, high = size_range if size_range else (0, None)
     schedule = schedule.with_metadata(
@@ -93,40 +158,78 @@ def _finish(topology: Topology, schedule: Schedule, options: Options, size_range
 
 
 def compile_schedule(topology: Topology, collective: str, algorithm: str = "auto", options: Options | None = None,
-                     *, size_range: tuple[int, int | None] | None = None) -> Compiled:
+                     *, size_range: tuple[int, int | None] | None = None,
+                     progress: ProgressFn | None = None) -> Compiled:
     """Compile ``collective`` on ``topology`` with ``algorithm`` (or the fastest, for ``auto``).
 
     The result is verified (a :class:`~planner.errors.VerificationError` here is a
     planner bug, never silently written) and simulated at ``options.size_bytes``.
+
+    ``auto`` builds every applicable algorithm, then simulates them in order of
+    :func:`link_time` and skips one whose link time already exceeds the best
+    simulated time (it cannot win: link time is a lower bound of its
+    simulation); the winner is verified.  ``progress`` is called as each
+    candidate starts a phase and when it is settled.
     """
     collective = canonical_collective(collective)
     options = options or Options()
     if algorithm != "auto":
         return _finish(topology, _build(topology, collective, algorithm, options), options, size_range)
     names = [a.name for a in ALGORITHMS.values() if collective in a.collectives]
-    best: tuple[float, Schedule] | None = None
-    candidates: list[Candidate] = []
+    race_start = time.perf_counter()
+    settled: dict[str, Candidate] = {}
+
+    def report(name: str, phase: str, candidate: Candidate | None = None) -> None:
+        if progress is not None:
+            progress(Progress(name, phase, names.index(name) + 1, len(names), time.perf_counter() - race_start,
+                              candidate))
+
+    def settle(candidate: Candidate) -> None:
+        settled[candidate.algorithm] = candidate
+        report(candidate.algorithm, "done", candidate)
+
+    built: list[tuple[float, str, Schedule, float]] = []  # (link time, name, schedule, build seconds)
     for name in names:
         limit = ALGORITHMS[name].auto_max_ranks
         if limit is not None and topology.size > limit:
-            candidates.append(Candidate(name, None, 0.0, reason=f"auto skips it above {limit} ranks, where it "
-                                        f"costs too much to compile; ask for it with --algorithm {name}"))
+            settle(Candidate(name, None, 0.0, reason=f"auto skips it above {limit} ranks, where it "
+                             f"costs too much to compile; ask for it with --algorithm {name}"))
             continue
+        report(name, "build")
         started = time.perf_counter()
         try:
             schedule = _build(topology, collective, name, options)
-            verify(schedule)
-            predicted = simulate(topology, schedule, options.size_bytes).time_s
-        except (NotApplicableError, SimulationError, InfeasibleError) as exc:
-            candidates.append(Candidate(name, None, time.perf_counter() - started, reason=exc.message))
+        except (NotApplicableError, InfeasibleError) as exc:
+            settle(Candidate(name, None, time.perf_counter() - started, reason=exc.message))
             continue
-        candidates.append(Candidate(name, predicted, time.perf_counter() - started, schedule.op_count))
-        if best is None or predicted < best[0]:
-            best = (predicted, schedule)
+        built.append((link_time(topology, schedule, options.size_bytes), name, schedule,
+                      time.perf_counter() - started))
+
+    best: tuple[float, int, Schedule, SimResult] | None = None  # (time, position in names, ...)
+    for floor, name, schedule, build_s in sorted(built, key=lambda item: item[0]):
+        if best is not None and floor * (1 - 1e-9) > best[0]:  # the margin absorbs rounding in the sums
+            settle(Candidate(name, None, build_s, schedule.op_count,
+                             reason=f"cannot win: its busiest link alone needs {format_time(floor)}, "
+                                    f"more than {names[best[1]]}'s {format_time(best[0])}"))
+            continue
+        report(name, "simulate")
+        started = time.perf_counter()
+        try:
+            sim = simulate(topology, schedule, options.size_bytes)
+        except SimulationError as exc:
+            verify(schedule)  # a schedule that does not run is a planner bug unless it is correct
+            settle(Candidate(name, None, build_s + time.perf_counter() - started, reason=exc.message))
+            continue
+        settle(Candidate(name, sim.time_s, build_s + time.perf_counter() - started, schedule.op_count))
+        # ties go to the algorithm listed first, whatever order the race simulated them in
+        if best is None or (sim.time_s, names.index(name)) < best[:2]:
+            best = (sim.time_s, names.index(name), schedule, sim)
+    candidates = tuple(settled[name] for name in names)
     if best is None:
         reasons = "; ".join(f"{c.algorithm}: {c.reason}" for c in candidates)
         raise NotApplicableError(f"no algorithm applies to {collective} on {topology.name} ({reasons})")
-    return _finish(topology, best[1], options, size_range, tuple(candidates))
+    report(names[best[1]], "verify")
+    return _finish(topology, best[2], options, size_range, candidates, best[3])
 
 
 def bucket_sizes(low: int, high: int, factor: int = 4) -> list[int]:
@@ -140,7 +243,7 @@ def bucket_sizes(low: int, high: int, factor: int = 4) -> list[int]:
 
 
 def compile_plan(topology: Topology, collective: str, low: int, high: int, algorithm: str = "auto",
-                 options: Options | None = None) -> tuple[Plan, list[Compiled]]:
+                 options: Options | None = None, *, progress: ProgressFn | None = None) -> tuple[Plan, list[Compiled]]:
     """Compile one schedule per size bucket over ``[low, high]`` and merge buckets that chose the same one.
 
     Each representative size is compiled (and, for ``auto``, raced) on its own;
@@ -153,7 +256,7 @@ def compile_plan(topology: Topology, collective: str, low: int, high: int, algor
     compiled: list[Compiled] = []
     for size, lo, hi in zip(sizes, edges, edges[1:]):
         result = compile_schedule(topology, collective, algorithm, replace(options, size_bytes=size),
-                                  size_range=(lo, hi))  # type: ignore[arg-type]  # lo is never None
+                                  size_range=(lo, hi), progress=progress)  # type: ignore[arg-type]  # lo is never None
         previous = compiled[-1].schedule if compiled else None
         if previous is not None and previous.programs == result.schedule.programs and (
                 previous.metadata.algorithm == result.schedule.metadata.algorithm):

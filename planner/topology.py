@@ -45,6 +45,11 @@ DEVICE_KINDS = ("gpu", "cpu", "pcie", "nvswitch", "nic", "switch")
 ROUTE_REFERENCE_BYTES = 1 << 20
 #: At most this many equal-cost paths are kept per pair (messages are split evenly over them).
 MAX_PATHS = 16
+#: Source ranks whose shortest-path trees a topology keeps: each holds every device, so all of them
+#: would cost ranks x devices memory (gigabytes at 4096 ranks); the paths of each pair are kept apart.
+_SOURCE_CACHE = 1024
+#: Rank pairs whose paths a topology keeps (each up to MAX_PATHS paths).
+_PATH_CACHE_PAIRS = 1 << 17
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,14 +158,19 @@ class Topology:
         return link.latency + ROUTE_REFERENCE_BYTES / link.bandwidth
 
     @cached_property
-    def _adjacency(self) -> dict[str, list[Link]]:
-        adj: dict[str, list[Link]] = {d.name: [] for d in self.devices}
+    def _adjacency(self) -> dict[str, list[tuple[str, float, Link]]]:
+        """Out-links of every device with their route cost: (head, cost, link)."""
+        adj: dict[str, list[tuple[str, float, Link]]] = {d.name: [] for d in self.devices}
         for link in self.links:
-            adj[link.src].append(link)
+            adj[link.src].append((link.dst, self._cost(link), link))
         return adj
 
     @cached_property
     def _route_cache(self) -> dict[int, tuple[dict[str, float], dict[str, list[Link]]]]:
+        return {}
+
+    @cached_property
+    def _paths_cache(self) -> dict[tuple[int, int], tuple[tuple[Link, ...], ...]]:
         return {}
 
     def _shortest_from(self, src: int) -> tuple[dict[str, float], dict[str, list[Link]]]:
@@ -173,30 +183,58 @@ class Topology:
         parents: dict[str, list[Link]] = {start: []}
         heap = [(0.0, start)]
         ranks = self._rank_index
+        adjacency = self._adjacency
+        heappop, heappush = heapq.heappop, heapq.heappush
+        get = dist.get
         while heap:
-            d, node = heapq.heappop(heap)
+            d, node = heappop(heap)
             if d > dist[node] * (1 + 1e-12) + 1e-18:
                 continue
-            if node != start and node in ranks:
-                continue  # GPUs are endpoints, not forwarders
-            for link in self._adjacency[node]:
-                nd = d + self._cost(link)
-                old = dist.get(link.dst)
+            for head, cost, link in adjacency[node]:
+                nd = d + cost
+                old = get(head)
                 if old is None or nd < old * (1 - 1e-9):
-                    dist[link.dst] = nd
-                    parents[link.dst] = [link]
-                    heapq.heappush(heap, (nd, link.dst))
+                    dist[head] = nd
+                    parents[head] = [link]
+                    if head not in ranks:  # GPUs are endpoints, not forwarders: never expanded
+                        heappush(heap, (nd, head))
                 elif nd <= old * (1 + 1e-9):
-                    parents[link.dst].append(link)
-        self._route_cache[src] = (dist, parents)
+                    parents[head].append(link)
+        cache = self._route_cache
+        if len(cache) >= _SOURCE_CACHE:
+            del cache[next(iter(cache))]  # the oldest: a source's tree costs O(devices) memory
+        cache[src] = (dist, parents)
+        reach = bytearray(len(self.ranks))
+        for name in dist:
+            rank = ranks.get(name)
+            if rank is not None:
+                reach[rank] = 1
+        self._reachable[src] = reach
         return dist, parents
+
+    @cached_property
+    def _reachable(self) -> dict[int, bytearray]:
+        """For each searched source rank, a flag per rank: routable from it (ranks^2 bytes, never evicted)."""
+        return {}
 
     def has_route(self, src: int, dst: int) -> bool:
         """Whether rank ``src`` can send to rank ``dst`` directly (over switches, NICs, PCIe, no GPU)."""
-        return self.ranks[dst] in self._shortest_from(src)[0]
+        reach = self._reachable.get(src)
+        if reach is None:
+            self._shortest_from(src)
+            reach = self._reachable[src]
+        return bool(reach[dst])
 
     def routes(self, src: int, dst: int) -> tuple[tuple[Link, ...], ...]:
-        """The equal-cost paths from rank ``src`` to rank ``dst`` (at most :data:`MAX_PATHS`), each as links."""
+        """The equal-cost paths from rank ``src`` to rank ``dst`` (at most :data:`MAX_PATHS`), each as links.
+
+        Kept per pair (up to :data:`_PATH_CACHE_PAIRS` pairs): the algorithms' cost
+        models, the route shares and the simulator all ask for the same pairs.
+        """
+        cache = self._paths_cache
+        found = cache.get((src, dst))
+        if found is not None:
+            return found
         _, parents = self._shortest_from(src)
         target = self.ranks[dst]
         if target not in parents or src == dst:
@@ -213,7 +251,10 @@ class Topology:
                 walk(link.src, (link, *suffix))
 
         walk(target, ())
-        return tuple(paths)
+        if len(cache) >= _PATH_CACHE_PAIRS:
+            cache.clear()  # bounded memory: an all-to-all on 1024 ranks asks for a million pairs
+        found = cache[(src, dst)] = tuple(paths)
+        return found
 
     def route_latency(self, src: int, dst: int) -> float:
         """Latency of the first cheapest path (the alpha term of a message)."""

@@ -119,3 +119,31 @@ def test_console_script_installed() -> None:
                             capture_output=True, text=True, timeout=60, cwd=REPO)
     assert result.returncode == 2
     assert result.stderr.startswith("topocc: error: unknown algorithm") and "Traceback" not in result.stderr
+
+
+def test_compile_reports_progress_per_candidate() -> None:
+    """Every candidate is announced and settled once; the winner is verified last."""
+    from planner.algorithms import ALGORITHMS, Options
+    from planner.compile import Progress, compile_schedule, resolve_topology
+
+    events: list[Progress] = []
+    compiled = compile_schedule(resolve_topology("emu-uniform"), "allreduce", "auto", Options(size_bytes=1 << 20),
+                                progress=events.append)
+    names = [a.name for a in ALGORITHMS.values() if "allreduce" in a.collectives]
+    done = [e for e in events if e.phase == "done"]
+    assert sorted(e.algorithm for e in done) == sorted(names)
+    assert all(e.candidate is not None and e.total == len(names) for e in done)
+    assert events[-1].phase == "verify" and events[-1].algorithm == compiled.schedule.metadata.algorithm
+    assert [e.elapsed_s for e in events] == sorted(e.elapsed_s for e in events)
+    assert all(e.describe().startswith(f"[{e.index}/{e.total}] {e.algorithm}") for e in events)
+    skipped = [c for c in compiled.candidates if c.reason and c.reason.startswith("cannot win")]
+    assert all(c.time_s is None for c in skipped)
+
+
+def test_compile_progress_goes_to_stderr_only(capsys: pytest.CaptureFixture[str]) -> None:
+    code, text, err = run(capsys, "compile", "emu-uniform", "--size", "1MiB", "--json", "--progress")
+    assert code == 0, err
+    json.loads(text)  # stdout stays one JSON document
+    assert "hierarchical:" in err and "verify the winner" in err
+    code, text, err = run(capsys, "compile", "emu-uniform", "--size", "1MiB", "--json")
+    assert code == 0 and err == ""  # not a terminal: no progress unless asked

@@ -1,39 +1,55 @@
-"""BlueConnect: reduce-scatter level by level up the hierarchy, all-gather back down.
+"""BlueConnect, pipelined: reduce-scatter level by level up the hierarchy, all-gather back down.
 
 Cho et al., "BlueConnect: Decomposing all-reduce for deep learning on
 heterogeneous network hierarchy", SysML 2019, section 3: factor ``p = p1 x p2 x
 p3`` along the hierarchy (GPUs in a host, hosts in a rack, racks), then run a
 reduce-scatter among the ranks that differ only in the level-1 coordinate,
 then among those that differ only in the level-2 coordinate on the part each
-now owns, and so on; the all-gather retraces the stages in reverse.  Every
-stage is a ring (a direct exchange for two members) on its own fabric, so each
-level's links carry only that level's share of the data.
+now owns, and so on; the all-gather retraces the stages in reverse.  Each level
+runs on its own fabric, so each level's links carry only that level's share of
+the data.
+
+Run one stage after the other and the fast intra-host fabric idles while the
+NICs work, and the other way round.  So the buffer is cut into *slices*, each
+a complete BlueConnect all-reduce of its own (chunk ``j * p + v`` is virtual
+block ``v`` of slice ``j``): while slice ``j`` crosses the hosts, slice
+``j + 1`` is reduced inside them (section 4's pipelining, applied across the
+stages).  Every phase (a level's reduce-scatter or all-gather) has a channel of
+its own, so messages of different phases never queue behind each other on one
+connection.  A level runs as a ring, or as recursive halving / doubling
+(Rabenseifner; ``log2 n`` steps instead of ``n - 1``) when its size is a power
+of two and a link-load estimate says the fewer, larger steps cost no more:
+that keeps the latency of a 32-member cross-leaf level at 5 hops, not 31.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from planner.algorithms import Options
-from planner.algorithms._order import (
-    chunk_runs,
-    find_cycle,
-    pieces,
-    ring_all_gather,
-    ring_reduce_scatter,
-    single_rank,
-    split,
-)
+from planner.algorithms._order import PIECE_BYTES, chunk_runs, find_cycle, single_rank
 from planner.builder import ScheduleBuilder
 from planner.collectives import canonical_collective
 from planner.errors import NotApplicableError
 from planner.topology import Topology
 from runtime.schedule import Chunk, Schedule
 
-__all__ = ["Stage", "hierarchical", "stages"]
+__all__ = ["Stage", "hierarchical", "stage_methods", "stages"]
 
-_MAX_CHUNKS = 4096
+#: At most this many chunks (ranks x slices): the builder, the verifier and the simulator cost grows
+#: with ranks x chunks, and this keeps a 1024-rank compile near half a minute (8 slices).
+_MAX_CHUNKS = 8192
+#: From this size on, twice the chunks: such a collective runs for milliseconds, every step of
+#: training, so a compile twice as long buys the last few percent of pipeline fill and drain.
+_LARGE_BYTES = 512 << 20
+#: Target bytes per slice (:data:`~planner.algorithms._order.PIECE_BYTES`): the first slice's
+#: intra-host reduce-scatter is the pipeline's fill, and the last one's all-gather its drain.
+_SLICE_BYTES = PIECE_BYTES
+
+#: One message of a phase step: (sending member, receiving member, first part, end part), members
+#: and parts as positions in the group.
+Send = tuple[int, int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +132,106 @@ def stages(topology: Topology) -> list[Stage]:
     return out
 
 
+# --------------------------------------------------------------------------- phase steps
+
+
+def _ring_steps(n: int, gather: bool) -> list[list[Send]]:
+    """Ring reduce-scatter (Patarasuk & Yuan 2009) or all-gather among ``n`` members, step by step.
+
+    Reduce-scatter: at step ``t`` member ``i`` passes part ``i-t-1`` on to
+    member ``i+1``, which reduces it in, so member ``i`` ends owning part ``i``;
+    the all-gather passes part ``i-t`` on.
+    """
+    shift = 0 if gather else 1
+    return [[(i, (i + 1) % n, (i - t - shift) % n, (i - t - shift) % n + 1) for i in range(n)]
+            for t in range(n - 1)]
+
+
+def _halving_doubling_steps(n: int, gather: bool) -> list[list[Send]]:
+    """Recursive halving (reduce-scatter) or doubling (all-gather) among ``n`` (a power of two) members.
+
+    Thakur, Rabenseifner & Gropp 2005, section 4.4.  Halving at distance ``d``:
+    member ``i`` holds the aligned run of ``2d`` parts around its own, sends the
+    half its partner ``i ^ d`` keeps and keeps the other; doubling sends the
+    aligned run of ``d`` parts it holds and receives the partner's.
+    """
+    distances = []
+    d = 1
+    while d < n:
+        distances.append(d)
+        d *= 2
+    if not gather:
+        distances.reverse()
+    return [[(i, i ^ d, (i ^ d) & ~(d - 1) if not gather else i & ~(d - 1),
+              ((i ^ d) & ~(d - 1) if not gather else i & ~(d - 1)) + d) for i in range(n)]
+            for d in distances]
+
+
+_METHODS: dict[str, Callable[[int, bool], list[list[Send]]]] = {
+    "ring": _ring_steps,
+    "halving-doubling": _halving_doubling_steps,
+}
+
+
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _estimate(topology: Topology, stage: Stage, method: str, part_bytes: float, slices: int) -> float:
+    """Seconds one phase of ``stage`` takes with ``method``: per step the path latency plus the step's
+    bytes over its busiest link, every group of the stage loading the links at once, ``slices`` times.
+
+    A coarse model (no overlap between steps), used only to choose between ring and halving-doubling.
+    """
+    link = topology.link
+    total = 0.0
+    for step in _METHODS[method](stage.size, False):
+        load: dict[tuple[str, str], float] = {}
+        latency = 0.0
+        for g in stage.groups:
+            for i, j, a, b in step:
+                for key, share in topology.route_shares(g[i], g[j]).items():
+                    load[key] = load.get(key, 0.0) + share * (b - a)
+            latency = max(latency, max(topology.route_latency(g[i], g[j]) for i, j, _, _ in step))
+        busiest = max((v / link(*key).bandwidth for key, v in load.items()), default=0.0)  # type: ignore[union-attr]
+        total += latency + slices * part_bytes * busiest
+    return total
+
+
+def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: float, slices: int,
+                  force: str | None = None) -> list[str]:
+    """Ring or halving-doubling for each level: the one :func:`_estimate` times faster (ties: fewer steps).
+
+    ``force`` (``Options.extra["stage_method"]``) picks one for every level; a
+    level whose size is not a power of two always runs as a ring.
+    """
+    out: list[str] = []
+    part = slice_bytes
+    for s in levels:
+        part /= s.size  # bytes of one part of this level, per slice
+        if not _power_of_two(s.size) or s.size == 2:
+            out.append("ring" if s.size != 2 else "halving-doubling")
+            continue
+        if force is not None:
+            out.append(force)
+            continue
+        ring = _estimate(topology, s, "ring", part, slices)
+        hd = _estimate(topology, s, "halving-doubling", part, slices)
+        out.append("halving-doubling" if hd <= ring * (1 + 1e-9) else "ring")
+    return out
+
+
+# --------------------------------------------------------------------------- the schedule
+
+
 def hierarchical(topology: Topology, collective: str, options: Options) -> Schedule:
-    """BlueConnect schedule for allreduce, reducescatter or allgather."""
+    """Pipelined BlueConnect schedule for allreduce, reducescatter or allgather.
+
+    ``options.pipeline`` sets the number of slices of an allreduce (default:
+    about :data:`_SLICE_BYTES` each, at most :data:`_MAX_CHUNKS` chunks);
+    ``options.extra["stage_method"]`` (``ring`` or ``halving-doubling``) forces
+    the method of every level whose size allows it.
+    """
     collective = canonical_collective(collective)
     if collective not in ("allreduce", "reducescatter", "allgather"):
         raise NotApplicableError(
@@ -141,18 +255,20 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
         block[r] = v
     owner = {v: r for r, v in block.items()}
 
+    refs: Callable[[int, int, int], list[Chunk]]
     if collective == "allreduce":
-        q = pieces(options.pipeline, options.size_bytes / p, max(1, _MAX_CHUNKS // p))
-        k, buffer = q, "o"
-        b = ScheduleBuilder(collective, p, p * q, p * q)
+        cap = max(1, _MAX_CHUNKS * (2 if options.size_bytes >= _LARGE_BYTES else 1) // p)
+        slices = max(1, options.pipeline) if options.pipeline is not None else max(
+            1, min(cap, round(options.size_bytes / _SLICE_BYTES)))
+        b = ScheduleBuilder(collective, p, p * slices, p * slices)
         for r in range(p):
-            b.copy(r, Chunk("i", 0, p * q), Chunk("o", 0, p * q))
+            b.copy(r, Chunk("i", 0, p * slices), Chunk("o", 0, p * slices))
 
-        def refs(lo: int, hi: int) -> list[Chunk]:
-            # a part travels as q pieces whatever its size, so later stages pipeline as well as the first
-            return split(lo * q, (hi - lo) * q, q)
+        def refs(j: int, lo: int, hi: int) -> list[Chunk]:
+            return [Chunk("o", j * p + lo, hi - lo)]
     else:
-        k, buffer = 1, "s" if collective == "reducescatter" else "o"
+        slices = 1
+        buffer = "s" if collective == "reducescatter" else "o"
         if collective == "reducescatter":
             b = ScheduleBuilder(collective, p, p, 1, scratch_chunks=p)
             for r in range(p):
@@ -162,35 +278,51 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
             for r in range(p):
                 b.copy(r, Chunk("i", 0), Chunk("o", r))
 
-        def refs(lo: int, hi: int) -> list[Chunk]:
+        def refs(j: int, lo: int, hi: int) -> list[Chunk]:
             # virtual blocks lo..hi are the physical blocks of their owners
             return chunk_runs(buffer, [owner[v] for v in range(lo, hi)])
-    meta["pipeline"] = k
 
-    def part_ranges(stage: int, group: Sequence[int]) -> list[tuple[int, int]]:
-        """The virtual-block range each member of ``group`` owns after ``stage``'s reduce-scatter."""
-        span = 1
-        for s in levels[stage:]:
-            span *= s.size
-        base = block[group[0]] // span * span
-        sub = span // levels[stage].size
-        return [(base + i * sub, base + (i + 1) * sub) for i in range(len(group))]
+    force = options.extra.get("stage_method")
+    if force is not None and force not in _METHODS:
+        raise NotApplicableError(f"hierarchical: unknown stage_method {force!r} (use {', '.join(_METHODS)})")
+    methods = stage_methods(topology, levels, options.size_bytes / slices, slices, force)
+    meta.update(pipeline=slices, methods=methods)
 
-    step = 0
+    spans = []  # virtual blocks covered by one group of each level
+    span = p
+    for s in levels:
+        spans.append(span)
+        span //= s.size
+
+    # phases in pipeline order: reduce-scatter up the levels, all-gather back down
+    phases: list[tuple[int, bool]] = []
     if collective != "allgather":
-        for si, s in enumerate(levels):
-            for g in s.groups:
-                parts = [refs(lo, hi) for lo, hi in part_ranges(si, g)]
-                ring_reduce_scatter(b, g, parts, step=step)
-            step += s.size - 1
+        phases += [(si, False) for si in range(len(levels))]
+    if collective != "reducescatter":
+        phases += [(si, True) for si in reversed(range(len(levels)))]
+    steps = {(si, gather): _METHODS[methods[si]](levels[si].size, gather) for si, gather in phases}
+    first_step = []
+    at = 0
+    for phase in phases:
+        first_step.append(at)
+        at += len(steps[phase])
+
+    # Emitted as a wavefront (slice j's phase f in round j + f), so each rank posts its messages
+    # roughly in the order their data becomes ready; any order that follows the data is deadlock-free.
+    for rnd in range(slices + len(phases) - 1):
+        for f, (si, gather) in enumerate(phases):
+            j = rnd - f
+            if not 0 <= j < slices:
+                continue
+            s = levels[si]
+            sub = spans[si] // s.size  # virtual blocks per part
+            for t, step in enumerate(steps[(si, gather)]):
+                for g in s.groups:
+                    base = block[g[0]] // spans[si] * spans[si]
+                    for i, k, a, e in step:
+                        for ref in refs(j, base + a * sub, base + e * sub):
+                            b.transfer(g[i], g[k], ref, ref, reduce=not gather, step=first_step[f] + t, channel=f)
     if collective == "reducescatter":
         for r in range(p):
-            b.copy(r, Chunk("s", r), Chunk("o", 0), step=step)
-        return b.build("hierarchical", meta)
-    for si in reversed(range(len(levels))):
-        s = levels[si]
-        for g in s.groups:
-            parts = [refs(lo, hi) for lo, hi in part_ranges(si, g)]
-            ring_all_gather(b, g, parts, step=step)
-        step += s.size - 1
+            b.copy(r, Chunk("s", r), Chunk("o", 0), step=at)
     return b.build("hierarchical", meta)

@@ -361,3 +361,24 @@ def test_route_cache_does_not_keep_a_topology_alive() -> None:
     del topo
     gc.collect()
     assert ref() is None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_link_time_is_a_lower_bound_of_the_simulated_time(seed: int) -> None:
+    """``auto`` skips a candidate whose link time exceeds the best simulated time: that needs link <= simulated."""
+    from planner.algorithms import ALGORITHMS, Options
+    from planner.compile import link_time
+    from planner.errors import NotApplicableError
+
+    topology = random_topology(seed)
+    size = random.Random(seed).choice([1 << 10, 1 << 20, 64 << 20])
+    checked = 0
+    for name in ("ring", "tree", "halving-doubling", "direct", "hierarchical"):
+        try:
+            schedule = ALGORITHMS[name].load()(topology, "allreduce", Options(size_bytes=size))
+            simulated = simulate(topology, schedule, size).time_s
+        except (NotApplicableError, SimulationError):
+            continue
+        assert 0 < link_time(topology, schedule, size) <= simulated * (1 + 1e-9)
+        checked += 1
+    assert checked

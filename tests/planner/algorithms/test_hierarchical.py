@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from planner.algorithms import Options
-from planner.algorithms.hierarchical import hierarchical, stages
+from planner.algorithms.hierarchical import _METHODS, hierarchical, stages
 from planner.errors import NotApplicableError
 from planner.topology import Topology, parse_topology_text
 from tests.planner.algorithms.test_baselines import check_schedule
@@ -73,3 +73,104 @@ def test_unequal_hosts_decline() -> None:
 def test_unequal_racks_decline() -> None:
     with pytest.raises(NotApplicableError, match="same number of hosts"):
         hierarchical(cluster([2, 2, 2], racks=2), "allreduce", Options())
+
+
+# --------------------------------------------------------------------------- pipelined stages
+
+
+def _owners_after(steps: list[list[tuple[int, int, int, int]]], n: int) -> list[set[int]]:
+    """Run reduce-scatter steps on sets of contributions: which members each member's own part holds."""
+    holds = [[{i} for _ in range(n)] for i in range(n)]  # holds[member][part] = contributions
+    for step in steps:
+        sent = [(k, a, e, [set(holds[i][x]) for x in range(a, e)]) for i, k, a, e in step]
+        for k, a, e, values in sent:
+            for x, value in zip(range(a, e), values):
+                assert not holds[k][x] & value, "a contribution would be counted twice"
+                holds[k][x] |= value
+    return [holds[i][i] for i in range(n)]
+
+
+@pytest.mark.parametrize("method", ["ring", "halving-doubling"])
+@pytest.mark.parametrize("n", [2, 4, 8, 16])
+def test_phase_steps_reduce_and_gather(method: str, n: int) -> None:
+    rs = _METHODS[method](n, False)
+    assert _owners_after(rs, n) == [set(range(n))] * n
+    assert len(rs) == (n - 1 if method == "ring" else n.bit_length() - 1)
+    # the all-gather starts from each member's own part and ends with every part everywhere
+    have = [{i} for i in range(n)]
+    for step in _METHODS[method](n, True):
+        sent = [(k, set(range(a, e))) for i, k, a, e in step if set(range(a, e)) <= have[i]]
+        assert len(sent) == len(step), "a member sends a part it does not hold yet"
+        for k, parts in sent:
+            have[k] |= parts
+    assert have == [set(range(n))] * n
+
+
+SHIPPED = ["dgx-a100-4node", "emu-racks", "emu-uniform", "pcie-4x4-10gbe"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("pipeline", [1, 3, None])
+@pytest.mark.parametrize("method", [None, "ring", "halving-doubling"])
+def test_pipelined_schedules_verify_on_shipped_clusters(name: str, pipeline: int | None, method: str | None) -> None:
+    from planner.compile import resolve_topology
+
+    topology = resolve_topology(name)
+    extra = {"stage_method": method} if method else {}
+    schedule = hierarchical(topology, "allreduce", Options(size_bytes=16 << 20, pipeline=pipeline, extra=extra))
+    check_schedule(topology, schedule, "allreduce", "hierarchical")
+    slices = schedule.metadata.options["pipeline"]
+    assert schedule.output_chunks == topology.size * slices
+    if method is not None:
+        sizes = [int(level.split(":")[1]) for level in schedule.metadata.options["levels"]]
+        for size, used in zip(sizes, schedule.metadata.options["methods"]):
+            assert used == (method if size > 2 and size & (size - 1) == 0 else "ring" if size > 2 else used)
+
+
+@pytest.mark.parametrize("shape", [([2] * 8, 2), ([3] * 4, 0), ([4] * 4, 2), ([1] * 6, 3), ([8] * 2, 0)])
+@pytest.mark.parametrize("collective", ["allreduce", "reducescatter", "allgather"])
+def test_pipelined_schedules_verify_on_small_clusters(shape: tuple[list[int], int], collective: str) -> None:
+    topology = cluster(*shape)
+    for pipeline in (2, 5):
+        schedule = hierarchical(topology, collective, Options(size_bytes=8 << 20, pipeline=pipeline))
+        check_schedule(topology, schedule, collective, "hierarchical")
+
+
+def test_every_phase_has_its_own_channel() -> None:
+    """A channel carries one level's reduce-scatter or all-gather, so phases never queue behind each other."""
+    topology = cluster([2] * 8, racks=2)
+    schedule = hierarchical(topology, "allreduce", Options(pipeline=4))
+    levels = stages(topology)
+    group_of = [{r: gi for gi, g in enumerate(s.groups) for r in g} for s in levels]
+    phase_of: dict[int, tuple[int, str]] = {}
+    for rank, program in enumerate(schedule.programs):
+        for op in program:
+            if op.kind in ("recv", "recv_reduce"):
+                # two ranks share a group at exactly one level: the one this message belongs to
+                level = next(i for i, g in enumerate(group_of) if g[rank] == g[op.peer])
+                assert phase_of.setdefault(op.channel, (level, op.kind)) == (level, op.kind)
+    assert sorted(phase_of.values()) == sorted((i, k) for i in range(len(levels)) for k in ("recv", "recv_reduce"))
+
+
+def test_pipelining_overlaps_the_levels() -> None:
+    """Slices let the NICs work while the intra-host fabric reduces the next slice: faster than one slice."""
+    from planner.compile import resolve_topology
+    from planner.simulate import simulate
+
+    topology = resolve_topology("dgx-a100-4node")
+    size = 64 << 20
+    one = simulate(topology, hierarchical(topology, "allreduce", Options(size_bytes=size, pipeline=1)), size)
+    many = simulate(topology, hierarchical(topology, "allreduce", Options(size_bytes=size, pipeline=16)), size)
+    assert many.time_s < 0.8 * one.time_s
+
+
+def test_unknown_stage_method_declines() -> None:
+    with pytest.raises(NotApplicableError, match="stage_method"):
+        hierarchical(cluster([4] * 4), "allreduce", Options(extra={"stage_method": "tree"}))
+
+
+@pytest.mark.parametrize("gpus", [[2, 3], [4, 4, 2], [1, 2]])
+def test_uneven_clusters_decline_with_any_pipeline(gpus: list[int]) -> None:
+    for pipeline in (None, 4):
+        with pytest.raises(NotApplicableError, match="equal-sized hosts"):
+            hierarchical(cluster(gpus), "allreduce", Options(pipeline=pipeline))
