@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
+from array import array
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -45,11 +46,19 @@ DEVICE_KINDS = ("gpu", "cpu", "pcie", "nvswitch", "nic", "switch")
 ROUTE_REFERENCE_BYTES = 1 << 20
 #: At most this many equal-cost paths are kept per pair (messages are split evenly over them).
 MAX_PATHS = 16
-#: Source ranks whose shortest-path trees a topology keeps: each holds every device, so all of them
-#: would cost ranks x devices memory (gigabytes at 4096 ranks); the paths of each pair are kept apart.
-_SOURCE_CACHE = 1024
 #: Rank pairs whose paths a topology keeps (each up to MAX_PATHS paths).
 _PATH_CACHE_PAIRS = 1 << 17
+
+
+@dataclass(frozen=True, slots=True)
+class _RouteTree:
+    """The shortest-path DAG from one source rank: ``first[d]`` is a parent link index of device ``d`` (-1:
+    unreached, -2: the source), ``extra[d]`` its further equal-cost parent links, ``cost[r]`` the route
+    cost to rank ``r`` (inf: no route)."""
+
+    first: array
+    extra: dict[int, tuple[int, ...]]
+    cost: array
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,72 +167,75 @@ class Topology:
         return link.latency + ROUTE_REFERENCE_BYTES / link.bandwidth
 
     @cached_property
-    def _adjacency(self) -> dict[str, list[tuple[str, float, Link]]]:
-        """Out-links of every device with their route cost: (head, cost, link)."""
-        adj: dict[str, list[tuple[str, float, Link]]] = {d.name: [] for d in self.devices}
-        for link in self.links:
-            adj[link.src].append((link.dst, self._cost(link), link))
-        return adj
+    def _graph(self) -> tuple[list[list[tuple[int, float, int]]], bytearray, list[int]]:
+        """Devices as indices: out-links ``(head, route cost, link index)`` per device, a rank flag per
+        device, and each rank's device index."""
+        index = {d.name: i for i, d in enumerate(self.devices)}
+        adjacency: list[list[tuple[int, float, int]]] = [[] for _ in self.devices]
+        for k, link in enumerate(self.links):
+            adjacency[index[link.src]].append((index[link.dst], self._cost(link), k))
+        is_rank = bytearray(len(self.devices))
+        rank_device = [index[name] for name in self.ranks]
+        for i in rank_device:
+            is_rank[i] = 1
+        return adjacency, is_rank, rank_device
 
     @cached_property
-    def _route_cache(self) -> dict[int, tuple[dict[str, float], dict[str, list[Link]]]]:
+    def _route_cache(self) -> dict[int, _RouteTree]:
         return {}
 
     @cached_property
     def _paths_cache(self) -> dict[tuple[int, int], tuple[tuple[Link, ...], ...]]:
         return {}
 
-    def _shortest_from(self, src: int) -> tuple[dict[str, float], dict[str, list[Link]]]:
-        """Dijkstra from rank ``src`` that never expands through another rank; keeps all equal-cost parents."""
+    def _shortest_from(self, src: int) -> _RouteTree:
+        """Dijkstra from rank ``src`` that never expands through another rank; keeps all equal-cost parents.
+
+        Kept compactly for every source (a parent link index per device, a cost
+        per rank): about 5 bytes per device, so 4096 ranks on 8848 devices hold
+        under 200 MB, and no source is ever searched twice.
+        """
         cached = self._route_cache.get(src)
         if cached is not None:
             return cached
-        start = self.ranks[src]
-        dist: dict[str, float] = {start: 0.0}
-        parents: dict[str, list[Link]] = {start: []}
+        adjacency, is_rank, rank_device = self._graph
+        n = len(adjacency)
+        inf = float("inf")
+        dist = [inf] * n
+        first = [-1] * n  # a parent link per reached device (-2 at the source)
+        extra: dict[int, list[int]] = {}  # further equal-cost parent links
+        start = rank_device[src]
+        dist[start] = 0.0
+        first[start] = -2
         heap = [(0.0, start)]
-        ranks = self._rank_index
-        adjacency = self._adjacency
         heappop, heappush = heapq.heappop, heapq.heappush
-        get = dist.get
         while heap:
             d, node = heappop(heap)
             if d > dist[node] * (1 + 1e-12) + 1e-18:
                 continue
             for head, cost, link in adjacency[node]:
                 nd = d + cost
-                old = get(head)
-                if old is None or nd < old * (1 - 1e-9):
+                old = dist[head]
+                if nd < old * (1 - 1e-9):
                     dist[head] = nd
-                    parents[head] = [link]
-                    if head not in ranks:  # GPUs are endpoints, not forwarders: never expanded
+                    first[head] = link
+                    extra.pop(head, None)
+                    if not is_rank[head]:  # GPUs are endpoints, not forwarders: never expanded
                         heappush(heap, (nd, head))
                 elif nd <= old * (1 + 1e-9):
-                    parents[head].append(link)
-        cache = self._route_cache
-        if len(cache) >= _SOURCE_CACHE:
-            del cache[next(iter(cache))]  # the oldest: a source's tree costs O(devices) memory
-        cache[src] = (dist, parents)
-        reach = bytearray(len(self.ranks))
-        for name in dist:
-            rank = ranks.get(name)
-            if rank is not None:
-                reach[rank] = 1
-        self._reachable[src] = reach
-        return dist, parents
-
-    @cached_property
-    def _reachable(self) -> dict[int, bytearray]:
-        """For each searched source rank, a flag per rank: routable from it (ranks^2 bytes, never evicted)."""
-        return {}
+                    extra.setdefault(head, []).append(link)
+        tree = _RouteTree(array("i", first), {k: tuple(v) for k, v in extra.items()},
+                          array("d", [dist[i] for i in rank_device]))
+        self._route_cache[src] = tree
+        return tree
 
     def has_route(self, src: int, dst: int) -> bool:
         """Whether rank ``src`` can send to rank ``dst`` directly (over switches, NICs, PCIe, no GPU)."""
-        reach = self._reachable.get(src)
-        if reach is None:
-            self._shortest_from(src)
-            reach = self._reachable[src]
-        return bool(reach[dst])
+        return self._shortest_from(src).cost[dst] != float("inf")
+
+    def route_cost(self, src: int, dst: int) -> float:
+        """The cost the routes minimise (latency plus a reference message's transfer time; inf: no route)."""
+        return self._shortest_from(src).cost[dst]
 
     def routes(self, src: int, dst: int) -> tuple[tuple[Link, ...], ...]:
         """The equal-cost paths from rank ``src`` to rank ``dst`` (at most :data:`MAX_PATHS`), each as links.
@@ -235,26 +247,34 @@ class Topology:
         found = cache.get((src, dst))
         if found is not None:
             return found
-        _, parents = self._shortest_from(src)
-        target = self.ranks[dst]
-        if target not in parents or src == dst:
+        tree = self._shortest_from(src)
+        if src == dst or tree.cost[dst] == float("inf"):
             return ()
+        _, _, rank_device = self._graph
+        index = self._device_position
+        links = self.links
         paths: list[tuple[Link, ...]] = []
 
-        def walk(node: str, suffix: tuple[Link, ...]) -> None:
+        def walk(node: int, suffix: tuple[Link, ...]) -> None:
             if len(paths) >= MAX_PATHS:
                 return
-            if not parents[node]:
+            head = tree.first[node]
+            if head == -2:
                 paths.append(suffix)
                 return
-            for link in parents[node]:
-                walk(link.src, (link, *suffix))
+            for k in (head, *tree.extra.get(node, ())):
+                link = links[k]
+                walk(index[link.src], (link, *suffix))
 
-        walk(target, ())
+        walk(rank_device[dst], ())
         if len(cache) >= _PATH_CACHE_PAIRS:
             cache.clear()  # bounded memory: an all-to-all on 1024 ranks asks for a million pairs
         found = cache[(src, dst)] = tuple(paths)
         return found
+
+    @cached_property
+    def _device_position(self) -> dict[str, int]:
+        return {d.name: i for i, d in enumerate(self.devices)}
 
     def route_latency(self, src: int, dst: int) -> float:
         """Latency of the first cheapest path (the alpha term of a message)."""

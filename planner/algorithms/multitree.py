@@ -21,6 +21,7 @@ dearer ones.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -102,21 +103,18 @@ class _Fabric:
     def __init__(self, topology: Topology, *, reverse: bool, quota: int | None) -> None:
         p = topology.size
         self.p = p
-        names = topology.ranks
         link_ids = {(link.src, link.dst): i for i, link in enumerate(topology.links)}
         self.bandwidth = [link.bandwidth for link in topology.links]
         self.keys = [(link.src, link.dst) for link in topology.links]
         spread = _bit_reversed(p)
-        # route costs: Dijkstra over non-GPU interiors, the same search (and cache) as Topology.routes()
-        cost = [topology._shortest_from(a)[0] for a in range(p)]
         self.loads: dict[tuple[int, int], tuple[tuple[int, float], ...]] = {}
         ranked: list[list[tuple[float, int, int]]] = []
         for u in range(p):
             found = []
             for v in range(p):
                 a, b = (v, u) if reverse else (u, v)
-                c = cost[a].get(names[b])
-                if v != u and c is not None:
+                c = topology.route_cost(a, b)
+                if v != u and c != math.inf:
                     found.append((c, spread[(v - u) % p], v))
             found.sort()
             ranked.append(found)
