@@ -43,15 +43,15 @@ _EPS = 1e-9
 Weight = Callable[[int, int], float]
 
 
-def pieces(requested: int | None, piece_source_bytes: float, cap: int) -> int:
+def pieces(requested: int | None, piece_source_bytes: float, cap: int, piece_bytes: int = PIECE_BYTES) -> int:
     """How many pieces to split one logical chunk of ``piece_source_bytes`` into.
 
     ``requested`` (``Options.pipeline``) wins; otherwise pieces of about
-    :data:`PIECE_BYTES`, at most ``cap`` so that op counts stay bounded.
+    ``piece_bytes``, at most ``cap`` so that op counts stay bounded.
     """
     if requested is not None:
         return max(1, requested)
-    return max(1, min(cap, int(piece_source_bytes // PIECE_BYTES)))
+    return max(1, min(cap, int(piece_source_bytes // piece_bytes)))
 
 
 def split(start: int, count: int, parts: int) -> list[Chunk]:
