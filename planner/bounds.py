@@ -25,7 +25,13 @@ devices (each rank alone, each host, each rack); every element must make at
 least 2(m-1) crossings between groups (one-way gossip among m parties needs
 2m-2 calls, Harary & Schwenk, "The communication problem on graphs and
 digraphs", 1974; reductions never mix elements, as the verifier enforces), so
-``time >= 2(m-1) N / sum of the groups' in- (or out-) capacities``.  On p equal
+``time >= 2(m-1) N / sum of the groups' in- (or out-) capacities``.  On up to
+:data:`ROUTED_PARTITION_RANKS` ranks the crossings' capacity is also solved
+exactly for the simulator's model, where a message between two ranks follows
+their fixed routes: an LP finds the most bytes/s that rank pairs in different
+groups can exchange at once over those routes.  It sees, say, that the PCIe
+links into a DGX-1 GPU only carry messages that also cross the CPUs'
+interconnect, which the sum of capacities cannot.  On p equal
 ranks behind one switch this is the familiar 2(p-1)/p N/B (Patarasuk & Yuan,
 "Bandwidth optimal all-reduce algorithms", JPDC 2009).  It equals "twice the
 allgather cut" on groups of equal size and capacity, and unlike that per-cut
@@ -58,7 +64,8 @@ from dataclasses import dataclass
 import networkx as nx
 
 from planner.collectives import canonical_collective
-from planner.errors import UsageError
+from planner.errors import InfeasibleError, UsageError
+from planner.solvers import LinearProgram, SolverOptions, solve
 from planner.topology import Topology
 from planner.units import format_bandwidth, format_time
 
@@ -72,6 +79,10 @@ EXACT_DIAMETER_BUDGET = 1_000_000
 DIAMETER_SWEEPS = 8
 #: Kernighan-Lin passes (networkx default 10): the first few find almost all of the gain.
 KL_ITERATIONS = 4
+#: Up to this many ranks the partition bounds also solve the routed LP (ranks^2 rate variables).
+ROUTED_PARTITION_RANKS = 64
+#: Time limit of that LP (it has a few thousand variables; a limit only drops the refinement).
+ROUTED_PARTITION_SECONDS = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +135,7 @@ class _Partition:
     cap_out: float
     lat_in: float
     lat_out: float
+    routed: float | None = None  # most crossing bytes/s the fixed routes carry (an LP), when computed
 
 
 class _CutFamily:
@@ -179,7 +191,7 @@ class _CutFamily:
         # The complement comes for free: its in-links are S's out-links.
         self.cuts.append(_Cut(complement_label or f"all but {label}", ranks, True, cap_out, cap_in, lat_out, lat_in))
 
-    def _add_partition(self, label: str, groups: list[set[int]]) -> None:
+    def _add_partition(self, label: str, groups: list[set[int]], topology: Topology) -> None:
         if len(groups) < 2:
             return
         cap_in = cap_out = 0.0
@@ -189,7 +201,11 @@ class _CutFamily:
             cap_in += ci
             cap_out += co
             lat_in, lat_out = min(lat_in, li), min(lat_out, lo)
-        self.partitions.append(_Partition(label, len(groups), cap_in, cap_out, lat_in, lat_out))
+        routed = None
+        if self.size <= ROUTED_PARTITION_RANKS:
+            group_of = {self.rank_of[d]: g for g, members in enumerate(groups) for d in members if d in self.rank_of}
+            routed = _routed_crossings(topology, group_of)
+        self.partitions.append(_Partition(label, len(groups), cap_in, cap_out, lat_in, lat_out, routed))
 
     # ---- candidates
 
@@ -198,12 +214,12 @@ class _CutFamily:
         p = topo.size
         for r, dev in enumerate(self.rank_dev):
             self._add(f"rank {r} ({devices[dev].name})", (dev,))
-        self._add_partition(f"each of the {p} ranks alone", [{dev} for dev in self.rank_dev])
+        self._add_partition(f"each of the {p} ranks alone", [{dev} for dev in self.rank_dev], topo)
         groups: list[set[int]] = [{dev} for dev in self.rank_dev]
         for dev, r in self._nearest_rank().items():
             groups[r].add(dev)
         if any(len(g) > 1 for g in groups):
-            self._add_partition(f"each of the {p} ranks with the devices nearest to it alone", groups)
+            self._add_partition(f"each of the {p} ranks with the devices nearest to it alone", groups, topo)
 
         # hosts: every device naming the host, plus ranks that have no host (their own host)
         host_members: dict[str, set[int]] = {h: set() for h in topo.hosts}
@@ -216,7 +232,7 @@ class _CutFamily:
             for h in host_names:
                 self._add(f"host {h} ({_plural(len(topo.hosts[h]), 'rank')})", host_members[h])
             if len(host_names) < p:
-                self._add_partition(f"each of the {len(host_names)} hosts", list(host_members.values()))
+                self._add_partition(f"each of the {len(host_names)} hosts", list(host_members.values()), topo)
             half = len(host_names) // 2
             first = set().union(*(host_members[h] for h in host_names[:half]))
             second = set().union(*(host_members[h] for h in host_names[half:]))
@@ -242,7 +258,7 @@ class _CutFamily:
             for rack, members in rack_members.items():
                 self._add(f"rack {rack} ({_plural(len(topo.racks[rack]), 'rank')})", members)
             if len(topo.racks) < len(host_names):
-                self._add_partition(f"each of the {len(topo.racks)} racks", list(rack_members.values()))
+                self._add_partition(f"each of the {len(topo.racks)} racks", list(rack_members.values()), topo)
 
         self._kernighan_lin()
         if len(host_names) > 1 and len(host_names) * len(topo.links) <= MAXFLOW_BUDGET:
@@ -356,6 +372,34 @@ class _CutFamily:
         return best
 
 
+def _routed_crossings(topology: Topology, group_of: dict[int, int]) -> float | None:
+    """The most bytes/s that messages between ranks of different groups can carry over their fixed routes.
+
+    An LP: a rate per ordered rank pair in different groups, every link's load
+    (each pair's rate times its route share, as the simulator splits messages)
+    within its bandwidth, maximising the total.  None unless solved to
+    optimality (a sub-optimal maximum would overstate the bound).
+    """
+    pairs = [(a, b) for a in group_of for b in group_of
+             if group_of[a] != group_of[b] and topology.has_route(a, b)]
+    lp = LinearProgram()
+    rate = [lp.var(cost=-1.0) for _ in pairs]
+    usage: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    for var, (a, b) in zip(rate, pairs):
+        for key, share in topology.route_shares(a, b).items():
+            usage.setdefault(key, []).append((var, share))
+    scale = max(link.bandwidth for link in topology.links)  # rates in units of the fastest link
+    for key in sorted(usage):
+        lp.add_le(usage[key], topology.link(*key).bandwidth / scale)  # type: ignore[union-attr]
+    try:
+        solution = solve(lp, SolverOptions(backend="glop", time_limit_s=ROUTED_PARTITION_SECONDS))
+    except InfeasibleError:
+        return None
+    if not solution.optimal:
+        return None
+    return -solution.objective * scale * (1 + 1e-9)  # the margin keeps rounding on the safe side
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
@@ -419,10 +463,13 @@ def lower_bound(topology: Topology, collective: str, size_bytes: int, root: int 
     if collective == "allreduce":
         for part in family.partitions:
             need = 2.0 * (part.parts - 1) * n
-            for cap, lat, way in ((part.cap_in, part.lat_in, "entering"), (part.cap_out, part.lat_out, "leaving")):
+            terms = [(part.cap_in, part.lat_in, "entering them"), (part.cap_out, part.lat_out, "leaving them")]
+            if part.routed is not None:
+                terms.append((part.routed, min(part.lat_in, part.lat_out), "between them over the routes"))
+            for cap, lat, way in terms:
                 bw, lt = _term(need, cap, lat)
                 if bw + lt > best[0]:
-                    best = (bw + lt, bw, lt, f"{part.label}: 2(m-1)N over {format_bandwidth(cap)} {way} them")
+                    best = (bw + lt, bw, lt, f"{part.label}: 2(m-1)N over {format_bandwidth(cap)} {way}")
 
     if collective == "broadcast":
         dist = family.from_rank(root)

@@ -6,14 +6,19 @@ import gc
 import weakref
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from planner.algorithms import ALGORITHMS, Options
 from planner.bounds import Bound, lower_bound
 from planner.builder import ScheduleBuilder
-from planner.errors import UsageError
+from planner.errors import NotApplicableError, UsageError
 from planner.simulate import simulate
-from planner.topology import Device, Link, Topology, build_topology, parse_topology_text
+from planner.topology import Device, Link, Topology, build_topology, load_topology, parse_topology_text
 from planner.verify import verify
 from runtime.schedule import Chunk, Schedule
+from tests.conftest import TOPOLOGIES
+from tests.strategies import topologies
 
 GB = 1e9
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall")
@@ -176,6 +181,30 @@ def test_bound_never_exceeds_a_simulated_ring(index: int, size: int) -> None:
         bound = lower_bound(topo, schedule.collective, size)
         assert bound.time_s <= sim.time_s * (1 + 1e-9), (schedule.collective, bound, sim.time_s)
         assert bound.time_s > 0
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topology=topologies(max_hosts=3, max_gpus=4), data=st.data())
+def test_allreduce_bound_never_exceeds_any_algorithm(topology: Topology, data: st.DataObject) -> None:
+    """The routed partition LP only tightens the bound: every algorithm's simulated time stays above it."""
+    size = data.draw(st.sampled_from((1 << 16, 1 << 24, 1 << 30)))
+    bound = lower_bound(topology, "allreduce", size).time_s
+    for name in ("ring", "tree", "halving-doubling", "hierarchical", "multitree", "treepack"):
+        try:
+            schedule = ALGORITHMS[name].load()(topology, "allreduce", Options(size_bytes=size))
+        except NotApplicableError:
+            continue
+        assert bound <= simulate(topology, schedule, size).time_s * (1 + 1e-9), name
+
+
+def test_routes_bound_the_dgx1_below_its_link_capacity() -> None:
+    """DGX-1: a GPU's PCIe link only carries messages from GPUs it has no NVLink to, which also cross the
+    CPUs' interconnect; the routed LP sees that, so its 6-channel ring comes within a few percent."""
+    topology = load_topology(TOPOLOGIES / "dgx1-v100.yaml")
+    bound = lower_bound(topology, "allreduce", 1 << 30)
+    assert "over the routes" in bound.cut
+    sim = simulate(topology, ALGORITHMS["ring"].load()(topology, "allreduce", Options(size_bytes=1 << 30)), 1 << 30)
+    assert 0.95 <= bound.time_s / sim.time_s <= 1.0
 
 
 def test_ring_on_a_directed_ring_meets_the_bandwidth_bound() -> None:
