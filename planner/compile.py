@@ -429,8 +429,10 @@ def compile_shipped(out_dir: str | Path, names: Iterable[str] | None = None, *, 
         compiled = compile_schedule(topology, collective, algorithm, Options(size_bytes=size_bytes))
         # the recorded topology file is the shipped name, so the schedule resolves on any checkout
         schedule = compiled.schedule.with_metadata(topology_file=None)
-        suffix = ".json.gz" if schedule.op_count > 50_000 else ".json"
-        path = out / f"{topology.name}-{collective}{suffix}"
+        large = schedule.op_count > 50_000
+        path = out / f"{topology.name}-{collective}{'.json.gz' if large else '.json'}"
         save_schedule(schedule, path)
+        # the other spelling, from an earlier run, would be a second, stale schedule for the topology
+        (out / f"{topology.name}-{collective}{'.json' if large else '.json.gz'}").unlink(missing_ok=True)
         written.append((path, replace(compiled, schedule=schedule)))
     return written

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -63,3 +64,12 @@ def test_auto_with_forked_proofs_picks_the_same_winner(forking: None) -> None:
     inline = compile_schedule(topology, "allreduce", "auto", options)
     assert forked.schedule.programs == inline.schedule.programs
     assert forked.proof == inline.proof
+
+
+def test_compile_shipped_replaces_the_other_spelling(tmp_path: Path) -> None:
+    """A schedule that moves between plain and gzipped JSON leaves no stale copy behind."""
+    stale = tmp_path / "emu-uniform-allreduce.json.gz"
+    stale.write_bytes(b"old")
+    (path, compiled), = compile_module.compile_shipped(tmp_path, ["emu-uniform"], size_bytes=1 << 20)
+    assert path.name == "emu-uniform-allreduce.json" and compiled.schedule.op_count < 50_000
+    assert not stale.exists()
