@@ -2,8 +2,9 @@
 
 Prints, for every shipped topology and size, each algorithm's predicted time,
 its percentage of the lower bound and its compile time (build + verify +
-simulate); then the compile time and peak memory of ``auto`` as the cluster
-grows.  Run: ``python benchmarks/planner_bench.py [--quick] [--topologies a,b]``.
+simulate); an algorithm above the rank count where ``auto`` skips it
+(``Algorithm.auto_max_ranks``: minutes per compile there) is listed as skipped.
+Then the compile time and peak memory of ``auto`` as the cluster grows.  Run: ``python benchmarks/planner_bench.py [--quick] [--topologies a,b]``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ def quality_rows(names: list[str], sizes: tuple[int, ...], collective: str) -> l
             for algorithm in [*(a.name for a in ALGORITHMS.values() if collective in a.collectives), "auto"]:
                 if topology.size > 256 and algorithm in ("direct", "tree", "ring", "halving-doubling"):
                     continue  # flat algorithms on 1024 ranks: millions of operations; see the scale table
+                limit = ALGORITHMS[algorithm].auto_max_ranks if algorithm in ALGORITHMS else None
+                if limit is not None and topology.size > limit:  # as auto does: minutes per compile there
+                    rows.append((name, format_size(size), algorithm, "-", "-", "-", f"skipped above {limit} ranks"))
+                    continue
                 started = time.perf_counter()
                 try:
                     compiled = compile_schedule(topology, collective, algorithm, Options(size_bytes=size))
@@ -84,8 +89,11 @@ def main() -> None:
     names = args.topologies.split(",") if args.topologies else list(shipped_topologies())
     sizes = SIZES[2:] if args.quick else SIZES
     if not args.scale_only:
-        print(format_table(quality_rows(names, sizes, args.collective),
-                           ("topology", "size", "algorithm", "predicted", "of bound", "compile", "chose / note")))
+        for name in names:  # a table per topology, printed as soon as it is measured
+            print(format_table(quality_rows([name], sizes, args.collective),
+                               ("topology", "size", "algorithm", "predicted", "of bound", "compile", "chose / note")),
+                  flush=True)
+            print()
     counts = tuple(int(c) for c in args.scale.split(",")) if args.scale else (
         (16, 128, 1024) if args.quick else (16, 128, 1024, 4096))
     print()
