@@ -257,7 +257,7 @@ def format_summary(doc: Mapping[str, Any]) -> str:
                 for c in doc["candidates"]
             ]
             lines.append("")
-            lines.append(_indent(format_table(rows, ("candidate", "predicted", "ops", "compile", "not applicable"))))
+            lines.append(_indent(format_table(rows, ("candidate", "predicted", "ops", "compile", "why not chosen"))))
         if doc.get("output"):
             lines.append(f"  wrote {doc['output']}")
     elif "cut_bound" in doc:
