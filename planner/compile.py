@@ -256,7 +256,7 @@ def compile_schedule(topology: Topology, collective: str, algorithm: str = "auto
         report(candidate.algorithm, "done", candidate)
 
     built: list[tuple[float, str, Schedule, float]] = []  # (link time, name, schedule, build seconds)
-    # large candidates are proved in forked children while the race goes on; the winner's proof is kept
+    # a large candidate is proved in a forked child while the race goes on (kept if it wins)
     proofs: dict[str, _Verification] = {}
     try:
         for name in names:
@@ -272,13 +272,16 @@ def compile_schedule(topology: Topology, collective: str, algorithm: str = "auto
             except (NotApplicableError, InfeasibleError) as exc:
                 settle(Candidate(name, None, time.perf_counter() - started, reason=exc.message))
                 continue
-            if schedule.op_count >= PARALLEL_VERIFY_OPS:
-                proofs[name] = _Verification(schedule)
             built.append((link_time(topology, schedule, options.size_bytes), name, schedule,
                           time.perf_counter() - started))
 
+        built.sort(key=lambda item: item[0])
+        # the large candidate with the least link time is the likeliest winner among the costly proofs
+        large = [(name, schedule) for _, name, schedule, _ in built if schedule.op_count >= PARALLEL_VERIFY_OPS]
+        if large:
+            proofs[large[0][0]] = _Verification(large[0][1])
         best: tuple[float, int, Schedule, SimResult] | None = None  # (time, position in names, ...)
-        for floor, name, schedule, build_s in sorted(built, key=lambda item: item[0]):
+        for floor, name, schedule, build_s in built:
             if best is not None and floor * (1 - 1e-9) > best[0]:  # the margin absorbs rounding in the sums
                 settle(Candidate(name, None, build_s, schedule.op_count,
                                  reason=f"cannot win: its busiest link alone needs {format_time(floor)}, "

@@ -130,7 +130,8 @@ class RunResult:
 
 def _parse(proc: subprocess.CompletedProcess[str], elapsed: float) -> RunResult:
     rows = tuple(json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{"))
-    errors = tuple(line for line in proc.stderr.splitlines() if line.startswith("topocc:"))
+    # a rank's one-line error is one write, but another rank's unfinished line may precede it on the pipe
+    errors = tuple(line[line.index("topocc:"):] for line in proc.stderr.splitlines() if "topocc:" in line)
     return RunResult(proc.returncode, rows, errors, elapsed, proc.stderr)
 
 

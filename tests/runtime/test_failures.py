@@ -12,6 +12,7 @@ import importlib.util
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,11 +34,23 @@ TIMEOUT = 3.0
 
 def mpiexec(n: int, *args: str, auto_cleanup: bool = False, limit: float = 40) -> tuple[subprocess.CompletedProcess,
                                                                                         float]:
+    """Run ``n`` ranks; stdout and stderr come back rank by rank (each rank writes its own file, so lines
+    of ranks failing at the same moment never interleave mid-line, as they do on a shared pipe)."""
     flags = [] if auto_cleanup else ["-disable-auto-cleanup"]
-    start = time.monotonic()
-    proc = subprocess.run([find_mpiexec(), *flags, "-n", str(n), sys.executable, *args], capture_output=True,
-                          text=True, timeout=limit)
-    return proc, time.monotonic() - start
+    with tempfile.TemporaryDirectory() as tmp:
+        files = ["-outfile-pattern", f"{tmp}/out.%r", "-errfile-pattern", f"{tmp}/err.%r"]
+        start = time.monotonic()
+        proc = subprocess.run([find_mpiexec(), *flags, *files, "-n", str(n), sys.executable, *args],
+                              capture_output=True, text=True, timeout=limit)
+        elapsed = time.monotonic() - start
+
+        def gather(kind: str) -> str:
+            parts = [Path(tmp, f"{kind}.{r}") for r in range(n)]
+            return "".join(part.read_text() for part in parts if part.exists())
+
+        proc.stdout += gather("out")
+        proc.stderr += gather("err")
+    return proc, elapsed
 
 
 @pytest.fixture
