@@ -400,15 +400,9 @@ def _centred(topology: Topology, parent: dict[int, int]) -> list[tuple[int, int]
         return round(far, 12), hops
 
     root = min(sorted(adjacency), key=eccentricity)
-    order, queue, seen = [], deque([root]), {root}
-    while queue:
-        u = queue.popleft()
-        for v in sorted(adjacency[u]):
-            if v not in seen:
-                seen.add(v)
-                order.append((u, v))
-                queue.append(v)
-    return order
+    rerooted = _bfs_tree(len(adjacency), root, [(u, v) for u in adjacency for v in adjacency[u]])
+    assert rerooted is not None  # a spanning tree spans
+    return _bfs_order(rerooted, root)
 
 
 def _interleave(counts: list[int]) -> list[int]:
