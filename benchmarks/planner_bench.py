@@ -4,7 +4,8 @@ Prints, for every shipped topology and size, each algorithm's predicted time,
 its percentage of the lower bound and its compile time (build + verify +
 simulate); an algorithm above the rank count where ``auto`` skips it
 (``Algorithm.auto_max_ranks``: minutes per compile there) is listed as skipped.
-Then the compile time and peak memory of ``auto`` as the cluster grows.  Run: ``python benchmarks/planner_bench.py [--quick] [--topologies a,b]``.
+Then the compile time and peak memory of ``auto`` as the cluster grows.
+Run: ``python benchmarks/planner_bench.py [--quick] [--topologies a,b] [--scale 16,128,1024,4096]``.
 """
 
 from __future__ import annotations
