@@ -167,10 +167,15 @@ class Topology:
         return link.latency + ROUTE_REFERENCE_BYTES / link.bandwidth
 
     @cached_property
+    def _device_position(self) -> dict[str, int]:
+        """Each device's index in :attr:`devices`."""
+        return {d.name: i for i, d in enumerate(self.devices)}
+
+    @cached_property
     def _graph(self) -> tuple[list[list[tuple[int, float, int]]], bytearray, list[int]]:
         """Devices as indices: out-links ``(head, route cost, link index)`` per device, a rank flag per
         device, and each rank's device index."""
-        index = {d.name: i for i, d in enumerate(self.devices)}
+        index = self._device_position
         adjacency: list[list[tuple[int, float, int]]] = [[] for _ in self.devices]
         for k, link in enumerate(self.links):
             adjacency[index[link.src]].append((index[link.dst], self._cost(link), k))
@@ -271,10 +276,6 @@ class Topology:
             cache.clear()  # bounded memory: an all-to-all on 1024 ranks asks for a million pairs
         found = cache[(src, dst)] = tuple(paths)
         return found
-
-    @cached_property
-    def _device_position(self) -> dict[str, int]:
-        return {d.name: i for i, d in enumerate(self.devices)}
 
     def route_latency(self, src: int, dst: int) -> float:
         """Latency of the first cheapest path (the alpha term of a message)."""
