@@ -101,12 +101,12 @@ def format_plan(doc: Mapping[str, Any]) -> str:
         (format_size(b["min_bytes"]) if b["min_bytes"] else "0",
          format_size(b["max_bytes"]) if b["max_bytes"] is not None else "inf",
          b["algorithm"], format_size(b["size_bytes"]), format_time(b["predicted_time_s"]),
-         _pct(b["percent_of_bound"]), f"{b['algbw_GBps']:.2f}")
+         _pct(b["percent_of_bound"]), format_bandwidth(b["algbw_GBps"] * 1e9))
         for b in doc["buckets"]
     ]
     text = (f"plan for {doc['collective']} on {doc['topology']} ({doc['ranks']} ranks): {len(rows)} buckets\n"
             + _indent(format_table(rows, ("from", "to", "algorithm", "tuned at", "predicted", "of bound",
-                                          "algbw GB/s"))))
+                                          "algbw"))))
     if doc.get("output"):
         text += f"\n  wrote {doc['output']}"
     return text
@@ -246,7 +246,8 @@ def format_summary(doc: Mapping[str, Any]) -> str:
         lines.append(f"  predicted time: {format_time(doc['predicted_time_s'])}")
         lines.append(f"  lower bound:    {format_time(doc['lower_bound_s'])} ({doc['bound_cut']})")
         lines.append(f"  of bound:       {_pct(doc['percent_of_bound'])}")
-        lines.append(f"  algbw / busbw:  {doc['algbw_GBps']:.2f} / {doc['busbw_GBps']:.2f} GB/s")
+        lines.append(f"  algbw / busbw:  {format_bandwidth(doc['algbw_GBps'] * 1e9)} / "
+                     f"{format_bandwidth(doc['busbw_GBps'] * 1e9)}")
         if doc.get("bottleneck_links"):
             busiest = ", ".join(f"{b['link']} ({100 * b['utilisation']:.0f}%)" for b in doc["bottleneck_links"][:3])
             lines.append(f"  busiest links:  {busiest}")
@@ -270,7 +271,8 @@ def format_summary(doc: Mapping[str, Any]) -> str:
                      f"{format_bandwidth(doc['max_link_bandwidth_GBps'] * 1e9)}")
         for coll, cut in doc["cut_bound"].items():
             lines.append(f"  cut bound ({coll}, {format_size(cut['size_bytes'])}): {format_time(cut['lower_bound_s'])}"
-                         f" = at most {cut['max_algbw_GBps']:.2f} GB/s algbw; tightest cut: {cut['cut']}")
+                         f" = at most {format_bandwidth(cut['max_algbw_GBps'] * 1e9)} algbw; "
+                         f"tightest cut: {cut['cut']}")
         lines.append(f"  fingerprint: {doc['fingerprint'][:16]}")
     elif "verified" in doc:
         lines.append(f"verified: {doc['collective']} ({doc['algorithm']}) on {doc['ranks']} ranks, "
