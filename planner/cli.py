@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from planner.errors import TopoccError
+from planner.errors import TopoccError, exit_codes
 from planner.units import UnitError, parse_size, parse_size_range
 
 __all__ = ["cli", "main"]
@@ -63,7 +63,14 @@ def _emit(doc: Any, as_json: bool, text: str | None = None) -> None:
         click.echo(text if text is not None else format_summary(doc))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _exit_code_epilog() -> str:
+    """The exit-code table of :mod:`planner.errors`, for ``topocc --help`` (``\\b``: click keeps the lines)."""
+    rows = [f"  {code:<4} {meaning.replace('``', '')}" for code, _, meaning in exit_codes()]
+    head = "Exit codes (every failure is one line on stderr; TOPOCC_DEBUG=1 shows a traceback):"
+    return head + "\n\n\b\n" + "\n".join(rows)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=_exit_code_epilog())
 @click.version_option(package_name="topocc")
 def cli() -> None:
     """topocc: compile, verify, simulate and run topology-aware collective schedules."""
