@@ -49,6 +49,7 @@ class SizeRangeType(click.ParamType):
 
 SIZE = SizeType()
 SIZE_RANGE = SizeRangeType()
+WHAT_IF_HELP = "Allow a --topology the schedule was not compiled for (the output says it is a what-if)."
 COLLECTIVE = click.Choice(
     ["allreduce", "reducescatter", "reduce-scatter", "allgather", "all-gather", "broadcast", "reduce", "alltoall",
      "all-to-all"], case_sensitive=False)
@@ -132,13 +133,14 @@ def verify_cmd(schedule: str, as_json: bool) -> None:
 @cli.command("simulate")
 @click.argument("schedule", type=click.Path(dir_okay=False))
 @click.option("-t", "--topology", default=None, help="Topology to simulate on (default: the one it was compiled for).")
+@click.option("--what-if", "what_if", is_flag=True, help=WHAT_IF_HELP)
 @click.option("-s", "--size", type=SIZE, default=None, help="Buffer size (default: the size it was compiled for).")
 @click.option("--candidates", is_flag=True, help="Also race every algorithm at this size and show why the winner won.")
 @click.option("--trace", type=click.Path(dir_okay=False), default=None,
               help="Write the simulated timeline as a Chrome trace (Perfetto, chrome://tracing).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def simulate_cmd(schedule: str, topology: str | None, size: int | None, candidates: bool, trace: str | None,
-                 as_json: bool) -> None:
+def simulate_cmd(schedule: str, topology: str | None, what_if: bool, size: int | None, candidates: bool,
+                 trace: str | None, as_json: bool) -> None:
     """Predict SCHEDULE's time on its topology, against the lower bound."""
     from planner.compile import schedule_topology
     from planner.summary import simulation_summary
@@ -147,7 +149,7 @@ def simulate_cmd(schedule: str, topology: str | None, size: int | None, candidat
     plan = as_plan(load_any(schedule))
     size = size or plan.schedules[0].metadata.size_bytes or (64 << 20)
     loaded = plan.select(size)
-    topo = schedule_topology(loaded, schedule, topology)
+    topo = schedule_topology(loaded, schedule, topology, what_if=what_if)
     doc = simulation_summary(topo, loaded, size, candidates=candidates, trace=trace)
     _emit(doc, as_json)
 
@@ -281,6 +283,7 @@ def run_cmd(schedule: str, nprocs: int | None, size: int, dtype: str, op: str, t
 @click.option("--dtype", default="float32", show_default=True)
 @click.option("--timeout", type=click.FloatRange(0.1), default=30.0, show_default=True)
 @click.option("-t", "--topology", default=None, help="Topology for the prediction (default: the compiled one).")
+@click.option("--what-if", "what_if", is_flag=True, help=WHAT_IF_HELP)
 @click.option("--emulate", default=None, help="Run on an emulated cluster of this topology (needs root).")
 @click.option("--scale", type=click.FloatRange(1e-6, 1.0), default=1e-3, show_default=True,
               help="With --emulate: emulated link rate = real bandwidth x scale.")
@@ -288,7 +291,7 @@ def run_cmd(schedule: str, nprocs: int | None, size: int, dtype: str, op: str, t
               help="Record one measured call per size and write it as a Chrome trace.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON rows.")
 def bench_cmd(schedule: str, nprocs: int | None, sizes: tuple[int, int], factor: int, iters: int, warmup: int,
-              dtype: str, timeout: float, topology: str | None, emulate: str | None, scale: float,
+              dtype: str, timeout: float, topology: str | None, what_if: bool, emulate: str | None, scale: float,
               trace: str | None, as_json: bool) -> None:
     """Time SCHEDULE (or a plan) against the MPI's native collective, nccl-tests style."""
     from planner.compile import bucket_sizes
@@ -308,7 +311,7 @@ def bench_cmd(schedule: str, nprocs: int | None, sizes: tuple[int, int], factor:
         return
     rows = bench_schedule(schedule, nprocs or loaded.ranks, size_list, iters=iters, warmup=warmup, dtype=dtype,
                           timeout=timeout, echo=not as_json, trace=trace)
-    predicted = predicted_times(loaded, [r.size for r in rows], schedule, topology)
+    predicted, _ = predicted_times(loaded, [r.size for r in rows], schedule, topology, what_if=what_if)
     if as_json:
         click.echo(json.dumps([r.to_json() | {"predicted_time_s": p} for r, p in zip(rows, predicted)], indent=2))
     else:
@@ -319,18 +322,19 @@ def bench_cmd(schedule: str, nprocs: int | None, sizes: tuple[int, int], factor:
 @cli.command("inspect")
 @click.argument("schedule", type=click.Path(dir_okay=False))
 @click.option("-t", "--topology", default=None, help="Topology (default: the one it was compiled for).")
+@click.option("--what-if", "what_if", is_flag=True, help=WHAT_IF_HELP)
 @click.option("-s", "--size", type=SIZE, default=None, help="Buffer size (default: the size it was compiled for).")
 @click.option("--html", type=click.Path(dir_okay=False), default=None, help="Write a self-contained HTML report.")
 @click.option("--dot", type=click.Path(dir_okay=False), default=None, help="Write Graphviz DOT with the plan.")
 @click.option("--baselines", default="ring,tree", show_default=True,
               help="Algorithms to compare with in the HTML report (comma-separated; empty for none).")
-def inspect_cmd(schedule: str, topology: str | None, size: int | None, html: str | None, dot: str | None,
-                baselines: str) -> None:
+def inspect_cmd(schedule: str, topology: str | None, what_if: bool, size: int | None, html: str | None,
+                dot: str | None, baselines: str) -> None:
     """Show a plan: terminal tables, or an HTML report / DOT drawing of topology, structure and timeline."""
     from planner.summary import inspect_schedule
 
     click.echo(inspect_schedule(schedule, topology, size, html=html, dot=dot,
-                                baselines=[b for b in baselines.split(",") if b]))
+                                baselines=[b for b in baselines.split(",") if b], what_if=what_if))
 
 
 @cli.command("emulate", context_settings={"ignore_unknown_options": True})

@@ -42,6 +42,7 @@ __all__ = [
     "compile_plan",
     "compile_schedule",
     "compile_shipped",
+    "compiled_for",
     "link_time",
     "resolve_topology",
     "schedule_topology",
@@ -375,49 +376,64 @@ def resolve_topology(arg: str) -> Topology:
                      fix=f"pass a YAML path or one of: {', '.join(shipped) or '(none shipped)'}")
 
 
+def compiled_for(schedule: Schedule, topology: Topology) -> bool:
+    """Whether ``schedule`` was compiled for ``topology`` (same fingerprint, or the schedule records none)."""
+    return not schedule.metadata.fingerprint or schedule.metadata.fingerprint == topology.fingerprint
+
+
 def schedule_topology(schedule: Schedule, schedule_path: str | Path | None = None,
-                      override: str | None = None) -> Topology:
+                      override: str | None = None, *, what_if: bool = False) -> Topology:
     """The topology a schedule was compiled for: ``override``, else the file or shipped name it records.
 
-    The topology's fingerprint must match the schedule's, so a schedule is never
-    simulated on a cluster it was not compiled for.
+    An explicit ``override`` is loaded as given, so its errors name it.  The
+    topology's fingerprint must match the schedule's, so a schedule is never
+    timed on a cluster it was not compiled for unless the caller asks for a
+    what-if (``what_if=True``; then :func:`compiled_for` tells the two apart).
     """
     meta = schedule.metadata
-    tried: list[str] = []
-    candidates: list[Path | str] = []
-    if override:
-        candidates.append(override)
-    else:
-        if meta.topology_file:
-            candidates.append(Path(meta.topology_file))
-            if schedule_path is not None:
-                candidates.append(Path(schedule_path).parent / meta.topology_file)
-        if meta.topology:
-            candidates.append(meta.topology)
-    topology = None
-    for candidate in candidates:
-        try:
-            topology = resolve_topology(str(candidate))
-            break
-        except TopoccError as exc:
-            tried.append(f"{candidate} ({exc.message})")
-    if topology is None:
-        raise UsageError(
-            "cannot find the topology this schedule was compiled for"
-            + (f": tried {', '.join(tried)}" if tried else " (the schedule names none)"),
-            fix="pass --topology TOPO.yaml",
-        )
+    where = str(schedule_path) if schedule_path is not None else None
+    topology = resolve_topology(override) if override else _recorded_topology(schedule, schedule_path)
     if topology.size != schedule.ranks:
         raise SimulationError(
             f"the schedule has {schedule.ranks} ranks but topology {topology.name} has {topology.size}",
-            fix="pass the topology the schedule was compiled for",
+            where=where, fix="pass the topology the schedule was compiled for",
         )
-    if meta.fingerprint and meta.fingerprint != topology.fingerprint and not override:
+    if not what_if and not compiled_for(schedule, topology):
+        if override:
+            raise SimulationError(
+                f"the schedule was compiled for {meta.topology or 'another topology'}, not {topology.name} "
+                "(their fingerprints differ)", where=where,
+                fix=f"pass --what-if to time it on {override} anyway, or compile one for it: topocc compile {override}",
+            )
         raise SimulationError(
             f"topology {topology.name} has changed since the schedule was compiled (fingerprint mismatch)",
-            fix="recompile the schedule, or pass --topology to simulate it on this topology anyway",
+            where=where, fix="recompile the schedule, or pass --what-if to time it on the changed topology anyway",
         )
     return topology
+
+
+def _recorded_topology(schedule: Schedule, schedule_path: str | Path | None) -> Topology:
+    """The topology file or shipped name the schedule's metadata records, tried in turn."""
+    meta = schedule.metadata
+    candidates: list[Path | str] = []
+    if meta.topology_file:
+        candidates.append(Path(meta.topology_file))
+        if schedule_path is not None:
+            candidates.append(Path(schedule_path).parent / meta.topology_file)
+    if meta.topology:
+        candidates.append(meta.topology)
+    tried = []
+    for candidate in candidates:
+        try:
+            return resolve_topology(str(candidate))
+        except TopoccError as exc:
+            tried.append(f"{candidate} ({exc.message})")
+    raise UsageError(
+        "cannot find the topology this schedule was compiled for"
+        + (f": tried {', '.join(tried)}" if tried else " (the schedule names none)"),
+        where=str(schedule_path) if schedule_path is not None else None,
+        fix="pass --topology TOPO (a YAML file or a shipped name)",
+    )
 
 
 def compile_shipped(out_dir: str | Path, names: Iterable[str] | None = None, *, collective: str = "allreduce",

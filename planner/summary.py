@@ -127,6 +127,7 @@ def simulation_summary(topology: Topology, schedule: Schedule, size_bytes: int, 
         "collective": schedule.collective,
         "algorithm": schedule.metadata.algorithm,
         "ranks": schedule.ranks,
+        **_what_if(schedule, topology),
         **_timing(sim, bound),
         "link_utilisation": {f"{a} -> {b}": round(u, 4) for (a, b), u in sorted(sim.link_utilisation.items())},
     }
@@ -147,9 +148,30 @@ def simulation_summary(topology: Topology, schedule: Schedule, size_bytes: int, 
     return doc
 
 
+def _what_if(schedule: Schedule, topology: Topology) -> dict[str, Any]:
+    """Whether a schedule is timed on a topology other than its own (``--what-if``), and which it was compiled for."""
+    from planner.compile import compiled_for
+
+    return {"what_if": not compiled_for(schedule, topology), "compiled_for": schedule.metadata.topology}
+
+
+def what_if_line(doc: Mapping[str, Any]) -> str | None:
+    """The warning a what-if result carries in text: compiled for one topology, timed on another."""
+    if not doc.get("what_if"):
+        return None
+    return (f"what-if: a schedule compiled for {doc.get('compiled_for') or 'another topology'}, "
+            f"timed on {doc['topology']} (--what-if)")
+
+
 def inspect_schedule(path: str, topology: str | None = None, size_bytes: int | None = None, *,
-                     html: str | None = None, dot: str | None = None, baselines: Sequence[str] = ()) -> str:
-    """``topocc inspect``: write the HTML report and/or DOT drawing, or return the terminal view."""
+                     html: str | None = None, dot: str | None = None, baselines: Sequence[str] = (),
+                     what_if: bool = False) -> str:
+    """``topocc inspect``: write the HTML report and/or DOT drawing, or return the terminal view.
+
+    ``what_if`` allows a topology other than the schedule's (see
+    :func:`~planner.compile.schedule_topology`); the text then starts with a
+    line that says so.
+    """
     from pathlib import Path
 
     from planner.algorithms import Options
@@ -161,9 +183,11 @@ def inspect_schedule(path: str, topology: str | None = None, size_bytes: int | N
     plan = as_plan(load_any(path))
     size = size_bytes or plan.schedules[0].metadata.size_bytes or (64 << 20)
     schedule = plan.select(size)
-    topo = schedule_topology(schedule, path, topology)
+    topo = schedule_topology(schedule, path, topology, what_if=what_if)
+    warning = what_if_line(_what_if(schedule, topo) | {"topology": topo.name})
+    head = f"{warning}\n" if warning else ""
     if not html and not dot:
-        return terminal_summary(topo, schedule, size_bytes=size)
+        return head + terminal_summary(topo, schedule, size_bytes=size)
     result = simulate(topo, schedule, size, record=True)
     written = []
     if html:
@@ -181,21 +205,29 @@ def inspect_schedule(path: str, topology: str | None = None, size_bytes: int | N
     if dot:
         Path(dot).write_text(render_dot(topo, schedule, size_bytes=size, result=result))
         written.append(dot)
-    return "wrote " + ", ".join(written)
+    return head + "wrote " + ", ".join(written)
 
 
 def predicted_times(source: Schedule | Plan, sizes: Sequence[int], schedule_path: str | None = None,
-                    topology: str | None = None) -> list[float | None]:
-    """The simulator's prediction per size for a schedule or plan (None where its topology is not found)."""
+                    topology: str | None = None, *, what_if: bool = False) -> tuple[list[float | None], str | None]:
+    """The simulator's prediction per size for a schedule or plan, and a note for the reader (or None).
+
+    With ``topology`` given, its errors (and a fingerprint mismatch without
+    ``what_if``) are raised; without, a schedule whose own topology cannot be
+    found gets no predictions (None) and a note that says why.
+    """
     from planner.compile import schedule_topology
     from planner.errors import TopoccError
 
     plan = as_plan(source)
     try:
-        topo = schedule_topology(plan.schedules[0], schedule_path, topology)
-    except TopoccError:
-        return [None for _ in sizes]
-    return [simulate(topo, plan.select(size), size).time_s for size in sizes]
+        topo = schedule_topology(plan.schedules[0], schedule_path, topology, what_if=what_if)
+    except TopoccError as exc:
+        if topology:
+            raise
+        return [None for _ in sizes], f"no prediction: {exc.one_line()}"
+    times: list[float | None] = [simulate(topo, plan.select(size), size).time_s for size in sizes]
+    return times, what_if_line(_what_if(plan.schedules[0], topo) | {"topology": topo.name})
 
 
 def verify_summary(schedule: Schedule, proof: VerifyReport) -> dict[str, Any]:
@@ -238,6 +270,8 @@ def format_summary(doc: Mapping[str, Any]) -> str:
     """Human text for any of the summaries above."""
     lines: list[str] = []
     if "predicted_time_s" in doc:
+        if warning := what_if_line(doc):
+            lines.append(warning)
         lines.append(f"{doc.get('collective')} with {doc.get('algorithm')} on {doc.get('topology')} "
                      f"({doc.get('ranks')} ranks)")
         if "operations" in doc:

@@ -147,3 +147,37 @@ def test_compile_progress_goes_to_stderr_only(capsys: pytest.CaptureFixture[str]
     assert "hierarchical:" in err and "verify the winner" in err
     code, text, err = run(capsys, "compile", "emu-uniform", "--size", "1MiB", "--json")
     assert code == 0 and err == ""  # not a terminal: no progress unless asked
+
+
+DGX1_SCHEDULE = str(REPO / "schedules" / "dgx1-v100-allreduce.json")
+
+
+@pytest.mark.parametrize("command", ["simulate", "inspect"])
+def test_another_topology_is_refused_unless_what_if(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """An 8-rank DGX-1 schedule is not silently timed on another 8-rank cluster."""
+    code, out, err = run(capsys, command, DGX1_SCHEDULE, "--topology", "emu-uniform", "--size", "1MiB")
+    assert code == 4 and out == ""
+    assert err.count("\n") == 1 and err.startswith("topocc: error: ")
+    assert "compiled for dgx1-v100, not emu-uniform" in err and "pass --what-if" in err
+    code, out, err = run(capsys, command, DGX1_SCHEDULE, "--topology", "emu-uniform", "--size", "1MiB", "--what-if")
+    assert code == 0, err
+    assert out.splitlines()[0] == "what-if: a schedule compiled for dgx1-v100, timed on emu-uniform (--what-if)"
+
+
+def test_what_if_in_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "simulate", DGX1_SCHEDULE, "-t", "emu-uniform", "-s", "1MiB", "--what-if", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["what_if"] is True and doc["compiled_for"] == "dgx1-v100" and doc["topology"] == "emu-uniform"
+    code, out, err = run(capsys, "simulate", DGX1_SCHEDULE, "-t", "dgx1-v100", "-s", "1MiB", "--what-if", "--json")
+    assert code == 0, err
+    assert json.loads(out)["what_if"] is False  # its own topology: not a what-if, whatever the flag says
+    code, out, err = run(capsys, "simulate", DGX1_SCHEDULE, "-s", "1MiB")
+    assert code == 0 and "what-if" not in out
+
+
+def test_an_explicit_topology_that_does_not_exist_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "simulate", DGX1_SCHEDULE, "--topology", "nosuch")
+    assert code == 2 and out == ""
+    assert err.startswith("topocc: error: no topology file or shipped topology named 'nosuch' (fix: pass a YAML "
+                          "path or one of: ") and "dgx1-v100" in err and "compiled for" not in err
