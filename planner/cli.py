@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -49,10 +50,17 @@ class SizeRangeType(click.ParamType):
 
 SIZE = SizeType()
 SIZE_RANGE = SizeRangeType()
+PROGRESS_HELP = "Progress lines on stderr as the work goes (default: when stderr is a terminal)."
 WHAT_IF_HELP = "Allow a --topology the schedule was not compiled for (the output says it is a what-if)."
 COLLECTIVE = click.Choice(
     ["allreduce", "reducescatter", "reduce-scatter", "allgather", "all-gather", "broadcast", "reduce", "alltoall",
      "all-to-all"], case_sensitive=False)
+
+
+def _progress_echo(flag: bool | None) -> Callable[[str], None] | None:
+    """Where progress lines go: stderr when ``--progress`` (by default when stderr is a terminal), else nowhere."""
+    show = sys.stderr.isatty() if flag is None else flag
+    return (lambda line: click.echo(line, err=True)) if show else None
 
 
 def _emit(doc: Any, as_json: bool, text: str | None = None) -> None:
@@ -88,8 +96,7 @@ def cli() -> None:
 @click.option("--root", type=click.IntRange(0), default=0, show_default=True, help="Root of broadcast/reduce.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the schedule here.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
-@click.option("--progress/--no-progress", default=None,
-              help="One line on stderr per auto candidate as it runs (default: when stderr is a terminal).")
+@click.option("--progress/--no-progress", default=None, help=PROGRESS_HELP)
 def compile_cmd(topology: str, collective: str, size: tuple[int, int], algorithm: str, channels: int | None,
                 pipeline: int | None, root: int, output: str | None, as_json: bool, progress: bool | None) -> None:
     """Compile COLLECTIVE for TOPOLOGY (a YAML file or a shipped name), verify and simulate it."""
@@ -102,8 +109,8 @@ def compile_cmd(topology: str, collective: str, size: tuple[int, int], algorithm
     topo = resolve_topology(topology)
     low, high = size
     options = Options(size_bytes=low, channels=channels, pipeline=pipeline, root=root)
-    show = sys.stderr.isatty() if progress is None else progress
-    report = (lambda event: click.echo(event.describe(), err=True)) if show else None
+    echo = _progress_echo(progress)
+    report = (lambda event: echo(event.describe())) if echo else None
     if low != high:
         plan, results = compile_plan(topo, collective, low, high, algorithm, options, progress=report)
         if output:
@@ -258,19 +265,25 @@ def export_cmd(schedule: str, fmt: str, proto: str, name: str | None, output: st
 @click.option("-s", "--size", type=SIZE, default="64MiB", show_default=True)
 @click.option("--dtype", default="float32", show_default=True)
 @click.option("--op", default="sum", show_default=True, type=click.Choice(["sum", "prod", "max", "min", "avg"]))
+@click.option("--iters", type=click.IntRange(1), default=5, show_default=True, help="Timed calls, each checked.")
+@click.option("--warmup", type=click.IntRange(0), default=1, show_default=True, help="Untimed calls first.")
 @click.option("--timeout", type=click.FloatRange(0.1), default=30.0, show_default=True,
               help="Seconds a rank waits for a peer before failing.")
-def run_cmd(schedule: str, nprocs: int | None, size: int, dtype: str, op: str, timeout: float) -> None:
-    """Replay SCHEDULE on --np MPI ranks (mpiexec) and check the result against numpy."""
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def run_cmd(schedule: str, nprocs: int | None, size: int, dtype: str, op: str, iters: int, warmup: int,
+            timeout: float, as_json: bool) -> None:
+    """Replay SCHEDULE on --np MPI ranks (mpiexec): PASS or FAIL against numpy, time, algbw and busbw."""
     from planner.errors import CommunicatorError
+    from planner.summary import format_run, run_summary, wrong_result
     from runtime.launch import run_schedule
-    from runtime.plan import load_any
 
-    loaded = load_any(schedule)
-    result = run_schedule(schedule, nprocs or loaded.ranks, size, dtype=dtype, op=op, timeout=timeout)
+    result = run_schedule(schedule, nprocs, size, dtype=dtype, op=op, timeout=timeout, repeat=iters, warmup=warmup)
     if not result.ok:
-        raise CommunicatorError(f"replay failed (exit {result.returncode}): "
-                                + ("; ".join(result.errors) or "no error line from the ranks"))
+        raise CommunicatorError(f"replay failed: {result.failure()}", where=schedule)
+    doc = run_summary(result)
+    _emit(doc, as_json, format_run(doc, warmup))
+    if not result.passed:
+        raise wrong_result([doc], schedule)
 
 
 @cli.command("bench")
@@ -290,33 +303,40 @@ def run_cmd(schedule: str, nprocs: int | None, size: int, dtype: str, op: str, t
 @click.option("--trace", type=click.Path(dir_okay=False), default=None,
               help="Record one measured call per size and write it as a Chrome trace.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON rows.")
+@click.option("--progress/--no-progress", default=None, help=PROGRESS_HELP)
 def bench_cmd(schedule: str, nprocs: int | None, sizes: tuple[int, int], factor: int, iters: int, warmup: int,
               dtype: str, timeout: float, topology: str | None, what_if: bool, emulate: str | None, scale: float,
-              trace: str | None, as_json: bool) -> None:
+              trace: str | None, as_json: bool, progress: bool | None) -> None:
     """Time SCHEDULE (or a plan) against the MPI's native collective, nccl-tests style."""
     from planner.compile import bucket_sizes
-    from planner.summary import predicted_times
-    from runtime.launch import bench_schedule
+    from planner.summary import bench_progress, bench_rows, format_bench, predicted_times, wrong_result
+    from runtime.launch import bench_schedule, bench_sizes, check_ranks
     from runtime.plan import load_any
 
     loaded = load_any(schedule)
     size_list = bucket_sizes(*sizes, factor=factor)
+    echo = _progress_echo(progress)
     if emulate:
-        from planner.bench import bench_emulated
+        from planner.bench import bench_emulated, format_emulated_table
+        from planner.compile import resolve_topology
 
-        emulated = bench_emulated(emulate, schedule, size_list, scale=scale, np=nprocs, iters=iters, warmup=warmup,
-                                  trace=trace, timeout=timeout, echo=not as_json)
-        if as_json:
-            click.echo(json.dumps([r.to_json() for r in emulated], indent=2))
+        cluster = resolve_topology(emulate)
+        emulated = bench_emulated(cluster, schedule, size_list, scale=scale, np=nprocs, iters=iters, warmup=warmup,
+                                  trace=trace, timeout=timeout, progress=echo)
+        doc = [r.to_json() for r in emulated]
+        _emit(doc, as_json, format_emulated_table(emulated, cluster, scale))
+        if any(r["wrong"] for r in doc):
+            raise wrong_result(doc, schedule)
         return
-    rows = bench_schedule(schedule, nprocs or loaded.ranks, size_list, iters=iters, warmup=warmup, dtype=dtype,
-                          timeout=timeout, echo=not as_json, trace=trace)
-    predicted, _ = predicted_times(loaded, [r.size for r in rows], schedule, topology, what_if=what_if)
-    if as_json:
-        click.echo(json.dumps([r.to_json() | {"predicted_time_s": p} for r, p in zip(rows, predicted)], indent=2))
-    else:
-        click.echo("# predicted (simulator): " + ", ".join(
-            f"{r.size}: {p * 1e6:.1f} us" if p else f"{r.size}: n/a" for r, p in zip(rows, predicted)))
+    check_ranks(loaded.ranks, nprocs, schedule)
+    predictions = predicted_times(loaded, bench_sizes(loaded.collective, loaded.ranks, size_list, dtype), schedule,
+                                  topology, what_if=what_if)
+    rows = bench_schedule(schedule, nprocs, size_list, iters=iters, warmup=warmup, dtype=dtype, timeout=timeout,
+                          trace=trace, progress=bench_progress(echo, len(size_list), loaded.ranks) if echo else None)
+    doc = bench_rows(rows, predictions)
+    _emit(doc, as_json, format_bench(doc, loaded.collective, loaded.ranks, predictions, iters=iters, warmup=warmup))
+    if any(r["wrong"] for r in doc):
+        raise wrong_result(doc, schedule)
 
 
 @cli.command("inspect")

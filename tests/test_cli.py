@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -181,3 +182,117 @@ def test_an_explicit_topology_that_does_not_exist_is_named(capsys: pytest.Captur
     assert code == 2 and out == ""
     assert err.startswith("topocc: error: no topology file or shipped topology named 'nosuch' (fix: pass a YAML "
                           "path or one of: ") and "dgx1-v100" in err and "compiled for" not in err
+
+
+TWO_GPUS = """\
+name: two-gpus
+devices:
+  - {name: g, type: gpu, count: 2}
+links:
+  - {ends: [g0, g1], bandwidth: 10 GB/s, latency: 1 us}
+"""
+
+
+@pytest.fixture(scope="module")
+def two_rank_schedule(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ring allreduce compiled for a 2-GPU topology (the topology file beside it, for predictions)."""
+    folder = tmp_path_factory.mktemp("two-gpus")
+    (folder / "two-gpus.yaml").write_text(TWO_GPUS)
+    out = folder / "ring.json"
+    assert main(["compile", str(folder / "two-gpus.yaml"), "-a", "ring", "-s", "64KiB", "-o", str(out)]) == 0
+    return out
+
+
+def _broken(path: Path, tmp_path: Path, how: str) -> Path:
+    """The schedule with every reduction a plain receive (``wrong``), or rank 0's sends on a channel nobody reads."""
+    from dataclasses import replace
+
+    from runtime.schedule import load_schedule, save_schedule
+
+    good = load_schedule(path)
+    if how == "wrong":
+        programs = tuple(tuple(replace(op, kind="recv", src=None) if op.kind == "recv_reduce" else op for op in p)
+                         for p in good.programs)
+    else:
+        programs = (tuple(replace(op, channel=7) if op.kind == "send" else op for op in good.programs[0]),
+                    *good.programs[1:])
+    out = tmp_path / f"{how}.json"
+    save_schedule(replace(good, programs=programs), out)
+    return out
+
+
+@pytest.mark.parametrize("command", ["run", "bench"])
+@pytest.mark.parametrize("np_", ["4", "16"])
+def test_a_wrong_rank_count_is_refused_before_launching(command: str, np_: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, command, DGX1_SCHEDULE, "--np", np_)
+    assert code == 2 and out == ""
+    assert err == (f"topocc: error: {DGX1_SCHEDULE}: the schedule is for 8 ranks, not --np {np_} "
+                   "(fix: pass --np 8, or leave --np out to use the schedule's)\n")
+
+
+def test_bench_refuses_another_topology_before_launching(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "bench", DGX1_SCHEDULE, "--topology", "emu-uniform")
+    assert code == 4 and out == "" and err.count("\n") == 1 and "pass --what-if" in err
+
+
+@pytest.mark.mpi
+def test_run_passes_with_time_and_bandwidth(two_rank_schedule: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "run", str(two_rank_schedule), "--size", "4K", "--iters", "2")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "allreduce of 4KiB (1024 x float32, sum) with ring on 2 ranks: PASS"
+    assert re.fullmatch(r"  wrong elements: 0 \(beyond float32's rounding tolerance; max error [-+.e\d]+\)", lines[1])
+    assert re.fullmatch(r"  time: +[\d.]+ (ns|us|ms|s) \(slowest rank's mean of 2 calls after 1 warm-up\)",
+                        lines[2])
+    assert re.fullmatch(r"  algbw / busbw: +[\d.]+ [KMGT]?B/s / [\d.]+ [KMGT]?B/s", lines[3])
+    code, out, err = run(capsys, "run", str(two_rank_schedule), "--size", "4K", "--iters", "1", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["result"] == "PASS" and doc["wrong"] == 0 and doc["size_bytes"] == 4096
+    assert doc["busbw_GBps"] == pytest.approx(doc["algbw_GBps"])  # 2 ranks: busbw factor 2(n-1)/n = 1
+
+
+@pytest.mark.mpi
+def test_run_fails_on_a_wrong_result(two_rank_schedule: Path, tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    wrong = _broken(two_rank_schedule, tmp_path, "wrong")
+    code, out, err = run(capsys, "run", str(wrong), "--size", "4KiB", "--iters", "1")
+    assert code == 7
+    assert out.splitlines()[0].endswith(": FAIL")
+    assert err.count("\n") == 1 and err.startswith(f"topocc: error: {wrong}: FAIL: ")
+    assert "elements differ from numpy's result by more than the dtype's tolerance at 4KiB" in err
+    assert f"(fix: prove the schedule with topocc verify {wrong};" in err
+
+
+@pytest.mark.mpi
+def test_failing_ranks_are_one_line(two_rank_schedule: Path, tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    stuck = _broken(two_rank_schedule, tmp_path, "stuck")
+    code, out, err = run(capsys, "run", str(stuck), "--size", "4KiB", "--timeout", "5")
+    assert code == 5 and out == ""
+    assert err.count("\n") == 1 and err.count("topocc:") == 1, err
+    assert err.startswith(f"topocc: error: {stuck}: replay failed: 2 ranks, exit ")
+    assert ": ranks 0 and 1: " in err and "(fix: " in err
+
+
+@pytest.mark.mpi
+def test_bench_table_and_json_share_names(two_rank_schedule: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.summary import BENCH_COLUMNS
+
+    argv = ["bench", str(two_rank_schedule), "--sizes", "4KiB:16KiB", "--iters", "2", "--warmup", "1"]
+    code, out, err = run(capsys, *argv, "--progress")
+    assert code == 0, err
+    lines = out.splitlines()
+    header, *rows = [re.split(r"\s{2,}", line.strip()) for line in lines[1:-1] if not line.startswith("-")]
+    assert header == [h for h, _ in BENCH_COLUMNS]  # nccl-tests' columns first: size count type redop time ...
+    assert [r[0] for r in rows] == ["4KiB", "16KiB"] and all(r[7] == "0" for r in rows)  # #wrong: a count
+    assert all(r[-2] not in ("n/a", "") for r in rows)  # predicted from the topology beside the schedule
+    assert lines[-1] == "# PASS: no wrong element at 2 sizes"
+    assert err.splitlines() == ["bench: 2 sizes on 2 ranks", *(
+        line for line in err.splitlines()[1:] if re.fullmatch(r"bench: (4|16)KiB done \([12]/2\): .* 0 wrong", line))]
+    assert len(err.splitlines()) == 3
+    code, out, err = run(capsys, *argv, "--json")
+    assert code == 0 and err == ""  # no progress when stderr is not a terminal
+    doc = json.loads(out)
+    assert [set(r) >= {name for _, name in BENCH_COLUMNS} for r in doc] == [True, True]
+    assert all(r["what_if"] is False and r["predicted_time_s"] > 0 and r["wrong"] == 0 for r in doc)
