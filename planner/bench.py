@@ -48,6 +48,8 @@ __all__ = ["NETWORK_BOUND", "EmulatedRow", "bench_emulated", "format_emulated_ta
 NETWORK_BOUND = 0.8
 #: Rendezvous port for torch.distributed, on rank 0's emulated address (the namespace is ours alone).
 GLOO_PORT = 29533
+#: The progress line as an emulated cluster is removed.
+TEARDOWN = "emulate: tearing down the emulated cluster"
 #: Wall-clock the timed calls of one size should take, per method (iterations are cut to fit).
 CASE_BUDGET_S = 6.0
 
@@ -157,9 +159,7 @@ def bench_emulated(topology_path: str | Path | Topology, source: str | Path | Sc
         except ImportError:
             raise TopoccError("the gloo baseline needs torch", fix="pip install torch, or pass include_gloo=False") \
                 from None
-    say = progress or (lambda _line: None)
-    say(f"emulate: setting up {topology.name} ({len(topology.hosts)} hosts, {topology.size} ranks, "
-        f"inter-host bandwidth x{scale:g})")
+    say = _announce(topology, scale, progress)
     with EmulatedCluster(topology, scale=scale) as cluster:
         try:
             scaled = cluster.scaled_topology()
@@ -180,7 +180,7 @@ def bench_emulated(topology_path: str | Path | Topology, source: str | Path | Sc
             measured = bench_schedule(plan, topology.size, sizes, iters=counts, warmup=warmup, timeout=per_call,
                                       launcher=launcher, gloo=gloo, trace=trace, limit_s=limit, progress=report)
         finally:
-            say("emulate: tearing down the emulated cluster")
+            say(TEARDOWN)
     return [EmulatedRow(size=m.size, algorithm=m.algorithm, time_s=m.time_s, native_time_s=m.native_time_s,
                         gloo_time_s=m.gloo_time_s, predicted_time_s=p, max_error=m.max_error, wrong=m.wrong,
                         iters=m.iters, regime=regime(p, m.time_s))
@@ -206,12 +206,14 @@ def format_emulated_table(rows: Sequence[EmulatedRow], topology: Topology, scale
 
 
 def run_emulated(topology_path: str | Path | Topology, argv: Sequence[str], *, scale: float = DEFAULT_SCALE,
-                 timeout_s: float = 600.0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+                 timeout_s: float = 600.0, env: dict[str, str] | None = None,
+                 progress: Callable[[str], None] | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` as every rank of the topology, each in its host's namespace, under one ``mpiexec``.
 
     The library half of ``topocc emulate TOPO -- cmd``: ``argv[0]`` is any program (``python`` and a
     script, or a binary); the cluster is up only while it runs and is removed afterwards, even on
-    failure or timeout (then :class:`~runtime.errors.TopoccError`).  Output is captured.
+    failure or timeout (then :class:`~runtime.errors.TopoccError`).  Output is captured.  ``progress``
+    is called with a line as the cluster is set up, as the command starts, and as it is torn down.
     """
     why = emulation_available()
     if why is not None:
@@ -219,10 +221,23 @@ def run_emulated(topology_path: str | Path | Topology, argv: Sequence[str], *, s
     if not argv:
         raise UsageError("give the command to run after --")
     topology = topology_path if isinstance(topology_path, Topology) else resolve_topology(str(topology_path))
+    say = _announce(topology, scale, progress)
     with EmulatedCluster(topology, scale=scale) as cluster:
-        rank_env = {"GLOO_SOCKET_IFNAME": cluster.hosts[0].interface, **(env or {})}
-        cmd = cluster.mpiexec_command(list(argv[1:]), python=argv[0], env=rank_env, mpiexec=find_mpiexec())
-        return cluster.run(cmd, timeout_s=timeout_s, env=worker_env())
+        try:
+            rank_env = {"GLOO_SOCKET_IFNAME": cluster.hosts[0].interface, **(env or {})}
+            cmd = cluster.mpiexec_command(list(argv[1:]), python=argv[0], env=rank_env, mpiexec=find_mpiexec())
+            say(f"emulate: running {' '.join(argv)} on {topology.size} ranks")
+            return cluster.run(cmd, timeout_s=timeout_s, env=worker_env())
+        finally:
+            say(TEARDOWN)
+
+
+def _announce(topology: Topology, scale: float, progress: Callable[[str], None] | None) -> Callable[[str], None]:
+    """``progress`` (or a sink), after saying that the emulated cluster is being set up."""
+    say = progress or (lambda _line: None)
+    say(f"emulate: setting up {topology.name} ({len(topology.hosts)} hosts, {topology.size} ranks, "
+        f"inter-host bandwidth x{scale:g})")
+    return say
 
 
 if __name__ == "__main__":  # pragma: no cover - a convenience: python -m planner.bench TOPO SIZE...

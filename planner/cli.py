@@ -363,12 +363,13 @@ def inspect_cmd(schedule: str, topology: str | None, what_if: bool, size: int | 
 @click.option("--scale", type=click.FloatRange(1e-6, 1.0), default=1e-3, show_default=True,
               help="Emulated link rate = real bandwidth x scale.")
 @click.option("--timeout", type=click.FloatRange(1.0), default=600.0, show_default=True)
-def emulate_cmd(topology: str, command: tuple[str, ...], scale: float, timeout: float) -> None:
+@click.option("--progress/--no-progress", default=None, help=PROGRESS_HELP)
+def emulate_cmd(topology: str, command: tuple[str, ...], scale: float, timeout: float, progress: bool | None) -> None:
     """Run COMMAND as every rank of TOPOLOGY on an emulated cluster (network namespaces, tc; needs root)."""
     from planner.bench import run_emulated
     from planner.errors import CommunicatorError
 
-    result = run_emulated(topology, list(command), scale=scale, timeout_s=timeout)
+    result = run_emulated(topology, list(command), scale=scale, timeout_s=timeout, progress=_progress_echo(progress))
     click.echo(result.stdout, nl=False)
     click.echo(result.stderr, nl=False, err=True)
     if result.returncode != 0:

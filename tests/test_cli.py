@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from planner.cli import main
+from planner.emulation import emulation_available
 from tests.conftest import REPO, TOPOLOGIES
 
 DATA = REPO / "tests" / "data"
@@ -296,3 +297,28 @@ def test_bench_table_and_json_share_names(two_rank_schedule: Path, capsys: pytes
     doc = json.loads(out)
     assert [set(r) >= {name for _, name in BENCH_COLUMNS} for r in doc] == [True, True]
     assert all(r["what_if"] is False and r["predicted_time_s"] > 0 and r["wrong"] == 0 for r in doc)
+
+
+def test_compile_plan_reports_progress_per_bucket(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "compile", "emu-uniform", "-a", "ring", "-s", "1MiB:4MiB", "--json", "--progress")
+    assert code == 0, err
+    assert len(json.loads(out)["buckets"]) >= 1
+    lines = err.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["bucket 1/2 (1MiB)"] * 2 + ["bucket 2/2 (4MiB)"] * 2
+    assert lines[0].startswith("bucket 1/2 (1MiB): compile with ring (")
+    assert re.fullmatch(r"bucket 2/2 \(4MiB\): ring, [\d.]+ (us|ms), [\d,]+ operations \([\d.]+ s\)", lines[3])
+    code, _, err = run(capsys, "compile", "emu-uniform", "-a", "ring", "-s", "1MiB:4MiB", "--no-progress")
+    assert code == 0 and err == ""
+
+
+@pytest.mark.root
+@pytest.mark.mpi
+@pytest.mark.skipif(emulation_available() is not None, reason=str(emulation_available()))
+def test_emulate_reports_setting_up_running_and_tearing_down(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "emulate", "emu-uniform", "--progress", "--", sys.executable, "-c", "print('hi')")
+    assert code == 0, err
+    assert out.count("hi") == 8
+    progress = [line for line in err.splitlines() if line.startswith("emulate: ")]
+    assert progress[0].startswith("emulate: setting up emu-uniform (4 hosts, 8 ranks")
+    assert progress[1].startswith("emulate: running ") and progress[1].endswith(" on 8 ranks")
+    assert progress[2:] == ["emulate: tearing down the emulated cluster"]
