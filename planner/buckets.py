@@ -468,7 +468,7 @@ def bucket_plan_to_dict(plan: BucketPlan, profile: Profile | None = None) -> dic
         "predicted_time_s": plan.predicted_time_s,
         "ddp_time_s": plan.ddp_time_s,
         "bytescheduler_time_s": plan.bytescheduler_time_s,
-        "blocks": [{"pieces": [list(p) for p in b.pieces], "bytes": b.nbytes, "start_s": b.start_s,
+        "blocks": [{"pieces": [list(p) for p in b.pieces], "size_bytes": b.nbytes, "start_s": b.start_s,
                     "end_s": b.end_s} for b in plan.blocks],
     }
 

@@ -366,23 +366,26 @@ def verify_summary(schedule: Schedule, proof: VerifyReport) -> dict[str, Any]:
 
 
 def topology_summary(topology: Topology, size_bytes: int = 1 << 30) -> dict[str, Any]:
-    """What ``topocc topo show`` reports, including the cut bound for allreduce and allgather."""
-    out = dict(describe(topology))
-    cuts = {}
+    """What ``topocc topo show`` reports, including the lower bound of allreduce and allgather."""
+    described = dict(describe(topology))
+    out = {"topology": described.pop("name"), **described}
+    bounds = {}
     for collective in ("allreduce", "allgather"):
         bound = lower_bound(topology, collective, size_bytes)
-        cuts[collective] = {
+        bounds[collective] = {
             "size_bytes": size_bytes,
             "lower_bound_s": bound.time_s,
             "max_algbw_GBps": size_bytes / bound.time_s / 1e9 if bound.time_s > 0 else None,
-            "cut": bound.cut,
+            "bound_cut": bound.cut,
         }
-    out["cut_bound"] = cuts
+    out["bounds"] = bounds
     return out
 
 
 def algorithms_table() -> list[dict[str, Any]]:
-    return [{"name": a.name, "collectives": list(a.collectives), "summary": a.summary} for a in ALGORITHMS.values()]
+    """What ``topocc algorithms`` lists: each algorithm, the collectives it implements, its idea."""
+    return [{"algorithm": a.name, "collectives": list(a.collectives), "summary": a.summary}
+            for a in ALGORITHMS.values()]
 
 
 def _pct(value: float) -> str:
@@ -418,18 +421,18 @@ def format_summary(doc: Mapping[str, Any]) -> str:
             lines.append(_indent(format_table(rows, ("candidate", "predicted", "ops", "compile", "why not chosen"))))
         if doc.get("output"):
             lines.append(f"  wrote {doc['output']}")
-    elif "cut_bound" in doc:
-        lines.append(f"{doc['name']}: {doc['ranks']} ranks, {doc['hosts']} hosts, {doc['racks']} racks, "
+    elif "bounds" in doc:
+        lines.append(f"{doc['topology']}: {doc['ranks']} ranks, {doc['hosts']} hosts, {doc['racks']} racks, "
                      f"{doc['links']} directed links")
         if doc.get("description"):
             lines.append(f"  {doc['description']}")
         lines.append("  devices: " + ", ".join(f"{n} {k}" for k, n in doc["devices"].items()))
         lines.append(f"  link bandwidth: {format_bandwidth(doc['min_link_bandwidth_GBps'] * 1e9)} .. "
                      f"{format_bandwidth(doc['max_link_bandwidth_GBps'] * 1e9)}")
-        for coll, cut in doc["cut_bound"].items():
+        for coll, cut in doc["bounds"].items():
             lines.append(f"  cut bound ({coll}, {format_size(cut['size_bytes'])}): {format_time(cut['lower_bound_s'])}"
                          f" = at most {format_bandwidth(cut['max_algbw_GBps'] * 1e9)} algbw; "
-                         f"tightest cut: {cut['cut']}")
+                         f"tightest cut: {cut['bound_cut']}")
         lines.append(f"  fingerprint: {doc['fingerprint'][:16]}")
     elif "verified" in doc:
         lines.append(f"verified: {doc['collective']} ({doc['algorithm']}) on {doc['ranks']} ranks, "
@@ -442,5 +445,5 @@ def _indent(text: str, by: str = "  ") -> str:
 
 
 def format_algorithms(rows: Iterable[Mapping[str, Any]]) -> str:
-    return format_table([(r["name"], ", ".join(r["collectives"]), r["summary"]) for r in rows],
+    return format_table([(r["algorithm"], ", ".join(r["collectives"]), r["summary"]) for r in rows],
                         ("algorithm", "collectives", "what"))
