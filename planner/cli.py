@@ -16,6 +16,7 @@ import click
 
 from planner.errors import TopoccError, exit_codes
 from planner.units import UnitError, parse_size, parse_size_range
+from runtime.executor import DTYPE_NAMES
 
 __all__ = ["cli", "main"]
 
@@ -50,6 +51,7 @@ class SizeRangeType(click.ParamType):
 
 SIZE = SizeType()
 SIZE_RANGE = SizeRangeType()
+DTYPE = click.Choice(DTYPE_NAMES)
 PROGRESS_HELP = "Progress lines on stderr as the work goes (default: when stderr is a terminal)."
 WHAT_IF_HELP = "Allow a --topology the schedule was not compiled for (the output says it is a what-if)."
 COLLECTIVE = click.Choice(
@@ -263,7 +265,7 @@ def export_cmd(schedule: str, fmt: str, proto: str, name: str | None, output: st
 @click.argument("schedule", type=click.Path(dir_okay=False))
 @click.option("--np", "nprocs", type=click.IntRange(1), default=None, help="Ranks (default: the schedule's).")
 @click.option("-s", "--size", type=SIZE, default="64MiB", show_default=True)
-@click.option("--dtype", default="float32", show_default=True)
+@click.option("--dtype", type=DTYPE, default="float32", show_default=True)
 @click.option("--op", default="sum", show_default=True, type=click.Choice(["sum", "prod", "max", "min", "avg"]))
 @click.option("--iters", type=click.IntRange(1), default=5, show_default=True, help="Timed calls, each checked.")
 @click.option("--warmup", type=click.IntRange(0), default=1, show_default=True, help="Untimed calls first.")
@@ -293,7 +295,7 @@ def run_cmd(schedule: str, nprocs: int | None, size: int, dtype: str, op: str, i
 @click.option("--factor", type=click.IntRange(2), default=4, show_default=True, help="Size step.")
 @click.option("--iters", type=click.IntRange(1), default=20, show_default=True)
 @click.option("--warmup", type=click.IntRange(0), default=5, show_default=True)
-@click.option("--dtype", default="float32", show_default=True)
+@click.option("--dtype", type=DTYPE, default="float32", show_default=True)
 @click.option("--timeout", type=click.FloatRange(0.1), default=30.0, show_default=True)
 @click.option("-t", "--topology", default=None, help="Topology for the prediction (default: the compiled one).")
 @click.option("--what-if", "what_if", is_flag=True, help=WHAT_IF_HELP)

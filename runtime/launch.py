@@ -327,6 +327,18 @@ def _collective(files: Sequence[str]) -> tuple[str, int]:
     return loaded.collective, loaded.ranks
 
 
+def _elements(collective: str, ranks: int, size: int, dtype: str) -> int:
+    """Elements per call for nccl-tests' ``size``; a size too small for one element (per rank) is refused."""
+    dt = resolve_dtype(dtype)
+    count = case_count(collective, ranks, size, dt.itemsize)
+    if count < 1:
+        least = count_bytes(collective, ranks, 1, dt)
+        raise UsageError(f"a size of {size} bytes holds no {dtype} element"
+                         + (f" for each of {ranks} ranks" if least > dt.itemsize else ""),
+                         fix=f"pass a size of at least {least} bytes")
+    return count
+
+
 def check_ranks(ranks: int, np: int | None, source: str) -> int:
     """``np``, or the schedule's ``ranks`` when None; a different count is refused before anything starts."""
     if np is not None and np != ranks:
@@ -358,7 +370,7 @@ def run_schedule(path: str | Path | Schedule, np: int | None, size_bytes: int, *
         files = _as_files(path, Path(tmp))
         collective, ranks = _collective(files)
         np = check_ranks(ranks, np, _name(path))
-        count = case_count(collective, ranks, size_bytes, resolve_dtype(dtype).itemsize)
+        count = _elements(collective, ranks, size_bytes, dtype)
         args = ["check", *files, "--dtypes", dtype, "--ops", op, "--counts", str(count), "--seed", str(seed),
                 "--timeout", str(timeout), "--repeat", str(repeat), "--warmup", str(warmup), *worker_args]
         start = time.monotonic()
@@ -367,9 +379,13 @@ def run_schedule(path: str | Path | Schedule, np: int | None, size_bytes: int, *
 
 
 def bench_sizes(collective: str, ranks: int, sizes: Sequence[int], dtype: str = "float32") -> list[int]:
-    """The sizes a benchmark of ``sizes`` measures: whole elements, divisible among the ranks where it must be."""
-    dt = resolve_dtype(dtype)
-    return [count_bytes(collective, ranks, case_count(collective, ranks, s, dt.itemsize), dt) for s in sizes]
+    """The sizes a benchmark of ``sizes`` measures: whole elements, divisible among the ranks where it must be.
+
+    A size too small for one element (per rank, where the collective splits the
+    buffer) is refused with :class:`~runtime.errors.UsageError`.
+    """
+    return [count_bytes(collective, ranks, _elements(collective, ranks, s, dtype), resolve_dtype(dtype))
+            for s in sizes]
 
 
 def bench_schedule(source: str | Path | Schedule | Plan | Sequence[Any], np: int | None, sizes: Sequence[int], *,
@@ -397,7 +413,7 @@ def bench_schedule(source: str | Path | Schedule | Plan | Sequence[Any], np: int
         files = _as_files(source, Path(tmp))
         collective, ranks = _collective(files)
         np = check_ranks(ranks, np, _name(source))
-        factor = bus_factor(collective, ranks)
+        bench_sizes(collective, ranks, sizes, dtype)  # refuses a size too small for one element
         args = ["bench", *files, "--dtypes", dtype, "--ops", op, "--sizes", *map(str, sizes),
                 "--iters", *map(str, counts), "--warmup", str(warmup), "--timeout", str(timeout)]
         if gloo:
@@ -409,7 +425,7 @@ def bench_schedule(source: str | Path | Schedule | Plan | Sequence[Any], np: int
 
         def on_line(line: str) -> None:
             if progress is not None and line.startswith("{"):
-                progress(_row(json.loads(line), factor))
+                progress(_row(json.loads(line), bus_factor(collective, ranks)))
 
         proc = launch_worker(np, args, limit_s=limit, mpiexec=mpiexec, launcher=launcher, on_line=on_line)
         result = _parse(proc, 0.0, collective, ranks)

@@ -16,6 +16,7 @@ from planner.emulation import emulation_available
 from tests.conftest import REPO, TOPOLOGIES
 
 DATA = REPO / "tests" / "data"
+DGX1_SCHEDULE = str(REPO / "schedules" / "dgx1-v100-allreduce.json")
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -78,6 +79,9 @@ def test_topo_show_and_algorithms(capsys: pytest.CaptureFixture[str]) -> None:
         (["compile", "dgx1-v100", "-c", "alltoall", "-a", "ring"], "does not implement alltoall"),
         (["verify", "no/such/schedule.json"], "cannot read"),
         (["frobnicate"], "No such command"),
+        (["run", DGX1_SCHEDULE, "--dtype", "nosuch"], "'nosuch' is not one of 'float32'"),
+        (["run", DGX1_SCHEDULE, "--size", "2"], "2 bytes holds no float32 element"),
+        (["bench", DGX1_SCHEDULE, "--sizes", "1:1K"], "1 bytes holds no float32 element"),
     ],
 )
 def test_bad_arguments_one_line(argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -149,9 +153,6 @@ def test_compile_progress_goes_to_stderr_only(capsys: pytest.CaptureFixture[str]
     assert "hierarchical:" in err and "verify the winner" in err
     code, text, err = run(capsys, "compile", "emu-uniform", "--size", "1MiB", "--json")
     assert code == 0 and err == ""  # not a terminal: no progress unless asked
-
-
-DGX1_SCHEDULE = str(REPO / "schedules" / "dgx1-v100-allreduce.json")
 
 
 @pytest.mark.parametrize("command", ["simulate", "inspect"])

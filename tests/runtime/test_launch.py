@@ -62,3 +62,10 @@ def test_a_wrong_rank_count_names_the_flag() -> None:
 def test_bench_sizes_are_whole_elements_per_rank() -> None:
     assert bench_sizes("allreduce", 8, [1024, 1001], "float32") == [1024, 1000]
     assert bench_sizes("allgather", 8, [1024, 1000], "float32") == [1024, 992]  # 31 elements per rank
+
+
+def test_a_size_without_a_whole_element_is_refused() -> None:
+    with pytest.raises(UsageError, match=r"a size of 2 bytes holds no float32 element \(fix: .* at least 4 bytes"):
+        bench_sizes("allreduce", 8, [1024, 2], "float32")
+    with pytest.raises(UsageError, match=r"holds no float64 element for each of 8 ranks \(fix: .* at least 64 bytes"):
+        bench_sizes("reducescatter", 8, [63], "float64")
