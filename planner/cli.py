@@ -325,18 +325,17 @@ def bench_cmd(schedule: str, nprocs: int | None, sizes: tuple[int, int], factor:
         cluster = resolve_topology(emulate)
         emulated = bench_emulated(cluster, schedule, size_list, scale=scale, np=nprocs, iters=iters, warmup=warmup,
                                   trace=trace, timeout=timeout, progress=echo)
-        doc = [r.to_json() for r in emulated]
-        _emit(doc, as_json, format_emulated_table(emulated, cluster, scale))
-        if any(r["wrong"] for r in doc):
-            raise wrong_result(doc, schedule)
-        return
-    check_ranks(loaded.ranks, nprocs, schedule)
-    predictions = predicted_times(loaded, bench_sizes(loaded.collective, loaded.ranks, size_list, dtype), schedule,
-                                  topology, what_if=what_if)
-    rows = bench_schedule(schedule, nprocs, size_list, iters=iters, warmup=warmup, dtype=dtype, timeout=timeout,
-                          trace=trace, progress=bench_progress(echo, len(size_list), loaded.ranks) if echo else None)
-    doc = bench_rows(rows, predictions)
-    _emit(doc, as_json, format_bench(doc, loaded.collective, loaded.ranks, predictions, iters=iters, warmup=warmup))
+        doc, text = [r.to_json() for r in emulated], format_emulated_table(emulated, cluster, scale)
+    else:
+        check_ranks(loaded.ranks, nprocs, schedule)
+        predictions = predicted_times(loaded, bench_sizes(loaded.collective, loaded.ranks, size_list, dtype),
+                                      schedule, topology, what_if=what_if)
+        report = bench_progress(echo, len(size_list), loaded.ranks) if echo else None
+        rows = bench_schedule(schedule, nprocs, size_list, iters=iters, warmup=warmup, dtype=dtype, timeout=timeout,
+                              trace=trace, progress=report)
+        doc = bench_rows(rows, predictions)
+        text = format_bench(doc, loaded.collective, loaded.ranks, predictions, iters=iters, warmup=warmup)
+    _emit(doc, as_json, text)
     if any(r["wrong"] for r in doc):
         raise wrong_result(doc, schedule)
 

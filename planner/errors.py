@@ -1,7 +1,7 @@
 """The planner's errors; all derive from :class:`runtime.errors.TopoccError`.
 
 The CLI turns any of them into one line on stderr and the class's exit code.
-Every exit code ``topocc`` can return (``tests/test_errors.py`` checks this table
+Every exit code ``topocc`` can return (``tests/planner/test_errors.py`` checks this table
 against the classes, ``topocc --help`` prints it):
 
 ====  ========================================  ==================================================================

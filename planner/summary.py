@@ -171,6 +171,11 @@ def _what_if(schedule: Schedule, topology: Topology) -> dict[str, Any]:
     return {"what_if": not compiled_for(schedule, topology), "compiled_for": schedule.metadata.topology}
 
 
+def _what_if_note(schedule: Schedule, topology: Topology) -> str | None:
+    """:func:`what_if_line` for a schedule timed on ``topology``."""
+    return what_if_line(_what_if(schedule, topology) | {"topology": topology.name})
+
+
 def what_if_line(doc: Mapping[str, Any]) -> str | None:
     """The warning a what-if result carries in text: compiled for one topology, timed on another."""
     if not doc.get("what_if"):
@@ -200,7 +205,7 @@ def inspect_schedule(path: str, topology: str | None = None, size_bytes: int | N
     size = size_bytes or plan.schedules[0].metadata.size_bytes or (64 << 20)
     schedule = plan.select(size)
     topo = schedule_topology(schedule, path, topology, what_if=what_if)
-    warning = what_if_line(_what_if(schedule, topo) | {"topology": topo.name})
+    warning = _what_if_note(schedule, topo)
     head = f"{warning}\n" if warning else ""
     if not html and not dot:
         return head + terminal_summary(topo, schedule, size_bytes=size)
@@ -251,9 +256,8 @@ def predicted_times(source: Schedule | Plan, sizes: Sequence[int], schedule_path
         if topology:
             raise
         return Predictions([None for _ in sizes], note=f"no prediction: {exc.one_line()}")
-    flags = _what_if(plan.schedules[0], topo) | {"topology": topo.name}
-    return Predictions([simulate(topo, plan.select(size), size).time_s for size in sizes], flags["what_if"],
-                       what_if_line(flags))
+    note = _what_if_note(plan.schedules[0], topo)
+    return Predictions([simulate(topo, plan.select(size), size).time_s for size in sizes], note is not None, note)
 
 
 #: How a ratio of two times prints in tables.
@@ -341,6 +345,7 @@ def run_summary(result: RunResult) -> dict[str, Any]:
 
 
 def format_run(doc: Mapping[str, Any], warmup: int) -> str:
+    """:func:`run_summary` as text: the verdict first, then wrong elements, time and bandwidths."""
     head = (f"{doc['collective']} of {format_size(doc['size_bytes'])} ({doc['count']} x {doc['type']}, "
             f"{doc['redop']}) with {doc['algorithm']} on {doc['ranks']} ranks: {doc['result']}")
     return "\n".join([
