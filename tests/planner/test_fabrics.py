@@ -16,6 +16,7 @@ from planner.fabrics import (
     SHIPPED_SWITCH_BASED,
     Fabric,
     fat_tree,
+    grid,
     heterogeneous_nics,
     multi_chassis,
     shipped_fabrics,
@@ -84,6 +85,16 @@ def test_subset_chassis_attach_every_fourth_gpu_both_ways() -> None:
     attached = {ln.src for ln in topology.links if ln.dst == "ib"}
     assert attached == {f"c{c}.gpu{k}" for c in range(4) for k in (0, 4, 8, 12)}
     assert {ln.dst for ln in topology.links if ln.src == "ib"} == attached
+
+
+@pytest.mark.parametrize(("kind", "degrees"), [("torus", {6}), ("mesh", {3, 4, 5, 6})])
+def test_3d_grids_wire_each_router_to_its_neighbours(kind: str, degrees: set[int]) -> None:
+    topology = grid(kind, (4, 4, 4)).topology()
+    neighbours = {d.name: 0 for d in topology.devices if d.name.startswith("r")}
+    for ln in topology.links:
+        if ln.src in neighbours and ln.dst in neighbours:
+            neighbours[ln.src] += 1
+    assert len(neighbours) == 64 and set(neighbours.values()) == degrees
 
 
 def test_heterogeneous_hosts_have_their_own_nics() -> None:
