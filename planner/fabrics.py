@@ -7,7 +7,7 @@ also exercises the file format.  Families:
   hybrid cube-mesh NVLink) or 16 GPUs (DGX-2-like NVSwitch), joined either by
   one-way links from a GPU of chassis c to a GPU of chassis c+1 (closing the
   loop), or by two-way NIC links on only a subset of the GPUs.  Both need GPU
-  relays: most GPU pairs have no GPU-free route.
+  relays: GPUs of different chassis mostly have no GPU-free route.
 * ``heterogeneous-nics``: hosts alike but for their NICs (8 x 200, 4 x 200 or
   2 x 100 Gbit/s), all on one switch; written as explicit YAML since the
   template replicates one host.
@@ -106,7 +106,7 @@ def multi_chassis(chassis: int, gpus: int, inter: str) -> Fabric:
                else "100 Gbit/s NICs on every 4th GPU, one switch")
     lines = [
         f"# {chassis} chassis of {gpus} GPUs in the style of TE-CCL/TACCL's multi-chassis models",
-        f"# (NDv2 when 8 GPUs, DGX-2 when 16); {between}.",
+        f"# (NDv2 when 8 GPUs, else DGX-2-like); {between}.",
         f"name: {name}",
         f"description: {chassis} x {gpus} GPUs ({inside}), {between}",
         "defaults: {latency: 0.7 us}",
@@ -231,9 +231,9 @@ cluster:
 def fat_tree(hosts: int, per_leaf: int, spines: int, oversubscription: int, gpus: int = 8) -> Fabric:
     """A two-tier fat-tree of DGX A100-like hosts (8 x 200 Gbit/s each), leaves ``oversubscription``:1 to spines.
 
-    With ``gpus=4`` the hosts are commodity PCIe servers instead: 4 GPUs on two
-    PCIe gen4 switches (25 GB/s) and one 100 Gbit/s Ethernet NIC (RoCE), as in
-    many cloud and university clusters.
+    With ``gpus`` other than 8 the hosts are commodity PCIe servers instead:
+    GPUs in pairs on PCIe gen4 switches (25 GB/s) and one 100 Gbit/s Ethernet
+    NIC (RoCE), as in many cloud and university clusters.
     """
     ratio = oversubscription
     name = f"fattree-{hosts * gpus}-{ratio}to1" + ("" if gpus == 8 else "-pcie")
