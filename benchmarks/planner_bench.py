@@ -13,7 +13,8 @@ reduce-scatter and all-reduce at 1 MiB and 256 MiB.  Per fabric, a table of
 the YAML, the race and the proof), and each algorithm's share from the race
 (``<=`` for one skipped as unable to win: the bound its busiest link allows)
 or its one-line reason; then every compile against the targets of
-:mod:`planner.targets`, and a roll-up per family.
+:mod:`planner.targets`, and a roll-up per family.  Interrupted (Ctrl-C), it
+still prints the summary of what it measured.
 
 Run: ``python benchmarks/planner_bench.py [--quick] [--topologies a,b] [--scale 16,128,1024,4096]``, or
 ``python benchmarks/planner_bench.py --suite [--quick] [--topologies a,b] [--collective allgather]
@@ -241,7 +242,8 @@ def machine_line() -> str:
 
 def run_suite(fabrics: list[Fabric], collectives: tuple[str, ...], sizes: tuple[int, ...],
               limit: float | None) -> None:
-    """Measure every fabric, printing its table as soon as it is done, then the summary tables."""
+    """Measure every fabric, printing its table as soon as it is done, then the summary tables (also after an
+    interrupt, for the compiles measured by then)."""
     print(f"planner suite (issue #11): {len(fabrics)} fabrics x {', '.join(collectives)} x "
           f"{', '.join(format_size(s) for s in sizes)}")
     print(machine_line())
@@ -250,22 +252,25 @@ def run_suite(fabrics: list[Fabric], collectives: tuple[str, ...], sizes: tuple[
     runs: list[Run] = []
     total = len(fabrics) * len(collectives) * len(sizes)
     clock = time.perf_counter()
-    for fabric in fabrics:
-        rows: list[tuple[object, ...]] = []
-        for collective in collectives:
-            for size in sizes:
-                run = measure(fabric, collective, size, limit)
-                runs.append(run)
-                rows += run_rows(run)
-                outcome = f"auto chose {run.chose}" if run.chose else run.error
-                print(f"  [{len(runs)}/{total}] {fabric.name} ({fabric.ranks} ranks) {collective} "
-                      f"{format_size(size)}: {outcome}, {run.measured.compile_s:.1f} s "
-                      f"({time.perf_counter() - clock:.0f} s in all)", file=sys.stderr, flush=True)
-        kind = "switch-based" if fabric.switch_based else "direct links / relays"
-        print(f"{fabric.name}: {fabric.family}, {fabric.ranks} ranks, {kind}")
-        print(format_table(rows, ("collective", "size", "algorithm", "of bound", "predicted", "compile",
-                                  "chose / reason")), flush=True)
-        print()
+    try:
+        for fabric in fabrics:
+            rows: list[tuple[object, ...]] = []
+            for collective in collectives:
+                for size in sizes:
+                    run = measure(fabric, collective, size, limit)
+                    runs.append(run)
+                    rows += run_rows(run)
+                    outcome = f"auto chose {run.chose}" if run.chose else run.error
+                    print(f"  [{len(runs)}/{total}] {fabric.name} ({fabric.ranks} ranks) {collective} "
+                          f"{format_size(size)}: {outcome}, {run.measured.compile_s:.1f} s "
+                          f"({time.perf_counter() - clock:.0f} s in all)", file=sys.stderr, flush=True)
+            kind = "switch-based" if fabric.switch_based else "direct links / relays"
+            print(f"{fabric.name}: {fabric.family}, {fabric.ranks} ranks, {kind}")
+            print(format_table(rows, ("collective", "size", "algorithm", "of bound", "predicted", "compile",
+                                      "chose / reason")), flush=True)
+            print()
+    except KeyboardInterrupt:  # a long run stopped early (SIGINT) still reports what it measured
+        print(f"interrupted: the summary covers the {len(runs)} of {total} compiles measured\n", flush=True)
     print("Against the targets (planner/targets.py)")
     print(format_table(summary_rows(runs), ("fabric", "family", "ranks", "collective", "size", "auto chose",
                                             "quality (target): verdict", "compile (target): verdict")))
