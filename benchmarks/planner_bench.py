@@ -1,30 +1,53 @@
-"""Planner benchmark: schedule quality and compile time on the shipped topologies.
+"""Planner benchmark: schedule quality and compile time on the shipped topologies and the fabric suite.
 
-Prints, for every shipped topology and size, each algorithm's predicted time,
+Default: for every shipped topology and size, each algorithm's predicted time,
 its percentage of the lower bound and its compile time (build + verify +
 simulate); an algorithm above the rank count where ``auto`` skips it
 (``Algorithm.auto_max_ranks``: minutes per compile there) is listed as skipped.
 Then the compile time and peak memory of ``auto`` as the cluster grows.
-Run: ``python benchmarks/planner_bench.py [--quick] [--topologies a,b] [--scale 16,128,1024,4096]``.
+
+``--suite`` measures issue #11's yardstick: every fabric of
+:mod:`planner.fabrics` and every shipped topology, for all-gather,
+reduce-scatter and all-reduce at 1 MiB and 256 MiB.  Per fabric, a table of
+``auto``'s pick, its share of the lower bound and its compile time (loading
+the YAML, the race and the proof), and each algorithm's share from the race
+(``<=`` for one skipped as unable to win: the bound its busiest link allows)
+or its one-line reason; then every compile against the targets of
+:mod:`planner.targets`, and a roll-up per family.  Interrupted (Ctrl-C), it
+still prints the summary of what it measured.
+
+Run: ``python benchmarks/planner_bench.py [--quick] [--topologies a,b] [--scale 16,128,1024,4096]``, or
+``python benchmarks/planner_bench.py --suite [--quick] [--topologies a,b] [--collective allgather]
+[--sizes 1MiB,256MiB] [--limit 600]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import resource
+import signal
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from planner.algorithms import ALGORITHMS, Options
 from planner.bounds import lower_bound
-from planner.compile import compile_schedule, resolve_topology, shipped_topologies
+from planner.collectives import canonical_collective
+from planner.compile import Candidate, compile_schedule, resolve_topology, shipped_topologies
 from planner.errors import TopoccError
+from planner.fabrics import Fabric, shipped_fabrics, small_suite, suite
 from planner.summary import format_table
+from planner.targets import LARGE_BYTES, SMALL_BYTES, Measured, Verdict, judge
 from planner.topology import parse_topology_text
-from planner.units import format_size, format_time
+from planner.units import UnitError, format_size, format_time, parse_size
 
 SIZES = (64 << 10, 1 << 20, 64 << 20, 1 << 30)
+SUITE_COLLECTIVES = ("allgather", "reducescatter", "allreduce")
+SUITE_SIZES = (SMALL_BYTES, LARGE_BYTES)
 
 
 def quality_rows(names: list[str], sizes: tuple[int, ...], collective: str) -> list[tuple[object, ...]]:
@@ -79,19 +102,227 @@ def scale_rows(gpu_counts: tuple[int, ...]) -> list[tuple[object, ...]]:
     return rows
 
 
+# --------------------------------------------------------------------------- --suite
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One ``auto`` compile of the suite: the figures the tables need (not the schedule), or why it failed."""
+
+    fabric: Fabric
+    measured: Measured
+    chose: str | None
+    candidates: tuple[Candidate, ...]
+    error: str | None = None
+
+
+class _OverTime(Exception):
+    """Raised in the main thread when a compile runs past ``--limit``."""
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float | None) -> Iterator[None]:
+    """Raise :class:`_OverTime` after ``seconds`` of wall time (no limit when None)."""
+    if seconds is None:
+        yield
+        return
+
+    def fire(signum: int, frame: object) -> None:
+        raise _OverTime
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def measure(fabric: Fabric, collective: str, size: int, limit: float | None) -> Run:
+    """``auto`` on a freshly loaded topology (so no routes are reused), timed from the YAML to the proof."""
+    started = time.perf_counter()
+    chose = error = None
+    predicted = bound = None
+    candidates: tuple[Candidate, ...] = ()
+    timed_out = False
+    try:
+        with _deadline(limit):
+            compiled = compile_schedule(fabric.topology(), collective, "auto", Options(size_bytes=size))
+        chose, candidates = compiled.schedule.metadata.algorithm, compiled.candidates
+        predicted, bound = compiled.sim.time_s, compiled.bound.time_s
+    except _OverTime:
+        timed_out, error = True, f"abandoned after --limit {limit:g} s"
+    except TopoccError as exc:
+        error = exc.one_line()
+    except Exception as exc:  # one crashing algorithm must not end an hour-long run
+        error = f"crashed: {type(exc).__name__}: {exc}"
+    elapsed = time.perf_counter() - started
+    return Run(fabric, Measured(fabric.ranks, fabric.switch_based, collective, size, elapsed, predicted, bound,
+                                timed_out), chose, candidates, error)
+
+
+def _share(bound: float, time_s: float) -> str:
+    return f"{100 * bound / time_s:.1f}%"
+
+
+def run_rows(run: Run) -> list[tuple[object, ...]]:
+    """auto's row, then one per algorithm of its race: share of the bound, predicted time, or why not."""
+    m = run.measured
+    head = (m.collective, format_size(m.size_bytes))
+    if m.predicted_s is None or m.bound_s is None:
+        return [(*head, "auto", "-", "-", f"{m.compile_s:.1f}s", run.error)]
+    rows: list[tuple[object, ...]] = [(*head, "auto", _share(m.bound_s, m.predicted_s), format_time(m.predicted_s),
+                                       f"{m.compile_s:.1f}s", f"chose {run.chose}")]
+    for c in run.candidates:
+        if c.time_s is not None:
+            figures = (_share(m.bound_s, c.time_s), format_time(c.time_s))
+        elif c.link_time_s is not None:  # built, not simulated: its busiest link bounds its time from below
+            figures = ("<=" + _share(m.bound_s, c.link_time_s), ">=" + format_time(c.link_time_s))
+        else:
+            figures = ("-", "-")
+        rows.append((*head, c.algorithm, *figures, f"{c.compile_s:.1f}s", c.reason or ""))
+    return rows
+
+
+def select_fabrics(names: list[str] | None, quick: bool) -> list[Fabric]:
+    """The fabrics to measure: those named, else the smallest of each family (quick) or all and the shipped."""
+    full = suite()
+    if names is None:
+        if not quick:
+            return [*full, *shipped_fabrics()]
+        smallest: dict[str, Fabric] = {}
+        for fabric in full:  # smallest first within each family
+            smallest.setdefault(fabric.family, fabric)
+        return list(smallest.values())
+    known = {f.name: f for f in (*full, *small_suite(), *shipped_fabrics())}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"planner_bench: unknown fabric {unknown[0]!r} (fix: use one of {', '.join(known)})")
+    return [known[n] for n in names]
+
+
+def summary_rows(runs: list[Run]) -> list[tuple[object, ...]]:
+    """One row per compile: auto's pick, and each target that applies (met, or missed by how much)."""
+    rows: list[tuple[object, ...]] = []
+    for run in runs:
+        m = run.measured
+        cells = {v.kind: f"{v.measured} ({v.goal}): {v.describe()}" for v in judge(m)}
+        quality = cells.get("bandwidth") or cells.get("latency")
+        if quality is None:  # no target at this size on this fabric: the figure still says where it stands
+            quality = "-" if m.predicted_s is None or m.bound_s is None else (
+                f"{_share(m.bound_s, m.predicted_s)} of bound, {m.predicted_s / m.bound_s:.2f}x (no target)")
+        rows.append((run.fabric.name, run.fabric.family, m.ranks, m.collective, format_size(m.size_bytes),
+                     run.chose or "none", quality, cells.get("compile", "-")))
+    return rows
+
+
+def family_rows(runs: list[Run]) -> list[tuple[object, ...]]:
+    """Per family and kind of target: how many compiles meet it, and the worst miss."""
+    groups: dict[tuple[str, str], list[tuple[Verdict, Run]]] = {}
+    for run in runs:
+        for v in judge(run.measured):
+            groups.setdefault((run.fabric.family, v.kind), []).append((v, run))
+    order = {kind: i for i, kind in enumerate(("bandwidth", "latency", "compile"))}
+    families = list(dict.fromkeys(run.fabric.family for run in runs))
+    rows: list[tuple[object, ...]] = []
+    for (family, kind), verdicts in sorted(groups.items(), key=lambda g: (families.index(g[0][0]), order[g[0][1]])):
+        met = sum(v.met for v, _ in verdicts)
+        worst, run = max(verdicts, key=lambda item: item[0].shortfall)
+        where = f"{run.fabric.name} {run.measured.collective} {format_size(run.measured.size_bytes)}"
+        goals = " / ".join(dict.fromkeys(v.goal for v, _ in verdicts))  # bandwidth: 97% or 95% by collective
+        rows.append((family, kind, goals, f"{met}/{len(verdicts)}",
+                     "-" if worst.met else f"{where}: {worst.measured}, {worst.describe()}"))
+    return rows
+
+
+def machine_line() -> str:
+    cores = os.cpu_count()
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
+    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"machine: {cores} CPU cores ({usable} usable by this process), load average {load} (1 / 5 / 15 min)"
+
+
+def run_suite(fabrics: list[Fabric], collectives: tuple[str, ...], sizes: tuple[int, ...],
+              limit: float | None) -> None:
+    """Measure every fabric, printing its table as soon as it is done, then the summary tables (also after an
+    interrupt, for the compiles measured by then)."""
+    print(f"planner suite (issue #11): {len(fabrics)} fabrics x {', '.join(collectives)} x "
+          f"{', '.join(format_size(s) for s in sizes)}")
+    print(machine_line())
+    print("compile times (YAML to proof, one process) are meaningful only on an idle machine; the targets "
+          "assume 2 idle cores\n", flush=True)
+    runs: list[Run] = []
+    total = len(fabrics) * len(collectives) * len(sizes)
+    clock = time.perf_counter()
+    try:
+        for fabric in fabrics:
+            rows: list[tuple[object, ...]] = []
+            for collective in collectives:
+                for size in sizes:
+                    run = measure(fabric, collective, size, limit)
+                    runs.append(run)
+                    rows += run_rows(run)
+                    outcome = f"auto chose {run.chose}" if run.chose else run.error
+                    print(f"  [{len(runs)}/{total}] {fabric.name} ({fabric.ranks} ranks) {collective} "
+                          f"{format_size(size)}: {outcome}, {run.measured.compile_s:.1f} s "
+                          f"({time.perf_counter() - clock:.0f} s in all)", file=sys.stderr, flush=True)
+            kind = "switch-based" if fabric.switch_based else "direct links / relays"
+            print(f"{fabric.name}: {fabric.family}, {fabric.ranks} ranks, {kind}")
+            print(format_table(rows, ("collective", "size", "algorithm", "of bound", "predicted", "compile",
+                                      "chose / reason")), flush=True)
+            print()
+    except KeyboardInterrupt:  # a long run stopped early (SIGINT) still reports what it measured
+        print(f"interrupted: the summary covers the {len(runs)} of {total} compiles measured\n", flush=True)
+    print("Against the targets (planner/targets.py)")
+    print(format_table(summary_rows(runs), ("fabric", "family", "ranks", "collective", "size", "auto chose",
+                                            "quality (target): verdict", "compile (target): verdict")))
+    print()
+    print("Per family")
+    print(format_table(family_rows(runs), ("family", "target", "goal", "met", "worst")))
+    print()
+    print(machine_line().replace("machine:", "at the end, machine:"))
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(parse_size(part) for part in text.split(","))
+    except UnitError as exc:
+        raise SystemExit(f"planner_bench: --sizes: {exc} (fix: e.g. --sizes 1MiB,256MiB)") from None
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--topologies", default=None, help="comma-separated shipped names (default: all)")
-    parser.add_argument("--collective", default="allreduce")
-    parser.add_argument("--quick", action="store_true", help="64 MiB and 1 GiB only; scale up to 1024 GPUs")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--topologies", default=None,
+                        help="comma-separated names: shipped topologies (and, with --suite, fabrics of the suite)")
+    parser.add_argument("--collective", default=None,
+                        help="default allreduce; with --suite, comma-separated (default allgather,reducescatter,"
+                             "allreduce)")
+    parser.add_argument("--sizes", default=None, help="comma-separated sizes, e.g. 1MiB,256MiB")
+    parser.add_argument("--quick", action="store_true",
+                        help="64 MiB and 1 GiB only, scale up to 1024 GPUs; with --suite, the smallest fabric of "
+                             "each family")
     parser.add_argument("--scale", default=None, help="comma-separated GPU counts for the scale table")
     parser.add_argument("--scale-only", action="store_true", help="print only the scale table")
+    parser.add_argument("--suite", action="store_true", help="the fabric suite against issue #11's targets")
+    parser.add_argument("--limit", type=float, default=None,
+                        help="with --suite, abandon a compile after this many seconds (reported as missed)")
     args = parser.parse_args()
-    names = args.topologies.split(",") if args.topologies else list(shipped_topologies())
-    sizes = SIZES[2:] if args.quick else SIZES
+    names = args.topologies.split(",") if args.topologies else None
+    if args.suite:
+        try:
+            collectives = (tuple(canonical_collective(c) for c in args.collective.split(","))
+                           if args.collective else SUITE_COLLECTIVES)
+        except TopoccError as exc:
+            raise SystemExit(f"planner_bench: --collective: {exc}") from None
+        sizes = _sizes(args.sizes) if args.sizes else SUITE_SIZES
+        run_suite(select_fabrics(names, args.quick), collectives, sizes, args.limit)
+        return
+    names = names or list(shipped_topologies())
+    sizes = _sizes(args.sizes) if args.sizes else (SIZES[2:] if args.quick else SIZES)
     if not args.scale_only:
         for name in names:  # a table per topology, printed as soon as it is measured
-            print(format_table(quality_rows([name], sizes, args.collective),
+            print(format_table(quality_rows([name], sizes, args.collective or "allreduce"),
                                ("topology", "size", "algorithm", "predicted", "of bound", "compile", "chose / note")),
                   flush=True)
             print()

@@ -52,13 +52,19 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """One algorithm tried by ``auto``: its simulated time, or why it did not apply."""
+    """One algorithm tried by ``auto``: its simulated time, or why it did not apply.
+
+    ``link_time_s`` is, for a candidate that was built, its busiest link's time
+    (:func:`link_time`): a lower bound of its simulated time, so the bound of
+    one that was not simulated because it cannot win.
+    """
 
     algorithm: str
     time_s: float | None
     compile_s: float
     operations: int = 0
     reason: str | None = None
+    link_time_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,7 +301,7 @@ def compile_schedule(topology: Topology, collective: str, algorithm: str = "auto
             if best is not None and floor * (1 - 1e-9) > best[0]:  # the margin absorbs rounding in the sums
                 settle(Candidate(name, None, build_s, schedule.op_count,
                                  reason=f"cannot win: its busiest link alone needs {format_time(floor)}, "
-                                        f"more than {names[best[1]]}'s {format_time(best[0])}"))
+                                        f"more than {names[best[1]]}'s {format_time(best[0])}", link_time_s=floor))
                 continue
             report(name, "simulate")
             started = time.perf_counter()
@@ -303,9 +309,11 @@ def compile_schedule(topology: Topology, collective: str, algorithm: str = "auto
                 sim = simulate(topology, schedule, options.size_bytes)
             except SimulationError as exc:
                 verify(schedule)  # a schedule that does not run is a planner bug unless it is correct
-                settle(Candidate(name, None, build_s + time.perf_counter() - started, reason=exc.message))
+                settle(Candidate(name, None, build_s + time.perf_counter() - started, reason=exc.message,
+                                 link_time_s=floor))
                 continue
-            settle(Candidate(name, sim.time_s, build_s + time.perf_counter() - started, schedule.op_count))
+            settle(Candidate(name, sim.time_s, build_s + time.perf_counter() - started, schedule.op_count,
+                             link_time_s=floor))
             # ties go to the algorithm listed first, whatever order the race simulated them in
             if best is None or (sim.time_s, names.index(name)) < best[:2]:
                 best = (sim.time_s, names.index(name), schedule, sim)

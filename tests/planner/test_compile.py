@@ -1,4 +1,5 @@
-"""The compile front door: large schedules are proved in a forked child, with the same verdict as inline."""
+"""The compile front door: large schedules are proved in a forked child, with the same verdict as inline;
+``auto``'s candidates record what it measured."""
 
 from __future__ import annotations
 
@@ -73,3 +74,19 @@ def test_compile_shipped_replaces_the_other_spelling(tmp_path: Path) -> None:
     (path, compiled), = compile_module.compile_shipped(tmp_path, ["emu-uniform"], size_bytes=1 << 20)
     assert path.name == "emu-uniform-allreduce.json" and compiled.schedule.op_count < 50_000
     assert not stale.exists()
+
+
+def test_auto_candidates_carry_their_link_time() -> None:
+    """Every built candidate records its busiest link's time: at most its simulated time, and more than the
+    winner's time where it was skipped as unable to win."""
+    compiled = compile_schedule(switch_cluster(4, hosts=2), "allgather", "auto", Options(size_bytes=64 << 20))
+    built = [c for c in compiled.candidates if c.link_time_s is not None]
+    assert any(c.time_s is None for c in built) and any(c.time_s is not None for c in built)
+    for c in built:
+        if c.time_s is not None:
+            assert c.link_time_s <= c.time_s * (1 + 1e-9)
+        else:
+            assert c.reason is not None and c.reason.startswith("cannot win")
+            assert c.link_time_s > compiled.sim.time_s
+    assert all(c.link_time_s is None for c in compiled.candidates if c.time_s is None
+               and not (c.reason or "").startswith("cannot win"))
