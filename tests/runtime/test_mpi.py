@@ -6,13 +6,14 @@ import importlib.util
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from planner.verify import verify
 from runtime.launch import RANK_WRAPPER, bench_schedule, find_mpiexec, run_schedule
-from runtime.schedule import save_schedule
+from runtime.schedule import Schedule, save_schedule
 
 pytestmark = pytest.mark.mpi
 
@@ -26,11 +27,11 @@ ALL_OPS = ["sum", "prod", "max", "min", "avg"]
 
 
 def check_all(files: list[Path], np_: int, dtypes: list[str], ops: list[str], counts: list[int],
-              limit: float = 90) -> list[dict]:
-    """Run the worker on every file and return rank 0's rows; fail on any error line."""
+              limit: float = 90, extra: Sequence[str] = ()) -> list[dict]:
+    """Run the worker on every file (``extra``: more worker arguments) and return rank 0's rows."""
     cmd = [find_mpiexec(), "-disable-auto-cleanup", "-n", str(np_), *RANK_WRAPPER, sys.executable, "-m",
            "runtime.worker", "check", "--each", *map(str, files), "--data", "exact", "--timeout", "20",
-           "--repeat", "2", "--dtypes", *dtypes, "--ops", *ops, "--counts", *map(str, counts)]
+           "--repeat", "2", "--dtypes", *dtypes, "--ops", *ops, "--counts", *map(str, counts), *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -103,21 +104,28 @@ cluster:
 """
 
 
-def test_planner_algorithms_replay(tmp_path: Path) -> None:
-    """Schedules from planner.algorithms (ring, tree, halving-doubling, direct, hierarchical) on 4 ranks."""
+def planner_schedules(algorithms: Sequence[str] = ("ring", "tree", "halving-doubling", "direct", "hierarchical")
+                      ) -> dict[str, Schedule]:
+    """Every collective of each algorithm on the 4-rank tiny-2x2 topology, by name."""
     from planner.algorithms import ALGORITHMS, Options
     from planner.errors import NotApplicableError
     from planner.topology import parse_topology_text
 
     topo = parse_topology_text(TOPOLOGY, "tiny-2x2")
     schedules = {}
-    for name in ("ring", "tree", "halving-doubling", "direct", "hierarchical"):
+    for name in algorithms:
         for collective in ALGORITHMS[name].collectives:
             try:
                 s = ALGORITHMS[name].load()(topo, collective, Options(size_bytes=1 << 16, pipeline=2))
             except NotApplicableError:
                 continue
             schedules[f"{name}-{collective}"] = s
+    return schedules
+
+
+def test_planner_algorithms_replay(tmp_path: Path) -> None:
+    """Schedules from planner.algorithms (ring, tree, halving-doubling, direct, hierarchical) on 4 ranks."""
+    schedules = planner_schedules()
     assert "ring-allreduce" in schedules and "direct-alltoall" in schedules
     ranks = next(iter(schedules.values())).ranks
     rows = check_all(save_verified(schedules, tmp_path), ranks, ["float32", "int32"], ["sum", "max"], [1, 7, 1001])
