@@ -1,4 +1,4 @@
-"""The executor over torch.distributed: every collective vs a torch reference on gloo (CPU), failures, NCCL.
+"""The dataflow replay over gloo: every collective vs a torch reference on CPU tensors, and failures.
 
 Each test starts one process per rank (mpi_scripts/torch_check.py) that meet through a
 ``file://`` rendezvous in the test's temporary folder (no port to race for); gloo's pairs use
@@ -81,7 +81,7 @@ def test_a_failed_peer_gives_one_line_naming_it(tmp_path: Path, mode: str) -> No
 
 
 def test_torch_ops_refuse_what_they_cannot_replay() -> None:
-    from runtime.transports.torch_dist import TorchOps
+    from runtime.transports.torch_ops import TorchOps
 
     ops = TorchOps(torch.device("cpu"))
     with pytest.raises(CommunicatorError, match="torch tensor"):
@@ -96,14 +96,3 @@ def test_torch_ops_refuse_what_they_cannot_replay() -> None:
     ops.reductions["max"](a, b, out=a)
     assert a.tolist() == [3.0, 5.0] and a.dtype == torch.bfloat16
     assert ops.dtype_name(a.dtype) == "bfloat16" and ops.is_integer(torch.int8) and not ops.is_integer(a.dtype)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                    reason="the NCCL path needs at least 2 CUDA GPUs (one per rank; NCCL refuses two ranks on "
-                           "one GPU)")
-def test_every_collective_matches_torch_on_nccl(tmp_path: Path) -> None:
-    outputs = spawn(2, "nccl", tmp_path, "float32,bfloat16,float16,int32", "1,7,65537")
-    for code, _, err in outputs:
-        assert code == 0, err[-3000:]
-    res = result(outputs)
-    assert res["wrong_total"] == 0, res["wrong"]
