@@ -18,6 +18,7 @@ from runtime.lowering import Group, Lowering, RankLowering, chunks_per_round_for
 from runtime.schedule import Chunk, Op, Schedule, build_schedule, load_schedule
 from tests.conftest import REPO
 from tests.planner.algorithms.test_baselines import switch_cluster
+from tests.runtime.test_mpi import S
 from tests.strategies import topologies
 
 SHIPPED = sorted((REPO / "schedules").glob("*.json*"))
@@ -39,6 +40,14 @@ def test_shipped_schedules_lower_into_groups_nccl_can_run(path: Path) -> None:
     caps = {chunks_per_round_for(size / schedule.input_chunks), chunks_per_round_for(size / 16 / schedule.input_chunks)}
     for cap in sorted(caps) if schedule.op_count < 100_000 else [min(caps)]:
         check(schedule, cap)
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_the_runtime_test_schedules(ranks: int) -> None:
+    """What the MPI and NCCL replays run (tests/runtime/mpi_scripts/schedules.py), at every stream capacity used."""
+    for schedule in S.every_collective(ranks).values():
+        for cap in (1, 2, 3, 1 << 20):
+            check(schedule, cap)
 
 
 def small_topologies() -> list[Topology]:

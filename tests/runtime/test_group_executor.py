@@ -22,7 +22,6 @@ from tests.runtime.test_mpi import (
     assert_exact,
     check_all,
     expected,
-    planner_schedules,
     save_verified,
 )
 
@@ -54,7 +53,7 @@ def test_every_collective_on_more_ranks(tmp_path: Path, ranks: int, dtypes: list
 
 
 def test_planner_algorithms_lowered(tmp_path: Path) -> None:
-    schedules = planner_schedules(("ring", "tree", "halving-doubling", "direct", "hierarchical", "multitree",
+    schedules = S.planner_schedules(("ring", "tree", "halving-doubling", "direct", "hierarchical", "multitree",
                                    "treepack"))
     assert {"multitree-allreduce", "treepack-broadcast", "hierarchical-reducescatter"} <= set(schedules)
     rows = check_all(save_verified(schedules, tmp_path), 4, ["float32", "int32"], ["sum", "max"], [1, 7, 1001],

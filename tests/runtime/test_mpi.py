@@ -13,7 +13,7 @@ import pytest
 
 from planner.verify import verify
 from runtime.launch import RANK_WRAPPER, bench_schedule, find_mpiexec, run_schedule
-from runtime.schedule import Schedule, save_schedule
+from runtime.schedule import save_schedule
 
 pytestmark = pytest.mark.mpi
 
@@ -90,42 +90,9 @@ def test_eight_ranks(tmp_path: Path) -> None:
     assert_exact(rows, expected(schedules, ["float32", "int8"], ["sum"], [1, 7, 1001]))
 
 
-TOPOLOGY = """
-name: tiny-2x2
-cluster:
-  hosts: 2
-  host:
-    gpus: 2
-    fabric: fully-connected
-    gpu_link: {bandwidth: 10 GB/s, latency: 1 us, kind: shm}
-    nics: 1
-    nic: {bandwidth: 100 Gbit/s, latency: 5 us, kind: ethernet}
-  network: {type: fat-tree, hosts_per_leaf: 2, spines: 1, latency: 5 us}
-"""
-
-
-def planner_schedules(algorithms: Sequence[str] = ("ring", "tree", "halving-doubling", "direct", "hierarchical")
-                      ) -> dict[str, Schedule]:
-    """Every collective of each algorithm on the 4-rank tiny-2x2 topology, by name."""
-    from planner.algorithms import ALGORITHMS, Options
-    from planner.errors import NotApplicableError
-    from planner.topology import parse_topology_text
-
-    topo = parse_topology_text(TOPOLOGY, "tiny-2x2")
-    schedules = {}
-    for name in algorithms:
-        for collective in ALGORITHMS[name].collectives:
-            try:
-                s = ALGORITHMS[name].load()(topo, collective, Options(size_bytes=1 << 16, pipeline=2))
-            except NotApplicableError:
-                continue
-            schedules[f"{name}-{collective}"] = s
-    return schedules
-
-
 def test_planner_algorithms_replay(tmp_path: Path) -> None:
     """Schedules from planner.algorithms (ring, tree, halving-doubling, direct, hierarchical) on 4 ranks."""
-    schedules = planner_schedules()
+    schedules = S.planner_schedules()
     assert "ring-allreduce" in schedules and "direct-alltoall" in schedules
     ranks = next(iter(schedules.values())).ranks
     rows = check_all(save_verified(schedules, tmp_path), ranks, ["float32", "int32"], ["sum", "max"], [1, 7, 1001])
