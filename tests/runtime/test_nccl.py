@@ -72,29 +72,8 @@ def test_the_launcher_reports_a_refusal_from_every_rank() -> None:
 
 
 @GPU
-@pytest.mark.parametrize(("world", "group_bytes"), [(2, "1"), (3, str(512 << 10)), (4, "1")])
-def test_every_collective_dtype_and_op(world: int, group_bytes: str) -> None:
-    passes("check", world, "float32,bfloat16,float16,int32", "1,7,1001,65537", group_bytes)
-
-
-@GPU
-def test_planner_algorithms() -> None:
-    passes("planner", 4)
-
-
-@GPU
-def test_ddp_hook_matches_ddp(tmp_path: Path) -> None:
-    from planner.compile import compile_plan
-    from planner.topology import parse_topology_text
-    from runtime.plan import save_plan
-
-    schedules = N._load("schedules")
-    plan, _ = compile_plan(parse_topology_text(schedules.TINY_2X2, "tiny-2x2"), "allreduce", 1 << 8, 1 << 22)
-    save_plan(plan, tmp_path / "plan.json")
-    passes("ddp", 4, str(tmp_path / "plan.json"))
-
-
-@GPU
-@pytest.mark.parametrize("mode", ["hang", "die"])
-def test_a_failed_peer_is_named_within_the_timeout(mode: str) -> None:
-    passes(mode, 2)
+@pytest.mark.parametrize(("mode", "world", "args"), N.SUITE,
+                         ids=[f"{m}-{w}-ranks" + (f"-{a[2]}-bytes" if a else "") for m, w, a in N.SUITE])
+def test_gpu_suite(mode: str, world: int, args: tuple[str, ...]) -> None:
+    """Every collective on 2-4 ranks, the planner's algorithms, the DDP hook, a hung and a dead peer."""
+    passes(mode, world, *args)

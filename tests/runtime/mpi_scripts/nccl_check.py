@@ -3,8 +3,8 @@
 ``python nccl_check.py run MODE WORLD [ARGS]`` starts WORLD copies of this script (``... rank R WORLD STORE
 MODE [ARGS]``), all on the current GPU, each with its own ``NCCL_HOSTID`` (NCCL then treats them as hosts
 and connects them through sockets), their control plane a ``torch.distributed.FileStore`` (no ``mpiexec``);
-it prints the verdict and exits non-zero on any problem.  tests/runtime/test_nccl.py runs the same cases
-through :func:`launch` and :func:`verdict` under pytest; benchmarks/gpu_check.sh runs them without it.
+it prints the verdict and exits non-zero on any problem.  ``python nccl_check.py suite`` runs every case of
+:data:`SUITE`: tests/runtime/test_nccl.py runs the same cases under pytest, benchmarks/gpu_check.sh without.
 
 Modes:
 
@@ -12,7 +12,8 @@ Modes:
   CPU by tests/planner/test_verify_lowered.py), every op, twice per case (the second reuses the binding),
   plus ``async_op=True`` and NCCL's own allreduce on the same communicator, against torch references;
 * ``planner``: the planner's algorithms on a 4-rank topology, float32 and bfloat16;
-* ``ddp PLAN``: DDP with the hook over our NCCL transport against plain DDP over torch's NCCL;
+* ``ddp`` (4 ranks): DDP with the hook over our NCCL transport (the planner's hierarchical all-reduce on a
+  2 x 2 topology, built identically by every rank) against plain DDP over torch's NCCL;
 * ``hang`` / ``die`` (2 ranks): rank 1 stops answering (sleeps, or exits) before the second allreduce;
   rank 0 must fail within the timeout with ``topocc:`` lines naming it.
 
@@ -37,6 +38,20 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 #: the failure modes' communicator timeout
 FAIL_TIMEOUT_S = 3.0
+_DTYPES = "float32,bfloat16,float16,int32"
+_COUNTS = "1,7,65537"  # one element, a tail shorter than the chunks, a size that does not divide
+
+#: The GPU suite, (mode, ranks, arguments): every collective on 2-4 ranks with the smallest groups (one chunk
+#: per stream and group) and the default ones, the planner's algorithms, DDP, a hung and a dead peer.
+SUITE: tuple[tuple[str, int, tuple[str, ...]], ...] = (
+    ("check", 2, (_DTYPES, _COUNTS, "1")),
+    ("check", 3, (_DTYPES, _COUNTS, str(512 << 10))),
+    ("check", 4, (_DTYPES, _COUNTS, "1")),
+    ("planner", 4, ()),
+    ("ddp", 4, ()),
+    ("hang", 2, ()),
+    ("die", 2, ()),
+)
 
 Outputs = list[tuple[int, str, str]]  # (exit code, stdout, stderr) per rank
 
@@ -158,7 +173,8 @@ def _rank_main(rank: int, world: int, path: str, mode: str, args: list[str]) -> 
         print(f"RESULT {json.dumps({'elapsed': time.monotonic() - start})}", flush=True)
         return 0
     if mode == "ddp":
-        res = _check_ddp(rank, world, store, device, args[0], transport())
+        schedule = S.planner_schedules(("hierarchical",), 1 << 20)["hierarchical-allreduce"]
+        res = _check_ddp(rank, world, store, device, schedule, transport())
     else:
         if mode == "check":
             schedules, dtypes = S.every_collective(world), args[0].split(",")
@@ -219,7 +235,7 @@ def _check_schedules(rank: int, world: int, device: Any, schedules: dict[str, An
     return {"cases": cases, "wrong": wrong[:10], "wrong_count": len(wrong), "native_checked": native}
 
 
-def _check_ddp(rank: int, world: int, store: Any, device: Any, plan: str, transport: Any) -> dict[str, Any]:
+def _check_ddp(rank: int, world: int, store: Any, device: Any, plan: Any, transport: Any) -> dict[str, Any]:
     """Gradients of DDP + hook over our NCCL transport equal plain DDP's over torch's NCCL."""
     import torch
     import torch.distributed as dist
@@ -269,15 +285,19 @@ def main(argv: list[str]) -> int:
         except TopoccError as err:  # a refusal (no GPU, no CuPy) is one line, as the runtime promises
             os.write(2, f"topocc: {err.one_line()}\n".encode())
             return err.exit_code
-    if argv[0] == "run":
-        mode, world = argv[1], int(argv[2])
-        start = time.monotonic()
-        problems = verdict(mode, launch(mode, world, *argv[3:]))
-        status = "ok" if not problems else "FAILED"
-        print(f"nccl {mode} on {world} ranks {' '.join(argv[3:])}: {status} ({time.monotonic() - start:.0f} s)")
-        for p in problems:
-            print(f"  {p}")
-        return 1 if problems else 0
+    if argv[0] in ("run", "suite"):
+        cases = [(argv[1], int(argv[2]), tuple(argv[3:]))] if argv[0] == "run" else list(SUITE)
+        failed = 0
+        for mode, world, args in cases:
+            start = time.monotonic()
+            problems = verdict(mode, launch(mode, world, *args))
+            status = "ok" if not problems else "FAILED"
+            print(f"nccl {mode} on {world} ranks {' '.join(args)}: {status} ({time.monotonic() - start:.0f} s)",
+                  flush=True)
+            for p in problems:
+                print(f"  {p}", flush=True)
+            failed += bool(problems)
+        return 1 if failed else 0
     print(__doc__, file=sys.stderr)
     return 2
 
