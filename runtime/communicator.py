@@ -1,5 +1,11 @@
 """The public face of the runtime: a communicator that replays compiled schedules.
 
+Over a :class:`~runtime.transports.Transport` (MPI, gloo) it replays a rank's
+program as dataflow (``runtime.executor``); over a
+:class:`~runtime.transports.GroupTransport` (NCCL, or MPI with NCCL's
+semantics) it replays the schedule's lowering group by group
+(``runtime.lowering``, ``runtime.group_executor``).
+
 >>> comm = Communicator("schedules/ring_allreduce.json")      # doctest: +SKIP
 >>> comm.allreduce(grad)                                        # doctest: +SKIP
 
@@ -14,7 +20,9 @@ Failure behaviour
 * Everything else that goes wrong with a peer (it died, hangs, or runs a
   different schedule) ends in a ``timeout``: the rank raises a one-line
   CommunicatorError naming the peers it was still waiting for, and the
-  communicator refuses further calls.
+  communicator refuses further calls.  A stream-ordered transport (NCCL)
+  returns before the data has moved, so its watchdog finds the failure: the
+  same line goes to stderr at once, and the next call raises it.
 * At interpreter exit, a process whose communicator failed prints that line
   again and leaves with ``os._exit(5)`` instead of running ``MPI_Finalize``
   (which would wait forever for the dead peer); a healthy process first checks,
@@ -505,10 +513,16 @@ class Communicator:
         if self._closed:
             return
         self._closed = True
+        if self.grouped and self._failed is None and self._pending_failure is None:
+            # a stream-ordered transport may still be using the programs' buffers: finish before freeing them
+            try:
+                self.transport.wait(self.transport.fence(), time.monotonic() + self.timeout)
+            except PeerFailure as exc:
+                raise self._fail(CommunicatorError(f"closing: {exc}", where=f"rank {self.rank}")) from None
         for program in self._programs.values():
             program.free()
         self._programs.clear()
-        if self._failed is None:
+        if self._failed is None and self._pending_failure is None:
             close = getattr(self.transport, "close", None)
             if close is not None:
                 close()
