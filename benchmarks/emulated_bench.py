@@ -20,7 +20,7 @@ import json
 import sys
 import time
 
-from planner.bench import EmulatedRow, bench_emulated
+from planner.bench import EmulatedRow, bench_emulated, format_emulated_table
 from planner.compile import compile_plan, resolve_topology
 from planner.emulation import DEFAULT_SCALE, emulation_available
 
@@ -32,7 +32,7 @@ def targets(name: str, rows: list[EmulatedRow]) -> list[str]:
     """One line per target: met or missed, with the figure."""
     out = []
     for r in rows:
-        speed = r.speedup_vs_native or float("nan")
+        speed = 1 / r.ratio if r.ratio else float("nan")  # native MPI's time over ours
         if name == "emu-racks" and r.size >= 16 * MIB:
             out.append(f"{'met ' if speed >= 1.3 else 'MISS'} {name} {r.size // MIB} MiB: mpi/ours {speed:.2f} "
                        "(target >= 1.30)")
@@ -40,7 +40,7 @@ def targets(name: str, rows: list[EmulatedRow]) -> list[str]:
             out.append(f"{'met ' if speed >= 1 / 1.1 else 'MISS'} {name} {r.size // MIB} MiB: mpi/ours {speed:.2f} "
                        "(target >= 0.91)")
         if r.size >= 4 * MIB:
-            err = abs(r.time_s - r.predicted_s) / r.time_s
+            err = abs(r.time_s - r.predicted_time_s) / r.time_s
             out.append(f"{'met ' if err <= 0.2 else 'MISS'} {name} {r.size // MIB} MiB: measured vs predicted "
                        f"{err:.0%} apart (target <= 20%)")
     return out
@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
               + f" (compiled in {time.monotonic() - start:.1f} s)", flush=True)
         rows = bench_emulated(topology, plan, args.sizes, scale=args.scale, iters=args.iters,
                               include_gloo=not args.no_gloo)
+        print(format_emulated_table(rows, topology, args.scale), flush=True)
         print(f"({name}: {time.monotonic() - start:.0f} s)\n", flush=True)
         report[name] = [r.to_json() for r in rows]
         lines += targets(name, rows)

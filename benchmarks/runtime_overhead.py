@@ -2,7 +2,7 @@
 
 4 ranks on this machine, float32, 1 MiB and 64 MiB (targets: replay <= 2x native
 at 1 MiB, <= 1.3x at 64 MiB).  Replays a hand-built in-place ring (one message per
-block, as NCCL's ring) from tests/runtime/mpi_scripts/schedules.py; prints the nccl-tests style table and a summary.
+block, as NCCL's ring) from tests/runtime/mpi_scripts/schedules.py; prints each size against its target.
 
     python benchmarks/runtime_overhead.py [--ranks 4] [--iters 20]
 """

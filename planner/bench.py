@@ -24,8 +24,8 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,9 @@ from planner.compile import compile_plan, resolve_topology
 from planner.emulation import DEFAULT_SCALE, EmulatedCluster, emulation_available
 from planner.errors import UsageError
 from planner.simulate import simulate
+from planner.summary import RATIO, bench_progress, bench_verdict, format_table, opt_cell
 from planner.topology import Topology
+from planner.units import format_size, format_time
 from runtime.errors import TopoccError
 from runtime.launch import bench_schedule, find_mpiexec, worker_env
 from runtime.plan import Plan, as_plan, load_any
@@ -46,6 +48,8 @@ __all__ = ["NETWORK_BOUND", "EmulatedRow", "bench_emulated", "format_emulated_ta
 NETWORK_BOUND = 0.8
 #: Rendezvous port for torch.distributed, on rank 0's emulated address (the namespace is ours alone).
 GLOO_PORT = 29533
+#: The progress line as an emulated cluster is removed.
+TEARDOWN = "emulate: tearing down the emulated cluster"
 #: Wall-clock the timed calls of one size should take, per method (iterations are cut to fit).
 CASE_BUDGET_S = 6.0
 
@@ -59,23 +63,28 @@ class EmulatedRow:
     time_s: float
     native_time_s: float | None
     gloo_time_s: float | None
-    predicted_s: float
+    predicted_time_s: float
     max_error: float
+    wrong: int
     iters: int
     regime: str
 
     @property
-    def speedup_vs_native(self) -> float | None:
-        """Native MPI time over ours (above 1: the compiled schedule is faster)."""
-        return self.native_time_s / self.time_s if self.native_time_s and self.time_s else None
+    def ratio(self) -> float | None:
+        """Our time over native MPI's (below 1: the compiled schedule is faster), as ``topocc bench`` reports it."""
+        return self.time_s / self.native_time_s if self.native_time_s else None
 
     @property
     def predicted_over_measured(self) -> float:
         """The simulator's prediction over the measured time (1.0: exact; below: the run was slower)."""
-        return self.predicted_s / self.time_s if self.time_s else math.nan
+        return self.predicted_time_s / self.time_s if self.time_s else math.nan
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "speedup_vs_native": self.speedup_vs_native,
+        """The row under the names ``docs/json.md`` lists (those of ``topocc bench --json`` where they meet)."""
+        return {"size_bytes": self.size, "algorithm": self.algorithm, "time_s": self.time_s,
+                "native_time_s": self.native_time_s, "gloo_time_s": self.gloo_time_s,
+                "predicted_time_s": self.predicted_time_s, "wrong": self.wrong, "max_error": self.max_error,
+                "iters": self.iters, "regime": self.regime, "ratio": self.ratio,
                 "predicted_over_measured": self.predicted_over_measured}
 
 
@@ -99,7 +108,7 @@ def _load(source: str | Path | Schedule | Plan) -> Plan:
 def bench_emulated(topology_path: str | Path | Topology, source: str | Path | Schedule | Plan | None,
                    sizes: Sequence[int], *, scale: float = DEFAULT_SCALE, np: int | None = None, iters: int = 5,
                    warmup: int = 1, include_gloo: bool = True, algorithm: str = "auto", trace: str | Path | None = None,
-                   timeout: float | None = None, echo: bool = True) -> list[EmulatedRow]:
+                   timeout: float | None = None, progress: Callable[[str], None] | None = None) -> list[EmulatedRow]:
     """Time an allreduce schedule (or plan) on the emulated ``topology_path``; one row per size.
 
     Parameters
@@ -124,6 +133,8 @@ def bench_emulated(topology_path: str | Path | Topology, source: str | Path | Sc
         A ``.json`` path: one call per size is recorded on every rank and written as a Chrome trace.
     timeout:
         Per-call deadline of the replay (default: from the slowest prediction).
+    progress:
+        Called with a line as the cluster is set up, as each size ends, and as it is torn down.
 
     Raises :class:`~runtime.errors.TopoccError` (no root, a failed job, a mismatched schedule).
     """
@@ -135,8 +146,8 @@ def bench_emulated(topology_path: str | Path | Topology, source: str | Path | Sc
     if not sizes or sizes[0] <= 0:
         raise UsageError("give at least one positive size")
     if np is not None and np != topology.size:
-        raise UsageError(f"the emulated {topology.name} runs {topology.size} ranks, not {np}",
-                         fix=f"use -n {topology.size} (one rank per device of the topology)")
+        raise UsageError(f"the emulated {topology.name} runs {topology.size} ranks, not --np {np}",
+                         fix=f"pass --np {topology.size} (one rank per GPU of the topology), or leave --np out")
     plan = compile_plan(topology, "allreduce", sizes[0], sizes[-1], algorithm)[0] if source is None else _load(source)
     if plan.ranks != topology.size:
         raise UsageError(f"the schedule is for {plan.ranks} ranks but {topology.name} has {topology.size}")
@@ -148,49 +159,45 @@ def bench_emulated(topology_path: str | Path | Topology, source: str | Path | Sc
         except ImportError:
             raise TopoccError("the gloo baseline needs torch", fix="pip install torch, or pass include_gloo=False") \
                 from None
+    say = _announce(topology, scale, progress)
     with EmulatedCluster(topology, scale=scale) as cluster:
-        scaled = cluster.scaled_topology()
-        predicted = [simulate(scaled, plan.select(s), s).time_s for s in sizes]
-        counts = [iterations_for(p, iters) for p in predicted]
-        per_call = timeout if timeout is not None else 60.0 + 10 * max(predicted)
-        # each size: warm-up and timed calls of 2-3 methods, at most a few times the prediction each
-        limit = 120.0 + sum((c + warmup + 1) * (3 if include_gloo else 2) * 4 * p for c, p in zip(counts, predicted))
-        env = {"GLOO_SOCKET_IFNAME": cluster.hosts[0].interface, "OMP_NUM_THREADS": "1"}
+        try:
+            scaled = cluster.scaled_topology()
+            predicted = [simulate(scaled, plan.select(s), s).time_s for s in sizes]
+            counts = [iterations_for(p, iters) for p in predicted]
+            per_call = timeout if timeout is not None else 60.0 + 10 * max(predicted)
+            # each size: warm-up and timed calls of 2-3 methods, at most a few times the prediction each
+            limit = 120.0 + sum((c + warmup + 1) * (3 if include_gloo else 2) * 4 * p
+                                for c, p in zip(counts, predicted))
+            env = {"GLOO_SOCKET_IFNAME": cluster.hosts[0].interface, "OMP_NUM_THREADS": "1"}
 
-        def launcher(argv: Sequence[str]) -> list[str]:
-            return cluster.mpiexec_command(argv, env=env)
+            def launcher(argv: Sequence[str]) -> list[str]:
+                return cluster.mpiexec_command(argv, env=env)
 
-        gloo = f"{cluster.host_of(0).address}:{GLOO_PORT}" if include_gloo else None
-        measured = bench_schedule(plan, topology.size, sizes, iters=counts, warmup=warmup, timeout=per_call,
-                                  launcher=launcher, gloo=gloo, trace=trace, limit_s=limit, echo=False)
-    rows = [EmulatedRow(size=m.size, algorithm=m.algorithm, time_s=m.time_s, native_time_s=m.native_time_s,
-                        gloo_time_s=m.gloo_time_s, predicted_s=p, max_error=m.max_error, iters=m.iters,
-                        regime=regime(p, m.time_s))
+            gloo = f"{cluster.host_of(0).address}:{GLOO_PORT}" if include_gloo else None
+            say(f"emulate: running {len(sizes)} sizes")
+            report = bench_progress(say, len(sizes), topology.size) if progress else None
+            measured = bench_schedule(plan, topology.size, sizes, iters=counts, warmup=warmup, timeout=per_call,
+                                      launcher=launcher, gloo=gloo, trace=trace, limit_s=limit, progress=report)
+        finally:
+            say(TEARDOWN)
+    return [EmulatedRow(size=m.size, algorithm=m.algorithm, time_s=m.time_s, native_time_s=m.native_time_s,
+                        gloo_time_s=m.gloo_time_s, predicted_time_s=p, max_error=m.max_error, wrong=m.wrong,
+                        iters=m.iters, regime=regime(p, m.time_s))
             for m, p in zip(measured, predicted)]
-    if echo:
-        print(format_emulated_table(rows, topology, scale))
-    return rows
-
-
-def _ms(t: float | None) -> str:
-    return f"{t * 1e3:10.1f}" if t else f"{'n/a':>10}"
-
-
-def _x(v: float | None) -> str:
-    return f"{v:6.2f}" if v else f"{'n/a':>6}"
 
 
 def format_emulated_table(rows: Sequence[EmulatedRow], topology: Topology, scale: float) -> str:
-    """The rows as a table: times in ms, native/ours and predicted/measured, and each size's regime."""
-    head = [f"# allreduce on emulated {topology.name} ({topology.size} ranks, {len(topology.hosts)} hosts, "
-            f"inter-host bandwidth x{scale:g}); times in ms, slowest rank's mean",
-            f"#{'size':>11} {'algorithm':>14} | {'topocc':>10} {'mpi':>10} {'gloo':>10} {'predicted':>10} | "
-            f"{'mpi/ours':>8} {'pred/meas':>9} {'#wrong':>7} {'iters':>5} | regime"]
-    lines = list(head)
-    for r in rows:
-        lines.append(f" {r.size:11d} {r.algorithm[:14]:>14} | {_ms(r.time_s)} {_ms(r.native_time_s)} "
-                     f"{_ms(r.gloo_time_s)} {_ms(r.predicted_s)} | {_x(r.speedup_vs_native):>8} "
-                     f"{_x(r.predicted_over_measured):>9} {r.max_error:7.2g} {r.iters:5d} | {r.regime}")
+    """The rows as a table: times, ratio to MPI, prediction, wrong elements, and each size's regime."""
+    head = (f"# allreduce on emulated {topology.name} ({topology.size} ranks, {len(topology.hosts)} hosts, "
+            f"inter-host bandwidth x{scale:g}); times: slowest rank's mean; ratio = time / native_time (MPI)")
+    table = format_table(
+        [(format_size(r.size), r.algorithm, format_time(r.time_s), opt_cell(r.native_time_s, format_time),
+          opt_cell(r.gloo_time_s, format_time), format_time(r.predicted_time_s), opt_cell(r.ratio, RATIO.format),
+          f"{r.predicted_over_measured:.2f}", r.wrong, f"{r.max_error:.3g}", r.iters, r.regime) for r in rows],
+        ("size", "algorithm", "time", "native_time", "gloo_time", "predicted_time", "ratio", "pred/meas", "#wrong",
+         "max_error", "iters", "regime"), ">>>>>>>>>>><")
+    lines = [head, table, f"# {bench_verdict([r.to_json() for r in rows])}"]
     bound = [r for r in rows if r.regime != "network-bound"]
     if bound:
         lines.append(f"# {len(bound)} of {len(rows)} sizes are not network-bound (measured well above the "
@@ -199,12 +206,14 @@ def format_emulated_table(rows: Sequence[EmulatedRow], topology: Topology, scale
 
 
 def run_emulated(topology_path: str | Path | Topology, argv: Sequence[str], *, scale: float = DEFAULT_SCALE,
-                 timeout_s: float = 600.0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+                 timeout_s: float = 600.0, env: dict[str, str] | None = None,
+                 progress: Callable[[str], None] | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` as every rank of the topology, each in its host's namespace, under one ``mpiexec``.
 
     The library half of ``topocc emulate TOPO -- cmd``: ``argv[0]`` is any program (``python`` and a
     script, or a binary); the cluster is up only while it runs and is removed afterwards, even on
-    failure or timeout (then :class:`~runtime.errors.TopoccError`).  Output is captured.
+    failure or timeout (then :class:`~runtime.errors.TopoccError`).  Output is captured.  ``progress``
+    is called with a line as the cluster is set up, as the command starts, and as it is torn down.
     """
     why = emulation_available()
     if why is not None:
@@ -212,11 +221,26 @@ def run_emulated(topology_path: str | Path | Topology, argv: Sequence[str], *, s
     if not argv:
         raise UsageError("give the command to run after --")
     topology = topology_path if isinstance(topology_path, Topology) else resolve_topology(str(topology_path))
+    say = _announce(topology, scale, progress)
     with EmulatedCluster(topology, scale=scale) as cluster:
-        rank_env = {"GLOO_SOCKET_IFNAME": cluster.hosts[0].interface, **(env or {})}
-        cmd = cluster.mpiexec_command(list(argv[1:]), python=argv[0], env=rank_env, mpiexec=find_mpiexec())
-        return cluster.run(cmd, timeout_s=timeout_s, env=worker_env())
+        try:
+            rank_env = {"GLOO_SOCKET_IFNAME": cluster.hosts[0].interface, **(env or {})}
+            cmd = cluster.mpiexec_command(list(argv[1:]), python=argv[0], env=rank_env, mpiexec=find_mpiexec())
+            say(f"emulate: running {' '.join(argv)} on {topology.size} ranks")
+            return cluster.run(cmd, timeout_s=timeout_s, env=worker_env())
+        finally:
+            say(TEARDOWN)
+
+
+def _announce(topology: Topology, scale: float, progress: Callable[[str], None] | None) -> Callable[[str], None]:
+    """``progress`` (or a sink), after saying that the emulated cluster is being set up."""
+    say = progress or (lambda _line: None)
+    say(f"emulate: setting up {topology.name} ({len(topology.hosts)} hosts, {topology.size} ranks, "
+        f"inter-host bandwidth x{scale:g})")
+    return say
 
 
 if __name__ == "__main__":  # pragma: no cover - a convenience: python -m planner.bench TOPO SIZE...
-    bench_emulated(sys.argv[1], None, [int(s) for s in sys.argv[2:]] or [1 << 20])
+    _topology = resolve_topology(sys.argv[1])
+    print(format_emulated_table(bench_emulated(_topology, None, [int(s) for s in sys.argv[2:]] or [1 << 20]),
+                                _topology, DEFAULT_SCALE))

@@ -49,7 +49,7 @@ from typing import Any
 
 from planner._yaml import YDict, YList, load_yaml
 from planner.errors import TopoccError, UsageError
-from planner.units import UnitError, format_size, parse_size, parse_time
+from planner.units import UnitError, format_bandwidth, format_size, format_time, parse_size, parse_time
 from runtime.plan import Plan
 from runtime.training.profile import ParamProfile, Profile
 
@@ -468,7 +468,7 @@ def bucket_plan_to_dict(plan: BucketPlan, profile: Profile | None = None) -> dic
         "predicted_time_s": plan.predicted_time_s,
         "ddp_time_s": plan.ddp_time_s,
         "bytescheduler_time_s": plan.bytescheduler_time_s,
-        "blocks": [{"pieces": [list(p) for p in b.pieces], "bytes": b.nbytes, "start_s": b.start_s,
+        "blocks": [{"pieces": [list(p) for p in b.pieces], "size_bytes": b.nbytes, "start_s": b.start_s,
                     "end_s": b.end_s} for b in plan.blocks],
     }
 
@@ -497,7 +497,7 @@ def format_bucket_plan(plan: BucketPlan, profile: Profile) -> str:
              for r in rows]
     cap = f", block cap {format_size(plan.chunk_bytes)}" if plan.chunk_bytes else ""
     cost = plan.cost
-    model = (f"; cost {cost.alpha_s * 1e6:.1f} us + B / {cost.bytes_per_s / 1e9:.3f} GB/s"
+    model = (f"; cost {format_time(cost.alpha_s)} + B / {format_bandwidth(cost.bytes_per_s)}"
              if isinstance(cost, LinearCost) else "")
     lines += [
         "",

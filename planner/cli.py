@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
 
-from planner.errors import TopoccError
+from planner.errors import TopoccError, exit_codes
 from planner.units import UnitError, parse_size, parse_size_range
+from runtime.executor import DTYPE_NAMES
 
 __all__ = ["cli", "main"]
 
@@ -49,9 +51,18 @@ class SizeRangeType(click.ParamType):
 
 SIZE = SizeType()
 SIZE_RANGE = SizeRangeType()
+DTYPE = click.Choice(DTYPE_NAMES)
+PROGRESS_HELP = "Progress lines on stderr as the work goes (default: when stderr is a terminal)."
+WHAT_IF_HELP = "Allow a --topology the schedule was not compiled for (the output says it is a what-if)."
 COLLECTIVE = click.Choice(
     ["allreduce", "reducescatter", "reduce-scatter", "allgather", "all-gather", "broadcast", "reduce", "alltoall",
      "all-to-all"], case_sensitive=False)
+
+
+def _progress_echo(flag: bool | None) -> Callable[[str], None] | None:
+    """Where progress lines go: stderr when ``--progress`` (by default when stderr is a terminal), else nowhere."""
+    show = sys.stderr.isatty() if flag is None else flag
+    return (lambda line: click.echo(line, err=True)) if show else None
 
 
 def _emit(doc: Any, as_json: bool, text: str | None = None) -> None:
@@ -63,7 +74,14 @@ def _emit(doc: Any, as_json: bool, text: str | None = None) -> None:
         click.echo(text if text is not None else format_summary(doc))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _exit_code_epilog() -> str:
+    """The exit-code table of :mod:`planner.errors`, for ``topocc --help`` (``\\b``: click keeps the lines)."""
+    rows = [f"  {code:<4} {meaning.replace('``', '')}" for code, _, meaning in exit_codes()]
+    head = "Exit codes (every failure is one line on stderr; TOPOCC_DEBUG=1 shows a traceback):"
+    return head + "\n\n\b\n" + "\n".join(rows)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=_exit_code_epilog())
 @click.version_option(package_name="topocc")
 def cli() -> None:
     """topocc: compile, verify, simulate and run topology-aware collective schedules."""
@@ -80,8 +98,7 @@ def cli() -> None:
 @click.option("--root", type=click.IntRange(0), default=0, show_default=True, help="Root of broadcast/reduce.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the schedule here.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
-@click.option("--progress/--no-progress", default=None,
-              help="One line on stderr per auto candidate as it runs (default: when stderr is a terminal).")
+@click.option("--progress/--no-progress", default=None, help=PROGRESS_HELP)
 def compile_cmd(topology: str, collective: str, size: tuple[int, int], algorithm: str, channels: int | None,
                 pipeline: int | None, root: int, output: str | None, as_json: bool, progress: bool | None) -> None:
     """Compile COLLECTIVE for TOPOLOGY (a YAML file or a shipped name), verify and simulate it."""
@@ -94,8 +111,8 @@ def compile_cmd(topology: str, collective: str, size: tuple[int, int], algorithm
     topo = resolve_topology(topology)
     low, high = size
     options = Options(size_bytes=low, channels=channels, pipeline=pipeline, root=root)
-    show = sys.stderr.isatty() if progress is None else progress
-    report = (lambda event: click.echo(event.describe(), err=True)) if show else None
+    echo = _progress_echo(progress)
+    report = (lambda event: echo(event.describe())) if echo else None
     if low != high:
         plan, results = compile_plan(topo, collective, low, high, algorithm, options, progress=report)
         if output:
@@ -125,13 +142,14 @@ def verify_cmd(schedule: str, as_json: bool) -> None:
 @cli.command("simulate")
 @click.argument("schedule", type=click.Path(dir_okay=False))
 @click.option("-t", "--topology", default=None, help="Topology to simulate on (default: the one it was compiled for).")
+@click.option("--what-if", "what_if", is_flag=True, help=WHAT_IF_HELP)
 @click.option("-s", "--size", type=SIZE, default=None, help="Buffer size (default: the size it was compiled for).")
 @click.option("--candidates", is_flag=True, help="Also race every algorithm at this size and show why the winner won.")
 @click.option("--trace", type=click.Path(dir_okay=False), default=None,
               help="Write the simulated timeline as a Chrome trace (Perfetto, chrome://tracing).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def simulate_cmd(schedule: str, topology: str | None, size: int | None, candidates: bool, trace: str | None,
-                 as_json: bool) -> None:
+def simulate_cmd(schedule: str, topology: str | None, what_if: bool, size: int | None, candidates: bool,
+                 trace: str | None, as_json: bool) -> None:
     """Predict SCHEDULE's time on its topology, against the lower bound."""
     from planner.compile import schedule_topology
     from planner.summary import simulation_summary
@@ -140,7 +158,7 @@ def simulate_cmd(schedule: str, topology: str | None, size: int | None, candidat
     plan = as_plan(load_any(schedule))
     size = size or plan.schedules[0].metadata.size_bytes or (64 << 20)
     loaded = plan.select(size)
-    topo = schedule_topology(loaded, schedule, topology)
+    topo = schedule_topology(loaded, schedule, topology, what_if=what_if)
     doc = simulation_summary(topo, loaded, size, candidates=candidates, trace=trace)
     _emit(doc, as_json)
 
@@ -247,21 +265,27 @@ def export_cmd(schedule: str, fmt: str, proto: str, name: str | None, output: st
 @click.argument("schedule", type=click.Path(dir_okay=False))
 @click.option("--np", "nprocs", type=click.IntRange(1), default=None, help="Ranks (default: the schedule's).")
 @click.option("-s", "--size", type=SIZE, default="64MiB", show_default=True)
-@click.option("--dtype", default="float32", show_default=True)
+@click.option("--dtype", type=DTYPE, default="float32", show_default=True)
 @click.option("--op", default="sum", show_default=True, type=click.Choice(["sum", "prod", "max", "min", "avg"]))
+@click.option("--iters", type=click.IntRange(1), default=5, show_default=True, help="Timed calls, each checked.")
+@click.option("--warmup", type=click.IntRange(0), default=1, show_default=True, help="Untimed calls first.")
 @click.option("--timeout", type=click.FloatRange(0.1), default=30.0, show_default=True,
               help="Seconds a rank waits for a peer before failing.")
-def run_cmd(schedule: str, nprocs: int | None, size: int, dtype: str, op: str, timeout: float) -> None:
-    """Replay SCHEDULE on --np MPI ranks (mpiexec) and check the result against numpy."""
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def run_cmd(schedule: str, nprocs: int | None, size: int, dtype: str, op: str, iters: int, warmup: int,
+            timeout: float, as_json: bool) -> None:
+    """Replay SCHEDULE on --np MPI ranks (mpiexec): PASS or FAIL against numpy, time, algbw and busbw."""
     from planner.errors import CommunicatorError
+    from planner.summary import format_run, run_summary, wrong_result
     from runtime.launch import run_schedule
-    from runtime.plan import load_any
 
-    loaded = load_any(schedule)
-    result = run_schedule(schedule, nprocs or loaded.ranks, size, dtype=dtype, op=op, timeout=timeout)
+    result = run_schedule(schedule, nprocs, size, dtype=dtype, op=op, timeout=timeout, repeat=iters, warmup=warmup)
     if not result.ok:
-        raise CommunicatorError(f"replay failed (exit {result.returncode}): "
-                                + ("; ".join(result.errors) or "no error line from the ranks"))
+        raise CommunicatorError(f"replay failed: {result.failure()}", where=schedule)
+    doc = run_summary(result)
+    _emit(doc, as_json, format_run(doc, warmup))
+    if not result.passed:
+        raise wrong_result([doc], schedule)
 
 
 @cli.command("bench")
@@ -271,59 +295,67 @@ def run_cmd(schedule: str, nprocs: int | None, size: int, dtype: str, op: str, t
 @click.option("--factor", type=click.IntRange(2), default=4, show_default=True, help="Size step.")
 @click.option("--iters", type=click.IntRange(1), default=20, show_default=True)
 @click.option("--warmup", type=click.IntRange(0), default=5, show_default=True)
-@click.option("--dtype", default="float32", show_default=True)
+@click.option("--dtype", type=DTYPE, default="float32", show_default=True)
 @click.option("--timeout", type=click.FloatRange(0.1), default=30.0, show_default=True)
 @click.option("-t", "--topology", default=None, help="Topology for the prediction (default: the compiled one).")
+@click.option("--what-if", "what_if", is_flag=True, help=WHAT_IF_HELP)
 @click.option("--emulate", default=None, help="Run on an emulated cluster of this topology (needs root).")
 @click.option("--scale", type=click.FloatRange(1e-6, 1.0), default=1e-3, show_default=True,
               help="With --emulate: emulated link rate = real bandwidth x scale.")
 @click.option("--trace", type=click.Path(dir_okay=False), default=None,
               help="Record one measured call per size and write it as a Chrome trace.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON rows.")
+@click.option("--progress/--no-progress", default=None, help=PROGRESS_HELP)
 def bench_cmd(schedule: str, nprocs: int | None, sizes: tuple[int, int], factor: int, iters: int, warmup: int,
-              dtype: str, timeout: float, topology: str | None, emulate: str | None, scale: float,
-              trace: str | None, as_json: bool) -> None:
+              dtype: str, timeout: float, topology: str | None, what_if: bool, emulate: str | None, scale: float,
+              trace: str | None, as_json: bool, progress: bool | None) -> None:
     """Time SCHEDULE (or a plan) against the MPI's native collective, nccl-tests style."""
     from planner.compile import bucket_sizes
-    from planner.summary import predicted_times
-    from runtime.launch import bench_schedule
+    from planner.summary import bench_progress, bench_rows, format_bench, predicted_times, wrong_result
+    from runtime.launch import bench_schedule, bench_sizes, check_ranks
     from runtime.plan import load_any
 
     loaded = load_any(schedule)
     size_list = bucket_sizes(*sizes, factor=factor)
+    echo = _progress_echo(progress)
     if emulate:
-        from planner.bench import bench_emulated
+        from planner.bench import bench_emulated, format_emulated_table
+        from planner.compile import resolve_topology
 
-        emulated = bench_emulated(emulate, schedule, size_list, scale=scale, np=nprocs, iters=iters, warmup=warmup,
-                                  trace=trace, timeout=timeout, echo=not as_json)
-        if as_json:
-            click.echo(json.dumps([r.to_json() for r in emulated], indent=2))
-        return
-    rows = bench_schedule(schedule, nprocs or loaded.ranks, size_list, iters=iters, warmup=warmup, dtype=dtype,
-                          timeout=timeout, echo=not as_json, trace=trace)
-    predicted = predicted_times(loaded, [r.size for r in rows], schedule, topology)
-    if as_json:
-        click.echo(json.dumps([r.to_json() | {"predicted_time_s": p} for r, p in zip(rows, predicted)], indent=2))
+        cluster = resolve_topology(emulate)
+        emulated = bench_emulated(cluster, schedule, size_list, scale=scale, np=nprocs, iters=iters, warmup=warmup,
+                                  trace=trace, timeout=timeout, progress=echo)
+        doc, text = [r.to_json() for r in emulated], format_emulated_table(emulated, cluster, scale)
     else:
-        click.echo("# predicted (simulator): " + ", ".join(
-            f"{r.size}: {p * 1e6:.1f} us" if p else f"{r.size}: n/a" for r, p in zip(rows, predicted)))
+        check_ranks(loaded.ranks, nprocs, schedule)
+        predictions = predicted_times(loaded, bench_sizes(loaded.collective, loaded.ranks, size_list, dtype),
+                                      schedule, topology, what_if=what_if)
+        report = bench_progress(echo, len(size_list), loaded.ranks) if echo else None
+        rows = bench_schedule(schedule, nprocs, size_list, iters=iters, warmup=warmup, dtype=dtype, timeout=timeout,
+                              trace=trace, progress=report)
+        doc = bench_rows(rows, predictions)
+        text = format_bench(doc, loaded.collective, loaded.ranks, predictions, iters=iters, warmup=warmup)
+    _emit(doc, as_json, text)
+    if any(r["wrong"] for r in doc):
+        raise wrong_result(doc, schedule)
 
 
 @cli.command("inspect")
 @click.argument("schedule", type=click.Path(dir_okay=False))
 @click.option("-t", "--topology", default=None, help="Topology (default: the one it was compiled for).")
+@click.option("--what-if", "what_if", is_flag=True, help=WHAT_IF_HELP)
 @click.option("-s", "--size", type=SIZE, default=None, help="Buffer size (default: the size it was compiled for).")
 @click.option("--html", type=click.Path(dir_okay=False), default=None, help="Write a self-contained HTML report.")
 @click.option("--dot", type=click.Path(dir_okay=False), default=None, help="Write Graphviz DOT with the plan.")
 @click.option("--baselines", default="ring,tree", show_default=True,
               help="Algorithms to compare with in the HTML report (comma-separated; empty for none).")
-def inspect_cmd(schedule: str, topology: str | None, size: int | None, html: str | None, dot: str | None,
-                baselines: str) -> None:
+def inspect_cmd(schedule: str, topology: str | None, what_if: bool, size: int | None, html: str | None,
+                dot: str | None, baselines: str) -> None:
     """Show a plan: terminal tables, or an HTML report / DOT drawing of topology, structure and timeline."""
     from planner.summary import inspect_schedule
 
     click.echo(inspect_schedule(schedule, topology, size, html=html, dot=dot,
-                                baselines=[b for b in baselines.split(",") if b]))
+                                baselines=[b for b in baselines.split(",") if b], what_if=what_if))
 
 
 @cli.command("emulate", context_settings={"ignore_unknown_options": True})
@@ -332,12 +364,13 @@ def inspect_cmd(schedule: str, topology: str | None, size: int | None, html: str
 @click.option("--scale", type=click.FloatRange(1e-6, 1.0), default=1e-3, show_default=True,
               help="Emulated link rate = real bandwidth x scale.")
 @click.option("--timeout", type=click.FloatRange(1.0), default=600.0, show_default=True)
-def emulate_cmd(topology: str, command: tuple[str, ...], scale: float, timeout: float) -> None:
+@click.option("--progress/--no-progress", default=None, help=PROGRESS_HELP)
+def emulate_cmd(topology: str, command: tuple[str, ...], scale: float, timeout: float, progress: bool | None) -> None:
     """Run COMMAND as every rank of TOPOLOGY on an emulated cluster (network namespaces, tc; needs root)."""
     from planner.bench import run_emulated
     from planner.errors import CommunicatorError
 
-    result = run_emulated(topology, list(command), scale=scale, timeout_s=timeout)
+    result = run_emulated(topology, list(command), scale=scale, timeout_s=timeout, progress=_progress_echo(progress))
     click.echo(result.stdout, nl=False)
     click.echo(result.stderr, nl=False, err=True)
     if result.returncode != 0:

@@ -29,7 +29,7 @@ from planner.errors import (
 )
 from planner.simulate import SimResult, chunk_bytes, simulate
 from planner.topology import Topology, load_topology
-from planner.units import format_time
+from planner.units import format_size, format_time
 from planner.verify import VerifyReport, verify
 from runtime.plan import Plan
 from runtime.schedule import Schedule, save_schedule
@@ -42,6 +42,7 @@ __all__ = [
     "compile_plan",
     "compile_schedule",
     "compile_shipped",
+    "compiled_for",
     "link_time",
     "resolve_topology",
     "schedule_topology",
@@ -62,12 +63,16 @@ class Candidate:
 
 @dataclass(frozen=True, slots=True)
 class Progress:
-    """One event of an ``auto`` race, for a progress display.
+    """One event of a compilation, for a progress display.
 
-    ``phase`` is ``build``, ``simulate`` or ``verify`` when that phase of
-    candidate ``index`` (of ``total``) starts, and ``done`` when the candidate is
-    settled (``candidate`` says how); ``elapsed_s`` counts from the start of the
-    race.
+    In an ``auto`` race, ``phase`` is ``build``, ``simulate`` or ``verify`` when
+    that phase of candidate ``index`` (of ``total``) starts, and ``done`` when
+    the candidate is settled (``candidate`` says how); ``elapsed_s`` counts from
+    the start of the race.  While a plan is compiled, ``bucket`` names the size
+    bucket (``bucket 2/6 (64KiB)``) and the plan adds its own events: ``bucket``
+    as a bucket starts and ``bucket done`` (``candidate``: the winner) as it
+    ends, with ``index``/``total`` counting buckets and ``elapsed_s`` from the
+    start of the plan.
     """
 
     algorithm: str
@@ -76,13 +81,18 @@ class Progress:
     total: int
     elapsed_s: float
     candidate: Candidate | None = None
-
+    bucket: str = ""
 
     def describe(self) -> str:
-        """One status line: ``[2/8] tree: simulate (3.1 s)``, or how the candidate was settled."""
-        head = f"[{self.index}/{self.total}] {self.algorithm}"
+        """One status line: ``[2/8] tree: simulate (3.1 s)``, or how the candidate or bucket was settled."""
+        head = f"{self.bucket} [{self.index}/{self.total}] {self.algorithm}".lstrip()
         clock = f"{self.elapsed_s:.1f} s"
         c = self.candidate
+        if self.phase == "bucket":
+            return f"{self.bucket}: compile with {self.algorithm} ({clock})"
+        if self.phase == "bucket done" and c is not None and c.time_s is not None:
+            return (f"{self.bucket}: {c.algorithm}, {format_time(c.time_s)}, {c.operations:,} operations "
+                    f"({clock})")
         if self.phase == "verify":
             return f"{head}: verify the winner ({clock})"
         if c is None:
@@ -328,14 +338,28 @@ def compile_plan(topology: Topology, collective: str, low: int, high: int, algor
     Each representative size is compiled (and, for ``auto``, raced) on its own;
     bucket edges lie at the geometric mean of neighbouring sizes.  The first
     bucket starts at 0 and the last is open-ended, so every size has a schedule.
+    ``progress`` gets each bucket's start and end, and the race's events labelled
+    with their bucket (see :class:`Progress`).
     """
     options = options or Options()
     sizes = bucket_sizes(low, high)
     edges = [0] + [int((a * b) ** 0.5) for a, b in itertools.pairwise(sizes)] + [None]
     compiled: list[Compiled] = []
-    for size, lo, hi in zip(sizes, edges, edges[1:]):
+    start = time.perf_counter()
+    for i, (size, lo, hi) in enumerate(zip(sizes, edges, edges[1:]), 1):
+        label = f"bucket {i}/{len(sizes)} ({format_size(size)})"
+
+        def report(event: Progress, label: str = label) -> None:
+            if progress is not None:
+                progress(replace(event, bucket=label))
+
+        bucket_start = time.perf_counter()
+        report(Progress(algorithm, "bucket", i, len(sizes), bucket_start - start))
         result = compile_schedule(topology, collective, algorithm, replace(options, size_bytes=size),
-                                  size_range=(lo, hi), progress=progress)  # type: ignore[arg-type]  # lo is never None
+                                  size_range=(lo, hi), progress=report)  # type: ignore[arg-type]  # lo is never None
+        report(Progress(result.schedule.metadata.algorithm, "bucket done", i, len(sizes), time.perf_counter() - start,
+                        Candidate(result.schedule.metadata.algorithm, result.sim.time_s,
+                                  time.perf_counter() - bucket_start, result.schedule.op_count)))
         previous = compiled[-1].schedule if compiled else None
         if previous is not None and previous.programs == result.schedule.programs and (
                 previous.metadata.algorithm == result.schedule.metadata.algorithm):
@@ -375,49 +399,64 @@ def resolve_topology(arg: str) -> Topology:
                      fix=f"pass a YAML path or one of: {', '.join(shipped) or '(none shipped)'}")
 
 
+def compiled_for(schedule: Schedule, topology: Topology) -> bool:
+    """Whether ``schedule`` was compiled for ``topology`` (same fingerprint, or the schedule records none)."""
+    return not schedule.metadata.fingerprint or schedule.metadata.fingerprint == topology.fingerprint
+
+
 def schedule_topology(schedule: Schedule, schedule_path: str | Path | None = None,
-                      override: str | None = None) -> Topology:
+                      override: str | None = None, *, what_if: bool = False) -> Topology:
     """The topology a schedule was compiled for: ``override``, else the file or shipped name it records.
 
-    The topology's fingerprint must match the schedule's, so a schedule is never
-    simulated on a cluster it was not compiled for.
+    An explicit ``override`` is loaded as given, so its errors name it.  The
+    topology's fingerprint must match the schedule's, so a schedule is never
+    timed on a cluster it was not compiled for unless the caller asks for a
+    what-if (``what_if=True``; then :func:`compiled_for` tells the two apart).
     """
     meta = schedule.metadata
-    tried: list[str] = []
-    candidates: list[Path | str] = []
-    if override:
-        candidates.append(override)
-    else:
-        if meta.topology_file:
-            candidates.append(Path(meta.topology_file))
-            if schedule_path is not None:
-                candidates.append(Path(schedule_path).parent / meta.topology_file)
-        if meta.topology:
-            candidates.append(meta.topology)
-    topology = None
-    for candidate in candidates:
-        try:
-            topology = resolve_topology(str(candidate))
-            break
-        except TopoccError as exc:
-            tried.append(f"{candidate} ({exc.message})")
-    if topology is None:
-        raise UsageError(
-            "cannot find the topology this schedule was compiled for"
-            + (f": tried {', '.join(tried)}" if tried else " (the schedule names none)"),
-            fix="pass --topology TOPO.yaml",
-        )
+    where = str(schedule_path) if schedule_path is not None else None
+    topology = resolve_topology(override) if override else _recorded_topology(schedule, schedule_path)
     if topology.size != schedule.ranks:
         raise SimulationError(
             f"the schedule has {schedule.ranks} ranks but topology {topology.name} has {topology.size}",
-            fix="pass the topology the schedule was compiled for",
+            where=where, fix="pass the topology the schedule was compiled for",
         )
-    if meta.fingerprint and meta.fingerprint != topology.fingerprint and not override:
+    if not what_if and not compiled_for(schedule, topology):
+        if override:
+            raise SimulationError(
+                f"the schedule was compiled for {meta.topology or 'another topology'}, not {topology.name} "
+                "(their fingerprints differ)", where=where,
+                fix=f"pass --what-if to time it on {override} anyway, or compile one for it: topocc compile {override}",
+            )
         raise SimulationError(
             f"topology {topology.name} has changed since the schedule was compiled (fingerprint mismatch)",
-            fix="recompile the schedule, or pass --topology to simulate it on this topology anyway",
+            where=where, fix="recompile the schedule, or pass --what-if to time it on the changed topology anyway",
         )
     return topology
+
+
+def _recorded_topology(schedule: Schedule, schedule_path: str | Path | None) -> Topology:
+    """The topology file or shipped name the schedule's metadata records, tried in turn."""
+    meta = schedule.metadata
+    candidates: list[Path | str] = []
+    if meta.topology_file:
+        candidates.append(Path(meta.topology_file))
+        if schedule_path is not None:
+            candidates.append(Path(schedule_path).parent / meta.topology_file)
+    if meta.topology:
+        candidates.append(meta.topology)
+    tried = []
+    for candidate in candidates:
+        try:
+            return resolve_topology(str(candidate))
+        except TopoccError as exc:
+            tried.append(f"{candidate} ({exc.message})")
+    raise UsageError(
+        "cannot find the topology this schedule was compiled for"
+        + (f": tried {', '.join(tried)}" if tried else " (the schedule names none)"),
+        where=str(schedule_path) if schedule_path is not None else None,
+        fix="pass --topology TOPO (a YAML file or a shipped name)",
+    )
 
 
 def compile_shipped(out_dir: str | Path, names: Iterable[str] | None = None, *, collective: str = "allreduce",

@@ -7,7 +7,7 @@ so a caller (or the CLI) can catch every expected failure with one clause.
 
 from __future__ import annotations
 
-__all__ = ["CommunicatorError", "ScheduleFormatError", "TopoccError"]
+__all__ = ["CommunicatorError", "ScheduleFormatError", "TopoccError", "UsageError", "WrongResultError"]
 
 
 class TopoccError(Exception):
@@ -29,6 +29,12 @@ class TopoccError(Exception):
         return " ".join(text.split())
 
 
+class UsageError(TopoccError):
+    """A bad argument: an unparseable size, an unknown algorithm name, a rank count the schedule does not have."""
+
+    exit_code = 2
+
+
 class ScheduleFormatError(TopoccError):
     """A schedule or plan file that cannot be read: bad JSON, unknown version, wrong fields."""
 
@@ -39,3 +45,9 @@ class CommunicatorError(TopoccError):
     """The runtime refused a call (wrong rank count, dtype, size) or a peer failed."""
 
     exit_code = 5
+
+
+class WrongResultError(TopoccError):
+    """A replay ran to the end but some elements differ from numpy's result by more than the dtype's tolerance."""
+
+    exit_code = 7

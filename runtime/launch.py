@@ -1,42 +1,50 @@
 """Launch schedule replays under ``mpiexec``: the library half of ``topocc run`` and ``topocc bench``.
 
 The CLI only parses arguments and calls :func:`run_schedule` or
-:func:`bench_schedule`.  Both start ``mpiexec -disable-auto-cleanup -n NP
-python -m runtime.worker ...`` (``-disable-auto-cleanup`` so that when a rank
-dies, hydra lets the others report which peer they were waiting for instead of
-killing them at once) under a hard wall-clock limit.
+:func:`bench_schedule`.  Both refuse a rank count other than the schedule's
+before anything starts, then run ``mpiexec -disable-auto-cleanup -n NP python
+-m runtime.worker ...`` (``-disable-auto-cleanup`` so that when a rank dies,
+hydra lets the others report which peer they were waiting for instead of
+killing them at once) under a hard wall-clock limit, and return rank 0's rows
+(:class:`BenchRow`).  When ranks fail, :func:`summarize_failures` collapses
+their error lines into one: which ranks, what, the fix.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from runtime.errors import CommunicatorError
+from runtime.errors import CommunicatorError, UsageError
 from runtime.executor import resolve_dtype
 from runtime.plan import Plan, load_any, save_plan
 from runtime.schedule import Schedule, save_schedule
-from runtime.worker import case_count
+from runtime.worker import case_count, count_bytes
 
 __all__ = [
     "BenchRow",
     "RunResult",
     "bench_schedule",
+    "bench_sizes",
     "bus_factor",
+    "check_ranks",
     "find_mpiexec",
-    "format_bench_table",
     "launch_worker",
+    "rank_list",
     "run_schedule",
+    "summarize_failures",
     "trace_records",
     "write_trace",
 ]
@@ -86,11 +94,12 @@ def worker_env() -> dict[str, str]:
 
 
 def launch_worker(np: int, args: Sequence[str], *, limit_s: float, mpiexec: str | None = None,
-                  extra_mpiexec_args: Sequence[str] = (), launcher: Launcher | None = None
-                  ) -> subprocess.CompletedProcess[str]:
+                  extra_mpiexec_args: Sequence[str] = (), launcher: Launcher | None = None,
+                  on_line: Callable[[str], None] | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``runtime.worker`` on ``np`` ranks; kill the whole job if it outlives ``limit_s`` seconds.
 
-    ``launcher`` replaces the default ``mpiexec -n NP python`` prefix (it must start ``np`` ranks).
+    ``launcher`` replaces the default ``mpiexec -n NP python`` prefix (it must start ``np`` ranks);
+    ``on_line`` is called with each line of the job's stdout as it arrives (rank 0's rows, for progress).
     """
     if launcher is not None:
         cmd = launcher(["-m", "runtime.worker", *args])
@@ -99,14 +108,88 @@ def launch_worker(np: int, args: Sequence[str], *, limit_s: float, mpiexec: str 
                *RANK_WRAPPER, sys.executable, "-m", "runtime.worker", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=worker_env(),
                             start_new_session=True)
+    out: list[str] = []
+    err: list[str] = []
+    readers = [threading.Thread(target=_drain, args=(proc.stdout, out, on_line), daemon=True),
+               threading.Thread(target=_drain, args=(proc.stderr, err, None), daemon=True)]
+    for reader in readers:
+        reader.start()
     try:
-        out, err = proc.communicate(timeout=limit_s)
+        returncode = proc.wait(timeout=limit_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        err += f"\ntopocc: the job ran past its hard limit of {limit_s:g} s and was killed\n"
-        return subprocess.CompletedProcess(cmd, -signal.SIGKILL, out, err)
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+        proc.wait()
+        err.append(f"\ntopocc: the job ran past its hard limit of {limit_s:g} s and was killed\n")
+        returncode = -signal.SIGKILL
+    for reader in readers:
+        reader.join()
+    return subprocess.CompletedProcess(cmd, returncode, "".join(out), "".join(err))
+
+
+def _drain(stream: IO[str] | None, into: list[str], on_line: Callable[[str], None] | None) -> None:
+    """Read ``stream`` to its end into ``into``, passing each line to ``on_line`` as it comes."""
+    if stream is None:
+        return
+    for line in stream:
+        into.append(line)
+        if on_line is not None:
+            on_line(line)
+    stream.close()
+
+
+@dataclass(frozen=True, slots=True)
+class BenchRow:
+    """One case of a run or benchmark (a row of nccl-tests' table), beside MPI's native collective when timed.
+
+    ``size`` is nccl-tests' size (bytes of the larger buffer); ``time_s`` the
+    slowest rank's mean per call; ``algbw``/``busbw`` in GB/s; ``wrong`` the
+    elements, over all ranks, farther from numpy's result than the dtype's
+    tolerance (:func:`runtime.worker.tolerance`); ``max_error`` the largest
+    difference.
+    """
+
+    size: int
+    count: int
+    dtype: str
+    op: str
+    time_s: float
+    native_time_s: float | None
+    max_error: float
+    algbw: float
+    busbw: float
+    native_busbw: float | None
+    algorithm: str = ""
+    gloo_time_s: float | None = None
+    iters: int = 0
+    wrong: int = 0
+
+    @property
+    def ratio(self) -> float | None:
+        """Replay time over native time (below 1: the schedule is faster)."""
+        return self.time_s / self.native_time_s if self.native_time_s else None
+
+    @property
+    def passed(self) -> bool:
+        """No element is wrong."""
+        return self.wrong == 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The row under the names ``docs/json.md`` lists, in the order of nccl-tests' columns."""
+        return {"size_bytes": self.size, "count": self.count, "type": self.dtype, "redop": self.op,
+                "time_s": self.time_s, "algbw_GBps": self.algbw, "busbw_GBps": self.busbw, "wrong": self.wrong,
+                "max_error": self.max_error, "native_time_s": self.native_time_s,
+                "native_busbw_GBps": self.native_busbw, "ratio": self.ratio, "gloo_time_s": self.gloo_time_s,
+                "algorithm": self.algorithm, "iters": self.iters}
+
+
+def _row(raw: dict[str, Any], factor: float) -> BenchRow:
+    """A worker's JSON row as a :class:`BenchRow`, with bandwidths (``factor``: see :func:`bus_factor`)."""
+    size, time_s, native = raw["size"], raw["time_s"], raw.get("native_time_s")
+    algbw = size / time_s / 1e9 if time_s else 0.0
+    return BenchRow(size=size, count=raw["count"], dtype=raw["dtype"], op=raw["op"], time_s=time_s,
+                    native_time_s=native, max_error=raw["max_error"], algbw=algbw, busbw=algbw * factor,
+                    native_busbw=size / native / 1e9 * factor if native else None, algorithm=raw["algorithm"],
+                    gloo_time_s=raw.get("gloo_time_s"), iters=raw.get("iters", 0), wrong=raw["wrong"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,25 +197,111 @@ class RunResult:
     """What one replay produced: per-case rows from rank 0, the error lines of every rank, the exit code."""
 
     returncode: int
-    rows: tuple[dict[str, Any], ...]
+    rows: tuple[BenchRow, ...]
     errors: tuple[str, ...]
     elapsed_s: float
+    collective: str
+    ranks: int
     stderr: str = field(repr=False, default="")
 
     @property
     def ok(self) -> bool:
+        """The job ran to the end on every rank (whether the results are right is :attr:`passed`)."""
         return self.returncode == 0 and not self.errors
 
     @property
+    def passed(self) -> bool:
+        """The job ran and no element of any case is wrong."""
+        return self.ok and bool(self.rows) and all(r.passed for r in self.rows)
+
+    @property
     def max_error(self) -> float:
-        return max((r["max_error"] for r in self.rows), default=float("nan"))
+        return max((r.max_error for r in self.rows), default=float("nan"))
+
+    def failure(self) -> str:
+        """Why the job failed, in one line (see :func:`summarize_failures`)."""
+        detail = summarize_failures(self.errors, self.ranks, self.returncode)
+        return f"{self.ranks} ranks, exit {self.returncode}: {detail}"
 
 
-def _parse(proc: subprocess.CompletedProcess[str], elapsed: float) -> RunResult:
-    rows = tuple(json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{"))
+def _parse(proc: subprocess.CompletedProcess[str], elapsed: float, collective: str, ranks: int) -> RunResult:
+    factor = bus_factor(collective, ranks)
+    rows = tuple(_row(json.loads(line), factor) for line in proc.stdout.splitlines() if line.startswith("{"))
     # a rank's one-line error is one write, but another rank's unfinished line may precede it on the pipe
     errors = tuple(line[line.index("topocc:"):] for line in proc.stderr.splitlines() if "topocc:" in line)
-    return RunResult(proc.returncode, rows, errors, elapsed, proc.stderr)
+    return RunResult(proc.returncode, rows, errors, elapsed, collective, ranks, proc.stderr)
+
+
+_ERROR_LINE = re.compile(r"topocc: (?:rank (\d+): )?(.*?)(?: \[exiting without MPI_Finalize\])?$")
+_FIX = re.compile(r" \(fix: (.*)\)$")
+#: The executor's per-operation detail of a timeout, "(op 5: receive from rank 2 ch 1; ...)": it differs by rank.
+_OP_DETAIL = re.compile(r" \(op \d+: [^()]*\)")
+#: The peers a timed-out rank waited for, "waiting for rank(s) 2, 3": merged over the ranks of one message.
+_WAITING = re.compile(r"waiting for rank\(s\) ([\d, ]+)")
+#: At most this many distinct messages in the line; the rest are counted.
+MAX_MESSAGES = 3
+
+
+def rank_list(ranks: Iterable[int]) -> str:
+    """``[0, 1, 2, 3, 5]`` -> ``"ranks 0-3 and 5"``, ``[0, 1]`` -> ``"ranks 0 and 1"``, ``[4]`` -> ``"rank 4"``."""
+    ordered = sorted(set(ranks))
+    items: list[str] = []
+    start = 0
+    for end in range(len(ordered)):
+        if end + 1 == len(ordered) or ordered[end + 1] != ordered[end] + 1:  # a run of consecutive ranks ends
+            run = ordered[start:end + 1]
+            items += [f"{run[0]}-{run[-1]}"] if len(run) > 2 else [str(r) for r in run]
+            start = end + 1
+    if len(items) == 1:
+        return ("rank " if len(ordered) == 1 else "ranks ") + items[0]
+    return "ranks " + ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def summarize_failures(lines: Sequence[str], ranks: int, returncode: int) -> str:
+    """Every rank's ``topocc: rank R: ...`` error line, collapsed into one line: which ranks, what, the fix.
+
+    Ranks that wrote no line come first when the job failed (they likely died);
+    then ranks with the same message are listed together, the peers they waited
+    for merged ("ranks 0-3 and 5: allreduce ...: timed out after 30 s waiting
+    for rank 4"); one fix, the first given, ends the line.
+    """
+    groups: dict[str, tuple[list[int], set[int], set[tuple[int, ...]]]] = {}  # message -> ranks, waited, lists
+    unranked: dict[str, None] = {}
+    fixes: list[str] = []
+    for line in lines:
+        match = _ERROR_LINE.match(line.strip())
+        if match is None:
+            continue
+        rank, text = match.groups()
+        fix = _FIX.search(text)
+        if fix:
+            text = text[:fix.start()]
+            if fix.group(1) not in fixes:
+                fixes.append(fix.group(1))
+        text = _OP_DETAIL.sub("", text)
+        if rank is None:
+            unranked[text] = None
+            continue
+        waiting = _WAITING.search(text)
+        peers = tuple(int(p) for p in waiting.group(1).split(",")) if waiting else ()
+        key = _WAITING.sub("waiting for {}", text) if waiting else text
+        members, waited, lists = groups.setdefault(key, ([], set(), set()))
+        members.append(int(rank))
+        waited.update(peers)
+        lists.add(peers)
+    parts = []
+    silent = set(range(ranks)) - {r for members, _, _ in groups.values() for r in members}
+    if returncode != 0 and silent and groups:
+        parts.append(f"{rank_list(silent)}: no error line (died, was killed or exited early)")
+    for key, (members, waited, lists) in sorted(groups.items(), key=lambda g: min(g[1][0])):
+        peers = (rank_list(waited) + (" between them" if len(lists) > 1 else "")) if waited else ""
+        parts.append(f"{rank_list(members)}: {key.replace('waiting for {}', f'waiting for {peers}')}")
+    parts += list(unranked)
+    if len(parts) > MAX_MESSAGES:
+        more = len(parts) - MAX_MESSAGES
+        parts = [*parts[:MAX_MESSAGES], f"and {more} more message{'s' if more > 1 else ''}"]
+    text = "; ".join(parts) or "no error line from the ranks"
+    return text + (f" (fix: {fixes[0]})" if fixes else "")
 
 
 def _as_files(source: str | Path | Schedule | Plan | Sequence[Any], tmp: Path) -> list[str]:
@@ -158,77 +327,84 @@ def _collective(files: Sequence[str]) -> tuple[str, int]:
     return loaded.collective, loaded.ranks
 
 
-def run_schedule(path: str | Path | Schedule, np: int, size_bytes: int, *, dtype: str = "float32",
+def _elements(collective: str, ranks: int, size: int, dtype: str) -> int:
+    """Elements per call for nccl-tests' ``size``; a size too small for one element (per rank) is refused."""
+    dt = resolve_dtype(dtype)
+    count = case_count(collective, ranks, size, dt.itemsize)
+    if count < 1:
+        least = count_bytes(collective, ranks, 1, dt)
+        raise UsageError(f"a size of {size} bytes holds no {dtype} element"
+                         + (f" for each of {ranks} ranks" if least > dt.itemsize else ""),
+                         fix=f"pass a size of at least {least} bytes")
+    return count
+
+
+def check_ranks(ranks: int, np: int | None, source: str) -> int:
+    """``np``, or the schedule's ``ranks`` when None; a different count is refused before anything starts."""
+    if np is not None and np != ranks:
+        raise UsageError(f"the schedule is for {ranks} ranks, not --np {np}", where=source,
+                         fix=f"pass --np {ranks}, or leave --np out to use the schedule's")
+    return ranks
+
+
+def _name(source: str | Path | Schedule | Plan | Sequence[Any]) -> str:
+    return str(source) if isinstance(source, (str, Path)) else "the schedule"
+
+
+def run_schedule(path: str | Path | Schedule, np: int | None, size_bytes: int, *, dtype: str = "float32",
                  op: str = "sum", timeout: float = 30.0, mpiexec: str | None = None, seed: int = 0,
-                 repeat: int = 1, echo: bool = True, worker_args: Sequence[str] = ()) -> RunResult:
-    """Replay a schedule once on ``np`` ranks with deterministic random data and check it against numpy.
+                 repeat: int = 1, warmup: int = 0, worker_args: Sequence[str] = ()) -> RunResult:
+    """Replay a schedule on ``np`` ranks (None: the schedule's) with deterministic random data, check and time it.
 
-    ``size_bytes`` is nccl-tests' size (bytes of the larger buffer).  Returns the
-    rank-0 result row (``max_error`` over all ranks) and every rank's error line.
+    ``size_bytes`` is nccl-tests' size (bytes of the larger buffer); ``warmup``
+    untimed calls come first, then ``repeat`` timed ones, every result checked
+    against numpy.  Returns the rank-0 row (time, wrong elements and
+    ``max_error`` over all ranks) and every rank's error line.  A rank count
+    other than the schedule's is refused (:class:`~runtime.errors.UsageError`)
+    before anything starts.
 
-    >>> run_schedule("ring.json", 4, 1 << 20).max_error   # doctest: +SKIP
-    0.0
+    >>> run_schedule("ring.json", 4, 1 << 20).passed   # doctest: +SKIP
+    True
     """
     with tempfile.TemporaryDirectory(prefix="topocc-run-") as tmp:
         files = _as_files(path, Path(tmp))
         collective, ranks = _collective(files)
-        count = case_count(collective, ranks, size_bytes, resolve_dtype(dtype).itemsize)
-        args = ["check", *files, "--dtypes", dtype, "--ops", op, "--counts", str(count),
-                "--seed", str(seed), "--timeout", str(timeout), "--repeat", str(repeat), *worker_args]
+        np = check_ranks(ranks, np, _name(path))
+        count = _elements(collective, ranks, size_bytes, dtype)
+        args = ["check", *files, "--dtypes", dtype, "--ops", op, "--counts", str(count), "--seed", str(seed),
+                "--timeout", str(timeout), "--repeat", str(repeat), "--warmup", str(warmup), *worker_args]
         start = time.monotonic()
-        proc = launch_worker(np, args, limit_s=timeout * (repeat + 2) + STARTUP_S, mpiexec=mpiexec)
-        result = _parse(proc, time.monotonic() - start)
-    if echo:
-        for row in result.rows:
-            print(f"{collective} {row['count']} x {row['dtype']} op={row['op']} on {np} ranks: "
-                  f"max error {row['max_error']:.3g}")
-        for line in result.errors:
-            print(line, file=sys.stderr)
-    return result
+        proc = launch_worker(np, args, limit_s=timeout * (warmup + repeat + 2) + STARTUP_S, mpiexec=mpiexec)
+        return _parse(proc, time.monotonic() - start, collective, ranks)
 
 
-@dataclass(frozen=True, slots=True)
-class BenchRow:
-    """One size of a benchmark: the replayed schedule and MPI's native collective side by side."""
+def bench_sizes(collective: str, ranks: int, sizes: Sequence[int], dtype: str = "float32") -> list[int]:
+    """The sizes a benchmark of ``sizes`` measures: whole elements, divisible among the ranks where it must be.
 
-    size: int
-    count: int
-    dtype: str
-    op: str
-    time_s: float
-    native_time_s: float | None
-    max_error: float
-    algbw: float
-    busbw: float
-    native_busbw: float | None
-    algorithm: str = ""
-    gloo_time_s: float | None = None
-    iters: int = 0
-
-    @property
-    def ratio(self) -> float | None:
-        """Replay time over native time (below 1: the schedule is faster)."""
-        return self.time_s / self.native_time_s if self.native_time_s else None
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "ratio": self.ratio}
+    A size too small for one element (per rank, where the collective splits the
+    buffer) is refused with :class:`~runtime.errors.UsageError`.
+    """
+    return [count_bytes(collective, ranks, _elements(collective, ranks, s, dtype), resolve_dtype(dtype))
+            for s in sizes]
 
 
-def bench_schedule(source: str | Path | Schedule | Plan | Sequence[Any], np: int, sizes: Sequence[int], *,
+def bench_schedule(source: str | Path | Schedule | Plan | Sequence[Any], np: int | None, sizes: Sequence[int], *,
                    iters: int | Sequence[int] = 20, warmup: int = 5, dtype: str = "float32", op: str = "sum",
-                   timeout: float = 30.0, mpiexec: str | None = None, echo: bool = True,
-                   launcher: Launcher | None = None, gloo: str | None = None, trace: str | Path | None = None,
-                   limit_s: float | None = None) -> list[BenchRow]:
-    """Time a schedule (or plan) against MPI's native collective at each size; print an nccl-tests table.
+                   timeout: float = 30.0, mpiexec: str | None = None, launcher: Launcher | None = None,
+                   gloo: str | None = None, trace: str | Path | None = None, limit_s: float | None = None,
+                   progress: Callable[[BenchRow], None] | None = None) -> list[BenchRow]:
+    """Time a schedule (or plan) against MPI's native collective at each size, on ``np`` ranks (None: its own).
 
     Time is the maximum over ranks of the mean per-iteration time after
     ``warmup`` calls, between barriers.  ``iters`` is one count or one per size.
     ``launcher`` builds the command (see :data:`Launcher`; default: local
     ``mpiexec``); ``gloo`` (rank 0's ``HOST:PORT``) also times torch's gloo
     allreduce; ``trace`` (a ``.json`` path) records one call per size on every
-    rank and writes them as a Chrome trace (see :func:`write_trace`).  The job is
-    killed after ``limit_s`` (default: ``timeout`` per call).  Raises
-    CommunicatorError if the job fails.
+    rank and writes them as a Chrome trace (see :func:`write_trace`); ``progress``
+    gets each row as its size ends.  The job is killed after ``limit_s``
+    (default: ``timeout`` per call).  Raises UsageError for a rank count other
+    than the schedule's (before anything starts), CommunicatorError if the job
+    fails.
     """
     counts = [iters] * len(sizes) if isinstance(iters, int) else list(iters)
     if len(counts) != len(sizes):
@@ -236,6 +412,8 @@ def bench_schedule(source: str | Path | Schedule | Plan | Sequence[Any], np: int
     with tempfile.TemporaryDirectory(prefix="topocc-bench-") as tmp:
         files = _as_files(source, Path(tmp))
         collective, ranks = _collective(files)
+        np = check_ranks(ranks, np, _name(source))
+        bench_sizes(collective, ranks, sizes, dtype)  # refuses a size too small for one element
         args = ["bench", *files, "--dtypes", dtype, "--ops", op, "--sizes", *map(str, sizes),
                 "--iters", *map(str, counts), "--warmup", str(warmup), "--timeout", str(timeout)]
         if gloo:
@@ -244,41 +422,18 @@ def bench_schedule(source: str | Path | Schedule | Plan | Sequence[Any], np: int
             args += ["--trace", str(Path(tmp) / "trace")]
         calls = sum(c + warmup + 1 for c in counts) * (3 if gloo else 2)
         limit = limit_s if limit_s is not None else timeout * calls + STARTUP_S
-        proc = launch_worker(np, args, limit_s=limit, mpiexec=mpiexec, launcher=launcher)
-        result = _parse(proc, 0.0)
+
+        def on_line(line: str) -> None:
+            if progress is not None and line.startswith("{"):
+                progress(_row(json.loads(line), bus_factor(collective, ranks)))
+
+        proc = launch_worker(np, args, limit_s=limit, mpiexec=mpiexec, launcher=launcher, on_line=on_line)
+        result = _parse(proc, 0.0, collective, ranks)
         if trace is not None and result.ok:
             write_trace(trace_records(Path(tmp) / "trace"), trace)
     if not result.ok:
-        detail = "; ".join(result.errors) or proc.stderr.strip().splitlines()[-1:] or "no output"
-        raise CommunicatorError(f"benchmark failed (exit {result.returncode}): {detail}")
-    factor = bus_factor(collective, ranks)
-    rows = []
-    for r in result.rows:
-        algbw = r["size"] / r["time_s"] / 1e9 if r["time_s"] else 0.0
-        native = r["native_time_s"]
-        rows.append(BenchRow(
-            size=r["size"], count=r["count"], dtype=r["dtype"], op=r["op"], time_s=r["time_s"],
-            native_time_s=native, max_error=r["max_error"], algbw=algbw, busbw=algbw * factor,
-            native_busbw=(r["size"] / native / 1e9 * factor) if native else None, algorithm=r["algorithm"],
-            gloo_time_s=r.get("gloo_time_s"), iters=r.get("iters", 0),
-        ))
-    if echo:
-        print(format_bench_table(rows, collective, ranks))
-    return rows
-
-
-def format_bench_table(rows: Sequence[BenchRow], collective: str, ranks: int) -> str:
-    """An nccl-tests style table: replay and native MPI side by side, with their ratio."""
-    head = (f"# {collective} on {ranks} ranks (busbw factor {bus_factor(collective, ranks):.3f})\n"
-            f"#{'size':>12} {'count':>11} {'type':>8} | {'time(us)':>10} {'algbw':>7} {'busbw':>7} "
-            f"{'#wrong':>9} | {'mpi(us)':>10} {'busbw':>7} | {'ratio':>6}")
-    lines = [head]
-    for r in rows:
-        native = f"{r.native_time_s * 1e6:10.1f} {r.native_busbw:7.2f}" if r.native_time_s else f"{'n/a':>10} {'':>7}"
-        ratio = f"{r.ratio:6.2f}" if r.ratio else f"{'n/a':>6}"
-        lines.append(f" {r.size:12d} {r.count:11d} {r.dtype:>8} | {r.time_s * 1e6:10.1f} {r.algbw:7.2f} "
-                     f"{r.busbw:7.2f} {r.max_error:9.2g} | {native} | {ratio}")
-    return "\n".join(lines)
+        raise CommunicatorError(f"benchmark failed: {result.failure()}")
+    return list(result.rows)
 
 
 def trace_records(folder: str | Path) -> list[tuple[Any, ...]]:

@@ -1,14 +1,17 @@
 """Per-rank entry point that ``runtime.launch`` starts under ``mpiexec``.
 
 ``python -m runtime.worker check SCHEDULE ...`` replays a schedule on
-deterministic data and compares with numpy; ``... bench SCHEDULE ...`` times it
+deterministic data, compares with numpy and times the calls; ``... bench SCHEDULE ...`` times it
 against MPI's native collective (and, with ``--gloo HOST:PORT``, torch's gloo
 allreduce; with ``--trace DIR``, one extra traced call per size is written to
 ``DIR/rank<R>.json``).  Rank 0 prints one JSON object per case on
 stdout; a failure prints one ``topocc: ...`` line on stderr and exits non-zero.
 
 Every rank regenerates every rank's input from a seed, so references need no
-communication: the result is checked on every rank.
+communication: the result is checked on every rank.  An element is wrong when
+it differs from numpy's by more than :func:`tolerance` allows; rows report the
+count of wrong elements over all ranks (nccl-tests' ``#wrong``) and the largest
+difference.
 """
 
 from __future__ import annotations
@@ -19,15 +22,15 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from runtime.errors import TopoccError
+from runtime.errors import CommunicatorError, TopoccError
 from runtime.executor import REDUCTIONS, resolve_dtype
 
-__all__ = ["case_count", "main", "make_input", "reference"]
+__all__ = ["case_count", "count_wrong", "main", "make_input", "reference", "tolerance"]
 
 
 def case_count(collective: str, ranks: int, size_bytes: int, itemsize: int) -> int:
@@ -81,6 +84,64 @@ def reference(collective: str, inputs: Sequence[np.ndarray], rank: int, root: in
     return total
 
 
+def _eps(dtype: np.dtype) -> float:
+    """Machine epsilon of a floating dtype (ml_dtypes' bfloat16 included)."""
+    try:
+        return float(np.finfo(dtype).eps)
+    except ValueError:
+        import ml_dtypes
+
+        return float(ml_dtypes.finfo(dtype).eps)
+
+
+def tolerance(collective: str, inputs: Sequence[np.ndarray], rank: int, root: int, op: str,
+              want: np.ndarray | None) -> np.ndarray | float:
+    """How far each element of ``rank``'s result may be from numpy's ``want`` and still be right.
+
+    Copies (broadcast, all-gather, all-to-all), ``max``, ``min`` and integer types
+    are exact: 0.  Summing n floats in any order is off by at most
+    (n-1)·(eps/2)·Σ|x| (Higham, *Accuracy and Stability of Numerical Algorithms*,
+    §4.2), and so is the numpy reference, so a sum may differ from it by
+    n·eps·Σ|x| at most; ``avg`` adds the division's rounding, ``prod`` is off by
+    n·eps·|product|.  The bound is per element, so neither cancellation nor large
+    values hide a wrong one.
+    """
+    dtype = inputs[0].dtype
+    if want is None or collective not in ("allreduce", "reduce", "reducescatter") or op in ("max", "min") \
+            or dtype.kind in "iub":
+        return 0.0
+    n, eps = len(inputs), _eps(dtype)
+    magnitude = np.abs(want.astype(np.float64))
+    if op != "prod":
+        total = np.zeros(len(inputs[0]), np.float64)
+        for x in inputs:
+            total += np.abs(x.astype(np.float64))
+        if collective == "reducescatter":
+            c = len(total) // n
+            total = total[rank * c:(rank + 1) * c]
+        magnitude += total / n if op == "avg" else total
+    return n * eps * magnitude
+
+
+def count_wrong(got: np.ndarray, want: np.ndarray | None, tol: np.ndarray | float) -> int:
+    """Elements of ``got`` farther from ``want`` than ``tol`` (equal values, infinities and NaNs, are right)."""
+    if want is None or want.size == 0:
+        return 0
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    with np.errstate(invalid="ignore"):  # inf - inf is NaN: such elements are right only when equal
+        right = (np.abs(g - w) <= tol) | (g == w) | (np.isnan(g) & np.isnan(w))
+    return int(right.size - np.count_nonzero(right))
+
+
+def _sum_over_ranks(comm: Any, value: int) -> int:
+    """``value`` summed over every rank (within the communicator's timeout)."""
+    rows = comm.transport.allgather_ints([value], comm.timeout)
+    if rows is None:
+        raise CommunicatorError(f"not every rank came to compare results within {comm.timeout:g} s",
+                                where=f"rank {comm.rank}", fix="a peer died or hangs; check its output")
+    return sum(row[0] for row in rows)
+
+
 def call(comm: Any, collective: str, data: np.ndarray, op: str, recv: np.ndarray | None = None) -> np.ndarray:
     """Run the communicator's collective on ``data`` and return where the result is."""
     if collective == "allreduce":
@@ -111,10 +172,10 @@ def _die(how: str) -> None:
     os._exit(9)
 
 
-def _check(comm: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+def _check(comm: Any, args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    """Per case: ``--warmup`` and then ``--repeat`` calls, every result checked, the ``--repeat`` calls timed."""
     collective, ranks, rank = comm.collective, comm.size, comm.rank
     root = comm.plan.schedules[0].root or 0
-    rows = []
     calls = 0
     for dtype_name in args.dtypes:
         dtype = resolve_dtype(dtype_name)
@@ -126,26 +187,33 @@ def _check(comm: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
                 inputs = [make_input(collective, ranks, r, count, dtype, args.seed, args.data, op)
                           for r in range(ranks)]
                 want = reference(collective, inputs, rank, root, op)
-                err = 0.0
-                for _ in range(args.repeat):
-                    data = inputs[rank].copy()
+                tol = tolerance(collective, inputs, rank, root, op, want)
+                mine = inputs[rank]
+                del inputs
+                err, wrong, timed = 0.0, 0, 0.0
+                for j in range(args.warmup + args.repeat):
+                    data = mine.copy()
+                    start = time.perf_counter()
                     got = call(comm, collective, data, op)
+                    if j >= args.warmup:
+                        timed += time.perf_counter() - start
                     err = max(err, max_error(got, want))
+                    wrong = max(wrong, count_wrong(got, want, tol))
                     calls += 1
                     if args.die_rank == rank and calls == args.die_after:
                         _die(args.die_how)
-                worst = comm.transport.max_float(err)
-                rows.append({"collective": collective, "algorithm": comm.plan.schedules[0].metadata.algorithm,
-                             "dtype": str(dtype), "op": op, "count": count,
-                             "max_error": worst})
-    return rows
+                yield {"collective": collective, "algorithm": comm.plan.schedules[0].metadata.algorithm,
+                       "dtype": str(dtype), "op": op, "count": count,
+                       "size": count_bytes(collective, ranks, count, dtype),
+                       "time_s": comm.transport.max_float(timed / max(args.repeat, 1)), "iters": args.repeat,
+                       "wrong": _sum_over_ranks(comm, wrong), "max_error": comm.transport.max_float(err)}
 
 
-def _bench(comm: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+def _bench(comm: Any, args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    """Per size: one checked call, then the replay and the native collective timed (rows as each size ends)."""
     collective, ranks, rank = comm.collective, comm.size, comm.rank
     dtype = resolve_dtype(args.dtypes[0])
     op = args.ops[0]
-    rows = []
     iters = args.iters if len(args.iters) == len(args.sizes) else [args.iters[0]] * len(args.sizes)
     traces: list[Any] = []
     for size, n_iter in zip(args.sizes, iters):
@@ -154,11 +222,14 @@ def _bench(comm: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
         root = comm.plan.schedules[0].root or 0
         inputs = [make_input(collective, ranks, r, count, dtype, args.seed, "random", op) for r in range(ranks)]
         want = reference(collective, inputs, rank, root, op)
+        tol = tolerance(collective, inputs, rank, root, op, want)
         del inputs
         work = data.copy()
         recv = _recv_buffer(collective, ranks, count, dtype)
         got = call(comm, collective, work, op, recv)
         err = comm.transport.max_float(max_error(got, want))
+        wrong = _sum_over_ranks(comm, count_wrong(got, want, tol))
+        del want, tol
         topocc_s = _time(comm, lambda w=work, r=recv: call(comm, collective, w, op, r), args.warmup, n_iter)
         if args.trace:
             comm.start_trace()
@@ -173,14 +244,13 @@ def _bench(comm: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
             except Exception as exc:  # e.g. a dtype this MPI cannot reduce: report, do not fail the run
                 print(f"note: native {collective} unavailable for {dtype}: {exc}", file=sys.stderr)
         gloo_s = _time_gloo(comm, collective, work, op, args.warmup, n_iter) if args.gloo else None
-        rows.append({"size": count_bytes(collective, ranks, count, dtype), "count": count, "dtype": str(dtype),
-                     "op": op, "time_s": topocc_s, "native_time_s": native_s, "gloo_time_s": gloo_s,
-                     "max_error": err, "algorithm": comm.plan.select(size).metadata.algorithm, "iters": n_iter})
+        yield {"size": count_bytes(collective, ranks, count, dtype), "count": count, "dtype": str(dtype),
+               "op": op, "time_s": topocc_s, "native_time_s": native_s, "gloo_time_s": gloo_s, "wrong": wrong,
+               "max_error": err, "algorithm": comm.plan.select(size).metadata.algorithm, "iters": n_iter}
     if args.trace:
         os.makedirs(args.trace, exist_ok=True)
         with open(os.path.join(args.trace, f"rank{rank}.json"), "w") as f:
             json.dump([list(r) for r in traces], f)
-    return rows
 
 
 def _init_gloo(comm: Any, address: str, timeout: float) -> None:
@@ -247,9 +317,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", nargs="+", type=int, default=[1 << 20], help="bytes, nccl-tests' size (bench)")
     p.add_argument("--data", choices=("exact", "random"), default="random")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--repeat", type=int, default=1, help="calls per case (check)")
+    p.add_argument("--repeat", type=int, default=1, help="timed calls per case (check)")
     p.add_argument("--iters", nargs="+", type=int, default=[20], help="one count, or one per size (bench)")
-    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=None, help="untimed calls first (default: 0 in check, 5 in bench)")
     p.add_argument("--timeout", type=float, default=30.0)
     p.add_argument("--fingerprint", default=None)
     p.add_argument("--gloo", default=None, metavar="HOST:PORT", help="also time torch gloo allreduce (bench)")
@@ -272,7 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rank = -1
     try:
         sources = args.schedule if args.each else [args.schedule[0] if len(args.schedule) == 1 else args.schedule]
-        rows = []
+        if args.warmup is None:
+            args.warmup = 0 if args.mode == "check" else 5
         for source in sources:
             transport = None
             if args.lowered:
@@ -284,11 +355,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             rank = comm.rank
             if args.gloo and args.mode == "bench":
                 _init_gloo(comm, args.gloo, args.timeout)
-            rows += _check(comm, args) if args.mode == "check" else _bench(comm, args)
-            if rank == 0:
-                for row in rows:
-                    print(json.dumps(row), flush=True)
-            rows = []
+            for row in _check(comm, args) if args.mode == "check" else _bench(comm, args):
+                if rank == 0:
+                    print(json.dumps(row), flush=True)  # as each case ends: the launcher shows progress
             comm.close()
     except TopoccError as err:
         text = err.one_line()

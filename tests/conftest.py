@@ -17,3 +17,28 @@ def shared_dir() -> Path:
     if not SHARED.is_dir():
         pytest.skip("../shared (reference inputs beside the repository) is absent in this checkout")
     return SHARED
+
+
+TWO_GPUS = """\
+name: two-gpus
+devices:
+  - {name: g, type: gpu, count: 2}
+links:
+  - {ends: [g0, g1], bandwidth: 10 GB/s, latency: 1 us}
+"""
+
+
+@pytest.fixture(scope="session")
+def two_rank_schedule(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ring allreduce compiled for a 2-GPU topology, the topology file beside it (so it can be simulated)."""
+    from planner.algorithms import Options
+    from planner.compile import compile_schedule
+    from planner.topology import load_topology
+    from runtime.schedule import save_schedule
+
+    folder = tmp_path_factory.mktemp("two-gpus")
+    (folder / "two-gpus.yaml").write_text(TWO_GPUS)
+    compiled = compile_schedule(load_topology(folder / "two-gpus.yaml"), "allreduce", "ring",
+                                Options(size_bytes=64 << 10))
+    save_schedule(compiled.schedule, folder / "ring.json")
+    return folder / "ring.json"

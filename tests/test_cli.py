@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +12,11 @@ import pytest
 import yaml
 
 from planner.cli import main
+from planner.emulation import emulation_available
 from tests.conftest import REPO, TOPOLOGIES
 
 DATA = REPO / "tests" / "data"
+DGX1_SCHEDULE = str(REPO / "schedules" / "dgx1-v100-allreduce.json")
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -59,9 +62,9 @@ def test_topo_show_and_algorithms(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0, err
     doc = json.loads(text)
     assert doc["ranks"] == 16
-    assert doc["cut_bound"]["allgather"]["max_algbw_GBps"] == pytest.approx(25.0, rel=1e-3)
+    assert doc["bounds"]["allgather"]["max_algbw_GBps"] == pytest.approx(25.0, rel=1e-3)
     code, text, err = run(capsys, "algorithms", "--json")
-    names = {row["name"] for row in json.loads(text)}
+    names = {row["algorithm"] for row in json.loads(text)}
     assert {"ring", "tree", "halving-doubling", "direct", "hierarchical"} <= names
 
 
@@ -76,6 +79,9 @@ def test_topo_show_and_algorithms(capsys: pytest.CaptureFixture[str]) -> None:
         (["compile", "dgx1-v100", "-c", "alltoall", "-a", "ring"], "does not implement alltoall"),
         (["verify", "no/such/schedule.json"], "cannot read"),
         (["frobnicate"], "No such command"),
+        (["run", DGX1_SCHEDULE, "--dtype", "nosuch"], "'nosuch' is not one of 'float32'"),
+        (["run", DGX1_SCHEDULE, "--size", "2"], "2 bytes holds no float32 element"),
+        (["bench", DGX1_SCHEDULE, "--sizes", "1:1K"], "1 bytes holds no float32 element"),
     ],
 )
 def test_bad_arguments_one_line(argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -147,3 +153,154 @@ def test_compile_progress_goes_to_stderr_only(capsys: pytest.CaptureFixture[str]
     assert "hierarchical:" in err and "verify the winner" in err
     code, text, err = run(capsys, "compile", "emu-uniform", "--size", "1MiB", "--json")
     assert code == 0 and err == ""  # not a terminal: no progress unless asked
+
+
+@pytest.mark.parametrize("command", ["simulate", "inspect"])
+def test_another_topology_is_refused_unless_what_if(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """An 8-rank DGX-1 schedule is not silently timed on another 8-rank cluster."""
+    code, out, err = run(capsys, command, DGX1_SCHEDULE, "--topology", "emu-uniform", "--size", "1MiB")
+    assert code == 4 and out == ""
+    assert err.count("\n") == 1 and err.startswith("topocc: error: ")
+    assert "compiled for dgx1-v100, not emu-uniform" in err and "pass --what-if" in err
+    code, out, err = run(capsys, command, DGX1_SCHEDULE, "--topology", "emu-uniform", "--size", "1MiB", "--what-if")
+    assert code == 0, err
+    assert out.splitlines()[0] == "what-if: a schedule compiled for dgx1-v100, timed on emu-uniform (--what-if)"
+
+
+def test_what_if_in_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "simulate", DGX1_SCHEDULE, "-t", "emu-uniform", "-s", "1MiB", "--what-if", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["what_if"] is True and doc["compiled_for"] == "dgx1-v100" and doc["topology"] == "emu-uniform"
+    code, out, err = run(capsys, "simulate", DGX1_SCHEDULE, "-t", "dgx1-v100", "-s", "1MiB", "--what-if", "--json")
+    assert code == 0, err
+    assert json.loads(out)["what_if"] is False  # its own topology: not a what-if, whatever the flag says
+    code, out, err = run(capsys, "simulate", DGX1_SCHEDULE, "-s", "1MiB")
+    assert code == 0 and "what-if" not in out
+
+
+def test_an_explicit_topology_that_does_not_exist_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "simulate", DGX1_SCHEDULE, "--topology", "nosuch")
+    assert code == 2 and out == ""
+    assert err.startswith("topocc: error: no topology file or shipped topology named 'nosuch' (fix: pass a YAML "
+                          "path or one of: ") and "dgx1-v100" in err and "compiled for" not in err
+
+
+def _broken(path: Path, tmp_path: Path, how: str) -> Path:
+    """The schedule with every reduction a plain receive (``wrong``), or rank 0's sends on a channel nobody reads."""
+    from dataclasses import replace
+
+    from runtime.schedule import load_schedule, save_schedule
+
+    good = load_schedule(path)
+    if how == "wrong":
+        programs = tuple(tuple(replace(op, kind="recv", src=None) if op.kind == "recv_reduce" else op for op in p)
+                         for p in good.programs)
+    else:
+        programs = (tuple(replace(op, channel=7) if op.kind == "send" else op for op in good.programs[0]),
+                    *good.programs[1:])
+    out = tmp_path / f"{how}.json"
+    save_schedule(replace(good, programs=programs), out)
+    return out
+
+
+@pytest.mark.parametrize("command", ["run", "bench"])
+@pytest.mark.parametrize("np_", ["4", "16"])
+def test_a_wrong_rank_count_is_refused_before_launching(command: str, np_: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, command, DGX1_SCHEDULE, "--np", np_)
+    assert code == 2 and out == ""
+    assert err == (f"topocc: error: {DGX1_SCHEDULE}: the schedule is for 8 ranks, not --np {np_} "
+                   "(fix: pass --np 8, or leave --np out to use the schedule's)\n")
+
+
+def test_bench_refuses_another_topology_before_launching(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "bench", DGX1_SCHEDULE, "--topology", "emu-uniform")
+    assert code == 4 and out == "" and err.count("\n") == 1 and "pass --what-if" in err
+
+
+@pytest.mark.mpi
+def test_run_passes_with_time_and_bandwidth(two_rank_schedule: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "run", str(two_rank_schedule), "--size", "4K", "--iters", "2")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "allreduce of 4KiB (1024 x float32, sum) with ring on 2 ranks: PASS"
+    assert re.fullmatch(r"  wrong elements: 0 \(beyond float32's rounding tolerance; max error [-+.e\d]+\)", lines[1])
+    assert re.fullmatch(r"  time: +[\d.]+ (ns|us|ms|s) \(slowest rank's mean of 2 calls after 1 warm-up\)",
+                        lines[2])
+    assert re.fullmatch(r"  algbw / busbw: +[\d.]+ [KMGT]?B/s / [\d.]+ [KMGT]?B/s", lines[3])
+    code, out, err = run(capsys, "run", str(two_rank_schedule), "--size", "4K", "--iters", "1", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["result"] == "PASS" and doc["wrong"] == 0 and doc["size_bytes"] == 4096
+    assert doc["busbw_GBps"] == pytest.approx(doc["algbw_GBps"])  # 2 ranks: busbw factor 2(n-1)/n = 1
+
+
+@pytest.mark.mpi
+def test_run_fails_on_a_wrong_result(two_rank_schedule: Path, tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    wrong = _broken(two_rank_schedule, tmp_path, "wrong")
+    code, out, err = run(capsys, "run", str(wrong), "--size", "4KiB", "--iters", "1")
+    assert code == 7
+    assert out.splitlines()[0].endswith(": FAIL")
+    assert err.count("\n") == 1 and err.startswith(f"topocc: error: {wrong}: FAIL: ")
+    assert "elements differ from numpy's result by more than the dtype's tolerance at 4KiB" in err
+    assert f"(fix: prove the schedule with topocc verify {wrong};" in err
+
+
+@pytest.mark.mpi
+def test_failing_ranks_are_one_line(two_rank_schedule: Path, tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    stuck = _broken(two_rank_schedule, tmp_path, "stuck")
+    code, out, err = run(capsys, "run", str(stuck), "--size", "4KiB", "--timeout", "5")
+    assert code == 5 and out == ""
+    assert err.count("\n") == 1 and err.count("topocc:") == 1, err
+    assert err.startswith(f"topocc: error: {stuck}: replay failed: 2 ranks, exit ")
+    assert ": ranks 0 and 1: " in err and "(fix: " in err
+
+
+@pytest.mark.mpi
+def test_bench_table_and_json_share_names(two_rank_schedule: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.summary import BENCH_COLUMNS
+
+    argv = ["bench", str(two_rank_schedule), "--sizes", "4KiB:16KiB", "--iters", "2", "--warmup", "1"]
+    code, out, err = run(capsys, *argv, "--progress")
+    assert code == 0, err
+    lines = out.splitlines()
+    header, *rows = [re.split(r"\s{2,}", line.strip()) for line in lines[1:-1] if not line.startswith("-")]
+    assert header == [h for h, _ in BENCH_COLUMNS]  # nccl-tests' columns first: size count type redop time ...
+    assert [r[0] for r in rows] == ["4KiB", "16KiB"] and all(r[7] == "0" for r in rows)  # #wrong: a count
+    assert all(r[-2] not in ("n/a", "") for r in rows)  # predicted from the topology beside the schedule
+    assert lines[-1] == "# PASS: no wrong element at 2 sizes"
+    assert err.splitlines() == ["bench: 2 sizes on 2 ranks", *(
+        line for line in err.splitlines()[1:] if re.fullmatch(r"bench: (4|16)KiB done \([12]/2\): .* 0 wrong", line))]
+    assert len(err.splitlines()) == 3
+    code, out, err = run(capsys, *argv, "--json")
+    assert code == 0 and err == ""  # no progress when stderr is not a terminal
+    doc = json.loads(out)
+    assert [set(r) >= {name for _, name in BENCH_COLUMNS} for r in doc] == [True, True]
+    assert all(r["what_if"] is False and r["predicted_time_s"] > 0 and r["wrong"] == 0 for r in doc)
+
+
+def test_compile_plan_reports_progress_per_bucket(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "compile", "emu-uniform", "-a", "ring", "-s", "1MiB:4MiB", "--json", "--progress")
+    assert code == 0, err
+    assert len(json.loads(out)["buckets"]) >= 1
+    lines = err.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["bucket 1/2 (1MiB)"] * 2 + ["bucket 2/2 (4MiB)"] * 2
+    assert lines[0].startswith("bucket 1/2 (1MiB): compile with ring (")
+    assert re.fullmatch(r"bucket 2/2 \(4MiB\): ring, [\d.]+ (us|ms), [\d,]+ operations \([\d.]+ s\)", lines[3])
+    code, _, err = run(capsys, "compile", "emu-uniform", "-a", "ring", "-s", "1MiB:4MiB", "--no-progress")
+    assert code == 0 and err == ""
+
+
+@pytest.mark.root
+@pytest.mark.mpi
+@pytest.mark.skipif(emulation_available() is not None, reason=str(emulation_available()))
+def test_emulate_reports_setting_up_running_and_tearing_down(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "emulate", "emu-uniform", "--progress", "--", sys.executable, "-c", "print('hi')")
+    assert code == 0, err
+    assert out.count("hi") == 8
+    progress = [line for line in err.splitlines() if line.startswith("emulate: ")]
+    assert progress[0].startswith("emulate: setting up emu-uniform (4 hosts, 8 ranks")
+    assert progress[1].startswith("emulate: running ") and progress[1].endswith(" on 8 ranks")
+    assert progress[2:] == ["emulate: tearing down the emulated cluster"]

@@ -51,19 +51,23 @@ def test_bench_emulated_two_hosts(tmp_path: Path) -> None:
     before = _namespaces()
     trace = tmp_path / "trace.json"
     sizes = [256 << 10, 1 << 20]
-    rows = bench_emulated(topology, schedule, sizes, iters=2, warmup=1, trace=trace, echo=False)
+    lines: list[str] = []
+    rows = bench_emulated(topology, schedule, sizes, iters=2, warmup=1, trace=trace, progress=lines.append)
     assert _namespaces() == before  # nothing left behind
     assert [r.size for r in rows] == sizes
     for r in rows:
         assert isinstance(r, EmulatedRow) and r.algorithm == "ring"
-        assert r.max_error < 1e-4
-        assert r.native_time_s and r.gloo_time_s and r.predicted_s > 0
+        assert r.max_error < 1e-4 and r.wrong == 0
+        assert r.native_time_s and r.gloo_time_s and r.predicted_time_s > 0
         # the traffic crossed the shaped network: no method beats the network-only prediction by much
         for t in (r.time_s, r.native_time_s, r.gloo_time_s):
-            assert t > 0.7 * r.predicted_s, (t, r.predicted_s)
-    assert rows[1].predicted_s > 2 * rows[0].predicted_s
+            assert t > 0.7 * r.predicted_time_s, (t, r.predicted_time_s)
+    assert rows[1].predicted_time_s > 2 * rows[0].predicted_time_s
     text = format_emulated_table(rows, topology, 1e-3)
-    assert "ring" in text and "pred/meas" in text
+    assert "ring" in text and "pred/meas" in text and "# PASS" in text
+    assert lines[0].startswith("emulate: setting up emu-two")
+    assert lines[-1] == "emulate: tearing down the emulated cluster"
+    assert sum("done (" in line for line in lines) == 2
     events = json.loads(trace.read_text())["traceEvents"]
     timed = [e for e in events if e.get("ph") == "X"]
     assert {e["args"]["rank"] for e in timed} == {0, 1, 2, 3}

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.launch import find_mpiexec, run_schedule
+from runtime.errors import UsageError
+from runtime.launch import find_mpiexec, launch_worker, run_schedule, summarize_failures
 from runtime.schedule import save_schedule
 
 pytestmark = pytest.mark.mpi
@@ -73,7 +74,7 @@ def waiting_for(lines: list[str]) -> dict[int, set[int]]:
 @pytest.mark.parametrize("how", ["exit", "kill"])
 def test_killed_rank_fails_fast_on_every_survivor(ring4: Path, how: str) -> None:
     start = time.monotonic()
-    result = run_schedule(ring4, 4, 4004, timeout=TIMEOUT, repeat=3, echo=False,
+    result = run_schedule(ring4, 4, 4004, timeout=TIMEOUT, repeat=3,
                           worker_args=["--die-rank", "2", "--die-after", "1", "--die-how", how])
     elapsed = time.monotonic() - start
     assert result.returncode != 0
@@ -82,6 +83,11 @@ def test_killed_rank_fails_fast_on_every_survivor(ring4: Path, how: str) -> None
     assert set(waits) == {0, 1, 3}, result.stderr[-2000:]
     assert waits[3] == {2}  # rank 3 receives from rank 2 in the ring
     assert all(line.count("\n") == 0 for line in result.errors)
+    # the launcher's one line: the silent rank first, then the survivors together with the peers they waited for
+    line = result.failure()
+    assert "\n" not in line and line.count("timed out") == 1, line
+    assert re.search(r"rank 2: no error line .*; ranks 0, 1 and 3: allreduce .*timed out after 3 s waiting for "
+                     r"ranks [\d, and]+ between them \(fix: a peer died", line), line
 
 
 def test_plain_script_rank_exits_between_collectives(ring4: Path) -> None:
@@ -105,20 +111,26 @@ def test_plain_mpiexec_with_auto_cleanup_does_not_hang(ring4: Path) -> None:
 
 
 def test_rank_count_mismatch_refused(tmp_path: Path) -> None:
+    """The launcher refuses before starting anything; ranks started anyway refuse too, in one collapsed line."""
     path = tmp_path / "ring3.json"
     save_schedule(S.ring_allreduce(3), path)
-    result = run_schedule(path, 2, 4000, timeout=TIMEOUT, echo=False)
-    assert result.returncode == 5
-    assert len(result.errors) == 2
-    assert all("is for 3 ranks but the communicator has 2" in line for line in result.errors)
+    with pytest.raises(UsageError, match=r"ring3.json: the schedule is for 3 ranks, not --np 2 \(fix: pass --np 3"):
+        run_schedule(path, 2, 4000, timeout=TIMEOUT)
+    proc = launch_worker(2, ["check", str(path), "--timeout", str(TIMEOUT)], limit_s=40)
+    assert proc.returncode == 5
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("topocc:")]
+    assert len(lines) == 2 and all("is for 3 ranks but the communicator has 2" in line for line in lines)
+    assert summarize_failures(lines, 2, proc.returncode) == (
+        "ranks 0 and 1: the schedule is for 3 ranks but the communicator has 2 "
+        "(fix: launch with -n 3 or compile for 2 ranks)")
 
 
 def test_fingerprint_mismatch_refused(tmp_path: Path) -> None:
     path = tmp_path / "ring.json"
     save_schedule(S.ring_allreduce(2).with_metadata(fingerprint="sha256:aaaa"), path)
-    ok = run_schedule(path, 2, 4000, timeout=TIMEOUT, echo=False, worker_args=["--fingerprint", "sha256:aaaa"])
+    ok = run_schedule(path, 2, 4000, timeout=TIMEOUT, worker_args=["--fingerprint", "sha256:aaaa"])
     assert ok.ok
-    bad = run_schedule(path, 2, 4000, timeout=TIMEOUT, echo=False, worker_args=["--fingerprint", "sha256:bbbb"])
+    bad = run_schedule(path, 2, 4000, timeout=TIMEOUT, worker_args=["--fingerprint", "sha256:bbbb"])
     assert bad.returncode == 5
     assert bad.errors and all("fingerprint mismatch" in line and "sha256:aaaa" in line for line in bad.errors)
 

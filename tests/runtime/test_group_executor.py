@@ -66,7 +66,7 @@ def test_killed_peer_gives_one_line_on_every_survivor(tmp_path: Path) -> None:
     from runtime.schedule import save_schedule
 
     save_schedule(S.ring_allreduce(4, 2, channels=2), path)
-    result = run_schedule(path, 4, 4004, timeout=3.0, repeat=3, echo=False,
+    result = run_schedule(path, 4, 4004, timeout=3.0, repeat=3,
                           worker_args=[*LOWERED, "--die-rank", "2", "--die-after", "1", "--die-how", "kill"])
     assert result.returncode != 0
     survivors = {int(line.split("rank ")[1].split(":")[0]) for line in result.errors}

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -99,15 +100,29 @@ def test_planner_algorithms_replay(tmp_path: Path) -> None:
     assert_exact(rows, expected(schedules, ["float32", "int32"], ["sum", "max"], [1, 7, 1001]))
 
 
-def test_run_and_bench_library_functions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_and_bench_library_functions(tmp_path: Path) -> None:
     schedule = S.ring_allreduce(3, 2)
-    result = run_schedule(schedule, 3, 4000, dtype="float32", timeout=20)
-    assert result.ok, result.stderr
-    assert result.rows[0]["count"] == 1000
-    assert result.max_error < 1e-4
-    rows = bench_schedule(schedule, 3, [4096, 1 << 16], iters=3, warmup=1, timeout=20)
-    assert [r.size for r in rows] == [4096, 1 << 16]
-    assert all(r.time_s > 0 and r.native_time_s and r.max_error < 1e-4 for r in rows)
+    result = run_schedule(schedule, None, 4000, dtype="float32", timeout=20, repeat=2, warmup=1)
+    assert result.ok and result.passed, result.stderr
+    row = result.rows[0]
+    assert (row.count, row.size, row.wrong, row.iters) == (1000, 4000, 0, 2)
+    assert 0 < result.max_error < 1e-4 and row.time_s > 0  # random floats: rounding differs, within tolerance
+    assert abs(row.busbw - row.algbw * 4 / 3) < 1e-9 and abs(row.algbw - 4000 / row.time_s / 1e9) < 1e-12
+    seen = []
+    rows = bench_schedule(schedule, 3, [4096, 1 << 16], iters=3, warmup=1, timeout=20, progress=seen.append)
+    assert [r.size for r in rows] == [4096, 1 << 16] and seen == rows  # progress saw each row as its size ended
+    assert all(r.time_s > 0 and r.native_time_s and r.wrong == 0 and r.max_error < 1e-4 for r in rows)
     assert abs(rows[0].busbw - rows[0].algbw * 4 / 3) < 1e-9
-    out = capsys.readouterr().out
-    assert "busbw" in out and "mpi(us)" in out and "max error" in out
+    assert set(rows[0].to_json()) >= {"size_bytes", "type", "redop", "time_s", "algbw_GBps", "wrong", "ratio"}
+
+
+def test_a_wrong_result_is_counted(tmp_path: Path) -> None:
+    """A schedule that receives where it must reduce runs to the end, but its elements are counted wrong."""
+    good = S.ring_allreduce(2)
+    programs = [tuple(replace(op, kind="recv", src=None) if op.kind == "recv_reduce" else op for op in program)
+                for program in good.programs]
+    path = tmp_path / "wrong.json"
+    save_schedule(replace(good, programs=tuple(programs)), path)
+    result = run_schedule(path, 2, 4000, dtype="int32", timeout=20)
+    assert result.ok and not result.passed
+    assert result.rows[0].wrong > 0 and result.max_error > 0

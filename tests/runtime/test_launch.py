@@ -1,0 +1,71 @@
+"""The launcher's pure parts: rank lists, one line from many ranks' errors, rank-count refusal, sizes."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.errors import UsageError
+from runtime.launch import bench_sizes, check_ranks, rank_list, summarize_failures
+
+FIX = " (fix: a peer died, hangs, or runs a different schedule; check its output)"
+
+
+def timeout_line(rank: int, peers: str) -> str:
+    return (f"topocc: rank {rank}: allreduce (ring, 1001 x float32): timed out after 30 s waiting for rank(s) "
+            f"{peers} (op 7: receive from rank {peers.split(',')[0]} ch 1; op 8: send to rank 4, +2 more){FIX}")
+
+
+@pytest.mark.parametrize(("ranks", "text"), [
+    ([4], "rank 4"), ([1, 0], "ranks 0 and 1"), ([0, 1, 2, 3, 5], "ranks 0-3 and 5"), ([0, 2, 3], "ranks 0, 2 and 3"),
+    ([5, 6, 7, 0], "ranks 0 and 5-7"), ([3, 3], "rank 3"),
+])
+def test_rank_list(ranks: list[int], text: str) -> None:
+    assert rank_list(ranks) == text
+
+
+def test_ranks_waiting_for_one_dead_rank_are_one_message() -> None:
+    lines = [timeout_line(r, "4") for r in (0, 1, 2, 3, 5)]
+    assert summarize_failures(lines, 6, 5) == (
+        "rank 4: no error line (died, was killed or exited early); ranks 0-3 and 5: allreduce (ring, 1001 x "
+        f"float32): timed out after 30 s waiting for rank 4{FIX}")
+
+
+def test_ranks_waiting_for_different_peers_merge_the_peers() -> None:
+    lines = [timeout_line(0, "3"), timeout_line(1, "0"), timeout_line(3, "2, 3")]
+    assert summarize_failures(lines, 4, 5).endswith(
+        "ranks 0, 1 and 3: allreduce (ring, 1001 x float32): timed out after 30 s waiting for ranks 0, 2 and 3 "
+        f"between them{FIX}")
+
+
+def test_many_different_messages_are_counted_not_listed() -> None:
+    lines = [f"topocc: rank {r}: failure number {r} (fix: fix {r})" for r in range(6)]
+    line = summarize_failures(lines, 6, 5)
+    assert line == ("rank 0: failure number 0; rank 1: failure number 1; rank 2: failure number 2; "
+                    "and 3 more messages (fix: fix 0)")
+
+
+def test_lines_without_a_rank_and_a_killed_job() -> None:
+    lines = ["garbage before topocc: is not a line", "topocc: the job ran past its hard limit of 60 s and was killed"]
+    assert summarize_failures(lines, 2, -9) == "the job ran past its hard limit of 60 s and was killed"
+    assert summarize_failures([], 2, 1) == "no error line from the ranks"
+
+
+def test_a_wrong_rank_count_names_the_flag() -> None:
+    assert check_ranks(8, None, "s.json") == 8 and check_ranks(8, 8, "s.json") == 8
+    with pytest.raises(UsageError) as info:
+        check_ranks(8, 16, "s.json")
+    assert info.value.one_line() == ("s.json: the schedule is for 8 ranks, not --np 16 "
+                                     "(fix: pass --np 8, or leave --np out to use the schedule's)")
+    assert info.value.exit_code == 2
+
+
+def test_bench_sizes_are_whole_elements_per_rank() -> None:
+    assert bench_sizes("allreduce", 8, [1024, 1001], "float32") == [1024, 1000]
+    assert bench_sizes("allgather", 8, [1024, 1000], "float32") == [1024, 992]  # 31 elements per rank
+
+
+def test_a_size_without_a_whole_element_is_refused() -> None:
+    with pytest.raises(UsageError, match=r"a size of 2 bytes holds no float32 element \(fix: .* at least 4 bytes"):
+        bench_sizes("allreduce", 8, [1024, 2], "float32")
+    with pytest.raises(UsageError, match=r"holds no float64 element for each of 8 ranks \(fix: .* at least 64 bytes"):
+        bench_sizes("reducescatter", 8, [63], "float64")
