@@ -202,11 +202,14 @@ class Communicator:
         self._programs: dict[tuple[int, str, int], Program | GroupProgram] = {}
         self._lowerings: dict[tuple[int, int], RankLowering] = {}
         digest = zlib.crc32(b"".join(d.to_bytes(4, "little") for d in self._digests.values()))
-        lowering = self.group_bytes if self.grouped else 0
-        self._agree((0, digest, self.size, lowering), "construct the communicator",
-                    lambda r, v: f"rank {r} loaded a different schedule or plan than rank {self.rank}"
-                    if v[1] != digest else f"rank {r} lowers with group_bytes={v[3]}, rank {self.rank} with "
-                                           f"{lowering}")
+        grouping = self.group_bytes if self.grouped else 0
+
+        def explain(r: int, theirs: tuple[int, ...]) -> str:
+            if theirs[1] != digest:
+                return f"rank {r} loaded a different schedule or plan than rank {self.rank}"
+            return f"rank {r} lowers with group_bytes={theirs[3]}, rank {self.rank} with {grouping}"
+
+        self._agree((0, digest, self.size, grouping), "construct the communicator", explain)
         self._closed = False
         _install_guard()
         _LIVE.add(self)
@@ -255,9 +258,8 @@ class Communicator:
             tag_ub = _GROUP_TAG_UB if self.grouped else self.transport.tag_ub
             program = Program(schedule, self.rank, dtype, block, tag_ub=tag_ub,
                               channels=self._channels[id(schedule)], ops=self.ops)
-            if self.grouped:
-                itemsize = self.ops.itemsize(self.ops.empty(1, dtype))
-                program = GroupProgram(program, self._lowering(schedule, program.layout.cap * itemsize))
+            if self.grouped:  # numpy's and torch's dtypes both know their size
+                program = GroupProgram(program, self._lowering(schedule, program.layout.cap * dtype.itemsize))
             self._programs[key] = program
         return program
 
@@ -318,7 +320,7 @@ class Communicator:
         """The lowered replay: everything posted in order; the caller's stream (or a handle) waits for it."""
         timeout = self.timeout
 
-        def failed(exc: PeerFailure, _: float = timeout) -> CommunicatorError:
+        def failed(exc: PeerFailure) -> CommunicatorError:
             return self._fail(program.failure(exc, timeout, what))
 
         def failed_later(exc: PeerFailure) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 
 from runtime.errors import CommunicatorError
 from runtime.schedule import Chunk, Schedule
-from runtime.transports import PeerFailure, Transport
+from runtime.transports import GroupTransport, PeerFailure, Transport
 
 __all__ = [
     "DTYPES",
@@ -399,7 +399,7 @@ class Program:
             if kind == RECV_REDUCE or (kind in (SEND, RECV) and len(pieces) > 1):
                 self.staging[k] = ops.empty(self.msg_len[k], dtype)
         self.scratch = ops.empty(schedule.scratch_chunks * layout.cap, dtype)
-        self._bindings: dict[tuple[int, ...], Binding] = {}
+        self._bindings: dict[tuple[int, ...], Any] = {}
         self._owned: dict[str, Any] = {}
 
     def owned(self, buffer: str) -> Any:
@@ -416,12 +416,17 @@ class Program:
         chunks = self.schedule.chunk_count(buffer)
         return self.layout.offset(chunks - 1) + self.layout.size(chunks - 1)
 
-    def bind(self, transport: Transport, buffers: Mapping[str, Any], cache: int = 4) -> Binding:
-        """Views and persistent requests for these buffers, reused while the same buffers come back."""
+    def bind(self, transport: Any, buffers: Mapping[str, Any], cache: int = 4,
+             make: Callable[[Program, Any, Mapping[str, Any]], Any] | None = None) -> Any:
+        """Views and persistent requests for these buffers, reused while the same buffers come back.
+
+        ``make(program, transport, buffers)`` builds a binding other than :class:`Binding` (the lowered
+        replay's); it must have ``free()``.
+        """
         key = tuple(self.ops.address(buffers[b]) if buffers.get(b) is not None else 0 for b in ("i", "o"))
         binding = self._bindings.pop(key, None)
         if binding is None:
-            binding = Binding(self, transport, {**buffers, "s": self.scratch})
+            binding = (make or Binding)(self, transport, {**buffers, "s": self.scratch})
             if len(self._bindings) >= cache:
                 oldest = next(iter(self._bindings))
                 self._bindings.pop(oldest).free()
@@ -549,7 +554,7 @@ class Binding:
     with ``skip_empty``, messages of no elements get no request (both ends know the sizes).
     """
 
-    def __init__(self, program: Program, transport: Any, buffers: Mapping[str, Any], *,
+    def __init__(self, program: Program, transport: Transport | GroupTransport, buffers: Mapping[str, Any], *,
                  tags: Sequence[int] | None = None, skip_empty: bool = False) -> None:
         self.transport = transport
         tags = program.tags if tags is None else tags

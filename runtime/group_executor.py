@@ -81,26 +81,18 @@ class GroupProgram:
         self.dtype = program.dtype
         self.writes = program.writes
         self.ops = program.ops
-        self._bindings: dict[tuple[int, ...], GroupBinding] = {}
 
     def owned(self, buffer: str) -> Any:
         return self.program.owned(buffer)
 
-    def bind(self, transport: GroupTransport, buffers: Mapping[str, Any], cache: int = 4) -> GroupBinding:
-        """Views and persistent messages for these buffers, reused while the same buffers come back."""
-        key = tuple(self.ops.address(buffers[b]) if buffers.get(b) is not None else 0 for b in ("i", "o"))
-        binding = self._bindings.pop(key, None)
-        if binding is None:
-            binding = GroupBinding(self.program, self.lowering, transport, {**buffers, "s": self.program.scratch})
-            if len(self._bindings) >= cache:
-                self._bindings.pop(next(iter(self._bindings))).free()
-        self._bindings[key] = binding  # most recent last
+    def bind(self, transport: GroupTransport, buffers: Mapping[str, Any]) -> GroupBinding:
+        """Views and persistent messages for these buffers, cached as the program caches its bindings."""
+        binding: GroupBinding = self.program.bind(
+            transport, buffers, make=lambda program, t, full: GroupBinding(program, self.lowering, t, full))
         return binding
 
     def free(self) -> None:
-        for binding in self._bindings.values():
-            binding.free()
-        self._bindings.clear()
+        self.program.free()
 
     def start(self, binding: GroupBinding, reduce: Callable[..., Any], deadline: float, *, join: bool = True,
               epilogue: Callable[[], None] | None = None) -> Any:
@@ -151,7 +143,7 @@ class Work:
     """
 
     def __init__(self, transport: GroupTransport, fence: Any, timeout: float,
-                 fail: Callable[[PeerFailure, float], CommunicatorError]) -> None:
+                 fail: Callable[[PeerFailure], CommunicatorError]) -> None:
         self._transport = transport
         self._fence = fence
         self._timeout = timeout
@@ -162,7 +154,7 @@ class Work:
         try:
             self._transport.join(self._fence)
         except PeerFailure as exc:
-            raise self._fail(exc, self._timeout) from None
+            raise self._fail(exc) from None
         return True
 
     def synchronize(self) -> None:
@@ -170,10 +162,10 @@ class Work:
         try:
             self._transport.wait(self._fence, time.monotonic() + self._timeout)
         except PeerFailure as exc:
-            raise self._fail(exc, self._timeout) from None
+            raise self._fail(exc) from None
 
     def is_completed(self) -> bool:
         try:
             return self._transport.query(self._fence)
         except PeerFailure as exc:
-            raise self._fail(exc, self._timeout) from None
+            raise self._fail(exc) from None

@@ -44,6 +44,9 @@ completes and its own group (or the kernel NCCL cut from it) is posted; its
 predecessors on the pair have completed; so it meets its partner.  The argument
 does not depend on where NCCL cuts a large group into several kernels, because
 NCCL cuts in an order (epoch, peer round) that both ends of a message share.
+The host side is safe for the same reason: the first time a pair is used, NCCL
+connects it inside ``ncclGroupEnd``, which waits for the peer to do the same;
+both ends do so in the same round, and every host passes its rounds in order.
 
 The lowering only reorders what the dependencies leave free: each operation
 starts after every operation it depends on has completed (stream order), and
@@ -107,7 +110,7 @@ class Lowering:
 
     @property
     def rounds(self) -> int:
-        """The last round: the lowered schedule's length in rounds (its critical path, one message per round)."""
+        """The last round: how many rounds the lowered schedule takes."""
         return max((g.round for r in self.ranks for g in r.groups), default=0)
 
     @property
@@ -162,15 +165,13 @@ def lower(schedule: Schedule, chunks_per_round: int = 1) -> Lowering:
     keys = message_keys(schedule)
     # one node per local operation and per message (a send and its receive share one)
     node: list[list[int]] = [[-1] * len(p) for p in programs]
-    is_message: list[bool] = []
-    size: list[int] = []
+    size: list[int] = []  # per node: the chunks a message moves (0 for a local operation)
     streams: dict[tuple[int, int, int], list[int]] = defaultdict(list)  # (sender, receiver, channel) -> nodes
     pending: dict[tuple[int, int, int, int], int] = {}  # a message's (sender, receiver, channel, seq) -> node
     for rank, program in enumerate(programs):
         for k, op in enumerate(program):
             if op.kind not in _P2P:
-                node[rank][k] = len(is_message)
-                is_message.append(False)
+                node[rank][k] = len(size)
                 size.append(0)
                 continue
             assert op.peer is not None
@@ -179,8 +180,7 @@ def lower(schedule: Schedule, chunks_per_round: int = 1) -> Lowering:
             key = (sender, receiver, channel, seq)
             other = pending.pop(key, None)
             if other is None:
-                other = pending[key] = len(is_message)
-                is_message.append(True)
+                other = pending[key] = len(size)
                 size.append(0)
                 streams[(sender, receiver, channel)].append(other)
             node[rank][k] = other
@@ -192,7 +192,7 @@ def lower(schedule: Schedule, chunks_per_round: int = 1) -> Lowering:
         raise CommunicatorError(
             f"cannot lower the schedule: message {seq} from rank {sender} to rank {receiver} on channel "
             f"{channel} has no partner", fix="verify the schedule with topocc verify")
-    n = len(is_message)
+    n = len(size)
     succ: list[list[int]] = [[] for _ in range(n)]  # dependencies: a node starts after its value
     for rank, program in enumerate(programs):
         mine = node[rank]
