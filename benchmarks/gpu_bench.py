@@ -31,8 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -159,23 +157,11 @@ def rank_env(rank: int, interface: str | None) -> dict[str, str]:
 
 def run_ranks(commands: Sequence[tuple[list[str], dict[str, str]]], limit: float) -> dict[str, Any]:
     """Start every rank, wait at most ``limit`` seconds, return rank 0's RESULT (or raise with the errors)."""
-    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True) for cmd, env in commands]
-    deadline = time.monotonic() + limit
-    outs = []
-    try:
-        for p in procs:
-            try:
-                outs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                outs.append(("", f"killed after {limit:g} s"))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.communicate()
-    lines = [line for line in outs[0][0].splitlines() if line.startswith("RESULT ")]
-    failed = [(r, p.returncode, err) for r, (p, (_, err)) in enumerate(zip(procs, outs)) if p.returncode != 0]
+    from runtime.launch import spawn_ranks
+
+    done = spawn_ranks(commands, limit_s=limit)
+    lines = [line for line in done[0].stdout.splitlines() if line.startswith("RESULT ")]
+    failed = [(r, p.returncode, p.stderr) for r, p in enumerate(done) if p.returncode != 0]
     if failed or not lines:
         detail = "; ".join(f"rank {r} exit {code}: {' | '.join(err.strip().splitlines()[-2:])}"
                            for r, code, err in failed[:4])

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
 
 from runtime.errors import CommunicatorError  # noqa: E402
+from runtime.launch import spawn_ranks  # noqa: E402
 
 SCRIPT = Path(__file__).parent / "mpi_scripts" / "torch_check.py"
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -29,20 +28,9 @@ def spawn(world: int, mode: str, tmp_path: Path, *extra: str, limit: float = 240
     """Run ``world`` ranks of the script; (exit code, stdout, stderr) per rank, all killed after ``limit`` s."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     init = f"file://{tmp_path / 'rendezvous'}"
-    procs = [subprocess.Popen([sys.executable, str(SCRIPT), str(r), str(world), init, mode, *extra],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                              start_new_session=True) for r in range(world)]
-    out = []
-    try:
-        for p in procs:
-            o, e = p.communicate(timeout=limit)
-            out.append((p.returncode, o, e))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.communicate()
-    return out
+    done = spawn_ranks([([sys.executable, str(SCRIPT), str(r), str(world), init, mode, *extra], env)
+                        for r in range(world)], limit_s=limit)
+    return [(p.returncode, p.stdout, p.stderr) for p in done]
 
 
 def result(outputs: list[tuple[int, str, str]]) -> dict:

@@ -18,6 +18,7 @@ from runtime.launch import find_mpiexec, run_schedule
 from tests.runtime.test_mpi import (
     ALL_DTYPES,
     ALL_OPS,
+    MORE_RANKS,
     S,
     assert_exact,
     check_all,
@@ -41,10 +42,7 @@ def test_every_collective_dtype_and_op_on_2_ranks(tmp_path: Path, group_bytes: s
     assert_exact(rows, expected(schedules, ALL_DTYPES, ALL_OPS, counts))
 
 
-@pytest.mark.parametrize(("ranks", "dtypes", "ops", "counts"), [
-    (3, ["float64", "int32", "int8"], ["sum", "min", "prod"], [1, 7, 1001]),
-    (4, ["float32", "float16", "int64", "uint8"], ["sum", "max", "avg"], [1, 7, 65537]),
-])
+@pytest.mark.parametrize(("ranks", "dtypes", "ops", "counts"), MORE_RANKS)
 def test_every_collective_on_more_ranks(tmp_path: Path, ranks: int, dtypes: list[str], ops: list[str],
                                         counts: list[int]) -> None:
     schedules = S.every_collective(ranks)

@@ -73,10 +73,14 @@ def test_every_collective_dtype_and_op_on_2_ranks(tmp_path: Path) -> None:
     assert {r["algorithm"] for r in rows} >= {"ring", "direct", "chain", "direct-scratch", "pairwise-src"}
 
 
-@pytest.mark.parametrize(("ranks", "dtypes", "ops", "counts"), [
+#: (ranks, dtypes, ops, elements per rank block) of the 3- and 4-rank checks
+MORE_RANKS = [
     (3, ["float64", "int32", "int8"], ["sum", "min", "prod"], [1, 7, 1001]),
     (4, ["float32", "float16", "int64", "uint8"], ["sum", "max", "avg"], [1, 7, 65537]),
-])
+]
+
+
+@pytest.mark.parametrize(("ranks", "dtypes", "ops", "counts"), MORE_RANKS)
 def test_every_collective_on_more_ranks(tmp_path: Path, ranks: int, dtypes: list[str], ops: list[str],
                                         counts: list[int]) -> None:
     schedules = S.every_collective(ranks)

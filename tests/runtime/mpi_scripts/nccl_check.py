@@ -26,8 +26,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -68,32 +66,15 @@ def _load(name: str) -> Any:
 
 def launch(mode: str, world: int, *args: str, limit: float = 300.0) -> Outputs:
     """Run ``world`` ranks of ``mode`` on this machine's GPU; every rank is killed if ``limit`` seconds pass."""
+    from runtime.launch import spawn_ranks
+
     with tempfile.TemporaryDirectory(prefix="topocc-nccl-") as tmp:
         store = str(Path(tmp) / "store")
-        procs = []
-        for r in range(world):
-            env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                   "NCCL_HOSTID": f"topocc-host{r}", "OMP_NUM_THREADS": "1"}
-            procs.append(subprocess.Popen([sys.executable, str(Path(__file__)), "rank", str(r), str(world), store,
-                                           mode, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                          env=env, start_new_session=True))
-        deadline = time.monotonic() + limit
-        out: Outputs = []
-        try:
-            for p in procs:
-                try:
-                    o, e = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    o, e = p.communicate()
-                    e += f"\n(killed after {limit:g} s)"
-                out.append((p.returncode, o, e))
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.communicate()
-    return out
+        pythonpath = str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
+        done = spawn_ranks([([sys.executable, str(Path(__file__)), "rank", str(r), str(world), store, mode, *args],
+                             {**os.environ, "PYTHONPATH": pythonpath, "NCCL_HOSTID": f"topocc-host{r}",
+                              "OMP_NUM_THREADS": "1"}) for r in range(world)], limit_s=limit)
+    return [(p.returncode, p.stdout, p.stderr) for p in done]
 
 
 def result(outputs: Outputs) -> dict[str, Any] | None:
