@@ -9,7 +9,7 @@ Without ``--plan`` the example compiles an allreduce plan for
 it.  It then trains the same seeded model on the same synthetic data five ways:
 
 1. plain DDP (gloo allreduce);
-2. DDP with :func:`runtime.torch_hook.topocc_allreduce_hook` (the compiled plan
+2. DDP with :func:`runtime.training.topocc_allreduce_hook` (the compiled plan
    over MPI): the loss curves of 1 and 2 must match to float tolerance;
 3. topocc blocks laid out like DDP's default buckets, update after all arrive;
 4. topocc blocks planned by ``planner.buckets`` (Prophet) from a profile of
@@ -46,7 +46,7 @@ if str(ROOT) not in sys.path:
 
 from runtime.communicator import Communicator  # noqa: E402
 from runtime.plan import load_plan, save_plan  # noqa: E402
-from runtime.torch_hook import (  # noqa: E402
+from runtime.training import (  # noqa: E402
     DASO,
     BlockScheduler,
     TopoccHookState,

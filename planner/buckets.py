@@ -1,6 +1,6 @@
 """Prophet-style gradient block planning: which gradients travel together, and in what order.
 
-Input: a :class:`~runtime.torch_hook.Profile` of one training iteration (each
+Input: a :class:`~runtime.training.profile.Profile` of one training iteration (each
 parameter's size and the moment its gradient is ready in backward, each
 layer's forward time) and an allreduce cost model (seconds for a block of B
 bytes, from the compiled plan's simulated times).  Output: a
@@ -51,7 +51,7 @@ from planner._yaml import YDict, YList, load_yaml
 from planner.errors import TopoccError, UsageError
 from planner.units import UnitError, format_bandwidth, format_size, format_time, parse_size, parse_time
 from runtime.plan import Plan
-from runtime.torch_hook import ParamProfile, Profile
+from runtime.training.profile import ParamProfile, Profile
 
 __all__ = [
     "DDP_BUCKET_BYTES",
@@ -458,7 +458,7 @@ def plan_buckets(profile: Profile, cost: Cost, *, chunk_bytes: Sequence[int] | N
 
 
 def bucket_plan_to_dict(plan: BucketPlan, profile: Profile | None = None) -> dict[str, Any]:
-    """JSON form read by :func:`runtime.torch_hook.load_block_plan`."""
+    """JSON form read by :func:`runtime.training.blocks.load_block_plan`."""
     return {
         "format": "topocc-bucket-plan",
         "version": 1,

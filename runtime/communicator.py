@@ -1,5 +1,11 @@
 """The public face of the runtime: a communicator that replays compiled schedules.
 
+Over a :class:`~runtime.transports.Transport` (MPI, gloo) it replays a rank's
+program as dataflow (``runtime.executor``); over a
+:class:`~runtime.transports.GroupTransport` (NCCL, or MPI with NCCL's
+semantics) it replays the schedule's lowering group by group
+(``runtime.lowering``, ``runtime.group_executor``).
+
 >>> comm = Communicator("schedules/ring_allreduce.json")      # doctest: +SKIP
 >>> comm.allreduce(grad)                                        # doctest: +SKIP
 
@@ -14,7 +20,9 @@ Failure behaviour
 * Everything else that goes wrong with a peer (it died, hangs, or runs a
   different schedule) ends in a ``timeout``: the rank raises a one-line
   CommunicatorError naming the peers it was still waiting for, and the
-  communicator refuses further calls.
+  communicator refuses further calls.  A stream-ordered transport (NCCL)
+  returns before the data has moved, so its watchdog finds the failure: the
+  same line goes to stderr at once, and the next call raises it.
 * At interpreter exit, a process whose communicator failed prints that line
   again and leaves with ``os._exit(5)`` instead of running ``MPI_Finalize``
   (which would wait forever for the dead peer); a healthy process first checks,
@@ -31,9 +39,10 @@ import atexit
 import contextlib
 import os
 import sys
+import time
 import weakref
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +55,11 @@ from runtime.executor import (
     block_elements,
     message_tag_space,
 )
+from runtime.group_executor import GroupProgram, Work
+from runtime.lowering import DEFAULT_GROUP_BYTES, RankLowering, chunks_per_round_for, lower
 from runtime.plan import Plan, as_plan, load_any
 from runtime.schedule import Schedule, dump_schedule
-from runtime.transports import Transport
+from runtime.transports import GroupTransport, PeerFailure, Transport
 
 __all__ = ["Communicator", "load_plan_source", "select_schedule"]
 
@@ -109,6 +120,9 @@ def _same_memory(ops: ArrayOps, a: Any, b: Any) -> bool:
     return ops.address(a) == ops.address(b) and a.nbytes == b.nbytes
 
 
+#: Message tags of a lowered replay name operations, never match messages: any range does.
+_GROUP_TAG_UB = (1 << 31) - 1
+
 #: One traced operation: (rank, call number, collective, algorithm, op index, kind, peer, channel, elements,
 #: start, end); times are ``time.perf_counter()`` seconds, one clock for every process of a machine.
 TraceRecord = tuple[int, int, str, str, int, str, int | None, int, int, float, float]
@@ -131,21 +145,29 @@ class Communicator:
     timeout:
         Seconds a call (or the set-up handshake) may wait for peers before failing.
     transport:
-        A ready :class:`~runtime.transports.Transport`, instead of MPI (for torch tensors:
-        :class:`~runtime.transports.torch_dist.TorchTransport`).  Its ``array_ops`` attribute, if any,
-        says how to allocate, copy and reduce its buffers (numpy by default).
+        A ready transport instead of MPI's.  A :class:`~runtime.transports.Transport` replays the
+        schedule as dataflow (gloo: :class:`~runtime.transports.gloo.GlooTransport`); a
+        :class:`~runtime.transports.GroupTransport` replays its lowering (:mod:`runtime.lowering`)
+        group by group (NCCL: :class:`~runtime.transports.nccl.NCCLTransport`;
+        :class:`~runtime.transports.mpi.MPIGroupTransport` runs the same on CPU).  Its ``array_ops``
+        attribute, if any, says how to allocate, copy and reduce its buffers (numpy by default).
+    group_bytes:
+        With a group transport: bytes each (sender, receiver, channel) stream carries per group, at
+        least (:func:`~runtime.lowering.chunks_per_round_for`); every rank must pass the same.
 
     >>> comm = Communicator("ring.json", timeout=10.0)   # doctest: +SKIP
     >>> x = comm.allreduce(np.ones(1001, np.float32))    # doctest: +SKIP
     """
 
     def __init__(self, source: PlanSource, mpi_comm: Any = None, *, fingerprint: str | None = None,
-                 timeout: float = 30.0, transport: Transport | None = None) -> None:
+                 timeout: float = 30.0, transport: Transport | GroupTransport | None = None,
+                 group_bytes: int = DEFAULT_GROUP_BYTES) -> None:
         if not timeout > 0:
             raise CommunicatorError(f"timeout must be positive, got {timeout}")
         self.timeout = float(timeout)
         self._closed = True
         self._failed: CommunicatorError | None = None
+        self._pending_failure: CommunicatorError | None = None  # found by a transport's watchdog thread
         self.plan = load_plan_source(source)
         if fingerprint is not None:
             for s in self.plan.schedules:
@@ -161,6 +183,10 @@ class Communicator:
 
             transport = MPITransport(mpi_comm)
         self.transport = transport
+        self.grouped = isinstance(transport, GroupTransport)
+        if not group_bytes > 0:
+            raise CommunicatorError(f"group_bytes must be positive, got {group_bytes}")
+        self.group_bytes = int(group_bytes)
         self.ops: ArrayOps = getattr(transport, "array_ops", None) or NUMPY_OPS
         self._trace: list[TraceRecord] | None = None
         self._calls = 0
@@ -173,10 +199,17 @@ class Communicator:
             )
         self._digests = {id(s): zlib.crc32(dump_schedule(s).encode()) for s in self.plan.schedules}
         self._channels = {id(s): message_tag_space(s) for s in self.plan.schedules}
-        self._programs: dict[tuple[int, str, int], Program] = {}
+        self._programs: dict[tuple[int, str, int], Program | GroupProgram] = {}
+        self._lowerings: dict[tuple[int, int], RankLowering] = {}
         digest = zlib.crc32(b"".join(d.to_bytes(4, "little") for d in self._digests.values()))
-        self._agree((0, digest, self.size), "construct the communicator",
-                    lambda r, v: f"rank {r} loaded a different schedule or plan than rank {self.rank}")
+        grouping = self.group_bytes if self.grouped else 0
+
+        def explain(r: int, theirs: tuple[int, ...]) -> str:
+            if theirs[1] != digest:
+                return f"rank {r} loaded a different schedule or plan than rank {self.rank}"
+            return f"rank {r} lowers with group_bytes={theirs[3]}, rank {self.rank} with {grouping}"
+
+        self._agree((0, digest, self.size, grouping), "construct the communicator", explain)
         self._closed = False
         _install_guard()
         _LIVE.add(self)
@@ -207,7 +240,7 @@ class Communicator:
                 raise self._fail(CommunicatorError(explain(r, row), where=f"rank {self.rank}",
                                                    fix="all ranks must call with the same schedule, dtype and size"))
 
-    def _program(self, schedule: Schedule, dtype: Any, block: int) -> Program:
+    def _program(self, schedule: Schedule, dtype: Any, block: int) -> Program | GroupProgram:
         name = self.ops.dtype_name(dtype)
         key = (id(schedule), name, block)
         program = self._programs.get(key)
@@ -222,12 +255,26 @@ class Communicator:
                         f"but {block} x {name} on rank {self.rank}")
 
             self._agree(mine, f"set up {schedule.collective} for {block} x {name}", explain)
-            program = Program(schedule, self.rank, dtype, block, tag_ub=self.transport.tag_ub,
+            tag_ub = _GROUP_TAG_UB if self.grouped else self.transport.tag_ub
+            program = Program(schedule, self.rank, dtype, block, tag_ub=tag_ub,
                               channels=self._channels[id(schedule)], ops=self.ops)
+            if self.grouped:  # numpy's and torch's dtypes both know their size
+                program = GroupProgram(program, self._lowering(schedule, program.layout.cap * dtype.itemsize))
             self._programs[key] = program
         return program
 
+    def _lowering(self, schedule: Schedule, chunk_bytes: int) -> RankLowering:
+        """This rank's groups of ``schedule`` for chunks of ``chunk_bytes`` (every rank derives the same)."""
+        cap = chunks_per_round_for(chunk_bytes, self.group_bytes)
+        key = (id(schedule), cap)
+        mine = self._lowerings.get(key)
+        if mine is None:
+            mine = self._lowerings[key] = lower(schedule, cap).ranks[self.rank]
+        return mine
+
     def _check(self, collective: str) -> None:
+        if self._failed is None and self._pending_failure is not None:
+            self._failed = self._pending_failure
         if self._failed is not None:
             raise CommunicatorError(f"the communicator failed earlier: {self._failed.message}",
                                     where=self._failed.where)
@@ -248,23 +295,58 @@ class Communicator:
                                     fix="use op='sum' and divide, or a float dtype")
         return reductions[op]
 
-    def _run(self, program: Program, buffers: dict[str, Any], op: str, count: int) -> None:
+    def _run(self, program: Program | GroupProgram, buffers: dict[str, Any], op: str, count: int, *,
+             async_op: bool = False, epilogue: Callable[[], None] | None = None) -> Work | None:
         s = program.schedule
         what = f"{s.collective} ({s.metadata.algorithm}, {count} x {self.ops.dtype_name(program.dtype)})"
+        reduce = self.ops.reductions.get(op, self.ops.reductions["sum"])
+        if isinstance(program, GroupProgram):
+            return self._run_groups(program, buffers, reduce, what, async_op, epilogue)
         events: list[tuple[int, float, float]] | None = [] if self._trace is not None else None
         try:
             binding = program.bind(self.transport, buffers)
-            program.run(binding, self.ops.reductions.get(op, self.ops.reductions["sum"]), self.timeout, what, events)
+            program.run(binding, reduce, self.timeout, what, events)
         except CommunicatorError as err:
             raise self._fail(err) from None
         self._calls += 1
         if events is not None and self._trace is not None:
             self._record(program, events)
+        if epilogue is not None:
+            epilogue()
+        return None
+
+    def _run_groups(self, program: GroupProgram, buffers: dict[str, Any], reduce: Any, what: str, async_op: bool,
+                    epilogue: Callable[[], None] | None) -> Work | None:
+        """The lowered replay: everything posted in order; the caller's stream (or a handle) waits for it."""
+        timeout = self.timeout
+
+        def failed(exc: PeerFailure) -> CommunicatorError:
+            return self._fail(program.failure(exc, timeout, what))
+
+        def failed_later(exc: PeerFailure) -> None:
+            """From a transport's watchdog: report now (one line on stderr), raise at the next call."""
+            err = program.failure(exc, timeout, what)
+            if self._pending_failure is None and self._failed is None:
+                self._pending_failure = err
+                _FAILURES.append(err)
+                os.write(2, f"topocc: {err.one_line()}\n".encode())
+
+        try:
+            binding = program.bind(self.transport, buffers)
+            fence = program.start(binding, reduce, time.monotonic() + timeout, join=not async_op, epilogue=epilogue)
+        except PeerFailure as exc:
+            raise failed(exc) from None
+        self.transport.watch(fence, failed_later)
+        self._calls += 1
+        return Work(self.transport, fence, timeout, failed) if async_op else None
 
     # ------------------------------------------------------------------ tracing
 
     def start_trace(self) -> None:
         """Record every later call's operations (start and end per op); off by default, and free when off."""
+        if self.grouped:
+            raise CommunicatorError(f"tracing records dataflow replays; the {self.transport.name} transport runs "
+                                    "whole groups", fix="trace with the MPI or gloo transport")
         self._trace = []
 
     def stop_trace(self) -> list[TraceRecord]:
@@ -304,21 +386,29 @@ class Communicator:
 
     # ------------------------------------------------------------------ collectives
 
-    def allreduce(self, array: Any, op: str = "sum") -> Any:
-        """Reduce ``array`` over all ranks, in place; returns ``array``.
+    def allreduce(self, array: Any, op: str = "sum", *, async_op: bool = False) -> Any:
+        """Reduce ``array`` over all ranks, in place; returns ``array``, or a :class:`Work` with ``async_op``.
 
         ``op`` is sum, prod, max, min or avg (avg sums, then divides once; refused for integers).
+
+        With a stream-ordered transport (NCCL) the call only enqueues, as ``torch.distributed.all_reduce``:
+        without ``async_op`` the caller's current CUDA stream is ordered after the collective; with it, the
+        returned :class:`~runtime.group_executor.Work` does that in ``wait()`` (``synchronize()`` blocks the
+        host).  Over MPI the call returns once the result is in ``array`` (and ``async_op`` returns a
+        completed Work with a group transport).
         """
         self._check("allreduce")
+        if async_op and not self.grouped:
+            raise CommunicatorError(f"async_op needs a group transport (NCCL); the {self.transport.name} transport "
+                                    "replays on the host", fix="call without async_op")
         a = self.ops.check(array, "allreduce buffer")
         schedule, program, _ = self._prepare("allreduce", a, None, op)
         buffers = {"o": a}
         if not schedule.inplace:
             buffers["i"] = self._inputs(program, a, aliased=True)
-        self._run(program, buffers, op, self.ops.count(a))
-        if op == "avg":
-            self.ops.divide(a, self.size)
-        return array
+        divide = (lambda: self.ops.divide(a, self.size)) if op == "avg" else None
+        work = self._run(program, buffers, op, self.ops.count(a), async_op=async_op, epilogue=divide)
+        return work if async_op else array
 
     def broadcast(self, array: Any) -> Any:
         """Copy the root's ``array`` to every rank, in place; returns ``array``."""
@@ -425,10 +515,16 @@ class Communicator:
         if self._closed:
             return
         self._closed = True
+        if self.grouped and self._failed is None and self._pending_failure is None:
+            # a stream-ordered transport may still be using the programs' buffers: finish before freeing them
+            try:
+                self.transport.wait(self.transport.fence(), time.monotonic() + self.timeout)
+            except PeerFailure as exc:
+                raise self._fail(CommunicatorError(f"closing: {exc}", where=f"rank {self.rank}")) from None
         for program in self._programs.values():
             program.free()
         self._programs.clear()
-        if self._failed is None:
+        if self._failed is None and self._pending_failure is None:
             close = getattr(self.transport, "close", None)
             if close is not None:
                 close()

@@ -29,7 +29,7 @@ import numpy as np
 
 from runtime.errors import CommunicatorError
 from runtime.schedule import Chunk, Schedule
-from runtime.transports import PeerFailure, Transport
+from runtime.transports import GroupTransport, PeerFailure, Transport
 
 __all__ = [
     "DTYPES",
@@ -399,7 +399,7 @@ class Program:
             if kind == RECV_REDUCE or (kind in (SEND, RECV) and len(pieces) > 1):
                 self.staging[k] = ops.empty(self.msg_len[k], dtype)
         self.scratch = ops.empty(schedule.scratch_chunks * layout.cap, dtype)
-        self._bindings: dict[tuple[int, ...], Binding] = {}
+        self._bindings: dict[tuple[int, ...], Any] = {}
         self._owned: dict[str, Any] = {}
 
     def owned(self, buffer: str) -> Any:
@@ -416,12 +416,17 @@ class Program:
         chunks = self.schedule.chunk_count(buffer)
         return self.layout.offset(chunks - 1) + self.layout.size(chunks - 1)
 
-    def bind(self, transport: Transport, buffers: Mapping[str, Any], cache: int = 4) -> Binding:
-        """Views and persistent requests for these buffers, reused while the same buffers come back."""
+    def bind(self, transport: Any, buffers: Mapping[str, Any], cache: int = 4,
+             make: Callable[[Program, Any, Mapping[str, Any]], Any] | None = None) -> Any:
+        """Views and persistent requests for these buffers, reused while the same buffers come back.
+
+        ``make(program, transport, buffers)`` builds a binding other than :class:`Binding` (the lowered
+        replay's); it must have ``free()``.
+        """
         key = tuple(self.ops.address(buffers[b]) if buffers.get(b) is not None else 0 for b in ("i", "o"))
         binding = self._bindings.pop(key, None)
         if binding is None:
-            binding = Binding(self, transport, {**buffers, "s": self.scratch})
+            binding = (make or Binding)(self, transport, {**buffers, "s": self.scratch})
             if len(self._bindings) >= cache:
                 oldest = next(iter(self._bindings))
                 self._bindings.pop(oldest).free()
@@ -487,7 +492,7 @@ class Program:
                 try:
                     transport.start(starting)
                 except PeerFailure as exc:
-                    raise self._failure(str(exc), active_ops, exc.peers, what) from None
+                    raise self.failure(str(exc), active_ops, exc.peers, what) from None
                 active.extend(starting)
                 starting = []
             if done == n:
@@ -495,10 +500,10 @@ class Program:
             try:
                 finished = test_some(active)
             except PeerFailure as exc:
-                raise self._failure(str(exc), active_ops, exc.peers, what) from None
+                raise self.failure(str(exc), active_ops, exc.peers, what) from None
             if not finished:
                 if time.monotonic() > deadline:
-                    raise self._failure(f"timed out after {timeout:g} s", active_ops, (), what)
+                    raise self.failure(f"timed out after {timeout:g} s", active_ops, (), what)
                 idle()  # let a peer sharing this core run (ranks often outnumber cores)
                 continue
             for j in finished:
@@ -525,7 +530,7 @@ class Program:
                 active = [r for j, r in enumerate(active) if j not in gone]
                 active_ops = [k for j, k in enumerate(active_ops) if j not in gone]
 
-    def _failure(self, reason: str, active_ops: Sequence[int], peers: Sequence[int], what: str) -> CommunicatorError:
+    def failure(self, reason: str, active_ops: Sequence[int], peers: Sequence[int], what: str) -> CommunicatorError:
         """One line naming the peers this rank was still waiting for."""
         waiting = sorted({p for k in active_ops if (p := self.peers[k]) is not None} | set(peers))
         detail = []
@@ -543,10 +548,16 @@ class Program:
 
 
 class Binding:
-    """Views of one set of buffers and the persistent requests on them (made once, started every call)."""
+    """Views of one set of buffers and the persistent requests on them (made once, started every call).
 
-    def __init__(self, program: Program, transport: Transport, buffers: Mapping[str, Any]) -> None:
+    ``tags`` replaces the program's message tags (a group transport names messages by operation index);
+    with ``skip_empty``, messages of no elements get no request (both ends know the sizes).
+    """
+
+    def __init__(self, program: Program, transport: Transport | GroupTransport, buffers: Mapping[str, Any], *,
+                 tags: Sequence[int] | None = None, skip_empty: bool = False) -> None:
         self.transport = transport
+        tags = program.tags if tags is None else tags
 
         def view(p: Piece) -> Any:
             return buffers[p[0]][p[1]:p[1] + p[2]]
@@ -565,8 +576,10 @@ class Binding:
             if kind in (COPY, REDUCE):
                 self.local[k] = [(view(d), view(s)) for s, d in pair_pieces(src, dst)]
                 continue
-            peer, tag = program.peers[k], program.tags[k]
+            peer, tag = program.peers[k], tags[k]
             assert peer is not None
+            if skip_empty and not program.msg_len[k]:
+                continue
             staged = [("@", 0, program.msg_len[k])]
             if kind == SEND:
                 if stage is None:

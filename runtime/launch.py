@@ -12,6 +12,7 @@ their error lines into one: which ranks, what, the fix.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -22,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -44,6 +45,7 @@ __all__ = [
     "launch_worker",
     "rank_list",
     "run_schedule",
+    "spawn_ranks",
     "summarize_failures",
     "trace_records",
     "write_trace",
@@ -91,6 +93,42 @@ def worker_env() -> dict[str, str]:
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
+
+
+def spawn_ranks(commands: Sequence[tuple[Sequence[str], Mapping[str, str]]], *, limit_s: float
+                ) -> list[subprocess.CompletedProcess[str]]:
+    """Start one process per rank (its command and environment) without ``mpiexec``; kill them all past ``limit_s``.
+
+    For ranks that meet through a store (NCCL, gloo).  Output goes to files, not pipes, so a rank
+    that writes much never blocks the others; each process leads its own session, so killing it
+    takes its children (``ip netns exec``'s included).  A killed rank's stderr ends with a line saying so.
+    """
+    with tempfile.TemporaryDirectory(prefix="topocc-ranks-") as tmp, contextlib.ExitStack() as files:
+        procs = []
+        outputs = []
+        try:
+            for r, (cmd, env) in enumerate(commands):
+                out, err = (files.enter_context(open(Path(tmp) / f"{r}.{kind}", "w+")) for kind in ("out", "err"))
+                outputs.append((out, err))
+                procs.append(subprocess.Popen(list(cmd), env=dict(env), stdout=out, stderr=err, text=True,
+                                              start_new_session=True))
+            deadline = time.monotonic() + limit_s
+            for p in procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        finally:
+            killed = [p for p in procs if p.poll() is None]
+            for p in killed:
+                os.killpg(p.pid, signal.SIGKILL)
+            for p in killed:
+                p.wait()
+        done = []
+        for p, (out, err) in zip(procs, outputs):
+            out.seek(0)
+            err.seek(0)
+            note = f"\ntopocc: killed after {limit_s:g} s\n" if p in killed else ""
+            done.append(subprocess.CompletedProcess(p.args, p.returncode, out.read(), err.read() + note))
+        return done
 
 
 def launch_worker(np: int, args: Sequence[str], *, limit_s: float, mpiexec: str | None = None,

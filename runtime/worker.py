@@ -324,6 +324,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fingerprint", default=None)
     p.add_argument("--gloo", default=None, metavar="HOST:PORT", help="also time torch gloo allreduce (bench)")
     p.add_argument("--trace", default=None, metavar="DIR", help="write one traced call per size (bench)")
+    p.add_argument("--lowered", action="store_true",
+                   help="replay the lowering group by group with NCCL's semantics (MPIGroupTransport)")
+    p.add_argument("--group-bytes", type=int, default=None, help="with --lowered: bytes per stream and group")
     p.add_argument("--die-rank", type=int, default=-1, help="testing: this rank dies ...")
     p.add_argument("--die-after", type=int, default=1, help="... after this many calls ...")
     p.add_argument("--die-how", choices=("exit", "kill"), default="exit", help="... by os._exit(9) or SIGKILL")
@@ -334,6 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one worker; returns the exit code."""
     args = parser().parse_args(argv)
     from runtime.communicator import Communicator
+    from runtime.lowering import DEFAULT_GROUP_BYTES
 
     rank = -1
     try:
@@ -341,7 +345,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.warmup is None:
             args.warmup = 0 if args.mode == "check" else 5
         for source in sources:
-            comm = Communicator(source, fingerprint=args.fingerprint, timeout=args.timeout)
+            transport = None
+            if args.lowered:
+                from runtime.transports.mpi import MPIGroupTransport
+
+                transport = MPIGroupTransport()
+            comm = Communicator(source, fingerprint=args.fingerprint, timeout=args.timeout, transport=transport,
+                                group_bytes=args.group_bytes or DEFAULT_GROUP_BYTES)
             rank = comm.rank
             if args.gloo and args.mode == "bench":
                 _init_gloo(comm, args.gloo, args.timeout)

@@ -1,6 +1,18 @@
-"""The MPI transport: mpi4py persistent requests on numpy (or CUDA-aware) buffers.
+"""The MPI transports: mpi4py persistent requests on numpy (or CUDA-aware) buffers.
 
-The transport works on a private duplicate of the caller's communicator, so its
+:class:`MPITransport` serves the dataflow executor (messages matched by tag,
+started one by one); :class:`MPIGroupTransport` serves the replay of a lowered
+schedule with NCCL's semantics, so that CI runs on CPU exactly what NCCL runs:
+every message carries the same tag, so MPI matches a pair's messages in the
+order they are posted (its non-overtaking rule), as NCCL does; a group's
+messages are started in issue order and waited for together before anything
+after them; and sends are *synchronous* (``MPI_Ssend_init``: a send completes
+only once its receive has started), NCCL's rendezvous.  A lowering whose
+groups did not line up across ranks would deadlock here (and fail after the
+timeout, naming the peers) or pair the wrong messages (and fail the result
+check), as it would on NCCL.
+
+Each transport works on a private duplicate of the caller's communicator, so its
 messages never match the application's, and sets ``MPI.ERRORS_RETURN`` on it,
 so a broken connection surfaces as an exception (turned into
 :class:`~runtime.transports.PeerFailure`) rather than aborting the job.
@@ -14,15 +26,16 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from runtime.transports import PeerFailure
+from runtime.transports import PeerFailure, PeerTimeout
 
-__all__ = ["MPITransport"]
+__all__ = ["MPIGroupTransport", "MPITransport"]
 
 #: MPI guarantees tags up to 32767; MPICH allows far more.
 _MIN_TAG_UB = 32767
@@ -120,6 +133,69 @@ class MPITransport:
         """Free the duplicated communicator (collective; only call when every rank is healthy)."""
         if not MPI.Is_finalized() and self.comm != MPI.COMM_NULL:
             self.comm.Free()
+
+
+@dataclass(slots=True)
+class _Message:
+    """A persistent request of the group transport, with what error messages name."""
+
+    request: Any
+    peer: int
+    tag: int
+
+
+class MPIGroupTransport(MPITransport):
+    """NCCL's group semantics over MPI (see the module notes): for the lowered replay, and its tests on CPU."""
+
+    name = "mpi-groups"
+
+    #: every message's MPI tag: matching goes by posting order per pair, as in NCCL
+    TAG = 0
+
+    def send_init(self, buf: Any, peer: int, tag: int) -> Any:
+        return _Message(self.comm.Ssend_init(_raw(buf), peer, self.TAG), peer, tag)
+
+    def recv_init(self, buf: Any, peer: int, tag: int) -> Any:
+        return _Message(self.comm.Recv_init(_raw(buf), peer, self.TAG), peer, tag)
+
+    def group(self, messages: Sequence[Any], deadline: float) -> None:
+        """Start the messages in issue order (MPI_Startall leaves the order open), then wait for all of them."""
+        requests = [m.request for m in messages]
+        try:
+            for req in requests:
+                req.Start()
+            while not MPI.Request.Testall(requests):
+                if time.monotonic() > deadline:
+                    pending = [m for m, req in zip(messages, requests) if not req.Test()]
+                    raise PeerTimeout(sorted({m.peer for m in pending}), [m.tag for m in pending])
+                os.sched_yield()  # let a peer sharing this core run (ranks often outnumber cores)
+        except MPI.Exception as exc:
+            raise PeerFailure(_describe(exc), sorted({m.peer for m in messages}),
+                              [m.tag for m in messages]) from None
+
+    @contextlib.contextmanager
+    def ordered(self, join: bool = True) -> Iterator[None]:
+        """Array operations on the host run in program order already."""
+        yield
+
+    def fence(self) -> None:
+        """Nothing to mark: :meth:`group` returns only once its messages have completed."""
+        return None
+
+    def query(self, fence: Any) -> bool:
+        return True
+
+    def join(self, fence: Any) -> None:
+        return None
+
+    def wait(self, fence: Any, deadline: float) -> None:
+        return None
+
+    def watch(self, fence: Any, on_failure: Callable[[PeerFailure], None]) -> None:
+        """Nothing to watch: a failure was raised by :meth:`group` already."""
+
+    def free(self, messages: Sequence[Any]) -> None:
+        super().free([m.request for m in messages])
 
 
 def _describe(exc: Any) -> str:

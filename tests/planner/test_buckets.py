@@ -24,7 +24,7 @@ from planner.buckets import (
     prophet_blocks,
     simulate_blocks,
 )
-from runtime.torch_hook import ParamProfile, Profile, load_block_plan
+from runtime.training import ParamProfile, Profile, load_block_plan
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "profile_example.yaml"

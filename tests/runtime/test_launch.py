@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import time
+
 import pytest
 
 from runtime.errors import UsageError
-from runtime.launch import bench_sizes, check_ranks, rank_list, summarize_failures
+from runtime.launch import bench_sizes, check_ranks, rank_list, spawn_ranks, summarize_failures
 
 FIX = " (fix: a peer died, hangs, or runs a different schedule; check its output)"
 
@@ -69,3 +73,16 @@ def test_a_size_without_a_whole_element_is_refused() -> None:
         bench_sizes("allreduce", 8, [1024, 2], "float32")
     with pytest.raises(UsageError, match=r"holds no float64 element for each of 8 ranks \(fix: .* at least 64 bytes"):
         bench_sizes("reducescatter", 8, [63], "float64")
+
+
+def test_spawned_ranks_report_and_a_straggler_is_killed() -> None:
+    """Each rank's output and exit code come back; one that outlives the limit is killed, and says so."""
+    env = dict(os.environ)
+    code = "import sys, time; print('rank', sys.argv[1]); sys.stdout.flush(); time.sleep(float(sys.argv[2]))"
+    start = time.monotonic()
+    done = spawn_ranks([([sys.executable, "-c", code, str(r), "60" if r == 1 else "0"], env) for r in range(3)],
+                       limit_s=2.0)
+    assert time.monotonic() - start < 30
+    assert [p.stdout for p in done] == ["rank 0\n", "rank 1\n", "rank 2\n"]
+    assert [p.returncode for p in done] == [0, -9, 0]
+    assert done[1].stderr.endswith("topocc: killed after 2 s\n") and not done[0].stderr

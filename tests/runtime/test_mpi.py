@@ -6,6 +6,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,11 +28,11 @@ ALL_OPS = ["sum", "prod", "max", "min", "avg"]
 
 
 def check_all(files: list[Path], np_: int, dtypes: list[str], ops: list[str], counts: list[int],
-              limit: float = 90) -> list[dict]:
-    """Run the worker on every file and return rank 0's rows; fail on any error line."""
+              limit: float = 90, extra: Sequence[str] = ()) -> list[dict]:
+    """Run the worker on every file (``extra``: more worker arguments) and return rank 0's rows."""
     cmd = [find_mpiexec(), "-disable-auto-cleanup", "-n", str(np_), *RANK_WRAPPER, sys.executable, "-m",
            "runtime.worker", "check", "--each", *map(str, files), "--data", "exact", "--timeout", "20",
-           "--repeat", "2", "--dtypes", *dtypes, "--ops", *ops, "--counts", *map(str, counts)]
+           "--repeat", "2", "--dtypes", *dtypes, "--ops", *ops, "--counts", *map(str, counts), *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -72,10 +73,14 @@ def test_every_collective_dtype_and_op_on_2_ranks(tmp_path: Path) -> None:
     assert {r["algorithm"] for r in rows} >= {"ring", "direct", "chain", "direct-scratch", "pairwise-src"}
 
 
-@pytest.mark.parametrize(("ranks", "dtypes", "ops", "counts"), [
+#: (ranks, dtypes, ops, elements per rank block) of the 3- and 4-rank checks
+MORE_RANKS = [
     (3, ["float64", "int32", "int8"], ["sum", "min", "prod"], [1, 7, 1001]),
     (4, ["float32", "float16", "int64", "uint8"], ["sum", "max", "avg"], [1, 7, 65537]),
-])
+]
+
+
+@pytest.mark.parametrize(("ranks", "dtypes", "ops", "counts"), MORE_RANKS)
 def test_every_collective_on_more_ranks(tmp_path: Path, ranks: int, dtypes: list[str], ops: list[str],
                                         counts: list[int]) -> None:
     schedules = S.every_collective(ranks)
@@ -90,35 +95,9 @@ def test_eight_ranks(tmp_path: Path) -> None:
     assert_exact(rows, expected(schedules, ["float32", "int8"], ["sum"], [1, 7, 1001]))
 
 
-TOPOLOGY = """
-name: tiny-2x2
-cluster:
-  hosts: 2
-  host:
-    gpus: 2
-    fabric: fully-connected
-    gpu_link: {bandwidth: 10 GB/s, latency: 1 us, kind: shm}
-    nics: 1
-    nic: {bandwidth: 100 Gbit/s, latency: 5 us, kind: ethernet}
-  network: {type: fat-tree, hosts_per_leaf: 2, spines: 1, latency: 5 us}
-"""
-
-
 def test_planner_algorithms_replay(tmp_path: Path) -> None:
     """Schedules from planner.algorithms (ring, tree, halving-doubling, direct, hierarchical) on 4 ranks."""
-    from planner.algorithms import ALGORITHMS, Options
-    from planner.errors import NotApplicableError
-    from planner.topology import parse_topology_text
-
-    topo = parse_topology_text(TOPOLOGY, "tiny-2x2")
-    schedules = {}
-    for name in ("ring", "tree", "halving-doubling", "direct", "hierarchical"):
-        for collective in ALGORITHMS[name].collectives:
-            try:
-                s = ALGORITHMS[name].load()(topo, collective, Options(size_bytes=1 << 16, pipeline=2))
-            except NotApplicableError:
-                continue
-            schedules[f"{name}-{collective}"] = s
+    schedules = S.planner_schedules()
     assert "ring-allreduce" in schedules and "direct-alltoall" in schedules
     ranks = next(iter(schedules.values())).ranks
     rows = check_all(save_verified(schedules, tmp_path), ranks, ["float32", "int32"], ["sum", "max"], [1, 7, 1001])

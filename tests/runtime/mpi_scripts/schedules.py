@@ -1,12 +1,15 @@
 """Small hand-written schedules of every collective, for the runtime's tests and benchmarks.
 
 Built with :class:`planner.builder.ScheduleBuilder` (which adds the data
-dependencies), so each is checked by ``planner.verify`` before the runtime sees it.
+dependencies), so each is checked by ``planner.verify`` before the runtime sees it;
+:func:`planner_schedules` adds the planner's own algorithms on a 4-rank topology.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import Sequence
 
 from planner.builder import ScheduleBuilder
 from runtime.schedule import Chunk, Metadata, Op, Schedule, build_schedule
@@ -157,3 +160,35 @@ def every_collective(n: int) -> dict[str, Schedule]:
     if n == 2:
         out["allreduce-pairwise-src"] = pairwise_allreduce_src()
     return out
+
+
+#: Two hosts of two ranks on a switch: every algorithm applies.
+TINY_2X2 = """
+name: tiny-2x2
+cluster:
+  hosts: 2
+  host:
+    gpus: 2
+    fabric: fully-connected
+    gpu_link: {bandwidth: 10 GB/s, latency: 1 us, kind: shm}
+    nics: 1
+    nic: {bandwidth: 100 Gbit/s, latency: 5 us, kind: ethernet}
+  network: {type: fat-tree, hosts_per_leaf: 2, spines: 1, latency: 5 us}
+"""
+
+
+def planner_schedules(algorithms: Sequence[str] = ("ring", "tree", "halving-doubling", "direct", "hierarchical"),
+                      size_bytes: int = 1 << 16) -> dict[str, Schedule]:
+    """Every collective each algorithm builds on :data:`TINY_2X2`, by ``algorithm-collective``."""
+    from planner.algorithms import ALGORITHMS, Options
+    from planner.errors import NotApplicableError
+    from planner.topology import parse_topology_text
+
+    topology = parse_topology_text(TINY_2X2, "tiny-2x2")
+    schedules = {}
+    for name in algorithms:
+        for collective in ALGORITHMS[name].collectives:
+            with contextlib.suppress(NotApplicableError):
+                schedules[f"{name}-{collective}"] = ALGORITHMS[name].load()(
+                    topology, collective, Options(size_bytes=size_bytes, pipeline=2))
+    return schedules

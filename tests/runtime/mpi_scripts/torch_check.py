@@ -1,8 +1,8 @@
-"""One rank of a torch.distributed replay check: every collective, dtype and op against a torch reference.
+"""One rank of a gloo replay check: every collective, dtype and op against a torch reference.
 
-Started by tests/runtime/test_torch_transport.py as ``python torch_check.py RANK WORLD INIT_METHOD MODE``
-(one process per rank).  Modes: ``check`` (gloo on CPU), ``nccl`` (one CUDA device per rank),
-``hang`` (rank 1 never calls: rank 0 must time out naming it), ``die`` (rank 1 exits mid-run).
+Started by tests/runtime/test_gloo.py as ``python torch_check.py RANK WORLD INIT_METHOD MODE``
+(one process per rank).  Modes: ``check`` (every collective), ``hang`` (rank 1 never calls: rank 0
+must time out naming it), ``die`` (rank 1 exits mid-run).
 Rank 0 prints one ``RESULT {json}`` line; failures print ``topocc: ...`` lines (the communicator's).
 """
 
@@ -25,7 +25,7 @@ import torch.distributed as dist
 from planner.verify import verify
 from runtime.communicator import Communicator
 from runtime.errors import CommunicatorError
-from runtime.transports.torch_dist import TorchTransport
+from runtime.transports.gloo import GlooTransport
 from runtime.worker import call, make_input
 
 _spec = importlib.util.spec_from_file_location("runtime_test_schedules", Path(__file__).with_name("schedules.py"))
@@ -63,11 +63,12 @@ def reference(collective: str, xs: list[torch.Tensor], rank: int, root: int, op:
     return total
 
 
-def check(rank: int, n: int, device: torch.device, dtypes: list[str], counts: list[int]) -> dict[str, Any]:
+def check(rank: int, n: int, dtypes: list[str], counts: list[int]) -> dict[str, Any]:
+    device = torch.device("cpu")
     cases, wrong, native_checked = 0, [], 0
     for name, schedule in S.every_collective(n).items():
         verify(schedule)
-        comm = Communicator(schedule, transport=TorchTransport(device=device, timeout=20.0), timeout=20.0)
+        comm = Communicator(schedule, transport=GlooTransport(timeout=20.0), timeout=20.0)
         c, root = schedule.collective, schedule.root or 0
         reducing = c in ("allreduce", "reduce", "reducescatter")
         for dtype in dtypes:
@@ -95,15 +96,11 @@ def check(rank: int, n: int, device: torch.device, dtypes: list[str], counts: li
 
 def main() -> int:
     rank, world, init, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    backend = "nccl" if mode == "nccl" else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-    device = torch.device("cuda", rank % torch.cuda.device_count()) if backend == "nccl" else torch.device("cpu")
-    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
-    if mode in ("check", "nccl"):
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    if mode == "check":
         dtypes = sys.argv[5].split(",")
         counts = [int(x) for x in sys.argv[6].split(",")]
-        result = check(rank, world, device, dtypes, counts)
+        result = check(rank, world, dtypes, counts)
         t = torch.tensor([len(result["wrong"])], dtype=torch.int64)
         dist.all_reduce(t)
         result["wrong_total"] = int(t.item())
@@ -112,7 +109,7 @@ def main() -> int:
         dist.destroy_process_group()
         return 0
     # failure modes: a 2-rank ring allreduce where rank 1 hangs or dies before its second call
-    comm = Communicator(S.ring_allreduce(world), transport=TorchTransport(timeout=2.0), timeout=2.0)
+    comm = Communicator(S.ring_allreduce(world), transport=GlooTransport(timeout=2.0), timeout=2.0)
     x = torch.ones(1 << 16)
     comm.allreduce(x)
     if rank == 1:

@@ -1,4 +1,4 @@
-"""The executor over torch.distributed: every collective vs a torch reference on gloo (CPU), failures, NCCL.
+"""The dataflow replay over gloo: every collective vs a torch reference on CPU tensors, and failures.
 
 Each test starts one process per rank (mpi_scripts/torch_check.py) that meet through a
 ``file://`` rendezvous in the test's temporary folder (no port to race for); gloo's pairs use
@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
 
 from runtime.errors import CommunicatorError  # noqa: E402
+from runtime.launch import spawn_ranks  # noqa: E402
 
 SCRIPT = Path(__file__).parent / "mpi_scripts" / "torch_check.py"
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -29,20 +28,9 @@ def spawn(world: int, mode: str, tmp_path: Path, *extra: str, limit: float = 240
     """Run ``world`` ranks of the script; (exit code, stdout, stderr) per rank, all killed after ``limit`` s."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     init = f"file://{tmp_path / 'rendezvous'}"
-    procs = [subprocess.Popen([sys.executable, str(SCRIPT), str(r), str(world), init, mode, *extra],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                              start_new_session=True) for r in range(world)]
-    out = []
-    try:
-        for p in procs:
-            o, e = p.communicate(timeout=limit)
-            out.append((p.returncode, o, e))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.communicate()
-    return out
+    done = spawn_ranks([([sys.executable, str(SCRIPT), str(r), str(world), init, mode, *extra], env)
+                        for r in range(world)], limit_s=limit)
+    return [(p.returncode, p.stdout, p.stderr) for p in done]
 
 
 def result(outputs: list[tuple[int, str, str]]) -> dict:
@@ -81,7 +69,7 @@ def test_a_failed_peer_gives_one_line_naming_it(tmp_path: Path, mode: str) -> No
 
 
 def test_torch_ops_refuse_what_they_cannot_replay() -> None:
-    from runtime.transports.torch_dist import TorchOps
+    from runtime.transports.torch_ops import TorchOps
 
     ops = TorchOps(torch.device("cpu"))
     with pytest.raises(CommunicatorError, match="torch tensor"):
@@ -96,14 +84,3 @@ def test_torch_ops_refuse_what_they_cannot_replay() -> None:
     ops.reductions["max"](a, b, out=a)
     assert a.tolist() == [3.0, 5.0] and a.dtype == torch.bfloat16
     assert ops.dtype_name(a.dtype) == "bfloat16" and ops.is_integer(torch.int8) and not ops.is_integer(a.dtype)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                    reason="the NCCL path needs at least 2 CUDA GPUs (one per rank; NCCL refuses two ranks on "
-                           "one GPU)")
-def test_every_collective_matches_torch_on_nccl(tmp_path: Path) -> None:
-    outputs = spawn(2, "nccl", tmp_path, "float32,bfloat16,float16,int32", "1,7,65537")
-    for code, _, err in outputs:
-        assert code == 0, err[-3000:]
-    res = result(outputs)
-    assert res["wrong_total"] == 0, res["wrong"]

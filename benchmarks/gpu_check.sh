@@ -1,0 +1,62 @@
+#!/bin/sh
+# The GPU session's one command: NCCL correctness on one GPU, then the benchmark tables (issue #10).
+#
+#   sh benchmarks/gpu_check.sh            (from anywhere; runs in the repository root)
+#
+# Needs on the machine: one CUDA GPU, python3 with torch, cupy (cupy.cuda.nccl), numpy, networkx, pyyaml;
+# no mpiexec (ranks meet through a FileStore), no ortools/pulp (nothing here compiles with a solver), no
+# pytest.  The emulated clusters need root and iproute2; where `tc` is missing, carry Debian's iproute2 in
+# .ipr (ignored by git): fetch it on a machine with apt and a network, in the repository root, and pass
+# carry=[".ipr"] with the device call that runs this script:
+#
+#   mkdir -p .ipr && (cd .ipr && apt-get download iproute2 libmnl0 libbpf1 libelf1 libcap2 libxtables12 \
+#     libtirpc3 libbsd0 libdb5.3 libtirpc-common libmd0 libcap2-bin)
+#
+# This script unpacks them into /tmp/ipr (never into /).  Steps (about 7 minutes on an H100 machine):
+#   1. tests/runtime/mpi_scripts/nccl_check.py suite: every collective x float32/bfloat16/float16/int32 x
+#      every op on 2, 3 and 4 ranks sharing the GPU (odd sizes, smallest and default groups), async_op,
+#      NCCL's own allreduce on the same data, the planner's algorithms, the DDP hook against plain DDP,
+#      a hung and a dead peer named in one line within the timeout;
+#   2. benchmarks/gpu_bench.py --probe: CuPy's NCCL vs torch's batch_isend_irecv per group, then
+#      topocc vs NCCL all-reduce at 1, 16, 64, 256 MiB: plain (4 ranks, loopback), emu-uniform, emu-racks.
+# Override with GPU_BENCH_ARGS (e.g. GPU_BENCH_ARGS="--sizes 1 16 64 --scale 0.02").  Exit status: 0 only
+# if every check passed and every configuration ran.
+set -u
+cd "$(dirname "$0")/.." || exit 2
+PY=${PYTHON:-python3}
+
+if ! command -v tc >/dev/null 2>&1 && [ -d .ipr ]; then
+    mkdir -p /tmp/ipr
+    for f in .ipr/*.deb; do dpkg -x "$f" /tmp/ipr; done
+    PATH=/tmp/ipr/sbin:/tmp/ipr/bin:/tmp/ipr/usr/sbin:/tmp/ipr/usr/bin:$PATH
+    LD_LIBRARY_PATH=/tmp/ipr/lib/x86_64-linux-gnu:/tmp/ipr/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export PATH LD_LIBRARY_PATH
+fi
+
+echo "== machine"
+"$PY" - <<'EOF'
+import os, torch
+print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), {torch.cuda.device_count()} GPU(s):",
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none", f"{os.cpu_count()} cores")
+try:
+    import cupy
+    from cupy.cuda import nccl
+    print(f"cupy {cupy.__version__}, NCCL {nccl.get_version()} (runtime), torch's NCCL {torch.cuda.nccl.version()}")
+except Exception as exc:
+    print(f"cupy.cuda.nccl unavailable: {exc}")
+EOF
+command -v tc >/dev/null 2>&1 && echo "iproute2: $(command -v tc)" || echo "iproute2: missing (the emulated configurations will fail)"
+
+status=0
+echo "== 1. correctness (tests/runtime/mpi_scripts/nccl_check.py suite)"
+start=$(date +%s)
+timeout 330 "$PY" tests/runtime/mpi_scripts/nccl_check.py suite || status=1
+echo "(correctness: $(( $(date +%s) - start )) s)"
+
+echo "== 2. benchmark (benchmarks/gpu_bench.py)"
+start=$(date +%s)
+# shellcheck disable=SC2086
+timeout 420 "$PY" benchmarks/gpu_bench.py --probe --json "${OUT:-/tmp}/gpu_bench.json" ${GPU_BENCH_ARGS:-} || status=1
+echo "(benchmark: $(( $(date +%s) - start )) s; rows in ${OUT:-/tmp}/gpu_bench.json)"
+echo "== gpu_check: $( [ $status = 0 ] && echo ok || echo FAILED )"
+exit $status

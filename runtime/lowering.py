@@ -1,0 +1,267 @@
+"""Lower a schedule into groups of sends and receives that NCCL can run without deadlock.
+
+NCCL runs a rank's calls in issue order on one CUDA stream; the sends and
+receives between ``ncclGroupStart``/``ncclGroupEnd`` progress together and the
+group ends when all of them have; a send may wait until its receive is posted;
+and the k-th send from rank a to rank b meets the k-th receive that b posts from
+a, whatever the schedule's channels.  The executor's dataflow replay (start an
+operation as soon as its dependencies complete, match by tag) cannot run there:
+each rank would batch what is ready into groups that its peers' groups do not
+mirror, and stall (issue #10).  So the schedule is lowered once, at set-up, into
+a sequence of groups per rank:
+
+* group ``g`` of a rank posts its sends and receives together, then (after they
+  complete) finishes its receives (unpacks staged messages, applies each
+  ``recv_reduce``'s reduction) and runs its local copies and reductions;
+* every group carries a *round*; both ends of every message sit in groups of the
+  same round, and a rank's groups come in increasing rounds (a rank skips the
+  rounds it has no part in; round 0 holds the local operations that need no
+  message);
+* the sends of a rank to one peer, and that peer's receives from it, are issued
+  in the same order: by round, then by the schedule's (channel, sequence
+  number), so NCCL's per-pair matching pairs exactly the messages the schedule
+  pairs.
+
+Rounds are assigned as soon as possible: a message goes in the first round
+after everything its send or its receive depends on (messages: their round;
+local operations: the round they run after), and a local operation right after
+the latest round it depends on.  One more rule keeps pipelining without
+degenerating to lock-step: each (sender, receiver, channel) stream takes its
+messages in order and carries at most ``chunks_per_round`` chunks per round (a
+message larger than that takes a round alone).  A pipelined chain then moves
+piece j over hop h in round ``h + j`` (a wavefront: every link busy), where
+plain as-soon-as-possible rounds would move the whole buffer hop by hop; a
+pipelined ring sends one piece per round and direction instead of one step's
+worth.  A large ``chunks_per_round`` trades pipelining for fewer, larger groups
+(what small messages want); :func:`chunks_per_round_for` picks it from a byte
+target per stream and round.
+
+Why it cannot deadlock (the checker, ``planner.verify_lowered``, proves it for
+each lowering): order messages by (round, position within their pair's
+sequence, NCCL's peer round).  Take the first message that never completes:
+every message before it completes, so on both of its ranks every earlier group
+completes and its own group (or the kernel NCCL cut from it) is posted; its
+predecessors on the pair have completed; so it meets its partner.  The argument
+does not depend on where NCCL cuts a large group into several kernels, because
+NCCL cuts in an order (epoch, peer round) that both ends of a message share.
+The host side is safe for the same reason: the first time a pair is used, NCCL
+connects it inside ``ncclGroupEnd``, which waits for the peer to do the same;
+both ends do so in the same round, and every host passes its rounds in order.
+
+The lowering only reorders what the dependencies leave free: each operation
+starts after every operation it depends on has completed (stream order), and
+operations in one group are unordered in the schedule too, so a race-free
+schedule computes the same values.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict, deque
+from dataclasses import dataclass
+
+from runtime.errors import CommunicatorError
+from runtime.schedule import Schedule
+
+__all__ = ["DEFAULT_GROUP_BYTES", "Group", "Lowering", "RankLowering", "chunks_per_round_for", "lower",
+           "message_keys"]
+
+#: Bytes a (sender, receiver, channel) stream carries per round at least, unless a message alone is larger:
+#: below it, NCCL's cost per group (a kernel launch and a handshake per peer, tens of microseconds over
+#: sockets) outweighs the pipelining that smaller groups buy.
+DEFAULT_GROUP_BYTES = 512 << 10
+
+_P2P = frozenset({"send", "recv", "recv_reduce"})
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """One NCCL group of a rank and what runs after it.
+
+    ``p2p`` are the indices of the sends and receives posted together, in issue
+    order; ``local`` the copies and reductions that run after the group's
+    receives are finished (unpacked, reduced), in this order.  A group with no
+    ``p2p`` (round 0) only runs local operations.
+    """
+
+    round: int
+    p2p: tuple[int, ...]
+    local: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RankLowering:
+    """One rank's groups, in execution order (increasing rounds)."""
+
+    groups: tuple[Group, ...]
+
+    @property
+    def p2p_groups(self) -> int:
+        """Groups that post sends or receives (NCCL groups)."""
+        return sum(1 for g in self.groups if g.p2p)
+
+
+@dataclass(frozen=True, slots=True)
+class Lowering:
+    """Every rank's groups, and the stream capacity they were cut with."""
+
+    ranks: tuple[RankLowering, ...]
+    chunks_per_round: int
+
+    @property
+    def rounds(self) -> int:
+        """The last round: how many rounds the lowered schedule takes."""
+        return max((g.round for r in self.ranks for g in r.groups), default=0)
+
+    @property
+    def max_groups(self) -> int:
+        """NCCL groups of the rank that has the most."""
+        return max((r.p2p_groups for r in self.ranks), default=0)
+
+
+def chunks_per_round_for(chunk_bytes: float, group_bytes: int = DEFAULT_GROUP_BYTES) -> int:
+    """Chunks a stream carries per round so that a round moves about ``group_bytes`` on it (at least 1)."""
+    if not chunk_bytes > 0:
+        return 1
+    return max(1, int(group_bytes // chunk_bytes))
+
+
+def message_keys(schedule: Schedule) -> list[list[tuple[int, int]]]:
+    """For every operation, its (channel, sequence number) on its (sender, receiver, channel) stream.
+
+    Local operations get ``(-1, -1)``.  The k-th send of a stream matches its k-th receive (the
+    schedule format's FIFO rule), so a key names a message identically on both of its ranks.
+    """
+    keys: list[list[tuple[int, int]]] = []
+    for program in schedule.programs:
+        counters: dict[tuple[bool, int, int], int] = defaultdict(int)
+        mine = []
+        for op in program:
+            if op.kind not in _P2P:
+                mine.append((-1, -1))
+                continue
+            assert op.peer is not None
+            stream = (op.kind == "send", op.peer, op.channel)
+            mine.append((op.channel, counters[stream]))
+            counters[stream] += 1
+        keys.append(mine)
+    return keys
+
+
+def lower(schedule: Schedule, chunks_per_round: int = 1) -> Lowering:
+    """Lower ``schedule`` into groups for every rank (see the module docstring).
+
+    Every rank computes the same lowering from the same schedule, so the ranks
+    agree on it without communicating.  Raises :class:`CommunicatorError` if the
+    schedule cannot be lowered (unmatched messages, or dependencies that wait
+    on themselves through messages: a schedule the verifier rejects).
+
+    >>> lowering = lower(schedule, chunks_per_round=4)   # doctest: +SKIP
+    >>> [len(g.p2p) for g in lowering.ranks[0].groups]   # doctest: +SKIP
+    """
+    if chunks_per_round < 1:
+        raise CommunicatorError(f"chunks_per_round must be at least 1, got {chunks_per_round}")
+    programs = schedule.programs
+    keys = message_keys(schedule)
+    # one node per local operation and per message (a send and its receive share one)
+    node: list[list[int]] = [[-1] * len(p) for p in programs]
+    size: list[int] = []  # per node: the chunks a message moves (0 for a local operation)
+    streams: dict[tuple[int, int, int], list[int]] = defaultdict(list)  # (sender, receiver, channel) -> nodes
+    pending: dict[tuple[int, int, int, int], int] = {}  # a message's (sender, receiver, channel, seq) -> node
+    for rank, program in enumerate(programs):
+        for k, op in enumerate(program):
+            if op.kind not in _P2P:
+                node[rank][k] = len(size)
+                size.append(0)
+                continue
+            assert op.peer is not None
+            channel, seq = keys[rank][k]
+            sender, receiver = (rank, op.peer) if op.kind == "send" else (op.peer, rank)
+            key = (sender, receiver, channel, seq)
+            other = pending.pop(key, None)
+            if other is None:
+                other = pending[key] = len(size)
+                size.append(0)
+                streams[(sender, receiver, channel)].append(other)
+            node[rank][k] = other
+            if op.kind == "send":
+                assert op.src is not None
+                size[other] = op.src.count
+    if pending:
+        sender, receiver, channel, seq = min(pending)
+        raise CommunicatorError(
+            f"cannot lower the schedule: message {seq} from rank {sender} to rank {receiver} on channel "
+            f"{channel} has no partner", fix="verify the schedule with topocc verify")
+    n = len(size)
+    succ: list[list[int]] = [[] for _ in range(n)]  # dependencies: a node starts after its value
+    for rank, program in enumerate(programs):
+        mine = node[rank]
+        for k, op in enumerate(program):
+            for d in op.deps:
+                succ[mine[d]].append(mine[k])
+    follower = [-1] * n  # the next message of the same stream, placed after this one
+    for members in streams.values():
+        for a, b in itertools.pairwise(members):
+            follower[a] = b
+    indegree = [0] * n
+    for i in range(n):
+        for t in succ[i]:
+            indegree[t] += 1
+        if follower[i] >= 0:
+            indegree[follower[i]] += 1
+    # a message's value is its round, a local operation's the round it runs after; ``after[i]`` is the
+    # largest value among node i's dependencies, and a stream's state its last round and the chunks used there
+    value = [0] * n
+    after = [0] * n
+    state: dict[tuple[int, int, int], tuple[int, int]] = {}
+    stream_of: list[tuple[int, int, int] | None] = [None] * n
+    for stream, members in streams.items():
+        for m in members:
+            stream_of[m] = stream
+    ready = deque(i for i in range(n) if indegree[i] == 0)
+    done = 0
+    while ready:
+        i = ready.popleft()
+        done += 1
+        stream = stream_of[i]
+        if stream is None:
+            value[i] = after[i]
+        else:
+            earliest = after[i] + 1
+            last, used = state.get(stream, (0, 0))
+            if earliest > last:
+                value[i], used = earliest, size[i]
+            elif used + size[i] <= chunks_per_round:
+                value[i], used = last, used + size[i]
+            else:
+                value[i], used = last + 1, size[i]
+            state[stream] = (value[i], used)
+            nxt = follower[i]
+            if nxt >= 0:
+                indegree[nxt] -= 1
+                if indegree[nxt] == 0:
+                    ready.append(nxt)
+        for t in succ[i]:
+            if value[i] > after[t]:
+                after[t] = value[i]
+            indegree[t] -= 1
+            if indegree[t] == 0:
+                ready.append(t)
+    if done != n:
+        raise CommunicatorError("cannot lower the schedule: its dependencies wait on themselves through messages",
+                                fix="verify the schedule with topocc verify")
+    ranks = []
+    for rank, program in enumerate(programs):
+        mine = node[rank]
+        p2p: dict[int, list[int]] = defaultdict(list)
+        local: dict[int, list[int]] = defaultdict(list)
+        for k, op in enumerate(program):
+            (p2p if op.kind in _P2P else local)[value[mine[k]]].append(k)
+        groups = []
+        rank_keys = keys[rank]
+        for r in sorted(p2p.keys() | local.keys()):
+            issued = sorted(p2p.get(r, ()), key=lambda k: (program[k].peer, rank_keys[k], program[k].kind == "send"))
+            groups.append(Group(r, tuple(issued), tuple(local.get(r, ()))))
+        ranks.append(RankLowering(tuple(groups)))
+    return Lowering(tuple(ranks), chunks_per_round)
+

@@ -1,0 +1,107 @@
+"""A DistributedDataParallel communication hook that averages each gradient bucket with a compiled plan.
+
+``model.register_comm_hook(TopoccHookState(plan), topocc_allreduce_hook)``:
+every DDP bucket is averaged with the plan's schedule for the bucket's byte
+size, through one :class:`~runtime.communicator.Communicator`.  Its transport
+decides the device: MPI (the default) averages CPU buckets in place through a
+numpy view, with no copy; :class:`~runtime.transports.nccl.NCCLTransport`
+averages CUDA buckets with the lowered replay, enqueued on NCCL's stream with
+DDP's stream ordered after it, as DDP's own NCCL allreduce is;
+:class:`~runtime.transports.gloo.GlooTransport` averages CPU tensors over gloo.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from runtime.communicator import Communicator, PlanSource, load_plan_source
+from runtime.errors import CommunicatorError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["TopoccHookState", "topocc_allreduce_hook"]
+
+
+class TopoccHookState:
+    """State for :func:`topocc_allreduce_hook`: the plan and the communicator that replays it.
+
+    Parameters
+    ----------
+    plan_or_path:
+        A plan or schedule file, a :class:`~runtime.plan.Plan` or a schedule
+        (anything :class:`~runtime.communicator.Communicator` accepts).
+    mpi_comm:
+        The mpi4py communicator (default ``COMM_WORLD``) when no ``transport`` is given; its rank
+        order must be the process group's.
+    timeout:
+        Seconds a collective may wait for peers.
+    transport:
+        The communicator's transport: ``NCCLTransport(...)`` for CUDA buckets, ``GlooTransport(...)``
+        for CPU tensors over gloo; default MPI on CPU buckets.
+
+    Construction is collective (a handshake checks that every rank loaded the
+    same plan), so build it on every rank.
+
+    >>> state = TopoccHookState("plan.json", transport=NCCLTransport())   # doctest: +SKIP
+    >>> ddp.register_comm_hook(state, topocc_allreduce_hook)                # doctest: +SKIP
+    """
+
+    def __init__(self, plan_or_path: PlanSource, *, mpi_comm: Any = None, timeout: float = 60.0,
+                 transport: Any = None) -> None:
+        self.plan = load_plan_source(plan_or_path)
+        if self.plan.collective != "allreduce":
+            raise CommunicatorError(f"the DDP hook needs an allreduce plan, got {self.plan.collective}")
+        self.timeout = timeout
+        self.comm = Communicator(self.plan, mpi_comm, timeout=timeout, transport=transport)
+        self._tensors = self.comm.ops.name == "torch"  # else numpy: CPU buckets through a numpy view
+        self.calls = 0
+        self.bytes = 0
+
+    @property
+    def world_size(self) -> int:
+        return self.plan.ranks
+
+    def allreduce_avg_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Average a contiguous tensor over all ranks in place (DDP's semantics: sum, then divide by size).
+
+        On CUDA (NCCL) this only enqueues: the caller's current stream is ordered after the average.
+        """
+        flat = tensor.view(-1)
+        self.calls += 1
+        self.bytes += flat.numel() * flat.element_size()
+        if self._tensors:
+            self.comm.allreduce(flat.detach(), op="avg")
+        elif flat.is_cuda:
+            raise CommunicatorError(f"a CUDA bucket reached the {self.comm.transport.name} transport, which "
+                                    "replays on the host", fix="build the hook state with transport=NCCLTransport()")
+        else:
+            self.comm.allreduce(flat.detach().numpy(), op="avg")
+        return tensor
+
+    def close(self) -> None:
+        """Release the communicator (collective)."""
+        self.comm.close()
+
+
+def topocc_allreduce_hook(state: TopoccHookState, bucket):  # type: ignore[no-untyped-def]
+    """DDP communication hook: average the bucket with the compiled plan; returns a completed future.
+
+    ``bucket`` is a ``torch.distributed.GradBucket``; the result a
+    ``torch.futures.Future[torch.Tensor]``.  Neither is annotated because DDP's
+    ``register_comm_hook`` compares the annotations with the real classes, and
+    this module defers annotations (torch is imported lazily).
+
+    The plan's schedule is chosen by the bucket's byte size.  On the host the
+    average is computed inside the hook (DDP calls hooks as buckets fill during
+    backward, so later buckets still overlap with the rest of backward); on CUDA
+    it is enqueued and the current stream, on which DDP reads the result,
+    waits for it.
+    """
+    import torch
+
+    tensor = bucket.buffer()
+    state.allreduce_avg_(tensor)
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(tensor)
+    return fut

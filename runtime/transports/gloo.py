@@ -1,0 +1,235 @@
+"""The gloo transport: the dataflow replay on CPU torch tensors, point-to-point over torch.distributed's gloo.
+
+The executor replays a schedule on torch tensors exactly as on numpy arrays;
+this module supplies :class:`GlooTransport` (``isend``/``irecv`` on a private
+process group) and uses :class:`~runtime.transports.torch_ops.TorchOps` for
+allocation, copies and reductions (bfloat16 included).
+
+gloo matches messages by (peer, tag), so any issue order works.  Its
+point-to-point ``Work`` objects cannot be polled (``is_completed()`` stays False
+until ``wait()``), so each started message is waited on by a daemon thread that
+flags it done; the executor's loop sees the flag.  CUDA tensors go through NCCL
+instead, with the lowered replay (``nccl.py``).
+
+Timeouts: the process group gets a gloo timeout well above the communicator's,
+so the executor's deadline fires first and fails with its one-line
+:class:`~runtime.errors.CommunicatorError` naming the peer.
+
+>>> dist.init_process_group("gloo", init_method="tcp://10.0.0.1:29500", rank=r, world_size=n)  # doctest: +SKIP
+>>> comm = Communicator("ring.json", transport=GlooTransport(timeout=30.0))                    # doctest: +SKIP
+>>> comm.allreduce(torch.ones(1001, dtype=torch.bfloat16))                                      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import threading
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from runtime.errors import CommunicatorError
+from runtime.transports import PeerFailure
+from runtime.transports.torch_ops import TorchOps
+
+__all__ = ["GlooTransport"]
+
+#: gloo tags are 32-bit; stay well inside.
+TAG_UB = (1 << 24) - 1
+#: The process group's own timeout is this many times the communicator's (and at least a minute).
+BACKEND_TIMEOUT_FACTOR = 4.0
+
+_IDLE, _ACTIVE, _DONE, _FAILED = range(4)
+
+
+class _Request:
+    """One persistent message: a byte view of its buffer, the peer (group rank), tag, direction and state."""
+
+    __slots__ = ("buf", "error", "peer", "send", "state", "tag", "work")
+
+    def __init__(self, buf: torch.Tensor, peer: int, tag: int, send: bool) -> None:
+        self.buf = buf
+        self.peer = peer
+        self.tag = tag
+        self.send = send
+        self.work: Any = None
+        self.state = _IDLE
+        self.error = ""
+
+
+class _Waiters:
+    """Daemon threads blocking in gloo's ``Work.wait()``: at least one per outstanding message, reused."""
+
+    def __init__(self, wake: threading.Event) -> None:
+        self._jobs: queue.SimpleQueue[_Request] = queue.SimpleQueue()
+        self._idle = 0
+        self._lock = threading.Lock()
+        self._wake = wake
+
+    def submit(self, req: _Request) -> None:
+        with self._lock:
+            spawn = self._idle == 0
+            if not spawn:
+                self._idle -= 1
+        if spawn:
+            threading.Thread(target=self._loop, name="topocc-gloo-wait", daemon=True).start()
+        self._jobs.put(req)
+
+    def _loop(self) -> None:
+        while True:
+            req = self._jobs.get()
+            try:
+                req.work.wait()
+                req.state = _DONE
+            except Exception as exc:  # gloo reports a lost peer as RuntimeError; keep its first line
+                req.error = _first_line(exc)
+                req.state = _FAILED
+            self._wake.set()
+            with self._lock:
+                self._idle += 1
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's message in one short line (gloo prefixes ``[file.cc:LINE]`` and adds advice)."""
+    text = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).strip()) or type(exc).__name__
+    return text.splitlines()[0].split(". ")[0][:160]
+
+
+def _byte_view(buf: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes (gloo then moves any dtype, bfloat16 included, unchanged)."""
+    return buf.view(torch.uint8) if buf.numel() else buf
+
+
+class GlooTransport:
+    """Point-to-point and small collectives over torch.distributed's gloo, on CPU tensors.
+
+    Parameters
+    ----------
+    group:
+        The process group to run on (default: the world); a private gloo group over the same ranks
+        is made from it, so the runtime's messages never meet the application's.  Collective: every
+        rank of the world must construct the transport (``torch.distributed.new_group``).
+    timeout:
+        The communicator's timeout, used to set gloo's own (longer) timeout.
+    """
+
+    name = "gloo"
+
+    def __init__(self, group: Any = None, *, timeout: float = 30.0) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise CommunicatorError("torch.distributed is not initialized",
+                                    fix="call torch.distributed.init_process_group(...) first")
+        self.device = torch.device("cpu")
+        self.ranks: list[int] = (dist.get_process_group_ranks(group) if group is not None
+                                 else list(range(dist.get_world_size())))
+        pg_timeout = timedelta(seconds=max(60.0, BACKEND_TIMEOUT_FACTOR * timeout))
+        self.group = dist.new_group(self.ranks, timeout=pg_timeout, backend="gloo")
+        self.rank = dist.get_rank(self.group)
+        self.size = len(self.ranks)
+        self.tag_ub = TAG_UB
+        self.array_ops = TorchOps(self.device)
+        self._wake = threading.Event()
+        self._waiters = _Waiters(self._wake)
+
+    # ------------------------------------------------------------------ point-to-point
+
+    def send_init(self, buf: Any, peer: int, tag: int) -> Any:
+        return _Request(_byte_view(buf), peer, tag, True)
+
+    def recv_init(self, buf: Any, peer: int, tag: int) -> Any:
+        return _Request(_byte_view(buf), peer, tag, False)
+
+    def _issue(self, req: _Request) -> None:
+        peer = self.ranks[req.peer]
+        try:
+            if req.send:
+                req.work = dist.isend(req.buf, dst=peer, group=self.group, tag=req.tag)
+            else:
+                req.work = dist.irecv(req.buf, src=peer, group=self.group, tag=req.tag)
+        except Exception as exc:
+            raise PeerFailure(f"gloo: {_first_line(exc)}", [req.peer]) from None
+        self._waiters.submit(req)
+
+    def start(self, requests: list[Any]) -> None:
+        for req in requests:
+            if not req.buf.numel():  # both sides know the sizes: nothing to move
+                req.state = _DONE
+                continue
+            req.state = _ACTIVE
+            req.work = None
+            self._issue(req)
+
+    def test_some(self, requests: list[Any]) -> list[int]:
+        finished = [j for j, req in enumerate(requests) if req.state >= _DONE]
+        if not finished:
+            self._wake.wait(0.001)  # a waiter thread sets it on any completion
+            self._wake.clear()
+            finished = [j for j, req in enumerate(requests) if req.state >= _DONE]
+        failed = [requests[j] for j in finished if requests[j].state == _FAILED]
+        if failed:
+            raise PeerFailure(f"gloo: {failed[0].error}", [r.peer for r in failed])
+        return finished
+
+    def free(self, requests: Sequence[Any]) -> None:
+        for req in requests:
+            req.work = None
+
+    # ------------------------------------------------------------------ small collectives
+
+    def _within(self, work: Any, timeout: float) -> bool:
+        """Poll a collective's work until it completes (True) or ``timeout`` passes (False)."""
+        deadline = time.monotonic() + timeout
+        while not work.is_completed():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.0002)
+        try:
+            work.wait()
+        except Exception as exc:
+            raise PeerFailure(f"gloo: {_first_line(exc)}") from None
+        return True
+
+    def allgather_ints(self, values: Sequence[int], timeout: float) -> list[tuple[int, ...]] | None:
+        mine = torch.tensor(list(values), dtype=torch.int64, device=self.device)
+        rows = [torch.empty_like(mine) for _ in range(self.size)]
+        if not self._within(dist.all_gather(rows, mine, group=self.group, async_op=True), timeout):
+            return None
+        return [tuple(int(v) for v in row.tolist()) for row in rows]
+
+    def barrier(self, timeout: float) -> bool:
+        token = torch.zeros(1, dtype=torch.int32, device=self.device)
+        return self._within(dist.all_reduce(token, group=self.group, async_op=True), timeout)
+
+    def max_float(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return float(t.item())
+
+    def native(self, collective: str, send: Any, recv: Any, op: str, root: int) -> None:
+        """gloo's own collective of the same kind (benchmark baseline): blocking."""
+        rop = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
+               "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
+        g, r = self.group, self.ranks[root]
+        if collective == "allreduce":
+            dist.all_reduce(recv, op=rop, group=g)
+        elif collective == "reduce":
+            dist.reduce(send, r, op=rop, group=g)
+        elif collective == "broadcast":
+            dist.broadcast(recv, r, group=g)
+        elif collective == "allgather":
+            dist.all_gather(list(recv.chunk(self.size)), send, group=g)
+        elif collective == "reducescatter":
+            dist.reduce_scatter_tensor(recv, send, op=rop, group=g)
+        elif collective == "alltoall":
+            dist.all_to_all_single(recv, send, group=g)
+        else:
+            raise ValueError(collective)
+
+    def close(self) -> None:
+        """Destroy the private process group (call on every rank, while healthy)."""
+        dist.destroy_process_group(self.group)

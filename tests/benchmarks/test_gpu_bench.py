@@ -1,0 +1,70 @@
+"""benchmarks/gpu_bench.py without a GPU: its arguments, its tables, and a whole run on CPU tensors over gloo.
+
+The run is the GPU benchmark with the transport swapped (``--backend gloo``): the same proof of the schedule
+and its lowering, launch through a FileStore, per-rank timing, rank 0's report and the table; as root, also
+inside an emulated cluster (a namespace per host, shaped links), as the GPU run does.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.emulation import emulation_available
+from tests.conftest import REPO
+
+pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
+
+_spec = importlib.util.spec_from_file_location("gpu_bench", REPO / "benchmarks" / "gpu_bench.py")
+B = importlib.util.module_from_spec(_spec)
+sys.modules["gpu_bench"] = B  # its dataclasses look their module up there
+_spec.loader.exec_module(B)  # type: ignore[union-attr]
+
+
+def test_arguments() -> None:
+    args = B.parse_args([])
+    assert args.configs == ["plain", "emu-uniform", "emu-racks"] and args.sizes == [1, 16, 64, 256]
+    assert args.backend == "nccl" and args.scale == B.DEFAULT_SCALE
+    for bad in (["--ranks", "1"], ["--sizes", "0"], ["--scale", "0"], ["--configs", "dgx1"]):
+        with pytest.raises(SystemExit):
+            B.parse_args(bad)
+
+
+def test_table() -> None:
+    rows = [B.Row("plain", 1 << 20, "ring", 6, 0.012, 0.010, None, 2.4e-7, 5),
+            B.Row("emu-racks", 256 << 20, "hierarchical", 71, 6.0, 9.0, 5.8, 1e-6, 1)]
+    text = B.format_table(rows, "title")
+    lines = text.splitlines()
+    assert lines[0] == "# title" and "native(ms)" in lines[1] and "predicted(ms)" in lines[1]
+    assert "1 MiB" in lines[2] and "12.0" in lines[2] and "1.20" in lines[2] and "n/a" in lines[2]
+    assert "256 MiB" in lines[3] and "0.67" in lines[3] and "5800.0" in lines[3] and "1.03x" in lines[3]
+    assert B.format_probe([{"bytes": 65536, "cupy_us": 40.0, "torch_us": None}]).endswith("n/a")
+
+
+def run(tmp_path: Path, config: str, ranks: int) -> list[dict]:
+    out = tmp_path / "rows.json"
+    status = B.main(["--backend", "gloo", "--configs", config, "--ranks", str(ranks), "--sizes", "1",
+                     "--budget", "0.2", "--max-iters", "2", "--json", str(out)])
+    assert status == 0
+    return json.loads(out.read_text())
+
+
+def test_a_plain_run_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = run(tmp_path, "plain", 3)
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["size"] == 1 << 20 and row["algorithm"] == "ring" and row["groups"] >= 4
+    assert row["time_s"] > 0 and row["native_s"] > 0 and row["predicted_s"] is None
+    assert row["max_error"] < 1e-5 and 1 <= row["iters"] <= 2
+    assert "3 ranks on one GPU over loopback sockets" in capsys.readouterr().out
+
+
+@pytest.mark.root
+@pytest.mark.skipif(emulation_available() is not None, reason=str(emulation_available()))
+def test_an_emulated_run_on_cpu(tmp_path: Path) -> None:
+    rows = run(tmp_path, "emu-uniform", 2)
+    assert rows[0]["algorithm"] == "hierarchical" and rows[0]["predicted_s"] > 0 and rows[0]["max_error"] < 1e-5

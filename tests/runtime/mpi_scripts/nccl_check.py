@@ -1,0 +1,287 @@
+"""The NCCL checks on one GPU: a launcher, one rank's work, and the verdict on what the ranks reported.
+
+``python nccl_check.py run MODE WORLD [ARGS]`` starts WORLD copies of this script (``... rank R WORLD STORE
+MODE [ARGS]``), all on the current GPU, each with its own ``NCCL_HOSTID`` (NCCL then treats them as hosts
+and connects them through sockets), their control plane a ``torch.distributed.FileStore`` (no ``mpiexec``);
+it prints the verdict and exits non-zero on any problem.  ``python nccl_check.py suite`` runs every case of
+:data:`SUITE`: tests/runtime/test_nccl.py runs the same cases under pytest, benchmarks/gpu_check.sh without.
+
+Modes:
+
+* ``check DTYPES COUNTS GROUP_BYTES``: every collective of ``schedules.py`` (their lowerings are proved on
+  CPU by tests/planner/test_verify_lowered.py), every op, twice per case (the second reuses the binding),
+  plus ``async_op=True`` and NCCL's own allreduce on the same communicator, against torch references;
+* ``planner``: the planner's algorithms on a 4-rank topology, float32 and bfloat16;
+* ``ddp`` (4 ranks): DDP with the hook over our NCCL transport (the planner's hierarchical all-reduce on a
+  2 x 2 topology, built identically by every rank) against plain DDP over torch's NCCL;
+* ``hang`` / ``die`` (2 ranks): rank 1 stops answering (sleeps, or exits) before the second allreduce;
+  rank 0 must fail within the timeout with ``topocc:`` lines naming it.
+
+Rank 0 prints one ``RESULT {json}`` line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+#: the failure modes' communicator timeout
+FAIL_TIMEOUT_S = 3.0
+_DTYPES = "float32,bfloat16,float16,int32"
+_COUNTS = "1,7,65537"  # one element, a tail shorter than the chunks, a size that does not divide
+
+#: The GPU suite, (mode, ranks, arguments): every collective on 2-4 ranks with the smallest groups (one chunk
+#: per stream and group) and the default ones, the planner's algorithms, DDP, a hung and a dead peer.
+SUITE: tuple[tuple[str, int, tuple[str, ...]], ...] = (
+    ("check", 2, (_DTYPES, _COUNTS, "1")),
+    ("check", 3, (_DTYPES, _COUNTS, str(512 << 10))),
+    ("check", 4, (_DTYPES, _COUNTS, "1")),
+    ("planner", 4, ()),
+    ("ddp", 4, ()),
+    ("hang", 2, ()),
+    ("die", 2, ()),
+)
+
+Outputs = list[tuple[int, str, str]]  # (exit code, stdout, stderr) per rank
+
+
+def _load(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"runtime_test_{name}", HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+# --------------------------------------------------------------------------- the launcher and the verdict
+
+
+def launch(mode: str, world: int, *args: str, limit: float = 300.0) -> Outputs:
+    """Run ``world`` ranks of ``mode`` on this machine's GPU; every rank is killed if ``limit`` seconds pass."""
+    from runtime.launch import spawn_ranks
+
+    with tempfile.TemporaryDirectory(prefix="topocc-nccl-") as tmp:
+        store = str(Path(tmp) / "store")
+        pythonpath = str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
+        done = spawn_ranks([([sys.executable, str(Path(__file__)), "rank", str(r), str(world), store, mode, *args],
+                             {**os.environ, "PYTHONPATH": pythonpath, "NCCL_HOSTID": f"topocc-host{r}",
+                              "OMP_NUM_THREADS": "1"}) for r in range(world)], limit_s=limit)
+    return [(p.returncode, p.stdout, p.stderr) for p in done]
+
+
+def result(outputs: Outputs) -> dict[str, Any] | None:
+    lines = [line for line in outputs[0][1].splitlines() if line.startswith("RESULT ")]
+    return json.loads(lines[-1].removeprefix("RESULT ")) if lines else None
+
+
+def verdict(mode: str, outputs: Outputs) -> list[str]:
+    """What is wrong with a run of ``mode`` (empty: it passed)."""
+    if mode in ("hang", "die"):
+        return _failure_verdict(mode, outputs)
+    problems = [f"rank {r} exited with {code}: {err.strip()[-1500:]}" for r, (code, _, err) in enumerate(outputs)
+                if code != 0]
+    res = result(outputs)
+    if res is None:
+        return [*problems, "rank 0 printed no RESULT line"]
+    if mode == "ddp":
+        if res["max_diff"] > 1e-5 * max(1.0, res["scale"]) or res["calls"] < 2:
+            problems.append(f"DDP + hook over NCCL differs from DDP: {res}")
+    else:
+        if res["wrong_total"]:
+            problems.append(f"{res['wrong_total']} wrong results, for example {res['wrong']}")
+        if res["cases"] < 50 or res["native_checked"] < 1:
+            problems.append(f"too few cases ran: {res}")
+    return problems
+
+
+def _failure_verdict(mode: str, outputs: Outputs) -> list[str]:
+    """Two ranks: rank 0 must leave with code 5 and ``topocc:`` lines naming rank 1, within the timeout."""
+    code, _, err = outputs[0]
+    lines = [line for line in err.splitlines() if line.startswith("topocc:")]
+    problems = []
+    if code != 5 or not lines:
+        problems.append(f"{mode}: rank 0 exited with {code} and {len(lines)} topocc lines: {err[-1500:]}")
+    elif not all("waiting for rank(s) 1 " in line for line in lines):
+        problems.append(f"{mode}: rank 0 did not name rank 1: {lines}")
+    res = result(outputs)
+    if res is None or not res["elapsed"] < FAIL_TIMEOUT_S + 5.0:
+        problems.append(f"{mode}: rank 0 did not fail within {FAIL_TIMEOUT_S + 5.0:g} s: {res}")
+    return problems
+
+
+# --------------------------------------------------------------------------- one rank
+
+
+def _rank_main(rank: int, world: int, path: str, mode: str, args: list[str]) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from runtime.communicator import Communicator
+    from runtime.errors import CommunicatorError
+    from runtime.transports.nccl import NCCLTransport
+    from runtime.transports.store import StoreControl
+
+    # without CUDA the transport refuses (one line); the tensors are never made
+    device = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
+    store = dist.FileStore(path, world)
+    control = StoreControl(store, rank, world)
+    S = _load("schedules")
+
+    def transport(timeout: float = 30.0) -> NCCLTransport:
+        return NCCLTransport(control, device=device, timeout=timeout)
+
+    if mode in ("hang", "die"):  # a ring allreduce; rank 1 stops answering before the second call
+        comm = Communicator(S.ring_allreduce(world, 2), transport=transport(FAIL_TIMEOUT_S), timeout=FAIL_TIMEOUT_S)
+        x = torch.ones(1 << 16, device=device)
+        comm.allreduce(x)
+        torch.cuda.synchronize()
+        if rank == 1:
+            if mode == "die":
+                os._exit(9)
+            time.sleep(3 * FAIL_TIMEOUT_S + 10)
+            os._exit(0)
+        start = time.monotonic()
+        with contextlib.suppress(CommunicatorError):  # the exit guard repeats the line and leaves with code 5
+            comm.allreduce(x, async_op=True).synchronize()
+        print(f"RESULT {json.dumps({'elapsed': time.monotonic() - start})}", flush=True)
+        return 0
+    if mode == "ddp":
+        schedule = S.planner_schedules(("hierarchical",), 1 << 20)["hierarchical-allreduce"]
+        res = _check_ddp(rank, world, store, device, schedule, transport())
+    else:
+        if mode == "check":
+            schedules, dtypes = S.every_collective(world), args[0].split(",")
+            counts, group_bytes = [int(c) for c in args[1].split(",")], int(args[2])
+        else:
+            schedules = S.planner_schedules(("ring", "tree", "halving-doubling", "direct", "hierarchical",
+                                             "multitree", "treepack"), 1 << 20)
+            dtypes, counts, group_bytes = ["float32", "bfloat16"], [7, 65537], 512 << 10
+        res = _check_schedules(rank, world, device, schedules, dtypes, counts, group_bytes, transport)
+        totals = control.allgather_ints([res["wrong_count"]], 120.0) or []
+        res["wrong_total"] = sum(row[0] for row in totals)
+    if rank == 0:
+        print("RESULT " + json.dumps(res), flush=True)
+    return 0
+
+
+def _check_schedules(rank: int, world: int, device: Any, schedules: dict[str, Any], dtypes: list[str],
+                     counts: list[int], group_bytes: int, transport: Any) -> dict[str, Any]:
+    import torch
+
+    from runtime.communicator import Communicator
+    from runtime.worker import call
+
+    T = _load("torch_check")  # inputs_for, reference, DTYPES, OPS: the same references as the gloo checks
+    cases, wrong, native = 0, [], 0
+    for name, schedule in schedules.items():
+        comm = Communicator(schedule, transport=transport(), timeout=30.0, group_bytes=group_bytes)
+        c, root = schedule.collective, schedule.root or 0
+        reducing = c in ("allreduce", "reduce", "reducescatter")
+        for dtype in dtypes:
+            for op in (T.OPS if reducing else ["sum"]):
+                if op == "avg" and not T.DTYPES[dtype].is_floating_point:
+                    continue
+                for count in counts:
+                    xs = T.inputs_for(c, world, count, dtype, op, device)
+                    want = T.reference(c, xs, rank, root, op)
+                    for _ in range(2):  # the second call reuses the binding
+                        got = call(comm, c, xs[rank].clone(), op)
+                        torch.cuda.current_stream().synchronize()
+                        cases += 1
+                        if want is not None and not (got.dtype == want.dtype and torch.equal(got, want)):
+                            wrong.append(f"{name} {dtype} {op} {count}")
+                    if c != "allreduce":
+                        continue
+                    mine = xs[rank].clone()
+                    comm.allreduce(mine, op=op, async_op=True).wait()  # orders the current stream after it
+                    torch.cuda.current_stream().synchronize()
+                    cases += 1
+                    if not torch.equal(mine, want):
+                        wrong.append(f"{name} {dtype} {op} {count}: async_op")
+                    if op in ("sum", "max"):
+                        mine = xs[rank].clone()
+                        comm.run_native(mine, mine, op)  # NCCL's own allreduce on the same communicator agrees
+                        native += 1
+                        if not torch.equal(mine, want):
+                            wrong.append(f"{name} {dtype} {op} {count}: NCCL's own allreduce differs")
+        comm.close()
+    return {"cases": cases, "wrong": wrong[:10], "wrong_count": len(wrong), "native_checked": native}
+
+
+def _check_ddp(rank: int, world: int, store: Any, device: Any, plan: Any, transport: Any) -> dict[str, Any]:
+    """Gradients of DDP + hook over our NCCL transport equal plain DDP's over torch's NCCL."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from runtime.training import TopoccHookState, topocc_allreduce_hook
+
+    dist.init_process_group("nccl", store=dist.PrefixStore("torch", store), rank=rank, world_size=world,
+                            device_id=device)
+
+    def model() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(37, 300), nn.Tanh(), nn.Linear(300, 900), nn.Tanh(),
+                             nn.Linear(900, 5)).to(device)
+
+    g = torch.Generator().manual_seed(100 + rank)
+    x, y = torch.randn(16, 37, generator=g).to(device), torch.randn(16, 5, generator=g).to(device)
+
+    def grads(state: Any) -> list[torch.Tensor]:
+        m = model()
+        ddp = nn.parallel.DistributedDataParallel(m, bucket_cap_mb=0.1)
+        if state is not None:
+            ddp.register_comm_hook(state, topocc_allreduce_hook)
+        for _ in range(2):  # the second iteration runs with DDP's rebuilt buckets (several sizes)
+            m.zero_grad()
+            nn.functional.mse_loss(ddp(x), y).backward()
+        return [p.grad.clone() for p in m.parameters()]
+
+    plain = grads(None)
+    state = TopoccHookState(plan, transport=transport, timeout=30.0)
+    hooked = grads(state)
+    torch.cuda.synchronize()
+    res = {"calls": state.calls, "bytes": state.bytes,
+           "max_diff": max(float((a - b).abs().max()) for a, b in zip(plain, hooked)),
+           "scale": max(float(a.abs().max()) for a in plain)}
+    state.close()
+    dist.destroy_process_group()
+    return res
+
+
+def main(argv: list[str]) -> int:
+    if argv[0] == "rank":
+        from runtime.errors import TopoccError
+
+        try:
+            return _rank_main(int(argv[1]), int(argv[2]), argv[3], argv[4], argv[5:])
+        except TopoccError as err:  # a refusal (no GPU, no CuPy) is one line, as the runtime promises
+            os.write(2, f"topocc: {err.one_line()}\n".encode())
+            return err.exit_code
+    if argv[0] in ("run", "suite"):
+        cases = [(argv[1], int(argv[2]), tuple(argv[3:]))] if argv[0] == "run" else list(SUITE)
+        failed = 0
+        for mode, world, args in cases:
+            start = time.monotonic()
+            problems = verdict(mode, launch(mode, world, *args))
+            status = "ok" if not problems else "FAILED"
+            print(f"nccl {mode} on {world} ranks {' '.join(args)}: {status} ({time.monotonic() - start:.0f} s)",
+                  flush=True)
+            for p in problems:
+                print(f"  {p}", flush=True)
+            failed += bool(problems)
+        return 1 if failed else 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,91 @@
+"""What the training integration's tests share: compiled plans for small clusters, and a launcher for worker scripts.
+
+Each test writes a worker script that every rank runs under ``mpiexec``; rank 0 prints one JSON line with
+every rank's row (``world.gather``), which :func:`launch` returns sorted by rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.compile import compile_plan
+from planner.topology import parse_topology_text
+from runtime.launch import RANK_WRAPPER, find_mpiexec
+from runtime.plan import save_plan
+
+REPO = Path(__file__).resolve().parents[3]
+
+#: Every rank's preamble: MPI for the rows, torch.distributed over gloo (rendezvous on a port rank 0 picks),
+#: and the model whose DDP buckets (``bucket_cap_mb=0.1``) come in several sizes, with different data per rank.
+PREAMBLE = r'''
+import json, socket, sys
+import torch, torch.distributed as dist
+from torch import nn
+from mpi4py import MPI
+
+world = MPI.COMM_WORLD
+rank, size = world.Get_rank(), world.Get_size()
+torch.set_num_threads(1)
+port = 0
+if rank == 0:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+port = world.bcast(port)
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+
+def model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(37, 300), nn.Tanh(), nn.Linear(300, 900), nn.Tanh(), nn.Linear(900, 5))
+
+g = torch.Generator().manual_seed(100 + rank)
+x, y = torch.randn(16, 37, generator=g), torch.randn(16, 5, generator=g)
+'''
+
+TOPOLOGY = """
+name: t{hosts}x{gpus}
+cluster:
+  hosts: {hosts}
+  host:
+    gpus: {gpus}
+    fabric: fully-connected
+    gpu_link: {{bandwidth: 10 GB/s, latency: 1 us, kind: shm}}
+    nics: 1
+    nic: {{bandwidth: 10 Gbit/s, latency: 20 us, kind: ethernet}}
+  network: {{type: single-switch}}
+"""
+
+
+
+def plan_for(tmp_path: Path, hosts: int, gpus: int) -> Path:
+    plan, _ = compile_plan(parse_topology_text(TOPOLOGY.format(hosts=hosts, gpus=gpus), "t"), "allreduce",
+                           1 << 8, 1 << 20)
+    path = tmp_path / f"plan{hosts}x{gpus}.json"
+    save_plan(plan, path)
+    return path
+
+
+def launch(np_: int, script: str, args: list[str], tmp_path: Path, limit: float = 50) -> list[dict]:
+    """Run ``script`` on ``np_`` ranks; kill the whole job past ``limit`` seconds; rank rows sorted by rank."""
+    file = tmp_path / "worker.py"
+    file.write_text(script)
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [find_mpiexec(), "-disable-auto-cleanup", "-n", str(np_), *RANK_WRAPPER, sys.executable, str(file), *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"the job ran past {limit} s:\n{err[-3000:]}")
+    assert proc.returncode == 0, err[-3000:]
+    rows = [row for line in out.splitlines() if line.startswith("[") for row in json.loads(line)]
+    assert len(rows) == np_, out + err[-2000:]
+    return sorted(rows, key=lambda r: r["rank"])
