@@ -64,7 +64,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from planner.collectives import canonical_collective
-from planner.errors import InfeasibleError, UsageError
+from planner.errors import InfeasibleError, NotApplicableError, UsageError
 from planner.solvers import LinearProgram, SolverOptions, solve
 from planner.topology import Topology
 from planner.units import format_bandwidth, format_time
@@ -393,7 +393,7 @@ def _routed_crossings(topology: Topology, group_of: dict[int, int]) -> float | N
         lp.add_le(usage[key], topology.link(*key).bandwidth / scale)  # type: ignore[union-attr]
     try:
         solution = solve(lp, SolverOptions(backend="glop", time_limit_s=ROUTED_PARTITION_SECONDS))
-    except InfeasibleError:
+    except (InfeasibleError, NotApplicableError):  # no time, or no solver installed: no refinement
         return None
     if not solution.optimal:
         return None

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner.errors import InfeasibleError, UsageError
+from planner.errors import InfeasibleError, NotApplicableError, UsageError
 
 __all__ = ["BACKENDS", "LinearProgram", "Solution", "SolverOptions", "available_backends", "solve"]
 
@@ -115,7 +115,8 @@ def available_backends() -> list[str]:
 
 
 def solve(lp: LinearProgram, options: SolverOptions | None = None) -> Solution:
-    """Solve ``lp``; raises :class:`InfeasibleError` when no feasible point was found in time."""
+    """Solve ``lp``; raises :class:`InfeasibleError` when no feasible point was found in time, and
+    :class:`NotApplicableError` when the backend's library is not installed."""
     options = options or SolverOptions()
     module_name = BACKENDS.get(options.backend)
     if module_name is None:
@@ -123,8 +124,10 @@ def solve(lp: LinearProgram, options: SolverOptions | None = None) -> Solution:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise UsageError(f"solver backend {options.backend!r} is not installed ({exc.name})",
-                         fix="pip install ortools pulp") from None
+        # not a bad argument but a missing optional library: the algorithm that needs it does not apply here,
+        # so ``auto`` races the others and the bounds drop the refinement that needs it
+        raise NotApplicableError(f"solver backend {options.backend!r} is not installed ({exc.name})",
+                                 fix="pip install ortools pulp") from None
     solution: Solution | None = module.solve(lp, options)
     if solution is None:
         raise InfeasibleError(f"{options.backend} found no feasible solution within {options.time_limit_s:g} s",

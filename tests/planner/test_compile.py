@@ -90,3 +90,17 @@ def test_auto_candidates_carry_their_link_time() -> None:
             assert c.link_time_s > compiled.sim.time_s
     assert all(c.link_time_s is None for c in compiled.candidates if c.time_s is None
                and not (c.reason or "").startswith("cannot win"))
+
+
+def test_auto_races_without_a_solver_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine without OR-Tools (the GPU machines) still compiles: the solver-backed candidates decline in one
+    line and the bound drops only its LP refinement."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "planner.solvers.ortools", None)  # any import of it now fails
+    topology = switch_cluster(2, 2)
+    compiled = compile_schedule(topology, "allreduce", "auto", Options(size_bytes=1 << 20))
+    reasons = {c.algorithm: c.reason for c in compiled.candidates}
+    assert "is not installed" in (reasons["treepack"] or "")
+    assert compiled.schedule.metadata.algorithm not in ("treepack", "mcf")
+    assert compiled.sim.time_s >= compiled.bound.time_s * (1 - 1e-9)
