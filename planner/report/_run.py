@@ -21,7 +21,7 @@ from planner.simulate import SimResult, chunk_bytes, simulate
 from planner.topology import Topology
 from runtime.schedule import Schedule
 
-__all__ = ["Run", "link_bins", "link_step_bytes", "record_run", "route_matrix", "spread", "union"]
+__all__ = ["Run", "link_bins", "link_step_bytes", "record_run", "route_matrix", "spread"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -165,22 +165,6 @@ def spread(rows: np.ndarray, start: np.ndarray, end: np.ndarray, amount: np.ndar
     out += np.cumsum(diff.reshape(n_rows, bins + 1), axis=1)[:, :bins].ravel()
     # the running sum leaves rounding residue (1e-10 of an amount) where intervals ended: no negative amounts
     return np.maximum(out, 0.0).reshape(n_rows, bins)
-
-
-def union(rows: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Overlapping intervals of each row merged: ``(rows, start, end)`` of disjoint busy periods, by row then time."""
-    if not len(rows):
-        return rows, start, end
-    order = np.lexsort((start, rows))
-    r, s, e = rows[order], start[order], end[order]
-    # one running maximum of the ends serves every row once each row is shifted past the previous one's times
-    shift = r.astype(np.float64) * (float(e.max()) + 1.0)
-    reach = np.maximum.accumulate(e + shift)
-    new = np.ones(len(r), dtype=bool)
-    new[1:] = s[1:] + shift[1:] > reach[:-1]
-    first = np.flatnonzero(new)
-    last = np.append(first[1:] - 1, len(r) - 1)
-    return r[first], s[first], reach[last] - shift[last]
 
 
 def link_bins(topology: Topology, run: Run, links: list[int], bins: int) -> np.ndarray:

@@ -1,12 +1,12 @@
-"""The report's timeline as data for the page's script: rows per rank and channel, or busy strips per host and rack.
+"""The report's timeline as data for the page's script: rows per rank and channel, or heat strips per host and rack.
 
 What an engineer asks of a timeline is which ranks and channels are busy when,
 in which step, and where the run stalls.  Up to :data:`INTERVAL_RANKS` ranks
 every message is kept, as an interval on its sender's and its receiver's row
 (the page draws a row per rank and channel, or per rank, coloured by step,
-phase or channel).  Beyond that a row per host and per rack shows the fraction
-of its ranks with data on the wire in each of :data:`BINS` time bins, a heat
-strip.  A strip per step (when it moves its data) and the busiest links'
+phase or channel).  A row per host and per rack (the only rows beyond that)
+shows how fast its ranks send data out of it and within it in each of
+:data:`BINS` time bins, as heat strips.  A strip per step (when it moves its data) and the busiest links'
 utilisation over time come with both.  Everything is computed here with numpy from a
 :class:`~planner.report._run.Run` (one row per message), so a 1024-rank run
 takes a second, and the page only draws.
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.report._run import Run, link_bins, spread, union
+from planner.report._run import Run, link_bins, spread
 from planner.topology import Topology
 from planner.units import format_bandwidth
 
@@ -63,32 +63,20 @@ def timeline_doc(topology: Topology, run: Run) -> dict[str, Any]:
     else:
         doc["phase"] = {}
 
-    two = np.concatenate
-    ranks, peers = two([run.src, run.dst]), two([run.dst, run.src])
-    start, end = two([run.start, run.start]), two([run.end, run.end])
     channels = sorted({int(c) for c in np.unique(run.channel)})
     doc["channels"] = channels
     if topology.size <= INTERVAL_RANKS and 2 * run.messages <= MAX_INTERVALS:
-        doc["intervals"] = _intervals(run, ranks, peers, start, end, total)
-        lanes = len({(int(r), int(c)) for r, c in zip(ranks.tolist(), two([run.channel, run.channel]).tolist())})
+        doc["intervals"] = _intervals(run, total)
+        lanes = len({(r, c) for rank in (run.src, run.dst) for r, c in zip(rank.tolist(), run.channel.tolist())})
         if len(channels) > 1:
             doc["views"].append({"id": "lanes", "label": f"a row per rank and channel ({lanes})", "kind": "lanes",
                                  "n": lanes})
         doc["views"].append({"id": "ranks", "label": f"a row per rank ({topology.size})", "kind": "ranks",
                              "n": topology.size})
-    # ---- busy fraction per rank and time bin, averaged per host and per rack
-    rows, s, e = union(ranks, start, end)
-    busy = spread(rows, s, e, e - s, topology.size, total, bins) * (bins / total if total > 0 else 0.0)
+    # ---- per host and per rack: the data its ranks send out of it, and within it, per time bin
     for what, groups in (("host", topology.hosts), ("rack", topology.racks)):
-        if len(groups) <= 1 or (what == "rack" and len(groups) == len(topology.hosts)):
-            continue
-        heat = []
-        for name, members in groups.items():
-            fraction = busy[list(members)].mean(axis=0)
-            heat.append({"label": name, "n": len(members), "v": _levels(fraction),
-                         "mean": round(float(fraction.mean()), 4)})
-        doc["views"].append({"id": what, "label": f"a row per {what} ({len(groups)})", "kind": "heat",
-                             "rows": heat, "n": len(heat)})
+        if len(groups) > 1 and not (what == "rack" and len(groups) == len(topology.hosts)):
+            doc["views"].append(_group_view(what, groups, run, topology.size, total, bins))
     doc["links"] = _links(topology, run, total, bins)
     if not doc["views"]:  # one rank, or a schedule without messages: nothing moves
         doc["views"].append({"id": "none", "label": "no messages", "kind": "heat", "rows": [], "n": 0})
@@ -98,16 +86,55 @@ def timeline_doc(topology: Topology, run: Run) -> dict[str, Any]:
     return doc
 
 
-def _intervals(run: Run, ranks: np.ndarray, peers: np.ndarray, start: np.ndarray, end: np.ndarray,
-               total: float) -> list[int]:
-    """Every message end as ``[rank, channel, t0, t1, step, peer, flags]``, flattened; flags: 1 send, 2 reduce."""
-    n = run.messages
+def _group_view(what: str, groups: dict[str, tuple[int, ...]], run: Run, ranks: int, total: float,
+                bins: int) -> dict[str, Any]:
+    """Heat strips, a row per group (host or rack): bytes per second its ranks send out of it and within it.
+
+    Data rates rather than "a message in flight" show stalls: a pipelined
+    schedule keeps every rank's connections open all run long, but a rank whose
+    messages crawl behind a congested link sends little.  Each half of a row is
+    scaled to its :func:`_peak` over all groups, so groups compare at a glance.
+    """
+    group_of = np.empty(ranks, dtype=np.int64)
+    for g, members in enumerate(groups.values()):
+        group_of[list(members)] = g
+    src = group_of[run.src]
+    out = src != group_of[run.dst]
+    rates, peaks = {}, {}
+    for side, mask in (("out", out), ("in", ~out)):
+        carried = spread(src[mask], run.start[mask], run.sent[mask], run.nbytes[mask], len(groups), total, bins)
+        rates[side] = carried * (bins / total if total > 0 else 0.0)
+        peaks[side] = _peak(rates[side])
+    rows = [{"label": name, "n": len(members),
+             **{side: _levels(rates[side][g] / peaks[side]) for side in rates},
+             **{f"mean_{side}": float(run.nbytes[(src == g) & m].sum() / total) if total > 0 else 0.0
+                for side, m in (("out", out), ("in", ~out))}}
+            for g, (name, members) in enumerate(groups.items())]
+    return {"id": what, "label": f"a row per {what} ({len(groups)})", "kind": "heat", "rows": rows, "n": len(rows),
+            "peak_out": peaks["out"], "peak_in": peaks["in"]}
+
+
+def _peak(values: np.ndarray) -> float:
+    """The top of a strip's colour scale: the 99th percentile of the non-zero values (1 if none).
+
+    A robust peak: the odd bin where a message's end meets the next one's start
+    must not wash the strip out; the few bins above it are drawn as full.
+    """
+    busy = values[values > 0]
+    return float(np.percentile(busy, 99)) if len(busy) else 1.0
+
+
+def _intervals(run: Run, total: float) -> list[int]:
+    """Every message end as ``[rank, channel, t0, t1, step, peer, flags]``, flattened; flags: 1 send, 2 reduce.
+
+    Times are in :data:`TICKS` of the run; sorted by rank, channel and start.
+    """
     scale = TICKS / total if total > 0 else 0.0
-    flags = np.concatenate([np.ones(n, dtype=np.int64), np.zeros(n, dtype=np.int64)])
-    flags += 2 * np.concatenate([run.reduce, run.reduce]).astype(np.int64)
-    table = np.stack([ranks, np.concatenate([run.channel, run.channel]), np.rint(start * scale),
-                      np.rint(end * scale), np.concatenate([run.step, run.step]), peers, flags], axis=1)
-    table = table.astype(np.int64)
+    both = np.concatenate
+    table = np.stack([both([run.src, run.dst]), both([run.channel] * 2), np.rint(both([run.start] * 2) * scale),
+                      np.rint(both([run.end] * 2) * scale), both([run.step] * 2), both([run.dst, run.src]),
+                      both([np.ones(run.messages), np.zeros(run.messages)]) + 2 * both([run.reduce] * 2)],
+                     axis=1).astype(np.int64)
     table = table[np.lexsort((table[:, 2], table[:, 1], table[:, 0]))]
     return table.ravel().tolist()  # type: ignore[no-any-return]
 
@@ -115,9 +142,8 @@ def _intervals(run: Run, ranks: np.ndarray, peers: np.ndarray, start: np.ndarray
 def _steps(run: Run, steps: np.ndarray, total: float, bins: int) -> dict[str, Any]:
     """A strip per step (or range of steps): the bytes of its messages on the wire in each time bin.
 
-    Each strip's levels are relative to its own peak (``peak`` bytes per bin,
-    the 98th percentile of its busy bins), so a step that moves little still
-    shows when it runs.
+    Each strip's levels are relative to its own :func:`_peak` (``peak`` bytes
+    per bin), so a step that moves little still shows when it runs.
     ``pipelined`` says whether several steps are usually in flight at once
     (pipelined slices), where colouring the bars by step gives stripes.
     """
@@ -129,8 +155,7 @@ def _steps(run: Run, steps: np.ndarray, total: float, bins: int) -> dict[str, An
     present = np.unique(group)
     row_of = np.searchsorted(present, group)
     carried = spread(row_of, run.start, run.sent, run.nbytes, len(present), total, bins)
-    # a robust peak: the odd bin where a message's end meets the next one's start must not wash the strip out
-    peak = np.array([np.percentile(row[row > 0], 98) if (row > 0).any() else 0.0 for row in carried])
+    peak = np.array([_peak(row) for row in carried])
     in_bin = carried.sum(axis=0)
     active = in_bin > 0
     concurrent = (carried[:, active] > 0.05 * in_bin[active]).sum(axis=0)

@@ -27,8 +27,9 @@ def timeline(html: str) -> dict:
     """The timeline's data, checked for what every page needs: views, a default among them, strips of BINS bytes."""
     doc = _json(html, "timeline-data")
     assert doc["default"] in {v["id"] for v in doc["views"]}
-    for row in [r for v in doc["views"] for r in v.get("rows", [])] + doc["links"]["rows"] + doc["steps"]["rows"]:
-        assert len(base64.b64decode(row["v"])) == doc["bins"]
+    strips = [r[side] for v in doc["views"] for r in v.get("rows", []) for side in ("out", "in")]
+    strips += [r["v"] for r in doc["links"]["rows"] + doc["steps"]["rows"]]
+    assert all(len(base64.b64decode(strip)) == doc["bins"] for strip in strips)
     return doc
 
 
