@@ -1,6 +1,7 @@
 """The reports in a real browser (headless Chromium): the JS runs without errors and the page draws.
 
-Screenshots land in pytest's tmp dir (kept for the last few runs) for a person to look at.
+Screenshots (1400x900, the window's top: headline, then the timeline) land in pytest's tmp dir (kept for the
+last few runs), and also in the folder ``TOPOCC_REPORT_SHOTS`` names, for a person to look at.
 """
 
 from __future__ import annotations
