@@ -38,7 +38,7 @@ DEFAULT_ROWS = 64
 #: Busiest links drawn as utilisation strips.
 LINK_ROWS = 16
 #: Steps drawn as strips of their own; more are grouped into consecutive ranges.
-MAX_BAND_STEPS = 24
+MAX_STEP_ROWS = 24
 #: Interval times travel as integers, this many per run (enough to zoom in a thousandfold).
 TICKS = 1_000_000
 
@@ -58,7 +58,7 @@ def timeline_doc(topology: Topology, run: Run) -> dict[str, Any]:
     steps = np.unique(run.step)
     doc["steps"] = _steps(run, steps, total, bins)
     doc["steps"]["range"] = [int(steps[0]), int(steps[-1])] if len(steps) else [0, 0]
-    if len(steps) <= 4 * MAX_BAND_STEPS:
+    if len(steps) <= 4 * MAX_STEP_ROWS:
         doc["phase"] = {str(int(s)): "reduce" if run.reduce[run.step == s].mean() >= 0.5 else "copy" for s in steps}
     else:
         doc["phase"] = {}
@@ -150,7 +150,7 @@ def _steps(run: Run, steps: np.ndarray, total: float, bins: int) -> dict[str, An
     if not len(steps) or total <= 0:
         return {"rows": [], "width": 1, "pipelined": False}
     first = int(steps[0])
-    width = max(1, -(-(int(steps[-1]) - first + 1) // MAX_BAND_STEPS))
+    width = max(1, -(-(int(steps[-1]) - first + 1) // MAX_STEP_ROWS))
     group = (run.step - first) // width
     present = np.unique(group)
     row_of = np.searchsorted(present, group)

@@ -21,7 +21,7 @@ import jinja2
 from planner.bounds import lower_bound
 from planner.report._model import View, build_view, messages, step_buckets
 from planner.report._run import Run, link_step_bytes, record_run
-from planner.report._timeline import timeline_doc
+from planner.report._timeline import INTERVAL_RANKS, timeline_doc
 from planner.simulate import SimResult
 from planner.topology import Topology, describe
 from planner.units import format_bandwidth, format_size, format_time
@@ -254,6 +254,7 @@ def render_html(topology: Topology, schedule: Schedule, size_bytes: int, *,
         "structure": _structure_ctx(topology, schedule, view),
         "steps": _steps_ctx(topology, view, link_step_bytes(topology, run)),
         "timeline": timeline_doc(topology, run),
+        "timeline_ranks": INTERVAL_RANKS,
         "summary": _summary_ctx(topology, schedule, run.result, baselines or {}),
     }
     return _env().get_template("report.html.j2").render(**ctx)
