@@ -184,6 +184,43 @@ def what_if_line(doc: Mapping[str, Any]) -> str | None:
             f"timed on {doc['topology']} (--what-if)")
 
 
+#: A baseline with more operations than this is not simulated for the report; its busiest link's time is shown.
+BASELINE_SIMULATE_OPS = 200_000
+
+
+def _baseline(topology: Topology, schedule: Schedule, name: str, size: int) -> SimResult | str | None:
+    """Another algorithm's plan for the report's comparison: its simulation, a sentence why not, or None.
+
+    Baselines are built and simulated, not verified (only compared; every
+    algorithm's schedules are verified by its tests and by ``compile``).  An
+    algorithm is not built above the rank count where ``auto`` skips it
+    (:attr:`Algorithm.auto_max_ranks`: a ring over 1024 ranks is 4.7 million
+    operations, minutes to build and simulate), and a schedule of more than
+    :data:`BASELINE_SIMULATE_OPS` operations is timed by its busiest link alone,
+    a lower bound of its simulated time (:func:`planner.compile.link_time`).
+    None: the algorithm does not apply here.
+    """
+    from planner.algorithms import Options, get_algorithm
+    from planner.compile import link_time
+    from planner.errors import TopoccError
+
+    try:
+        algorithm = get_algorithm(name)
+        if schedule.collective not in algorithm.collectives:
+            return None
+        if algorithm.auto_max_ranks is not None and topology.size > algorithm.auto_max_ranks:
+            return (f"not compared: above {algorithm.auto_max_ranks} ranks it takes minutes to build "
+                    "(auto skips it too)")
+        other = algorithm.load()(topology, schedule.collective, Options(size_bytes=size, root=schedule.root or 0))
+        if other.op_count > BASELINE_SIMULATE_OPS:
+            bound = link_time(topology, other, size)
+            return (f"not simulated ({other.op_count:,} operations): its busiest link alone needs "
+                    f"{format_time(bound)}")
+        return simulate(topology, other, size)
+    except TopoccError:
+        return None  # a baseline that does not apply here is simply not compared
+
+
 def inspect_schedule(path: str, topology: str | None = None, size_bytes: int | None = None, *,
                      html: str | None = None, dot: str | None = None, baselines: Sequence[str] = (),
                      what_if: bool = False) -> str:
@@ -191,14 +228,15 @@ def inspect_schedule(path: str, topology: str | None = None, size_bytes: int | N
 
     ``what_if`` allows a topology other than the schedule's (see
     :func:`~planner.compile.schedule_topology`); the text then starts with a
-    line that says so.
+    line that says so.  The plan is simulated once, keeping one row of numbers
+    per message (:func:`planner.report._run.record_run`), which every view
+    aggregates; ``baselines`` are compared as :func:`_baseline` says.
     """
     from pathlib import Path
 
-    from planner.algorithms import Options
-    from planner.compile import compile_schedule, schedule_topology
-    from planner.errors import TopoccError
+    from planner.compile import schedule_topology
     from planner.report import render_dot, render_html, terminal_summary
+    from planner.report._run import record_run
     from runtime.plan import load_any
 
     plan = as_plan(load_any(path))
@@ -207,24 +245,21 @@ def inspect_schedule(path: str, topology: str | None = None, size_bytes: int | N
     topo = schedule_topology(schedule, path, topology, what_if=what_if)
     warning = _what_if_note(schedule, topo)
     head = f"{warning}\n" if warning else ""
+    run = record_run(topo, schedule, size)
     if not html and not dot:
-        return head + terminal_summary(topo, schedule, size_bytes=size)
-    result = simulate(topo, schedule, size, record=True)
+        return head + terminal_summary(topo, schedule, run)
     written = []
     if html:
-        compared: dict[str, SimResult] = {}
+        compared: dict[str, SimResult | str] = {}
         for name in baselines:
-            if name == schedule.metadata.algorithm:
-                continue
-            try:
-                compared[name] = compile_schedule(topo, schedule.collective, name,
-                                                  Options(size_bytes=size, root=schedule.root or 0)).sim
-            except TopoccError:
-                continue  # a baseline that does not apply here is simply not compared
-        Path(html).write_text(render_html(topo, schedule, size, baselines=compared, result=result))
+            if name != schedule.metadata.algorithm:
+                found = _baseline(topo, schedule, name, size)
+                if found is not None:
+                    compared[name] = found
+        Path(html).write_text(render_html(topo, schedule, size, baselines=compared, run=run))
         written.append(html)
     if dot:
-        Path(dot).write_text(render_dot(topo, schedule, size_bytes=size, result=result))
+        Path(dot).write_text(render_dot(topo, schedule, size_bytes=size, result=run.result))
         written.append(dot)
     return head + "wrote " + ", ".join(written)
 

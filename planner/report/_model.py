@@ -14,11 +14,11 @@ from __future__ import annotations
 import gc
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from planner.simulate import OpEvent, SimResult
+from planner.simulate import OpEvent
 from planner.topology import Device, Topology
 from runtime.schedule import Schedule
 
@@ -351,16 +351,6 @@ def messages(schedule: Schedule) -> list[Message]:
     return [Message(s, d, c, *v) for (s, d, c), v in sorted(acc.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1]))]
 
 
-def link_step_bytes(result: SimResult) -> dict[tuple[str, str, int], float]:
-    """Bytes each directed physical link carried in each algorithm step (from the recorded flows)."""
-    acc: dict[tuple[str, str, int], float] = {}
-    get = acc.get
-    for e in result.link_events:
-        key = (e.src, e.dst, e.step)
-        acc[key] = get(key, 0.0) + e.bytes
-    return acc
-
-
 def step_buckets(steps: Iterable[int], limit: int) -> tuple[int, list[tuple[int, int]]]:
     """Group sorted steps into at most ``limit`` consecutive ranges: (bucket width, [(first, last)])."""
     ordered = sorted(set(steps))
@@ -371,23 +361,6 @@ def step_buckets(steps: Iterable[int], limit: int) -> tuple[int, list[tuple[int,
     ranges = sorted({(ordered[0] + (s - ordered[0]) // width * width,
                       ordered[0] + (s - ordered[0]) // width * width + width - 1) for s in ordered})
     return width, ranges
-
-
-def merge_intervals(intervals: Iterable[tuple[float, float]], gap: float = 0.0) -> list[tuple[float, float]]:
-    """Union of intervals; intervals closer than ``gap`` join (so a chart stays within its element budget)."""
-    out: list[tuple[float, float]] = []
-    for a, b in sorted(intervals):
-        if out and a <= out[-1][1] + gap:
-            if b > out[-1][1]:
-                out[-1] = (out[-1][0], b)
-        else:
-            out.append((a, b))
-    return out
-
-
-def rank_labels(topology: Topology) -> Mapping[int, str]:
-    """``rank -> host`` (the process a rank belongs to in traces and per-host charts)."""
-    return {r: h for h, ranks in topology.hosts.items() for r in ranks}
 
 
 @contextmanager

@@ -19,17 +19,10 @@ from typing import Any
 import jinja2
 
 from planner.bounds import lower_bound
-from planner.report._model import (
-    View,
-    build_view,
-    link_step_bytes,
-    merge_intervals,
-    messages,
-    paused_gc,
-    step_buckets,
-    transfer_starts,
-)
-from planner.simulate import SimResult, simulate
+from planner.report._model import View, build_view, messages, step_buckets
+from planner.report._run import Run, link_step_bytes, record_run
+from planner.report._timeline import INTERVAL_RANKS, timeline_doc
+from planner.simulate import SimResult
 from planner.topology import Topology, describe
 from planner.units import format_bandwidth, format_size, format_time
 from runtime.schedule import Schedule
@@ -41,12 +34,6 @@ MAX_STRUCTURE_EDGES = 300
 MAX_CHANNELS = 32
 MAX_STEP_VIEWS = 120
 STEP_TABLE_ROWS = 6
-MAX_GANTT_RECTS = 3000
-GANTT_RANK_ROWS = 64
-GANTT_LINK_ROWS = 32
-GANTT_WIDTH = 1000.0
-GANTT_LABEL = 170.0
-GANTT_ROW = 18.0
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
            "#17becf")
@@ -204,145 +191,23 @@ def _steps_ctx(topology: Topology, view: View, per_link: Mapping[tuple[str, str,
     return {"views": views, "data": {"max": top, "steps": data}}
 
 
-# --------------------------------------------------------------------------- Gantt
-
-
-def _ticks(total: float) -> list[tuple[float, str]]:
-    if total <= 0:
-        return [(0.0, "0")]
-    raw = total / 8
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
-    out, t = [], 0.0
-    while t <= total * 1.0001:
-        out.append((GANTT_LABEL + t / total * GANTT_WIDTH, format_time(t) if t else "0"))
-        t += step
-    return out
-
-
-def _gantt_ctx(topology: Topology, schedule: Schedule, view: View, result: SimResult,
-               per_link: Mapping[tuple[str, str, int], float]) -> dict[str, Any]:
-    total = result.time_s or 1.0
-    scale = GANTT_WIDTH / total
-    starts = transfer_starts(schedule, result.op_events)
-    host_of = {r: h for h, ranks in topology.hosts.items() for r in ranks}
-    per_rank = topology.size <= GANTT_RANK_ROWS
-    rects: list[dict[str, Any]] = []
-    labels: list[tuple[float, str]] = []
-    y = 24.0
-
-    comm = [e for e in result.op_events if e.peer is not None]
-    if per_rank:
-        channels = sorted({e.channel for e in comm})
-        lanes = max(1, min(8, len(channels)))
-        row_h = max(GANTT_ROW, 5.0 * lanes + 2)
-        lane_h = (row_h - 2) / lanes
-        rows: dict[tuple[int, int], list[tuple[float, float, Any]]] = defaultdict(list)
-        for e in comm:
-            begin = starts.get((e.rank, e.index), e.start_s)
-            rows[(e.rank, channels.index(e.channel) % lanes)].append((begin, e.end_s, e))
-        merge = sum(len(v) for v in rows.values()) > MAX_GANTT_RECTS
-        for rank in range(topology.size):
-            labels.append((y + row_h / 2, f"rank {rank}"))
-            for lane in range(lanes):
-                items = rows.get((rank, lane), [])
-                ly = y + 1 + lane * lane_h
-                if merge:
-                    for a, b in merge_intervals(((a, b) for a, b, _ in items), total / 800):
-                        rects.append({"x": a, "w": b - a, "y": ly, "h": lane_h - 0.5, "colour": PALETTE[lane],
-                                      "tip": f"rank {rank}: busy {format_time(a)} - {format_time(b)}"})
-                    continue
-                for a, b, e in sorted(items, key=lambda t: (t[0], t[1], t[2].index)):
-                    send = e.kind == "send"
-                    # sends fill the upper part of the channel's lane, receives the lower part
-                    top, height = (ly, lane_h * 0.55) if send else (ly + lane_h * 0.55, lane_h * 0.4)
-                    rects.append({"x": a, "w": b - a, "y": top, "h": height,
-                                  "colour": PALETTE[e.channel % len(PALETTE)],
-                                  "tip": f"rank {rank} step {e.step} {e.kind} {e.chunk} {'->' if send else '<-'} "
-                                         f"r{e.peer} (channel {e.channel}): {format_time(a)} - {format_time(b)}"})
-            y += row_h
-        legend = [(f"channel {c}", PALETTE[c % len(PALETTE)]) for c in channels[:10]]
-    else:
-        hosts = list(topology.hosts)
-        busy: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
-        for e in comm:
-            h = host_of[e.rank]
-            busy[(h, 0 if host_of[e.peer] == h else 1)].append((starts.get((e.rank, e.index), e.start_s), e.end_s))
-        gap = total / 600
-        # widen the gap that joins neighbouring bars until the chart fits its element budget
-        while gap < total and sum(len(merge_intervals(v, gap)) for v in busy.values()) > MAX_GANTT_RECTS:
-            gap *= 2
-        for h in hosts:
-            labels.append((y + GANTT_ROW / 2, f"{h} ({len(topology.hosts[h])} ranks)"))
-            for lane, (what, colour) in enumerate((("inside the host", PALETTE[2]), ("to other hosts", PALETTE[0]))):
-                for a, b in merge_intervals(busy.get((h, lane), ()), gap):
-                    rects.append({"x": a, "w": b - a, "y": y + 1 + lane * 8, "h": 7.5, "colour": colour,
-                                  "tip": f"{h}: messages {what}, {format_time(a)} - {format_time(b)}"})
-            y += GANTT_ROW
-        legend = [("messages inside a host", PALETTE[2]), ("messages between hosts", PALETTE[0])]
-    rank_height = y
-
-    # ---- links: the busiest drawn edges (directed), their busy intervals
-    group = view.group
-    edge_total: dict[tuple[str, str], float] = defaultdict(float)
-    for (src, dst, _), nbytes in per_link.items():
-        a, b = group[src], group[dst]
-        key = (src, dst) if view.level == "device" else (a, b)
-        if a != b or view.level == "device":
-            edge_total[key] += nbytes
-    chosen = sorted(sorted(edge_total.items(), key=lambda kv: (-kv[1], kv[0]))[:GANTT_LINK_ROWS])
-    index = {k: i for i, (k, _) in enumerate(chosen)}
-    wanted = {k[0] for k in index}
-    srcs = {d for d, g in group.items() if d in wanted or g in wanted}
-    intervals: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
-    for e in result.link_events:
-        if e.src not in srcs:
-            continue
-        key = (e.src, e.dst) if view.level == "device" else (group[e.src], group[e.dst])
-        i = index.get(key)
-        if i is not None:
-            intervals[(i, e.step)].append((e.start_s, e.end_s))
-    by_step = len(intervals) <= MAX_GANTT_RECTS  # else one bar per busy period, steps merged
-    y += 26.0
-    link_top = y
-    for i, ((a, b), nbytes) in enumerate(chosen):
-        labels.append((y + GANTT_ROW / 2, f"{a} -> {b}"))
-        link = topology.link(a, b) if view.level == "device" else None
-        colour = _link_colour(link.kind) if link and link.kind else PALETTE[9]
-        steps = sorted(s for j, s in intervals if j == i)
-        spans = ([(s, merge_intervals(intervals[(i, s)], total / 800)) for s in steps] if by_step else
-                 [(None, merge_intervals([iv for s in steps for iv in intervals[(i, s)]], total / 800))])
-        for step, merged in spans:
-            for s, t in merged:
-                what = f"step {step}" if step is not None else "busy"
-                rects.append({"x": s, "w": t - s, "y": y + 2, "h": GANTT_ROW - 4, "colour": colour,
-                              "opacity": 1.0 if (step or 0) % 2 == 0 else 0.6,
-                              "tip": f"{a} -> {b}: {what} {format_time(s)} - {format_time(t)} "
-                                     f"({format_size(nbytes)} in the whole run)"})
-        y += GANTT_ROW
-    for r in rects:
-        r["x"] = GANTT_LABEL + r["x"] * scale
-        r["w"] = max(0.6, r["w"] * scale)
-    return {"rects": rects, "labels": labels, "ticks": _ticks(total), "width": GANTT_LABEL + GANTT_WIDTH + 20,
-            "height": y + 10, "rank_height": rank_height, "link_top": link_top, "legend": legend,
-            "rows_title": "ranks" if per_rank else "hosts", "link_rows": len(chosen), "link_candidates":
-            len(edge_total)}
-
-
 # --------------------------------------------------------------------------- summary
 
 
 def _summary_ctx(topology: Topology, schedule: Schedule, result: SimResult,
-                 baselines: Mapping[str, SimResult]) -> dict[str, Any]:
+                 baselines: Mapping[str, SimResult | str]) -> dict[str, Any]:
     bound = lower_bound(topology, schedule.collective, result.size_bytes, schedule.root or 0)
 
     def pct(sim: SimResult) -> str:
         return f"{100 * bound.time_s / sim.time_s:.1f}%" if sim.time_s > 0 else "-"
 
     name = schedule.metadata.algorithm
-    rows = [(f"{name} (this plan)", format_time(result.time_s), pct(result), f"{result.algbw_GBps:.2f}",
-             f"{result.busbw_GBps:.2f}", "1.00x", True)]
+    rows: list[tuple[Any, ...]] = [(f"{name} (this plan)", format_time(result.time_s), pct(result),
+                                    f"{result.algbw_GBps:.2f}", f"{result.busbw_GBps:.2f}", "1.00x", True)]
     for base, sim in sorted(baselines.items()):
+        if isinstance(sim, str):  # not compared, and why
+            rows.append((base, sim))
+            continue
         ratio = sim.time_s / result.time_s if result.time_s > 0 else float("nan")
         rows.append((base, format_time(sim.time_s), pct(sim), f"{sim.algbw_GBps:.2f}", f"{sim.busbw_GBps:.2f}",
                      f"{ratio:.2f}x", False))
@@ -358,38 +223,39 @@ def _summary_ctx(topology: Topology, schedule: Schedule, result: SimResult,
         ("lower bound", f"{format_time(bound.time_s)} ({bound.cut})"), ("of lower bound", pct(result)),
         ("algbw / busbw", f"{result.algbw_GBps:.2f} / {result.busbw_GBps:.2f} GB/s"),
     ]
-    return {"facts": facts, "rows": rows, "bottlenecks": bottlenecks}
+    headline = [("predicted", format_time(result.time_s)), ("of the lower bound", pct(result)),
+                ("algbw / busbw", f"{result.algbw_GBps:.1f} / {result.busbw_GBps:.1f} GB/s"),
+                ("ranks", str(schedule.ranks)), ("buffer", format_size(result.size_bytes)),
+                ("operations", f"{schedule.op_count:,}")]
+    return {"facts": facts, "rows": rows, "bottlenecks": bottlenecks, "headline": headline}
 
 
 # --------------------------------------------------------------------------- entry points
 
 
 def render_html(topology: Topology, schedule: Schedule, size_bytes: int, *,
-                baselines: Mapping[str, SimResult] | None = None, result: SimResult | None = None) -> str:
+                baselines: Mapping[str, SimResult | str] | None = None, run: Run | None = None) -> str:
     """The plan report as one self-contained HTML page.
 
-    Simulates ``schedule`` at ``size_bytes`` (with recording) unless ``result``
-    already holds such a recorded simulation.  ``baselines`` (name -> result of
-    another schedule, same topology and size) fill the comparison table.
+    Simulates ``schedule`` at ``size_bytes`` (keeping one row per message, see
+    :func:`~planner.report._run.record_run`) unless ``run`` already holds that
+    simulation.  ``baselines`` (name -> result of another schedule on the same
+    topology and size, or a sentence saying why it was not compared) fill the
+    comparison table.
 
     >>> html = render_html(topology, schedule, 64 << 20, baselines={"ring": ring_sim})  # doctest: +SKIP
     """
-    if result is None or (schedule.op_count and not result.op_events):
-        result = simulate(topology, schedule, size_bytes, record=True)
-    with paused_gc():
-        return _render(topology, schedule, result, baselines or {})
-
-
-def _render(topology: Topology, schedule: Schedule, result: SimResult, baselines: Mapping[str, SimResult]) -> str:
+    if run is None:
+        run = record_run(topology, schedule, size_bytes)
     view = build_view(topology)
-    per_link = link_step_bytes(result)
     ctx = {
         "title": f"{schedule.collective} ({schedule.metadata.algorithm}) on {topology.name}",
         "topo": _topology_ctx(topology, view),
         "structure": _structure_ctx(topology, schedule, view),
-        "steps": _steps_ctx(topology, view, per_link),
-        "gantt": _gantt_ctx(topology, schedule, view, result, per_link),
-        "summary": _summary_ctx(topology, schedule, result, baselines),
+        "steps": _steps_ctx(topology, view, link_step_bytes(topology, run)),
+        "timeline": timeline_doc(topology, run),
+        "timeline_ranks": INTERVAL_RANKS,
+        "summary": _summary_ctx(topology, schedule, run.result, baselines or {}),
     }
     return _env().get_template("report.html.j2").render(**ctx)
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from planner.report._model import Message, link_step_bytes, messages, step_buckets
-from planner.simulate import SimResult, simulate
+import numpy as np
+
+from planner.report._model import Message, messages, step_buckets
+from planner.report._run import Run, link_step_bytes, record_run
 from planner.summary import format_table
 from planner.topology import Topology
 from planner.units import format_size, format_time
@@ -70,16 +72,16 @@ def describe_channel(msgs: list[Message], ranks: int) -> str:
     return f"{len(pairs)} rank pairs: " + _cut(shown, " ")
 
 
-def terminal_summary(topology: Topology, schedule: Schedule, result: SimResult | None = None, *,
+def terminal_summary(topology: Topology, schedule: Schedule, run: Run | None = None, *,
                      size_bytes: int | None = None, top: int = 8) -> str:
     """Text tables: the plan's structure per channel, the ``top`` busiest links and per-step link usage.
 
-    Simulates (with recording) at ``size_bytes`` (default: the size the plan
-    was compiled for, else 64 MiB) unless ``result`` is a recorded simulation.
+    Simulates at ``size_bytes`` (default: the size the plan was compiled for,
+    else 64 MiB) unless ``run`` already holds that simulation.
     """
-    if result is None or (schedule.op_count and not result.link_events and any(result.link_bytes.values())):
-        size = size_bytes or schedule.metadata.size_bytes or (64 << 20)
-        result = simulate(topology, schedule, size, record=True)
+    if run is None:
+        run = record_run(topology, schedule, size_bytes or schedule.metadata.size_bytes or (64 << 20))
+    result = run.result
     meta = schedule.metadata
     out = [f"{schedule.collective} ({meta.algorithm}) on {topology.name}: {schedule.ranks} ranks, "
            f"{len(topology.hosts)} hosts, {schedule.op_count} operations",
@@ -105,18 +107,16 @@ def terminal_summary(topology: Topology, schedule: Schedule, result: SimResult |
                      f"{100 * util:.1f}%"))
     out.append(_indent(format_table(rows, ("link", "kind", "bytes", "utilisation"))))
 
-    per_link = link_step_bytes(result)
+    per_link = link_step_bytes(topology, run)
     width, ranges = step_buckets((s for _, _, s in per_link), MAX_STEP_ROWS)
     agg: dict[int, dict[tuple[str, str], float]] = defaultdict(lambda: defaultdict(float))
     start = ranges[0][0] if ranges else 0
     for (src, dst, step), nbytes in per_link.items():
         agg[start + (step - start) // width * width][(src, dst)] += nbytes
-    windows: dict[int, list[float]] = {}
-    for e in result.link_events:
-        key = start + (e.step - start) // width * width
-        w = windows.setdefault(key, [e.start_s, e.end_s])
-        w[0] = min(w[0], e.start_s)
-        w[1] = max(w[1], e.end_s)
+    # when each row's messages were on the wire: first start and last arrival of its steps
+    bucket = start + (run.step - start) // width * width
+    windows = {int(k): (float(run.start[bucket == k].min()), float(run.end[bucket == k].max()))
+               for k in np.unique(bucket)}
     step_rows = []
     for first, last in ranges:
         links = agg[first]

@@ -8,6 +8,7 @@ import pytest
 
 from planner.algorithms import Options, get_algorithm
 from planner.compile import compile_schedule, resolve_topology
+from planner.report._run import Run, record_run
 from planner.simulate import SimResult, simulate
 from planner.topology import Topology
 from runtime.schedule import Schedule
@@ -17,12 +18,16 @@ SIZE = 64 << 20
 
 @dataclass(frozen=True)
 class Plan:
-    """A topology, a schedule on it, its recorded simulation and baseline simulations."""
+    """A topology, a schedule on it, its simulation with one row per message, and baseline simulations."""
 
     topology: Topology
     schedule: Schedule
-    result: SimResult
+    run: Run
     baselines: dict[str, SimResult]
+
+    @property
+    def result(self) -> SimResult:
+        return self.run.result
 
 
 @pytest.fixture(scope="session")
@@ -31,14 +36,14 @@ def dgx1_ring() -> Plan:
     topo = resolve_topology("dgx1-v100")
     ring = compile_schedule(topo, "allreduce", "ring", Options(size_bytes=SIZE))
     tree = compile_schedule(topo, "allreduce", "tree", Options(size_bytes=SIZE))
-    return Plan(topo, ring.schedule, simulate(topo, ring.schedule, SIZE, record=True), {"tree": tree.sim})
+    return Plan(topo, ring.schedule, record_run(topo, ring.schedule, SIZE), {"tree": tree.sim})
 
 
 @pytest.fixture(scope="session")
 def dgx1_tree() -> Plan:
     topo = resolve_topology("dgx1-v100")
     tree = compile_schedule(topo, "allreduce", "tree", Options(size_bytes=SIZE))
-    return Plan(topo, tree.schedule, simulate(topo, tree.schedule, SIZE, record=True), {})
+    return Plan(topo, tree.schedule, record_run(topo, tree.schedule, SIZE), {})
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +51,7 @@ def racks_plan() -> Plan:
     """12 ranks in 3 racks of 2 hosts: small, but with hosts, racks and switches."""
     topo = resolve_topology("emu-racks")
     c = compile_schedule(topo, "allreduce", "hierarchical", Options(size_bytes=SIZE))
-    return Plan(topo, c.schedule, simulate(topo, c.schedule, SIZE, record=True), {"ring": simulate(
+    return Plan(topo, c.schedule, record_run(topo, c.schedule, SIZE), {"ring": simulate(
         topo, compile_schedule(topo, "allreduce", "ring", Options(size_bytes=SIZE)).schedule, SIZE)})
 
 
@@ -58,4 +63,28 @@ def fattree_plan() -> Plan:
     """
     topo = resolve_topology("fattree-1024")
     schedule = get_algorithm("tree").load()(topo, "broadcast", Options(size_bytes=SIZE))
-    return Plan(topo, schedule, simulate(topo, schedule, SIZE, record=True), {})
+    return Plan(topo, schedule, record_run(topo, schedule, SIZE), {})
+
+
+def shipped(name: str) -> Plan:
+    """The shipped allreduce schedule of topology ``name`` (``schedules/``), simulated at the size it was built for."""
+    from pathlib import Path
+
+    from runtime.plan import as_plan, load_any
+
+    found = sorted((Path(__file__).resolve().parents[3] / "schedules").glob(f"{name}-allreduce.json*"))
+    schedule = as_plan(load_any(found[0])).schedules[0]
+    topo = resolve_topology(name)
+    return Plan(topo, schedule, record_run(topo, schedule, schedule.metadata.size_bytes or SIZE), {})
+
+
+@pytest.fixture(scope="session")
+def a100_shipped() -> Plan:
+    """32 ranks on 4 DGX A100: the shipped hierarchical allreduce (4 pipelined channels)."""
+    return shipped("dgx-a100-4node")
+
+
+@pytest.fixture(scope="session")
+def fattree_shipped() -> Plan:
+    """1024 ranks: the shipped hierarchical allreduce of fattree-1024 (328,704 operations)."""
+    return shipped("fattree-1024")

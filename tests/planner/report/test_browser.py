@@ -1,10 +1,12 @@
 """The reports in a real browser (headless Chromium): the JS runs without errors and the page draws.
 
-Screenshots land in pytest's tmp dir (kept for the last few runs) for a person to look at.
+Screenshots (1400x900, the window's top: headline, then the timeline) land in pytest's tmp dir (kept for the
+last few runs), and also in the folder ``TOPOCC_REPORT_SHOTS`` names, for a person to look at.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import struct
@@ -51,8 +53,13 @@ def png_summary(path: Path) -> tuple[int, int, int]:
     return width, height, len(set(zlib.decompress(idat)))
 
 
-def check_in_browser(html: str, out: Path, name: str, height: int) -> Path:
-    """Open the page: no console errors, the JS finished, every SVG is in the DOM; then take a screenshot."""
+def check_in_browser(html: str, out: Path, name: str, height: int = 900) -> tuple[Path, str]:
+    """Open the page: no console errors, the JS finished, every SVG is in the DOM; then take a screenshot.
+
+    Returns the screenshot and the DOM as the page's scripts left it.  Where
+    ``TOPOCC_REPORT_SHOTS`` names a folder, the screenshot is copied there too,
+    for a person to look at.
+    """
     page = out / f"{name}.html"
     page.write_text(html)
     dom, log = chromium(page, "--dump-dom")
@@ -66,18 +73,39 @@ def check_in_browser(html: str, out: Path, name: str, height: int) -> Path:
     width, h, distinct = png_summary(shot)
     assert (width, h) == (1400, height)
     assert shot.stat().st_size > 30_000 and distinct > 50, "the screenshot looks blank"
-    return shot
+    if os.environ.get("TOPOCC_REPORT_SHOTS"):
+        keep = Path(os.environ["TOPOCC_REPORT_SHOTS"])
+        keep.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, keep / shot.name)
+    return shot, dom
+
+
+def drawn_timeline(dom: str) -> dict[str, str]:
+    """The data attributes the timeline's script sets once it has drawn: view, rows and bars drawn."""
+    tag = re.search(r'<div[^>]*id="tl"[^>]*>', dom)
+    assert tag, "no timeline"
+    return dict(re.findall(r'data-(\w+)="([^"]*)"', tag.group(0)))
 
 
 def test_dgx1_ring_report(dgx1_ring: Plan, tmp_path: Path) -> None:
+    """8 ranks: a row per rank and channel (6 rings), every message end drawn, the 16 busiest links."""
     p = dgx1_ring
-    html = render_html(p.topology, p.schedule, SIZE, baselines=p.baselines, result=p.result)
-    check_in_browser(html, tmp_path, "dgx1-ring", 6400)
-    check_in_browser(render_topology_html(p.topology), tmp_path, "dgx1-topology", 900)
+    html = render_html(p.topology, p.schedule, SIZE, baselines=p.baselines, run=p.run)
+    _, dom = check_in_browser(html, tmp_path, "dgx1-v100-8-ranks")
+    assert drawn_timeline(dom) == {"rows": str(8 * 6 + 16), "view": "lanes", "bars": str(2 * p.run.messages)}
+    check_in_browser(render_topology_html(p.topology), tmp_path, "dgx1-topology")
+
+
+def test_a100_32_rank_report(a100_shipped: Plan, tmp_path: Path) -> None:
+    """32 ranks in 4 hosts: a row per rank and each of the 4 pipelined channels."""
+    p = a100_shipped
+    _, dom = check_in_browser(render_html(p.topology, p.schedule, SIZE, run=p.run), tmp_path, "dgx-a100-32-ranks")
+    assert drawn_timeline(dom) == {"rows": str(32 * 4 + 16), "view": "lanes", "bars": str(2 * p.run.messages)}
 
 
 @pytest.mark.slow
-def test_fattree_1024_report(fattree_plan: Plan, tmp_path: Path) -> None:
-    p = fattree_plan
-    html = render_html(p.topology, p.schedule, SIZE, result=p.result)
-    check_in_browser(html, tmp_path, "fattree-1024", 4200)
+def test_fattree_1024_report(fattree_shipped: Plan, tmp_path: Path) -> None:
+    """1024 ranks: a busy strip per rack (32), none per message."""
+    p = fattree_shipped
+    _, dom = check_in_browser(render_html(p.topology, p.schedule, SIZE, run=p.run), tmp_path, "fattree-1024-ranks")
+    assert drawn_timeline(dom) == {"rows": str(32 + 16), "view": "rack", "bars": "0"}

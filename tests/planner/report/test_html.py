@@ -2,22 +2,35 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
+from pathlib import Path
 
 import pytest
 
 from planner.report import render_html, render_topology_html
 from planner.report._model import build_view, messages
+from planner.report._run import link_step_bytes
 from planner.topology import parse_topology_text
 
 from .conftest import SIZE, Plan
 
 
-def _step_data(html: str) -> dict:
-    found = re.search(r'<script id="step-data" type="application/json">(.*?)</script>', html, re.S)
-    assert found, "step data missing"
+def _json(html: str, name: str) -> dict:
+    found = re.search(rf'<script id="{name}" type="application/json">(.*?)</script>', html, re.S)
+    assert found, f"{name} missing"
     return json.loads(found.group(1))
+
+
+def timeline(html: str) -> dict:
+    """The timeline's data, checked for what every page needs: views, a default among them, strips of BINS bytes."""
+    doc = _json(html, "timeline-data")
+    assert doc["default"] in {v["id"] for v in doc["views"]}
+    strips = [r[side] for v in doc["views"] for r in v.get("rows", []) for side in ("out", "in")]
+    strips += [r["v"] for r in doc["links"]["rows"] + doc["steps"]["rows"]]
+    assert all(len(base64.b64decode(strip)) == doc["bins"] for strip in strips)
+    return doc
 
 
 def check_self_contained(html: str) -> None:
@@ -30,10 +43,10 @@ def check_self_contained(html: str) -> None:
 
 def test_dgx1_report_has_every_view(dgx1_ring: Plan) -> None:
     p = dgx1_ring
-    html = render_html(p.topology, p.schedule, SIZE, baselines=p.baselines, result=p.result)
+    html = render_html(p.topology, p.schedule, SIZE, baselines=p.baselines, run=p.run)
     check_self_contained(html)
-    for anchor in ('id="svg-topo"', 'id="svg-structure"', 'id="svg-steps"', 'id="svg-gantt"', 'id="comparison"',
-                   'id="bottlenecks"', 'id="chan-select"', 'id="step-select"'):
+    for anchor in ('id="svg-topo"', 'id="svg-structure"', 'id="svg-steps"', 'id="tl-canvas"', 'id="comparison"',
+                   'id="bottlenecks"', 'id="chan-select"', 'id="step-select"', 'id="tl-rows"'):
         assert anchor in html
     # one drawn group per channel, one arrow per sender -> receiver pair of that channel
     channels = sorted({m.channel for m in messages(p.schedule)})
@@ -45,23 +58,31 @@ def test_dgx1_report_has_every_view(dgx1_ring: Plan) -> None:
     table = re.search(r'<table id="comparison">.*?</table>', html, re.S).group(0)
     assert "ring (this plan)" in table and "<td>tree</td>" in table
     # step data: one entry per step, indices of drawn links, bytes adding up to what the links carried
-    data = _step_data(html)
-    steps = {e.step for e in p.result.link_events}
+    data = _json(html, "step-data")
+    steps = {s for _, _, s in link_step_bytes(p.topology, p.run)}
     assert set(data["steps"]) == {str(s) for s in steps}
     n_lines = html.count('class="se"')
     assert n_lines == len(build_view(p.topology).edges)
     total = sum(b for pairs in data["steps"].values() for _, b in pairs)
     assert all(0 <= i < n_lines for pairs in data["steps"].values() for i, _ in pairs)
     assert total == pytest.approx(sum(p.result.link_bytes.values()), rel=1e-3)
-    # Gantt: a bar per send and receive (8 ranks x 168 messages x 2 ends), plus link bars
-    comm = sum(1 for e in p.result.op_events if e.peer is not None)
-    gantt = re.search(r'<svg id="svg-gantt".*?</svg>', html, re.S).group(0)
-    assert gantt.count("<rect") >= comm
+    # timeline: every message on its sender's and its receiver's row, a row per rank and channel by default
+    doc = timeline(html)
+    assert [v["id"] for v in doc["views"]] == ["lanes", "ranks"] and doc["default"] == "lanes"
+    assert doc["views"][0]["n"] == 8 * 6
+    iv = doc["intervals"]
+    assert len(iv) == 7 * 2 * 168 * 8  # 8 ranks x 168 messages, both ends, 7 numbers each
+    ends = [iv[i:i + 7] for i in range(0, len(iv), 7)]
+    assert all(0 <= t0 <= t1 <= doc["ticks"] for _, _, t0, t1, *_ in ends)
+    assert sum(1 for e in ends if e[6] & 1) == len(ends) // 2  # as many sends as receives
+    assert len(doc["steps"]["rows"]) == 14 and not doc["steps"]["pipelined"]  # 2 (n - 1) steps, one after another
+    assert len(doc["links"]["rows"]) == 16 and doc["links"]["candidates"] == 32
+    assert doc["links"]["rows"][0]["mean"] == pytest.approx(max(p.result.link_utilisation.values()), abs=1e-4)
 
 
 def test_deterministic(dgx1_ring: Plan) -> None:
     p = dgx1_ring
-    first = render_html(p.topology, p.schedule, SIZE, baselines=p.baselines, result=p.result)
+    first = render_html(p.topology, p.schedule, SIZE, baselines=p.baselines, run=p.run)
     assert render_html(p.topology, p.schedule, SIZE, baselines=p.baselines) == first  # simulates again
 
 
@@ -88,7 +109,7 @@ links:
 
 def test_hosts_and_racks_are_boxes(racks_plan: Plan) -> None:
     p = racks_plan
-    html = render_html(p.topology, p.schedule, SIZE, baselines=p.baselines, result=p.result)
+    html = render_html(p.topology, p.schedule, SIZE, baselines=p.baselines, run=p.run)
     check_self_contained(html)
     topo_svg = re.search(r'<svg id="svg-topo".*?</svg>', html, re.S).group(0)
     assert topo_svg.count('class="box-rack"') == 3 and topo_svg.count('class="box-host"') == 6
@@ -112,12 +133,45 @@ def test_topology_page_at_1024_ranks_is_aggregated() -> None:
 @pytest.mark.slow
 def test_1024_rank_report_is_bounded(fattree_plan: Plan) -> None:
     p = fattree_plan
-    html = render_html(p.topology, p.schedule, SIZE, result=p.result)
+    html = render_html(p.topology, p.schedule, SIZE, run=p.run)
     check_self_contained(html)
     assert len(html.encode()) < 5_000_000
-    for name in ("svg-topo", "svg-structure", "svg-steps", "svg-gantt"):
+    for name in ("svg-topo", "svg-structure", "svg-steps"):
         svg = re.search(rf'<svg id="{name}".*?</svg>', html, re.S).group(0)
         shapes = len(re.findall(r"<(?:rect|line|path|circle)\b", svg))
         assert shapes < 5000, (name, shapes)
-    gantt = re.search(r'<svg id="svg-gantt".*?</svg>', html, re.S).group(0)
-    assert ">h0 (8 ranks)<" in gantt and ">rank 0<" not in gantt  # per host past 64 ranks
+    # per host and per rack past 64 ranks, never per message
+    doc = timeline(html)
+    assert "intervals" not in doc
+    assert [(v["id"], v["n"]) for v in doc["views"]] == [("host", 128), ("rack", 32)] and doc["default"] == "rack"
+    assert doc["views"][0]["rows"][0]["label"] == "h0" and doc["views"][0]["rows"][0]["n"] == 8
+
+
+def test_inspect_writes_the_report_with_baselines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``topocc inspect --html``: the shipped DGX-1 plan against tree (simulated) and ring (its own algorithm)."""
+    import planner.summary as summary
+
+    shipped = Path(__file__).resolve().parents[3] / "schedules" / "dgx1-v100-allreduce.json"
+    out = tmp_path / "r.html"
+    said = summary.inspect_schedule(str(shipped), html=str(out), baselines=["ring", "tree", "no-such"])
+    assert said == f"wrote {out}"
+    table = re.search(r'<table id="comparison">.*?</table>', out.read_text(), re.S).group(0)
+    assert "ring (this plan)" in table and re.search(r"<td>tree</td><td class=\"num\">[0-9.]+ ms</td>", table)
+    # past the operation budget a baseline is timed by its busiest link alone, not simulated
+    monkeypatch.setattr(summary, "BASELINE_SIMULATE_OPS", 10)
+    summary.inspect_schedule(str(shipped), html=str(out), baselines=["tree"])
+    assert re.search(r"<td>tree</td><td colspan=\"5\" class=\"note\">not simulated \([0-9,]+ operations\): its busiest "
+                     r"link alone needs [0-9.]+ ms</td>", out.read_text())
+
+
+def test_flat_baselines_are_not_built_at_1024_ranks() -> None:
+    """A ring over 1024 ranks would cost minutes: the report says why it is not compared, without building it."""
+    from types import SimpleNamespace
+
+    from planner.compile import resolve_topology
+    from planner.summary import _baseline
+
+    plan = SimpleNamespace(collective="allreduce", root=None)  # all a baseline reads of the plan
+    note = _baseline(resolve_topology("fattree-1024"), plan, "ring", SIZE)  # type: ignore[arg-type]
+    assert note == "not compared: above 256 ranks it takes minutes to build (auto skips it too)"
+    assert _baseline(resolve_topology("fattree-1024"), plan, "no-such", SIZE) is None  # type: ignore[arg-type]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from planner.report import terminal_summary
 from planner.report._model import Message
+from planner.report._run import link_step_bytes
 from planner.report.text import describe_channel
 
 from .conftest import Plan
@@ -11,7 +12,7 @@ from .conftest import Plan
 
 def test_rings_are_listed_per_channel(dgx1_ring: Plan) -> None:
     p = dgx1_ring
-    text = terminal_summary(p.topology, p.schedule, p.result, top=5)
+    text = terminal_summary(p.topology, p.schedule, p.run, top=5)
     lines = text.splitlines()
     rings = [line for line in lines if "ring over 8 ranks: 0 -> " in line]
     assert len(rings) == 6
@@ -21,12 +22,12 @@ def test_rings_are_listed_per_channel(dgx1_ring: Plan) -> None:
     start = lines.index("busiest links (of 32 used):")
     assert len([line for line in lines[start + 3: start + 8] if "->" in line]) == 5
     step_rows = [line for line in lines if line.startswith("  ") and line.split()[0].isdigit()]
-    assert len(step_rows) == len({e.step for e in p.result.link_events})
+    assert len(step_rows) == len({s for _, _, s in link_step_bytes(p.topology, p.run)})
 
 
 def test_trees_are_recognised(dgx1_tree: Plan) -> None:
     p = dgx1_tree
-    text = terminal_summary(p.topology, p.schedule, p.result)
+    text = terminal_summary(p.topology, p.schedule, p.run)
     trees = [line for line in text.splitlines() if "tree over 8 ranks, root" in line]
     assert len(trees) == 2
 
