@@ -5,7 +5,9 @@ its percentage of the lower bound and its compile time (build + verify +
 simulate); an algorithm above the rank count where ``auto`` skips it
 (``Algorithm.auto_max_ranks``: minutes per compile there) is listed as skipped.
 Then the compile time and peak memory of ``auto`` as the cluster grows.
-Run: ``python benchmarks/planner_bench.py [--quick] [--topologies a,b] [--scale 16,128,1024,4096]``.
+``--routing MODE`` times every topology under that routing instead of its own
+(``spray`` gives the figures of topocc before routing was modelled).
+Run: ``python benchmarks/planner_bench.py [--quick] [--topologies a,b] [--routing spray] [--scale 16,128,1024,4096]``.
 """
 
 from __future__ import annotations
@@ -27,28 +29,31 @@ from planner.units import format_size, format_time
 SIZES = (64 << 10, 1 << 20, 64 << 20, 1 << 30)
 
 
-def quality_rows(names: list[str], sizes: tuple[int, ...], collective: str) -> list[tuple[object, ...]]:
+def quality_rows(names: list[str], sizes: tuple[int, ...], collective: str,
+                 routing: str | None = None) -> list[tuple[object, ...]]:
     rows: list[tuple[object, ...]] = []
     for name in names:
         topology = resolve_topology(name)
+        topology = topology.with_routing(routing) if routing else topology
         for size in sizes:
             bound = lower_bound(topology, collective, size).time_s
+            label = f"{name} ({topology.routing})"
             for algorithm in [*(a.name for a in ALGORITHMS.values() if collective in a.collectives), "auto"]:
                 if topology.size > 256 and algorithm in ("direct", "tree", "ring", "halving-doubling"):
                     continue  # flat algorithms on 1024 ranks: millions of operations; see the scale table
                 limit = ALGORITHMS[algorithm].auto_max_ranks if algorithm in ALGORITHMS else None
                 if limit is not None and topology.size > limit:  # as auto does: minutes per compile there
-                    rows.append((name, format_size(size), algorithm, "-", "-", "-", f"skipped above {limit} ranks"))
+                    rows.append((label, format_size(size), algorithm, "-", "-", "-", f"skipped above {limit} ranks"))
                     continue
                 started = time.perf_counter()
                 try:
                     compiled = compile_schedule(topology, collective, algorithm, Options(size_bytes=size))
                 except TopoccError as exc:
-                    rows.append((name, format_size(size), algorithm, "-", "-", "-", exc.message[:60]))
+                    rows.append((label, format_size(size), algorithm, "-", "-", "-", exc.message[:60]))
                     continue
                 elapsed = time.perf_counter() - started
                 chosen = compiled.schedule.metadata.algorithm if algorithm == "auto" else ""
-                rows.append((name, format_size(size), algorithm, format_time(compiled.sim.time_s),
+                rows.append((label, format_size(size), algorithm, format_time(compiled.sim.time_s),
                              f"{100 * bound / compiled.sim.time_s:.1f}%", f"{elapsed:.2f}s", chosen))
             print(f"  done {name} {format_size(size)}", file=sys.stderr, flush=True)
     return rows
@@ -86,12 +91,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="64 MiB and 1 GiB only; scale up to 1024 GPUs")
     parser.add_argument("--scale", default=None, help="comma-separated GPU counts for the scale table")
     parser.add_argument("--scale-only", action="store_true", help="print only the scale table")
+    parser.add_argument("--routing", default=None, help="time every topology under this routing instead of its own")
     args = parser.parse_args()
     names = args.topologies.split(",") if args.topologies else list(shipped_topologies())
     sizes = SIZES[2:] if args.quick else SIZES
     if not args.scale_only:
         for name in names:  # a table per topology, printed as soon as it is measured
-            print(format_table(quality_rows([name], sizes, args.collective),
+            print(format_table(quality_rows([name], sizes, args.collective, args.routing),
                                ("topology", "size", "algorithm", "predicted", "of bound", "compile", "chose / note")),
                   flush=True)
             print()

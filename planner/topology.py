@@ -495,9 +495,8 @@ class Topology:
 
     def with_routing(self, routing: str) -> Topology:
         """This topology under another routing (to compare modes); checked as :func:`build_topology` checks it."""
-        if routing == "dimension-order" and not any(link.dim is not None for link in self.links):
-            raise TopologyError("dimension-order routing needs links labelled with their dimension",
-                                where=self.source or self.name, fix="use a torus or mesh network")
+        if _unlabelled(routing, self.links):
+            raise TopologyError(_UNLABELLED, where=self.source or self.name, fix="use a torus or mesh network")
         return build_topology(self.name, self.devices, self.links, description=self.description, source=self.source,
                               routing=routing)
 
@@ -621,6 +620,14 @@ def parse_link(src: Source, item: Any, defaults: LinkDefaults) -> tuple[list[Lin
     return links, a, b
 
 
+_UNLABELLED = "dimension-order routing needs links labelled with their dimension"
+
+
+def _unlabelled(routing: str | None, links: Iterable[Link]) -> bool:
+    """Whether ``routing`` is dimension-order over links none of which says its dimension."""
+    return routing == "dimension-order" and all(link.dim is None for link in links)
+
+
 def parse_routing(src: Source, obj: YDict, key: str = "routing") -> str:
     """``obj[key]`` must name a routing mode; a near miss is suggested."""
     value = obj[key]
@@ -718,8 +725,8 @@ def parse_topology(doc: Any, source: str = "<topology>") -> Topology:
                                 fix=f"did you mean {hint!r}?" if hint else "declare it under devices:")
         add_links(new, src.at(link_list, i))
 
-    if top.get("routing") == "dimension-order" and not any(link.dim is not None for link in links):
-        raise src.error(top, "routing", "dimension-order routing needs links labelled with their dimension",
+    if _unlabelled(top.get("routing"), links):
+        raise src.error(top, "routing", _UNLABELLED,
                         fix="use a torus or mesh network under cluster:, or give the grid's links dim: 0, 1, ...")
     return build_topology(name, devices, links, description=description, source=source,
                           routing=routing or DEFAULT_ROUTING)
