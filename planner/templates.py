@@ -35,14 +35,15 @@ from planner._yaml import Source, YDict
 from planner.topology import (
     DEFAULT_ROUTING,
     DEVICE_KINDS,
+    ROUTING_MODES,
     Device,
     Link,
     LinkDefaults,
     _close_match,
     check_keys,
+    choice,
     name_string,
     parse_link,
-    parse_routing,
     positive_int,
     quantity,
 )
@@ -170,7 +171,7 @@ def _parse_host(src: Source, section: Any, defaults: LinkDefaults) -> _Host:
     gpus = positive_int(src, host, "gpus")
     if gpus > MAX_DEVICES:
         raise src.error(host, "gpus", f"gpus: {gpus} is too many for one host")
-    fabric = _choice(src, host, "fabric", FABRICS, "none", "fabric")
+    fabric = choice(src, host, "fabric", FABRICS, "none", "fabric")
 
     devices: list[tuple[str, str]] = [(f"gpu{i}", "gpu") for i in range(gpus)]
     links: list[Link] = []
@@ -352,7 +353,7 @@ def _network_type(src: Source, cluster: YDict, network: Any, hosts: int) -> str:
         return "none"
     if not isinstance(network, dict):
         raise src.error(cluster, "network", "network must be a mapping, e.g. {type: single-switch}")
-    net_type = _choice(src, network, "type", NETWORKS, None, "network type")
+    net_type = choice(src, network, "type", NETWORKS, None, "network type")
     if net_type == "none" and hosts > 1:
         raise src.error(network, "type", f"{hosts} hosts cannot share network type none")
     return net_type
@@ -362,7 +363,7 @@ def _network_routing(src: Source, net: YDict, net_type: str, topology_routing: s
     """The network's ``routing:``, checked against its type and the topology's; else the type's default."""
     if "routing" not in net:
         return topology_routing or NETWORK_ROUTING[net_type]
-    routing = parse_routing(src, net)
+    routing = choice(src, net, "routing", ROUTING_MODES, None, "routing")
     if routing == "dimension-order" and net_type not in ("torus", "mesh"):
         raise src.error(net, "routing", f"dimension-order routing needs a torus or mesh network, not {net_type}",
                         fix="use ecmp, source or spray")
@@ -479,20 +480,6 @@ _NETWORK_BUILDERS = {
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _choice(src: Source, obj: YDict, key: str, choices: tuple[str, ...], default: str | None, what: str) -> str:
-    """``obj[key]`` must be one of ``choices``; a near miss is suggested."""
-    if key not in obj:
-        if default is None:
-            raise src.error(obj, None, f"missing {key}", fix=f"use one of {', '.join(choices)}")
-        return default
-    value = obj[key]
-    if value not in choices:
-        hint = _close_match(str(value), choices)
-        raise src.error(obj, key, f"unknown {what} {value!r}",
-                        fix=f"did you mean {hint!r}?" if hint else f"use one of {', '.join(choices)}")
-    return str(value)
 
 
 def _spec(src: Source, parent: YDict, key: str, what: str, defaults: LinkDefaults, kind: str,

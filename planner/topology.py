@@ -628,13 +628,17 @@ def _unlabelled(routing: str | None, links: Iterable[Link]) -> bool:
     return routing == "dimension-order" and all(link.dim is None for link in links)
 
 
-def parse_routing(src: Source, obj: YDict, key: str = "routing") -> str:
-    """``obj[key]`` must name a routing mode; a near miss is suggested."""
+def choice(src: Source, obj: YDict, key: str, choices: tuple[str, ...], default: str | None, what: str) -> str:
+    """``obj[key]`` must be one of ``choices``; a near miss is suggested."""
+    if key not in obj:
+        if default is None:
+            raise src.error(obj, None, f"missing {key}", fix=f"use one of {', '.join(choices)}")
+        return default
     value = obj[key]
-    if value not in ROUTING_MODES:
-        hint = _close_match(str(value), ROUTING_MODES)
-        raise src.error(obj, key, f"unknown routing {value!r}",
-                        fix=f"did you mean {hint!r}?" if hint else f"use one of {', '.join(ROUTING_MODES)}")
+    if value not in choices:
+        hint = _close_match(str(value), choices)
+        raise src.error(obj, key, f"unknown {what} {value!r}",
+                        fix=f"did you mean {hint!r}?" if hint else f"use one of {', '.join(choices)}")
     return str(value)
 
 
@@ -657,7 +661,7 @@ def parse_topology(doc: Any, source: str = "<topology>") -> Topology:
         )
     if "devices" not in top and "cluster" not in top:
         raise src.error(top, None, "the topology declares no devices", fix="add 'devices:' and 'links:' or 'cluster:'")
-    routing = parse_routing(src, top) if "routing" in top else None
+    routing = choice(src, top, "routing", ROUTING_MODES, None, "routing") if "routing" in top else None
 
     devices: list[Device] = []
     places: dict[str, str] = {}  # device name -> where it was declared

@@ -18,6 +18,7 @@ from planner.topology import Device, Link, Topology, build_topology, load_topolo
 from planner.verify import verify
 from runtime.schedule import Chunk, Schedule
 from tests.conftest import TOPOLOGIES
+from tests.planner.test_topology import two_paths
 from tests.strategies import topologies
 
 GB = 1e9
@@ -207,26 +208,11 @@ def test_routes_bound_the_dgx1_below_its_link_capacity() -> None:
     assert 0.95 <= bound.time_s / sim.time_s <= 1.0
 
 
-def two_paths(routing: str) -> Topology:
-    """Two GPUs with two equal-cost paths: via switch a (20 + 20 GB/s) or via b (12 + 60 GB/s; the same
-    route cost, 1/20 + 1/20 = 1/12 + 1/60).  An even split is capped at 24 GB/s each way by b's 12 GB/s."""
-    return parse_topology_text(f"""
-name: two-paths
-routing: {routing}
-devices: [{{name: g, type: gpu, count: 2}}, {{name: a, type: switch}}, {{name: b, type: switch}}]
-links:
-  - {{ends: [g0, a], bandwidth: 20 GB/s, latency: 1 us}}
-  - {{ends: [a, g1], bandwidth: 20 GB/s, latency: 1 us}}
-  - {{ends: [g0, b], bandwidth: 12 GB/s, latency: 1 us}}
-  - {{ends: [b, g1], bandwidth: 60 GB/s, latency: 1 us}}
-""")
-
-
 @pytest.mark.parametrize("routing", ["ecmp", "source"])
 def test_the_routed_bound_allows_any_split_where_channels_choose_paths(routing: str) -> None:
     """Channels that ECMP hashes onto different paths carry 20:12 of each half: 32 GB/s each way, faster
-    than spray's fixed halves allow (24 GB/s).  The bound must stay below it, so under ECMP and source
-    routing the routed LP lets every pair split its bytes over its paths as it likes."""
+    than spray's fixed halves allow (24 GB/s: b's 12 GB/s caps its half).  The bound must stay below it,
+    so under ECMP and source routing the routed LP lets every pair split its bytes over its paths as it likes."""
     topo = two_paths(routing)
     via = {}  # (src, dst, first switch) -> a channel ECMP hashes there
     for src, dst in ((0, 1), (1, 0)):

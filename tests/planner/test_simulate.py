@@ -15,6 +15,7 @@ from planner.simulate import SimResult, bus_factor, chunk_bytes, simulate
 from planner.topology import ROUTING_MODES, Topology, parse_topology_text
 from planner.verify import verify
 from runtime.schedule import Chunk, PathChoice, Schedule
+from tests.planner.test_topology import two_paths
 
 GB = 1e9
 
@@ -173,23 +174,8 @@ links:
     assert sum(e.bytes for e in trunk) == pytest.approx(result.link_bytes[("s1", "s2")])
 
 
-TWO_PLANES = """
-name: two-planes
-routing: {routing}
-devices:
-  - {{name: g, type: gpu, count: 2}}
-  - {{name: a, type: switch}}
-  - {{name: b, type: switch}}
-links:
-  - {{ends: [g0, a], bandwidth: 10 GB/s, latency: 1 us}}
-  - {{ends: [a, g1], bandwidth: 10 GB/s, latency: 1 us}}
-  - {{ends: [g0, b], bandwidth: 10 GB/s, latency: 1 us}}
-  - {{ends: [b, g1], bandwidth: 10 GB/s, latency: 1 us}}
-"""
-
-
 def test_messages_split_evenly_over_equal_cost_paths() -> None:
-    topo = parse_topology_text(TWO_PLANES.format(routing="spray"))
+    topo = two_paths("spray", (10, 10), (10, 10))
     assert len(topo.routes(0, 1)) == 2
     size = 12 * 10**8
     result = simulate(topo, messages(2, [(0, 1)], [12]), size)
@@ -201,7 +187,7 @@ def test_messages_split_evenly_over_equal_cost_paths() -> None:
 
 @pytest.mark.parametrize("routing", ["ecmp", "source"])
 def test_a_hashed_connection_takes_one_path(routing: str) -> None:
-    topo = parse_topology_text(TWO_PLANES.format(routing=routing))
+    topo = two_paths(routing, (10, 10), (10, 10))
     size = 12 * 10**8
     result = simulate(topo, messages(2, [(0, 1)], [12]), size)
     assert result.time_s == pytest.approx(size / (10 * GB) + 2e-6, rel=1e-9)

@@ -244,21 +244,22 @@ cluster:
 """)
 
 
-#: Two GPUs joined by two equal-cost paths: via switch a (20 + 20 GB/s), or via switch b (12 + 60 GB/s:
-#: the same route cost, 1/20 + 1/20 = 1/12 + 1/60, but a narrower bottleneck).
-TWO_PATHS = """
+def two_paths(routing: str, via_a: tuple[int, int] = (20, 20), via_b: tuple[int, int] = (12, 60)) -> Topology:
+    """Two GPUs joined through switch a and through switch b, the GB/s of the hop in and the hop out given.
+
+    The default figures cost the same to route (1/20 + 1/20 = 1/12 + 1/60), so both paths are cheapest,
+    but b's bottleneck is narrower.
+    """
+    return parse_topology_text(f"""
 name: two-paths
 routing: {routing}
-devices:
-  - {{name: g, type: gpu, count: 2}}
-  - {{name: a, type: switch}}
-  - {{name: b, type: switch}}
+devices: [{{name: g, type: gpu, count: 2}}, {{name: a, type: switch}}, {{name: b, type: switch}}]
 links:
-  - {{ends: [g0, a], bandwidth: 20 GB/s, latency: 1 us}}
-  - {{ends: [a, g1], bandwidth: 20 GB/s, latency: 1 us}}
-  - {{ends: [g0, b], bandwidth: 12 GB/s, latency: 1 us}}
-  - {{ends: [b, g1], bandwidth: 60 GB/s, latency: 1 us}}
-"""
+  - {{ends: [g0, a], bandwidth: {via_a[0]} GB/s, latency: 1 us}}
+  - {{ends: [a, g1], bandwidth: {via_a[1]} GB/s, latency: 1 us}}
+  - {{ends: [g0, b], bandwidth: {via_b[0]} GB/s, latency: 1 us}}
+  - {{ends: [b, g1], bandwidth: {via_b[1]} GB/s, latency: 1 us}}
+""")
 
 
 def test_routing_defaults_follow_the_network_type() -> None:
@@ -331,7 +332,7 @@ links:
 
 
 def test_ecmp_puts_each_connection_on_one_hashed_path() -> None:
-    topo = parse_topology_text(TWO_PATHS.format(routing="ecmp"))
+    topo = two_paths("ecmp")
     assert len(topo.routes(0, 1)) == 2
     via = {}
     for channel in range(16):
@@ -344,7 +345,7 @@ def test_ecmp_puts_each_connection_on_one_hashed_path() -> None:
         assert topo.route_bandwidth(0, 1, channel) == (20e9 if via[channel] == "a" else 12e9)
     assert set(via.values()) == {"a", "b"}  # channels spread over both paths
     assert topo.route_key(0, 1, 3) == (0, 1, 3) and topo.route_key(1, 0, 3) == (1, 0, 3)
-    spray = parse_topology_text(TWO_PATHS.format(routing="spray"))
+    spray = two_paths("spray")
     assert spray.route_key(0, 1, 3) == (0, 1, 0) and len(spray.connection_paths(0, 1, 3)) == 2
 
 
@@ -365,13 +366,13 @@ def test_ecmp_hash_is_documented_and_the_same_in_every_process() -> None:
 
 
 def test_source_routing_hashes_connections_without_a_recorded_path() -> None:
-    ecmp = parse_topology_text(TWO_PATHS.format(routing="ecmp"))
-    source = parse_topology_text(TWO_PATHS.format(routing="source"))
+    ecmp = two_paths("ecmp")
+    source = two_paths("source")
     assert all(source.connection_paths(0, 1, c) == ecmp.connection_paths(0, 1, c) for c in range(8))
 
 
 def test_path_through_accepts_only_cheapest_paths() -> None:
-    topo = parse_topology_text(TWO_PATHS.format(routing="source"))
+    topo = two_paths("source")
     assert [ln.dst for ln in topo.path_through(0, 1, ["b"])] == ["b", "g1"]  # type: ignore[union-attr]
     assert topo.path_through(0, 1, ["a", "b"]) is None
     assert topo.path_through(0, 1, ["nowhere"]) is None
