@@ -16,9 +16,12 @@ or its one-line reason; then every compile against the targets of
 :mod:`planner.targets`, and a roll-up per family.  Interrupted (Ctrl-C), it
 still prints the summary of what it measured.
 
-Run: ``python benchmarks/planner_bench.py [--quick] [--topologies a,b] [--scale 16,128,1024,4096]``, or
+Run: ``python benchmarks/planner_bench.py [--quick] [--topologies a,b] [--routing spray] [--scale 16,128,1024,4096]``, or
 ``python benchmarks/planner_bench.py --suite [--quick] [--topologies a,b] [--collective allgather]
 [--sizes 1MiB,256MiB] [--limit 600]``.
+
+``--routing MODE`` times every shipped topology under that routing instead of
+its own (``spray`` gives the figures of topocc before routing was modelled).
 """
 
 from __future__ import annotations
@@ -50,28 +53,31 @@ SUITE_COLLECTIVES = ("allgather", "reducescatter", "allreduce")
 SUITE_SIZES = (SMALL_BYTES, LARGE_BYTES)
 
 
-def quality_rows(names: list[str], sizes: tuple[int, ...], collective: str) -> list[tuple[object, ...]]:
+def quality_rows(names: list[str], sizes: tuple[int, ...], collective: str,
+                 routing: str | None = None) -> list[tuple[object, ...]]:
     rows: list[tuple[object, ...]] = []
     for name in names:
         topology = resolve_topology(name)
+        topology = topology.with_routing(routing) if routing else topology
         for size in sizes:
             bound = lower_bound(topology, collective, size).time_s
+            label = f"{name} ({topology.routing})"
             for algorithm in [*(a.name for a in ALGORITHMS.values() if collective in a.collectives), "auto"]:
                 if topology.size > 256 and algorithm in ("direct", "tree", "ring", "halving-doubling"):
                     continue  # flat algorithms on 1024 ranks: millions of operations; see the scale table
                 limit = ALGORITHMS[algorithm].auto_max_ranks if algorithm in ALGORITHMS else None
                 if limit is not None and topology.size > limit:  # as auto does: minutes per compile there
-                    rows.append((name, format_size(size), algorithm, "-", "-", "-", f"skipped above {limit} ranks"))
+                    rows.append((label, format_size(size), algorithm, "-", "-", "-", f"skipped above {limit} ranks"))
                     continue
                 started = time.perf_counter()
                 try:
                     compiled = compile_schedule(topology, collective, algorithm, Options(size_bytes=size))
                 except TopoccError as exc:
-                    rows.append((name, format_size(size), algorithm, "-", "-", "-", exc.message[:60]))
+                    rows.append((label, format_size(size), algorithm, "-", "-", "-", exc.message[:60]))
                     continue
                 elapsed = time.perf_counter() - started
                 chosen = compiled.schedule.metadata.algorithm if algorithm == "auto" else ""
-                rows.append((name, format_size(size), algorithm, format_time(compiled.sim.time_s),
+                rows.append((label, format_size(size), algorithm, format_time(compiled.sim.time_s),
                              f"{100 * bound / compiled.sim.time_s:.1f}%", f"{elapsed:.2f}s", chosen))
             print(f"  done {name} {format_size(size)}", file=sys.stderr, flush=True)
     return rows
@@ -307,6 +313,7 @@ def main() -> None:
     parser.add_argument("--suite", action="store_true", help="the fabric suite against issue #11's targets")
     parser.add_argument("--limit", type=float, default=None,
                         help="with --suite, abandon a compile after this many seconds (reported as missed)")
+    parser.add_argument("--routing", default=None, help="time every topology under this routing instead of its own")
     args = parser.parse_args()
     names = args.topologies.split(",") if args.topologies else None
     if args.suite:
@@ -322,7 +329,7 @@ def main() -> None:
     sizes = _sizes(args.sizes) if args.sizes else (SIZES[2:] if args.quick else SIZES)
     if not args.scale_only:
         for name in names:  # a table per topology, printed as soon as it is measured
-            print(format_table(quality_rows([name], sizes, args.collective or "allreduce"),
+            print(format_table(quality_rows([name], sizes, args.collective or "allreduce", args.routing),
                                ("topology", "size", "algorithm", "predicted", "of bound", "compile", "chose / note")),
                   flush=True)
             print()

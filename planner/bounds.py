@@ -28,8 +28,10 @@ digraphs", 1974; reductions never mix elements, as the verifier enforces), so
 ``time >= 2(m-1) N / sum of the groups' in- (or out-) capacities``.  On up to
 :data:`ROUTED_PARTITION_RANKS` ranks the crossings' capacity is also solved
 exactly for the simulator's model, where a message between two ranks follows
-their fixed routes: an LP finds the most bytes/s that rank pairs in different
-groups can exchange at once over those routes.  It sees, say, that the PCIe
+the routes the topology's routing gives it: an LP finds the most bytes/s that
+rank pairs in different groups can exchange at once over those routes (any
+split over a pair's cheapest paths where channels or source routing let a
+schedule choose among them).  It sees, say, that the PCIe
 links into a DGX-1 GPU only carry messages that also cross the CPUs'
 interconnect, which the sum of capacities cannot.  On p equal
 ranks behind one switch this is the familiar 2(p-1)/p N/B (Patarasuk & Yuan,
@@ -66,7 +68,7 @@ import networkx as nx
 from planner.collectives import canonical_collective
 from planner.errors import InfeasibleError, NotApplicableError, UsageError
 from planner.solvers import LinearProgram, SolverOptions, solve
-from planner.topology import Topology
+from planner.topology import PER_CONNECTION, Topology
 from planner.units import format_bandwidth, format_time
 
 __all__ = ["Bound", "lower_bound"]
@@ -373,21 +375,44 @@ class _CutFamily:
 
 
 def _routed_crossings(topology: Topology, group_of: dict[int, int]) -> float | None:
-    """The most bytes/s that messages between ranks of different groups can carry over their fixed routes.
+    """The most bytes/s that messages between ranks of different groups can carry over their routes.
 
     An LP: a rate per ordered rank pair in different groups, every link's load
-    (each pair's rate times its route share, as the simulator splits messages)
-    within its bandwidth, maximising the total.  None unless solved to
-    optimality (a sub-optimal maximum would overstate the bound).
+    within its bandwidth, maximising the total.  Where the routing fixes how a
+    pair's messages use its paths (``spray``: evenly, ``dimension-order``: one
+    path), each rate loads the links by its route shares.  Where a schedule can
+    choose (``ecmp``: each channel hashes anew; ``source``: recorded paths),
+    any split over the pair's cheapest paths is allowed: a flow from each source
+    over the links of its cheapest paths, which a path decomposition turns into
+    per-pair splits, so no choice of channels or paths escapes the bound.  None
+    unless solved to optimality (a sub-optimal maximum would overstate the bound).
     """
-    pairs = [(a, b) for a in group_of for b in group_of
-             if group_of[a] != group_of[b] and topology.has_route(a, b)]
     lp = LinearProgram()
-    rate = [lp.var(cost=-1.0) for _ in pairs]
     usage: dict[tuple[str, str], list[tuple[int, float]]] = {}
-    for var, (a, b) in zip(rate, pairs):
-        for key, share in topology.route_shares(a, b).items():
-            usage.setdefault(key, []).append((var, share))
+    for a in group_of:
+        targets = [b for b in group_of if group_of[b] != group_of[a] and topology.has_route(a, b)]
+        if not targets:
+            continue
+        if topology.routing not in PER_CONNECTION:
+            for b in targets:
+                rate = lp.var(cost=-1.0)
+                for key, share in topology.route_shares(a, b).items():
+                    usage.setdefault(key, []).append((rate, share))
+            continue
+        links = sorted({(ln.src, ln.dst) for b in targets for ln in topology.equal_cost_links(a, b)})
+        flow = {key: lp.var() for key in links}
+        balance: dict[str, list[tuple[int, float]]] = {}  # inflow - outflow - delivered = 0 at every device
+        for key, var in flow.items():
+            usage.setdefault(key, []).append((var, 1.0))
+            balance.setdefault(key[0], []).append((var, -1.0))
+            balance.setdefault(key[1], []).append((var, 1.0))
+        for b in targets:
+            balance[topology.ranks[b]].append((lp.var(cost=-1.0), -1.0))
+        del balance[topology.ranks[a]]  # the source emits freely
+        for terms in balance.values():
+            lp.add_eq(terms, 0.0)
+    if not usage:
+        return None
     scale = max(link.bandwidth for link in topology.links)  # rates in units of the fastest link
     for key in sorted(usage):
         lp.add_le(usage[key], topology.link(*key).bandwidth / scale)  # type: ignore[union-attr]

@@ -27,6 +27,7 @@ from planner.errors import (
     UsageError,
     VerificationError,
 )
+from planner.paths import assign_paths, connection_chunks, recorded_paths
 from planner.simulate import SimResult, chunk_bytes, simulate
 from planner.topology import Topology, load_topology
 from planner.units import format_size, format_time
@@ -134,30 +135,29 @@ def _build(topology: Topology, collective: str, name: str, options: Options) -> 
         raise NotApplicableError(
             f"{name} does not implement {collective}", fix=f"algorithms for {collective}: {', '.join(others)}"
         )
-    return algorithm.load()(topology, collective, options)
+    # on a source-routed fabric every connection is given its path before the schedule is timed
+    return assign_paths(topology, algorithm.load()(topology, collective, options))
 
 
 def link_time(topology: Topology, schedule: Schedule, size_bytes: int) -> float:
     """A lower bound of :func:`~planner.simulate.simulate`'s time: the busiest link's bytes over its bandwidth.
 
-    Every message is split over its routes exactly as the simulator splits it
-    (:meth:`Topology.route_shares`), and the simulator never lets the flows on a
-    link exceed its bandwidth (max-min fair rates are feasible), so no schedule
-    finishes before its most loaded link has carried its load.  Costs one pass
-    over the sends, no events.
+    Every connection's messages follow the paths the simulator gives them (the
+    schedule's recorded path on a source-routed topology, else
+    :meth:`Topology.route_shares` of the connection), and the simulator never
+    lets the flows on a link exceed its bandwidth (max-min fair rates are
+    feasible), so no schedule finishes before its most loaded link has carried
+    its load.  Costs one pass over the sends, no events.
     """
     cb = chunk_bytes(schedule, size_bytes)
-    per_pair: dict[tuple[int, int], int] = {}
-    for rank, program in enumerate(schedule.programs):
-        for op in program:
-            if op.kind == "send":
-                key = (rank, op.peer)  # type: ignore[assignment]
-                per_pair[key] = per_pair.get(key, 0) + op.count  # type: ignore[index,arg-type]
+    recorded = recorded_paths(topology, schedule)
     load: dict[tuple[str, str], float] = {}
-    for (a, b), chunks in per_pair.items():
+    for (a, b, channel), chunks in connection_chunks(schedule).items():
         if not topology.has_route(a, b):
             continue  # the simulator refuses the schedule; it says why
-        for key, share in topology.route_shares(a, b).items():
+        path = recorded.get((a, b, channel))
+        shares = topology.route_shares(a, b, channel) if path is None else {(ln.src, ln.dst): 1.0 for ln in path}
+        for key, share in shares.items():
             load[key] = load.get(key, 0.0) + share * chunks * cb
     link = topology.link
     return max((v / link(*key).bandwidth for key, v in load.items()), default=0.0)  # type: ignore[union-attr]

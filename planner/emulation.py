@@ -268,7 +268,7 @@ def scaled_topology(topology: Topology, scale: float) -> Topology:
     links = [replace(link, bandwidth=link.bandwidth * scale) if is_inter_host(topology, link.src, link.dst)
              else link for link in topology.links]
     return build_topology(f"{topology.name} (emulated x{scale:g})", topology.devices, links,
-                          description=topology.description, source=topology.source)
+                          description=topology.description, source=topology.source, routing=topology.routing)
 
 
 def scale_for_rate(topology: Topology, bits_per_s: float) -> float:

@@ -8,9 +8,13 @@ The model (the execution model of :mod:`runtime.schedule`, timed):
   posted by b from a on channel c (FIFO, as the verifier matches them);
 * a transfer starts when both the send and its receive have started
   (rendezvous); both complete when the data has arrived;
-* a message of ``count`` chunks carries ``count * chunk_bytes`` bytes over
-  ``topology.routes(src, dst)``, split evenly over the equal-cost paths; each
-  path's share is one *flow* over every link of the path, switches included;
+* a message of ``count`` chunks carries ``count * chunk_bytes`` bytes over the
+  paths of its connection (sender, receiver, channel) under the topology's
+  routing (:meth:`~planner.topology.Topology.connection_paths`: all equal-cost
+  paths, split evenly, under ``spray``; one path otherwise), or over the path
+  the schedule records for the connection on a source-routed topology
+  (:func:`planner.paths.recorded_paths`); each path's share is one *flow* over
+  every link of the path, switches included;
 * messages on one connection (sender, receiver, channel) are transmitted one
   after another, in the order they became ready, as on a TCP stream, an MPI
   pair or an NCCL channel; the next may start as soon as the previous one's
@@ -39,8 +43,8 @@ switch) therefore cost O(ops log ops) overall: 1.3 to 1.8 s of CPU for the
 flows finishing at staggered times, O(F h) per group: a "direct" allreduce on
 192 ranks (36k concurrent flows over shared NICs) takes about a minute.  Flow
 slots are reused, so memory follows the concurrent flows; routes are computed
-once per rank pair and cached per topology (weakly: the cache never keeps a
-topology alive).
+once per rank pair (per connection where the routing tells channels apart) and
+cached per topology (weakly: the cache never keeps a topology alive).
 """
 
 from __future__ import annotations
@@ -54,7 +58,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from planner.errors import SimulationError
-from planner.topology import Topology
+from planner.paths import recorded_paths
+from planner.topology import Link, Topology
 from runtime.schedule import Op, Schedule
 
 __all__ = ["LinkEvent", "MessageHook", "OpEvent", "SimResult", "bus_factor", "chunk_bytes", "simulate"]
@@ -62,8 +67,11 @@ __all__ = ["LinkEvent", "MessageHook", "OpEvent", "SimResult", "bus_factor", "ch
 #: Events closer than this (relative) are one instant: floating-point noise must not split a step.
 _SAME_INSTANT = 1e-12
 
-#: Rank pairs whose routes are kept per topology (up to 16 paths each).
+#: Connections whose routes are kept per topology (up to 16 paths each).
 _ROUTE_CACHE_PAIRS = 1 << 18
+
+#: A connection's paths as link indices, and the latency of its slowest path.
+_Route = tuple[tuple[tuple[int, ...], ...], float]
 
 _LOCAL, _SEND, _RECV = 0, 1, 2
 _KIND_CODES = {"copy": _LOCAL, "reduce": _LOCAL, "send": _SEND, "recv": _RECV, "recv_reduce": _RECV}
@@ -158,30 +166,31 @@ def bus_factor(collective: str, ranks: int) -> float:
 
 
 class _Network:
-    """Links as integers, and routes as tuples of link indices, computed once per rank pair."""
+    """Links as integers, and routes as tuples of link indices, computed once per connection that differs."""
 
     def __init__(self, topology: Topology) -> None:
         # No reference to the topology itself: the cache entry must not keep it alive.
         self.names = [(link.src, link.dst) for link in topology.links]
         self.index = {key: i for i, key in enumerate(self.names)}
         self.bandwidth = [link.bandwidth for link in topology.links]
-        self.routes: dict[tuple[int, int], tuple[tuple[tuple[int, ...], ...], float]] = {}
+        self.routes: dict[tuple[int, int, int], _Route] = {}
 
-    def route(self, topology: Topology, src: int, dst: int) -> tuple[tuple[tuple[int, ...], ...], float]:
-        """(paths as link indices, latency of the slowest path) from rank ``src`` to rank ``dst``."""
-        key = (src, dst)
+    def route(self, topology: Topology, src: int, dst: int, channel: int) -> _Route:
+        """The route of connection ``(src, dst, channel)`` under the topology's routing."""
+        key = topology.route_key(src, dst, channel)
         found = self.routes.get(key)
         if found is None:
             if len(self.routes) >= _ROUTE_CACHE_PAIRS:
                 self.routes.clear()  # bounded memory: an alltoall on 1024 ranks touches a million pairs
-            paths = topology.routes(src, dst)
-            index = self.index
-            found = (
-                tuple(tuple(index[(link.src, link.dst)] for link in path) for path in paths),
-                max((sum(link.latency for link in path) for path in paths), default=0.0),
-            )
-            self.routes[key] = found
+            found = self.routes[key] = self.indexed(topology.connection_paths(src, dst, channel))
         return found
+
+    def indexed(self, paths: tuple[tuple[Link, ...], ...]) -> _Route:
+        index = self.index
+        return (
+            tuple(tuple(index[(link.src, link.dst)] for link in path) for path in paths),
+            max((sum(link.latency for link in path) for path in paths), default=0.0),
+        )
 
 
 # --------------------------------------------------------------------------- fair sharing
@@ -362,6 +371,11 @@ def _simulate(topology: Topology, schedule: Schedule, size_bytes: int, record: b
                 where=where, fix=f"relay the data through a rank that has a route to rank {dst}",
             )
 
+    # ---- routes, per connection (a schedule's recorded paths replace the topology's routing where it allows)
+    recorded = recorded_paths(topology, schedule)
+    conn_route: dict[tuple[int, int, int], _Route] = {
+        key: net.indexed((recorded[key],)) if key in recorded else net.route(topology, *key) for key in sends}
+
     # ---- state
     conn_of: dict[int, tuple[int, int, int]] = {g: key for key, ids in sends.items() for g in ids}
     conn_queue: dict[tuple[int, int, int], deque[int]] = {}  # busy connections and their waiting messages
@@ -451,9 +465,9 @@ def _simulate(topology: Topology, schedule: Schedule, size_bytes: int, record: b
         start_message(send, now)
 
     def start_message(send: int, now: float) -> None:
-        """Put a matched message on the wire: one flow per equal-cost path."""
-        src, dst = op_rank[send], op_rank[partner[send]]
-        paths, latency = net.route(topology, src, dst)
+        """Put a matched message on the wire: one flow per path of its connection."""
+        src = op_rank[send]
+        paths, latency = conn_route[conn_of[send]]
         nbytes = programs[src][send - base[src]].count * cb
         if on_message is not None:
             msg_start[send] = now

@@ -469,6 +469,7 @@ def format_summary(doc: Mapping[str, Any]) -> str:
         lines.append("  devices: " + ", ".join(f"{n} {k}" for k, n in doc["devices"].items()))
         lines.append(f"  link bandwidth: {format_bandwidth(doc['min_link_bandwidth_GBps'] * 1e9)} .. "
                      f"{format_bandwidth(doc['max_link_bandwidth_GBps'] * 1e9)}")
+        lines.append(f"  routing: {doc['routing']}")
         for coll, cut in doc["bounds"].items():
             lines.append(f"  cut bound ({coll}, {format_size(cut['size_bytes'])}): {format_time(cut['lower_bound_s'])}"
                          f" = at most {format_bandwidth(cut['max_algbw_GBps'] * 1e9)} algbw; "

@@ -14,6 +14,9 @@ network, so a 1024-GPU cluster is a dozen lines::
         nic: {bandwidth: 200 Gbit/s, latency: 0.5 us, attach_bandwidth: 32 GB/s}
       network: {type: fat-tree, hosts_per_leaf: 4, spines: 16, oversubscription: 2}
 
+The network's ``routing`` defaults by type (torus and mesh: ``dimension-order``;
+switched networks: ``ecmp``, see ``docs/topology-format.md`` for why).
+
 Names: host ``h`` holds ``h{h}.gpu{i}``, ``h{h}.nvsw0``, ``h{h}.pcie{k}``,
 ``h{h}.cpu{c}``, ``h{h}.nic{j}`` and its extra local devices; the network adds
 ``sw0``, ``leaf{l}``/``spine{s}``, ``rail{r}`` or per-host routers ``r{h}``.
@@ -30,12 +33,15 @@ from typing import Any
 
 from planner._yaml import Source, YDict
 from planner.topology import (
+    DEFAULT_ROUTING,
     DEVICE_KINDS,
+    ROUTING_MODES,
     Device,
     Link,
     LinkDefaults,
     _close_match,
     check_keys,
+    choice,
     name_string,
     parse_link,
     positive_int,
@@ -43,7 +49,8 @@ from planner.topology import (
 )
 from planner.units import parse_bandwidth, parse_time
 
-__all__ = ["FABRICS", "HYBRID_CUBE_MESH_LANES", "MAX_DEVICES", "MAX_LINKS", "NETWORKS", "expand_cluster"]
+__all__ = ["FABRICS", "HYBRID_CUBE_MESH_LANES", "MAX_DEVICES", "MAX_LINKS", "NETWORKS", "NETWORK_ROUTING",
+           "expand_cluster"]
 
 FABRICS = ("nvswitch", "hybrid-cube-mesh", "pcie-tree", "fully-connected", "none")
 NETWORKS = ("single-switch", "fat-tree", "rail-optimized", "torus", "mesh", "none")
@@ -66,12 +73,23 @@ _PCIE_KEYS = ("bandwidth", "latency", "kind", "gpus_per_switch", "cpus", "uplink
 _NIC_KEYS = ("bandwidth", "latency", "kind", "attach", "attach_bandwidth", "attach_latency")
 _HOST_DEVICE_KEYS = ("name", "type", "count")
 _NETWORK_KEYS = {
-    "none": ("type",),
-    "single-switch": ("type",),
-    "fat-tree": ("type", "hosts_per_leaf", "spines", "oversubscription", "latency"),
-    "rail-optimized": ("type", "spines", "oversubscription", "latency"),
-    "torus": ("type", "dims", "link"),
-    "mesh": ("type", "dims", "link"),
+    "none": ("type", "routing"),
+    "single-switch": ("type", "routing"),
+    "fat-tree": ("type", "hosts_per_leaf", "spines", "oversubscription", "latency", "routing"),
+    "rail-optimized": ("type", "spines", "oversubscription", "latency", "routing"),
+    "torus": ("type", "dims", "link", "routing"),
+    "mesh": ("type", "dims", "link", "routing"),
+}
+#: Routing of each network type unless ``routing:`` says otherwise: grids route in dimension order (their
+#: routers do; MultiTree and TACOS model it so); switched networks hash each flow onto one path (RoCE's ECMP;
+#: InfiniBand's subnet manager also fixes one path per destination unless adaptive routing is on).
+NETWORK_ROUTING = {
+    "none": DEFAULT_ROUTING,
+    "single-switch": "ecmp",
+    "fat-tree": "ecmp",
+    "rail-optimized": "ecmp",
+    "torus": "dimension-order",
+    "mesh": "dimension-order",
 }
 _RATIO = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*:\s*([0-9]*\.?[0-9]+)\s*$")
 
@@ -85,11 +103,12 @@ class _Spec:
     count: int
     kind: str
 
-    def links(self, a: str, b: str, lanes: int | None = None) -> list[Link]:
-        """Both directions of a full-duplex link ``a <-> b``."""
+    def links(self, a: str, b: str, lanes: int | None = None, dim: int | None = None) -> list[Link]:
+        """Both directions of a full-duplex link ``a <-> b`` (with ``dim``: a grid link, ``a -> b`` ascending)."""
         n = self.count if lanes is None else lanes
         bw = self.bandwidth * n
-        return [Link(a, b, bw, self.latency, n, self.kind), Link(b, a, bw, self.latency, n, self.kind)]
+        return [Link(a, b, bw, self.latency, n, self.kind, dim),
+                Link(b, a, bw, self.latency, n, self.kind, dim, ascending=False)]
 
 
 @dataclass(slots=True)
@@ -103,10 +122,14 @@ class _Host:
     nic: _Spec | None  # the NIC's port to the network
 
 
-def expand_cluster(src: Source, section: Any, defaults: LinkDefaults) -> tuple[list[Device], list[Link]]:
-    """Expand a ``cluster:`` mapping into devices (GPUs host by host) and directed links.
+def expand_cluster(src: Source, section: Any, defaults: LinkDefaults,
+                   routing: str | None = None) -> tuple[list[Device], list[Link], str]:
+    """Expand a ``cluster:`` mapping into devices (GPUs host by host), directed links and the routing.
 
-    Raises :class:`planner.errors.TopologyError` pointing at the offending key.
+    ``routing`` is the topology's own ``routing:`` (None: not given); the
+    network's must agree with it, and without either the network type decides
+    (:data:`NETWORK_ROUTING`).  Raises :class:`planner.errors.TopologyError`
+    pointing at the offending key.
     """
     cluster = check_keys(src, section, "cluster", _CLUSTER_KEYS, ("hosts", "host"))
     hosts = positive_int(src, cluster, "hosts")
@@ -122,6 +145,7 @@ def expand_cluster(src: Source, section: Any, defaults: LinkDefaults) -> tuple[l
         raise src.error(net, "type", f"a {net_type} network joins hosts through NICs, but each host has none",
                         fix="add nics: and nic: {bandwidth: ...} under host:")
 
+    routing = _network_routing(src, net, net_type, routing)
     racks = _racks(src, cluster, net, net_type, hosts)
     devices: list[Device] = []
     links: list[Link] = []
@@ -135,7 +159,7 @@ def expand_cluster(src: Source, section: Any, defaults: LinkDefaults) -> tuple[l
 
     if net_type != "none" and host.nic is not None:
         _NETWORK_BUILDERS[net_type](src, net, hosts, host.nics, host.nic, devices, links)
-    return devices, links
+    return devices, links, routing
 
 
 # --------------------------------------------------------------------------- the host
@@ -147,7 +171,7 @@ def _parse_host(src: Source, section: Any, defaults: LinkDefaults) -> _Host:
     gpus = positive_int(src, host, "gpus")
     if gpus > MAX_DEVICES:
         raise src.error(host, "gpus", f"gpus: {gpus} is too many for one host")
-    fabric = _choice(src, host, "fabric", FABRICS, "none", "fabric")
+    fabric = choice(src, host, "fabric", FABRICS, "none", "fabric")
 
     devices: list[tuple[str, str]] = [(f"gpu{i}", "gpu") for i in range(gpus)]
     links: list[Link] = []
@@ -329,10 +353,24 @@ def _network_type(src: Source, cluster: YDict, network: Any, hosts: int) -> str:
         return "none"
     if not isinstance(network, dict):
         raise src.error(cluster, "network", "network must be a mapping, e.g. {type: single-switch}")
-    net_type = _choice(src, network, "type", NETWORKS, None, "network type")
+    net_type = choice(src, network, "type", NETWORKS, None, "network type")
     if net_type == "none" and hosts > 1:
         raise src.error(network, "type", f"{hosts} hosts cannot share network type none")
     return net_type
+
+
+def _network_routing(src: Source, net: YDict, net_type: str, topology_routing: str | None) -> str:
+    """The network's ``routing:``, checked against its type and the topology's; else the type's default."""
+    if "routing" not in net:
+        return topology_routing or NETWORK_ROUTING[net_type]
+    routing = choice(src, net, "routing", ROUTING_MODES, None, "routing")
+    if routing == "dimension-order" and net_type not in ("torus", "mesh"):
+        raise src.error(net, "routing", f"dimension-order routing needs a torus or mesh network, not {net_type}",
+                        fix="use ecmp, source or spray")
+    if topology_routing is not None and topology_routing != routing:
+        raise src.error(net, "routing", f"the network's routing {routing!r} contradicts the topology's "
+                        f"routing {topology_routing!r}", fix="give the routing once")
+    return routing
 
 
 def _racks(src: Source, cluster: YDict, net: YDict, net_type: str, hosts: int) -> int | None:
@@ -424,12 +462,12 @@ def _grid(src: Source, net: YDict, hosts: int, nics: int, nic: _Spec, devices: l
         for j in range(nics):
             links += nic.links(f"h{h}.nic{j}", f"r{h}")
     for h in range(hosts):
-        for size, stride in zip(dims, strides):
+        for dim, (size, stride) in enumerate(zip(dims, strides)):
             coord = (h // stride) % size
             if coord + 1 < size:
-                links += spec.links(f"r{h}", f"r{h + stride}")
+                links += spec.links(f"r{h}", f"r{h + stride}", dim=dim)
             elif wrap and size > 2:  # a ring of 2 already has its one link; a ring of 1 has none
-                links += spec.links(f"r{h}", f"r{h - coord * stride}")
+                links += spec.links(f"r{h}", f"r{h - coord * stride}", dim=dim)
 
 
 _NETWORK_BUILDERS = {
@@ -442,20 +480,6 @@ _NETWORK_BUILDERS = {
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _choice(src: Source, obj: YDict, key: str, choices: tuple[str, ...], default: str | None, what: str) -> str:
-    """``obj[key]`` must be one of ``choices``; a near miss is suggested."""
-    if key not in obj:
-        if default is None:
-            raise src.error(obj, None, f"missing {key}", fix=f"use one of {', '.join(choices)}")
-        return default
-    value = obj[key]
-    if value not in choices:
-        hint = _close_match(str(value), choices)
-        raise src.error(obj, key, f"unknown {what} {value!r}",
-                        fix=f"did you mean {hint!r}?" if hint else f"use one of {', '.join(choices)}")
-    return str(value)
 
 
 def _spec(src: Source, parent: YDict, key: str, what: str, defaults: LinkDefaults, kind: str,

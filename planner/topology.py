@@ -7,6 +7,22 @@ model; a full-duplex link (the default) becomes one edge each way with the full
 bandwidth.  Messages between two ranks follow the cheapest paths whose interior
 holds no GPU (GPUs do not forward data on their own: a schedule that needs to
 relay through a GPU says so with a receive and a send).
+
+Where a pair has several cheapest paths, the topology's ``routing`` says which
+a connection (sender, receiver, channel) takes, as its fabric would:
+
+* ``spray``: every message split evenly over the paths (adaptive routing,
+  packet spraying);
+* ``ecmp``: one path per connection; every device with several next hops on
+  a cheapest path picks one by hashing the connection with its own name, as a
+  switch hashes a flow's 5-tuple (:func:`ecmp_hash`);
+* ``dimension-order``: the one cheapest path that corrects the lowest
+  dimension first (links labelled with ``dim``: torus and mesh networks);
+* ``source``: the sender picks among the paths (a schedule records its
+  choices, :mod:`planner.paths`); a connection without one hashes as ``ecmp``.
+
+:meth:`Topology.connection_paths` is the one place that applies the mode; the
+simulator, the bounds and every algorithm's cost model go through it.
 """
 
 from __future__ import annotations
@@ -14,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
+import zlib
 from array import array
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -28,11 +45,14 @@ from planner.errors import TopologyError
 from planner.units import UnitError, parse_bandwidth, parse_time
 
 __all__ = [
+    "DEFAULT_ROUTING",
     "DEVICE_KINDS",
+    "ROUTING_MODES",
     "Device",
     "Link",
     "Topology",
     "build_topology",
+    "ecmp_hash",
     "load_topology",
     "parse_topology",
     "parse_topology_text",
@@ -41,6 +61,13 @@ __all__ = [
 T = TypeVar("T")
 
 DEVICE_KINDS = ("gpu", "cpu", "pcie", "nvswitch", "nic", "switch")
+#: How a fabric spreads a pair's traffic over its cheapest paths (see the module docstring).
+ROUTING_MODES = ("spray", "ecmp", "dimension-order", "source")
+#: The routing of a topology that does not say (explicit devices and links, single-host clusters): one path
+#: per connection, what a switch without adaptive routing does; templates choose per network type.
+DEFAULT_ROUTING = "ecmp"
+#: Modes in which two channels between one pair may take different paths.
+PER_CONNECTION = ("ecmp", "source")
 #: A route's cost is its latency plus the time a message of this size takes on each hop:
 #: both terms matter when choosing between a short slow path and a longer fast one.
 ROUTE_REFERENCE_BYTES = 1 << 20
@@ -48,6 +75,19 @@ ROUTE_REFERENCE_BYTES = 1 << 20
 MAX_PATHS = 16
 #: Rank pairs whose paths a topology keeps (each up to MAX_PATHS paths).
 _PATH_CACHE_PAIRS = 1 << 17
+
+
+def ecmp_hash(src: int, dst: int, channel: int, device: str) -> int:
+    """The ECMP hash of connection ``src -> dst`` on ``channel`` at ``device``: CRC-32 of ``"src dst channel device"``.
+
+    Deterministic across processes and platforms (unlike Python's ``hash``); the
+    device's name plays the part of a switch's hash seed, so that consecutive
+    switches do not all pick the same index (hash polarisation).
+
+    >>> ecmp_hash(0, 1, 0, "leaf0") == ecmp_hash(0, 1, 0, "leaf0")
+    True
+    """
+    return zlib.crc32(f"{src} {dst} {channel} {device}".encode())
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +113,12 @@ class Device:
 
 @dataclass(frozen=True, slots=True)
 class Link:
-    """A directed link; ``bandwidth`` (bytes/s) already counts all ``count`` parallel lanes."""
+    """A directed link; ``bandwidth`` (bytes/s) already counts all ``count`` parallel lanes.
+
+    ``dim`` labels a torus or mesh link with the dimension it moves along, and
+    ``ascending`` whether it moves to the next coordinate (wrapping round) or the
+    previous one: what dimension-order routing follows.
+    """
 
     src: str
     dst: str
@@ -81,6 +126,8 @@ class Link:
     latency: float
     count: int = 1
     kind: str = ""
+    dim: int | None = None
+    ascending: bool = True
 
 
 @dataclass(frozen=True)
@@ -93,6 +140,7 @@ class Topology:
     ranks: tuple[str, ...]
     description: str = ""
     source: str | None = field(default=None, compare=False)
+    routing: str = DEFAULT_ROUTING
 
     @property
     def size(self) -> int:
@@ -136,12 +184,23 @@ class Topology:
 
     @cached_property
     def fingerprint(self) -> str:
-        """SHA-256 of the normalised topology (devices, links, rank order; not the name)."""
-        doc = {
+        """SHA-256 of the normalised topology (devices, links, rank order, routing; not the name).
+
+        Under spray routing the document is what it was before topologies had a
+        routing (every topology sprayed then), so a schedule compiled then still
+        matches a spray topology, and no other; links' ``dim`` labels count only
+        where dimension-order routing follows them.
+        """
+        labelled = self.routing == "dimension-order"
+        doc: dict[str, Any] = {
             "devices": sorted([d.name, d.kind, d.host or "", d.rack or ""] for d in self.devices),
-            "links": sorted([ln.src, ln.dst, repr(ln.bandwidth), repr(ln.latency), ln.count] for ln in self.links),
+            "links": sorted([ln.src, ln.dst, repr(ln.bandwidth), repr(ln.latency), ln.count]
+                            + ([ln.dim, ln.ascending] if labelled and ln.dim is not None else [])
+                            for ln in self.links),
             "ranks": list(self.ranks),
         }
+        if self.routing != "spray":
+            doc["routing"] = self.routing
         return hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()
 
     @cached_property
@@ -277,11 +336,6 @@ class Topology:
         found = cache[(src, dst)] = tuple(paths)
         return found
 
-    def route_latency(self, src: int, dst: int) -> float:
-        """Latency of the first cheapest path (the alpha term of a message)."""
-        paths = self.routes(src, dst)
-        return sum(link.latency for link in paths[0]) if paths else float("inf")
-
     @cached_property
     def symmetric(self) -> bool:
         """Whether every link has a reverse twin of equal bandwidth and latency (all full duplex).
@@ -296,28 +350,155 @@ class Topology:
             for link in self.links
         )
 
-    def route_shares(self, src: int, dst: int) -> dict[tuple[str, str], float]:
-        """The fraction of a message ``src -> dst`` that crosses each directed link.
-
-        Messages are split evenly over the equal-cost paths (as the simulator
-        sends them); paths may share links, which then carry every share.
-        """
-        cache: dict[tuple[int, int], dict[tuple[str, str], float]] = self.derived("route_shares", dict)
+    def _next_hops(self, src: int, dst: int) -> tuple[dict[int, tuple[int, ...]], bool]:
+        """Every device on a cheapest path from rank ``src`` to rank ``dst`` with its out-links (indices, in
+        declaration order) that stay on one; and whether any device has a choice (several paths)."""
+        cache: dict[tuple[int, int], tuple[dict[int, tuple[int, ...]], bool]] = self.derived("next_hops", dict)
         found = cache.get((src, dst))
+        if found is not None:
+            return found
+        tree = self._shortest_from(src)
+        _, _, rank_device = self._graph
+        index = self._device_position
+        links = self.links
+        hops: dict[int, set[int]] = {}
+        target = rank_device[dst]
+        seen = {target}
+        stack = [target] if src != dst and tree.cost[dst] != float("inf") else []
+        while stack:  # back from the destination over every equal-cost parent link
+            node = stack.pop()
+            head = tree.first[node]
+            if head == -2:
+                continue
+            for k in (head, *tree.extra.get(node, ())):
+                u = index[links[k].src]
+                hops.setdefault(u, set()).add(k)
+                if u not in seen:
+                    seen.add(u)
+                    stack.append(u)
+        ordered = {u: tuple(sorted(ks)) for u, ks in hops.items()}
+        if len(cache) >= _PATH_CACHE_PAIRS:
+            cache.clear()
+        found = cache[(src, dst)] = (ordered, any(len(ks) > 1 for ks in ordered.values()))
+        return found
+
+    def _walk(self, src: int, dst: int, choose: Callable[[int, tuple[int, ...]], int]) -> tuple[Link, ...]:
+        """The cheapest path from rank ``src`` to rank ``dst`` on which ``choose(device, out-links)`` picks every
+        next hop that has alternatives (a link index of the choices)."""
+        hops, _ = self._next_hops(src, dst)
+        _, _, rank_device = self._graph
+        index = self._device_position
+        node, target = rank_device[src], rank_device[dst]
+        path: list[Link] = []
+        while node != target:
+            choices = hops[node]
+            link = self.links[choices[0] if len(choices) == 1 else choose(node, choices)]
+            path.append(link)
+            node = index[link.dst]
+        return tuple(path)
+
+    def equal_cost_links(self, src: int, dst: int) -> tuple[Link, ...]:
+        """Every link on some cheapest path from rank ``src`` to rank ``dst``: the paths a connection may take
+        where the fabric lets it choose (any path through them, from ``src`` on, is a cheapest path)."""
+        hops, _ = self._next_hops(src, dst)
+        return tuple(self.links[k] for ks in hops.values() for k in ks)
+
+    def route_key(self, src: int, dst: int, channel: int = 0) -> tuple[int, int, int]:
+        """The connection ``(src, dst, channel)``, or ``(src, dst, 0)`` where the channel cannot change the path:
+        connections with one key take the same paths (what the route caches are keyed by)."""
+        if channel and self.routing in PER_CONNECTION and self._next_hops(src, dst)[1]:
+            return (src, dst, channel)
+        return (src, dst, 0)
+
+    def connection_paths(self, src: int, dst: int, channel: int = 0) -> tuple[tuple[Link, ...], ...]:
+        """The paths the messages of connection ``(src, dst, channel)`` take under the topology's routing.
+
+        A message is split evenly over them: all of :meth:`routes` under
+        ``spray``, one path otherwise (under ``source``, the ``ecmp`` path: a
+        schedule's recorded choices are applied by :func:`planner.paths.recorded_paths`).
+        Empty when the pair has no route.
+        """
+        key = self.route_key(src, dst, channel)
+        cache: dict[tuple[int, int, int], tuple[tuple[Link, ...], ...]] = self.derived("connection_paths", dict)
+        found = cache.get(key)
+        if found is not None:
+            return found
+        if self.routing == "spray" or not self.has_route(src, dst):
+            found = self.routes(src, dst)
+        elif self.routing == "dimension-order":
+            links = self.links
+
+            def lowest_dimension(node: int, choices: tuple[int, ...]) -> int:
+                return min(choices, key=lambda k: (links[k].dim is None, links[k].dim or 0, not links[k].ascending, k))
+
+            found = (self._walk(src, dst, lowest_dimension),)
+        else:
+            devices = self.devices
+
+            def hashed(node: int, choices: tuple[int, ...]) -> int:
+                return choices[ecmp_hash(src, dst, key[2], devices[node].name) % len(choices)]
+
+            found = (self._walk(src, dst, hashed),)
+        if len(cache) >= _PATH_CACHE_PAIRS:
+            cache.clear()
+        cache[key] = found
+        return found
+
+    def path_through(self, src: int, dst: int, via: Iterable[str]) -> tuple[Link, ...] | None:
+        """The cheapest path from rank ``src`` to rank ``dst`` through the devices ``via`` (in order), or None
+        if that is not one (a source-routed schedule's recorded choice, checked against this topology)."""
+        hops, _ = self._next_hops(src, dst)
+        _, _, rank_device = self._graph
+        index = self._device_position
+        node = rank_device[src]
+        path: list[Link] = []
+        for name in (*via, self.ranks[dst]):
+            step = index.get(name)
+            link = next((self.links[k] for k in hops.get(node, ()) if index[self.links[k].dst] == step), None)
+            if link is None:
+                return None
+            path.append(link)
+            node = step  # type: ignore[assignment]  # a link was found, so the name is a device
+        return tuple(path)
+
+    def route_shares(self, src: int, dst: int, channel: int = 0) -> dict[tuple[str, str], float]:
+        """The fraction of a message of connection ``(src, dst, channel)`` that crosses each directed link.
+
+        Under :meth:`connection_paths`: one path carries all of it, or (spray)
+        the paths share it evenly, and links that several paths share carry
+        every share.
+        """
+        cache: dict[tuple[int, int, int], dict[tuple[str, str], float]] = self.derived("route_shares", dict)
+        key = self.route_key(src, dst, channel)
+        found = cache.get(key)
         if found is None:
-            paths = self.routes(src, dst)
+            paths = self.connection_paths(src, dst, channel)
             found = {}
             for path in paths:
                 for link in path:
-                    key = (link.src, link.dst)
-                    found[key] = found.get(key, 0.0) + 1.0 / len(paths)
-            cache[(src, dst)] = found
+                    k = (link.src, link.dst)
+                    found[k] = found.get(k, 0.0) + 1.0 / len(paths)
+            if len(cache) >= _PATH_CACHE_PAIRS:
+                cache.clear()
+            cache[key] = found
         return found
 
-    def route_bandwidth(self, src: int, dst: int) -> float:
-        """Bandwidth of a lone message from ``src`` to ``dst`` split over its equal-cost paths."""
-        shares = self.route_shares(src, dst)
+    def route_bandwidth(self, src: int, dst: int, channel: int = 0) -> float:
+        """Bandwidth of a lone message of connection ``(src, dst, channel)`` over its paths."""
+        shares = self.route_shares(src, dst, channel)
         return min((self._links[key].bandwidth / share for key, share in shares.items()), default=0.0)
+
+    def route_latency(self, src: int, dst: int, channel: int = 0) -> float:
+        """Latency of connection ``(src, dst, channel)``: of its slowest path, as the simulator charges it."""
+        paths = self.connection_paths(src, dst, channel)
+        return max(sum(link.latency for link in path) for path in paths) if paths else float("inf")
+
+    def with_routing(self, routing: str) -> Topology:
+        """This topology under another routing (to compare modes); checked as :func:`build_topology` checks it."""
+        if _unlabelled(routing, self.links):
+            raise TopologyError(_UNLABELLED, where=self.source or self.name, fix="use a torus or mesh network")
+        return build_topology(self.name, self.devices, self.links, description=self.description, source=self.source,
+                              routing=routing)
 
     def derived(self, key: str, factory: Callable[[], T]) -> T:
         """A value computed once per topology and kept with it (the simulator's network, the cut family)."""
@@ -329,9 +510,9 @@ class Topology:
 
 # --------------------------------------------------------------------------- loading
 
-_TOP_KEYS = ("name", "description", "defaults", "devices", "links", "cluster")
+_TOP_KEYS = ("name", "description", "defaults", "routing", "devices", "links", "cluster")
 _DEVICE_KEYS = ("name", "type", "host", "rack", "count")
-_LINK_KEYS = ("ends", "bandwidth", "latency", "count", "direction", "kind")
+_LINK_KEYS = ("ends", "bandwidth", "latency", "count", "direction", "kind", "dim")
 
 
 def load_topology(path: str | Path) -> Topology:
@@ -432,10 +613,33 @@ def parse_link(src: Source, item: Any, defaults: LinkDefaults) -> tuple[list[Lin
     direction = item.get("direction", "both")
     if direction not in ("both", "forward"):
         raise src.error(item, "direction", f"direction must be 'both' or 'forward', got {direction!r}")
-    links = [Link(a, b, per_lane * count, latency, count, kind)]
+    dim = positive_int(src, item, "dim", minimum=0) if "dim" in item else None
+    links = [Link(a, b, per_lane * count, latency, count, kind, dim)]
     if direction == "both":
-        links.append(Link(b, a, per_lane * count, latency, count, kind))
+        links.append(Link(b, a, per_lane * count, latency, count, kind, dim, ascending=False))
     return links, a, b
+
+
+_UNLABELLED = "dimension-order routing needs links labelled with their dimension"
+
+
+def _unlabelled(routing: str | None, links: Iterable[Link]) -> bool:
+    """Whether ``routing`` is dimension-order over links none of which says its dimension."""
+    return routing == "dimension-order" and all(link.dim is None for link in links)
+
+
+def choice(src: Source, obj: YDict, key: str, choices: tuple[str, ...], default: str | None, what: str) -> str:
+    """``obj[key]`` must be one of ``choices``; a near miss is suggested."""
+    if key not in obj:
+        if default is None:
+            raise src.error(obj, None, f"missing {key}", fix=f"use one of {', '.join(choices)}")
+        return default
+    value = obj[key]
+    if value not in choices:
+        hint = _close_match(str(value), choices)
+        raise src.error(obj, key, f"unknown {what} {value!r}",
+                        fix=f"did you mean {hint!r}?" if hint else f"use one of {', '.join(choices)}")
+    return str(value)
 
 
 def parse_topology(doc: Any, source: str = "<topology>") -> Topology:
@@ -457,6 +661,7 @@ def parse_topology(doc: Any, source: str = "<topology>") -> Topology:
         )
     if "devices" not in top and "cluster" not in top:
         raise src.error(top, None, "the topology declares no devices", fix="add 'devices:' and 'links:' or 'cluster:'")
+    routing = choice(src, top, "routing", ROUTING_MODES, None, "routing") if "routing" in top else None
 
     devices: list[Device] = []
     places: dict[str, str] = {}  # device name -> where it was declared
@@ -484,7 +689,7 @@ def parse_topology(doc: Any, source: str = "<topology>") -> Topology:
     if "cluster" in top:
         from planner.templates import expand_cluster
 
-        t_devices, t_links = expand_cluster(src, top["cluster"], defaults)
+        t_devices, t_links, routing = expand_cluster(src, top["cluster"], defaults, routing)
         where = src.at(top, "cluster")
         for device in t_devices:
             add_device(device, where)
@@ -524,15 +729,21 @@ def parse_topology(doc: Any, source: str = "<topology>") -> Topology:
                                 fix=f"did you mean {hint!r}?" if hint else "declare it under devices:")
         add_links(new, src.at(link_list, i))
 
-    return build_topology(name, devices, links, description=description, source=source)
+    if _unlabelled(top.get("routing"), links):
+        raise src.error(top, "routing", _UNLABELLED,
+                        fix="use a torus or mesh network under cluster:, or give the grid's links dim: 0, 1, ...")
+    return build_topology(name, devices, links, description=description, source=source,
+                          routing=routing or DEFAULT_ROUTING)
 
 
 def build_topology(name: str, devices: Iterable[Device], links: Iterable[Link], *, description: str = "",
-                   source: str | None = None) -> Topology:
+                   source: str | None = None, routing: str = DEFAULT_ROUTING) -> Topology:
     """Assemble and check a topology: known endpoints, at least one rank, every rank reaching every other."""
     devices = tuple(devices)
     links = tuple(links)
     where = source or name
+    if routing not in ROUTING_MODES:
+        raise TopologyError(f"unknown routing {routing!r}", where=where, fix=f"use one of {', '.join(ROUTING_MODES)}")
     known = {d.name for d in devices}
     for link in links:
         for end in (link.src, link.dst):
@@ -543,7 +754,7 @@ def build_topology(name: str, devices: Iterable[Device], links: Iterable[Link], 
     ranks = tuple(d.name for d in devices if d.kind == "gpu")
     if not ranks:
         raise TopologyError("the topology has no GPUs, so no ranks", where=where, fix="add devices of type gpu")
-    topo = Topology(name, devices, links, ranks, description, source)
+    topo = Topology(name, devices, links, ranks, description, source, routing)
     _check_connected(topo, where)
     return topo
 
@@ -573,6 +784,7 @@ def describe(topo: Topology) -> Mapping[str, Any]:
         "ranks": topo.size,
         "devices": kinds,
         "links": len(topo.links),
+        "routing": topo.routing,
         "hosts": len(topo.hosts),
         "racks": len(topo.racks),
         "min_link_bandwidth_GBps": min(bws) / 1e9 if bws else None,

@@ -19,6 +19,10 @@ Execution model (what the verifier proves and the runtime relies on):
   posting (a later one waits until the earlier one is posted, not completed);
 * a send and its receive complete together (rendezvous), the strictest model, so
   a schedule that cannot deadlock under it cannot deadlock under eager sends.
+
+A schedule for a source-routed fabric may also record, per connection, which of
+the pair's equal-cost network paths it takes (:class:`PathChoice`); replaying it
+does not depend on them.
 """
 
 from __future__ import annotations
@@ -40,9 +44,11 @@ __all__ = [
     "FORMAT",
     "OP_KINDS",
     "VERSION",
+    "VERSIONS",
     "Chunk",
     "Metadata",
     "Op",
+    "PathChoice",
     "Schedule",
     "build_schedule",
     "canonical_collective",
@@ -56,7 +62,9 @@ __all__ = [
 ]
 
 FORMAT = "topocc-schedule"
-VERSION = 1
+#: The newest format version (2 added ``paths``); a schedule is written with the oldest that holds it.
+VERSION = 2
+VERSIONS = (1, 2)
 
 #: Buffer names as stored (MSCCL's letters): input, output, scratch.
 BUFFERS = ("i", "o", "s")
@@ -121,6 +129,17 @@ class Op:
 
 
 @dataclass(frozen=True, slots=True)
+class PathChoice:
+    """The network path that connection ``(src, dst, channel)`` takes: the devices strictly between the two
+    ranks, in order (a source-routed fabric lets the sender choose among the pair's equal-cost paths)."""
+
+    src: int
+    dst: int
+    channel: int
+    via: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Metadata:
     """Provenance and prediction: what compiled this schedule, for which topology and sizes."""
 
@@ -148,6 +167,8 @@ class Schedule:
     root: int | None = None
     inplace: bool = False
     metadata: Metadata = field(default_factory=Metadata)
+    #: Recorded path choices, sorted by connection (one per connection at most); empty for most fabrics.
+    paths: tuple[PathChoice, ...] = ()
 
     def chunk_count(self, buffer: str) -> int:
         return {"i": self.input_chunks, "o": self.output_chunks, "s": self.scratch_chunks}[buffer]
@@ -162,8 +183,19 @@ class Schedule:
         meta.update(changes)
         return Schedule(
             self.collective, self.ranks, self.input_chunks, self.output_chunks, self.programs,
-            self.scratch_chunks, self.root, self.inplace, Metadata(**meta),
+            self.scratch_chunks, self.root, self.inplace, Metadata(**meta), self.paths,
         )
+
+    def with_paths(self, paths: Iterable[PathChoice]) -> Schedule:
+        """A copy recording ``paths`` (sorted by connection) instead of its own."""
+        return Schedule(
+            self.collective, self.ranks, self.input_chunks, self.output_chunks, self.programs,
+            self.scratch_chunks, self.root, self.inplace, self.metadata, _by_connection(paths),
+        )
+
+
+def _by_connection(paths: Iterable[PathChoice]) -> tuple[PathChoice, ...]:
+    return tuple(sorted(paths, key=lambda c: (c.src, c.dst, c.channel)))
 
 
 # --------------------------------------------------------------------------- serialisation
@@ -192,9 +224,9 @@ def _op_to_json(op: Op) -> dict[str, Any]:
 def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
     """The JSON document for ``schedule`` (see docs/schedule-format.md)."""
     meta = schedule.metadata
-    return {
+    doc: dict[str, Any] = {
         "format": FORMAT,
-        "version": VERSION,
+        "version": 2 if schedule.paths else 1,
         "collective": schedule.collective,
         "ranks": schedule.ranks,
         "root": schedule.root,
@@ -217,12 +249,24 @@ def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
         },
         "programs": [[_op_to_json(op) for op in program] for program in schedule.programs],
     }
+    if schedule.paths:
+        doc["paths"] = [_path_to_json(c) for c in schedule.paths]
+    return doc
+
+
+def _path_to_json(choice: PathChoice) -> dict[str, Any]:
+    out: dict[str, Any] = {"src": choice.src, "dst": choice.dst}
+    if choice.channel:
+        out["ch"] = choice.channel
+    out["via"] = list(choice.via)
+    return out
 
 
 def dump_schedule(schedule: Schedule) -> str:
     """Compact JSON text: one line per rank program keeps diffs readable."""
     doc = schedule_to_dict(schedule)
     programs = doc.pop("programs")
+    paths = doc.pop("paths", None)
     try:
         head = json.dumps(doc, indent=1, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -231,7 +275,10 @@ def dump_schedule(schedule: Schedule) -> str:
             fix="metadata options must be JSON values and numbers finite",
         ) from None
     body = ",\n".join("  " + json.dumps(p, separators=(",", ":")) for p in programs)
-    return head[:-2] + ',\n "programs": [\n' + body + "\n ]\n}\n"
+    text = head[:-2] + ',\n "programs": [\n' + body + "\n ]"
+    if paths is not None:
+        text += ',\n "paths": [\n' + ",\n".join("  " + json.dumps(c, separators=(",", ":")) for c in paths) + "\n ]"
+    return text + "\n}\n"
 
 
 def save_schedule(schedule: Schedule, path: str | Path) -> None:
@@ -364,18 +411,22 @@ def parse_schedule(doc: Any, source: str = "<schedule>") -> Schedule:
     """Build a :class:`Schedule` from a decoded JSON document, validating every field."""
     r = _Reader(source)
     top = r.obj(
-        doc, "", ("format", "version", "collective", "ranks", "chunks", "programs"), ("root", "inplace", "metadata")
+        doc, "", ("format", "version", "collective", "ranks", "chunks", "programs"),
+        ("root", "inplace", "metadata", "paths"),
     )
     if top["format"] != FORMAT:
         raise r.fail("format", f"not a topocc schedule (format {_short(top['format'])})", fix=f"expected {FORMAT!r}")
     version = r.integer(top["version"], "version")
-    if version != VERSION:
+    if version not in VERSIONS:
         newer = "upgrade topocc to read it, or " if version > VERSION else ""
         raise r.fail(
             "version",
-            f"unsupported schedule format version {version} (this topocc reads version {VERSION})",
+            f"unsupported schedule format version {version} (this topocc reads versions "
+            f"{', '.join(map(str, VERSIONS))})",
             fix=f"{newer}recompile the schedule with this version of topocc",
         )
+    if "paths" in top and version < 2:
+        raise r.fail("paths", "paths need format version 2", fix="set version to 2")
     try:
         collective = canonical_collective(r.string(top["collective"], "collective"))
     except ScheduleFormatError as exc:
@@ -406,7 +457,36 @@ def parse_schedule(doc: Any, source: str = "<schedule>") -> Schedule:
             r.array(program, f"programs[{rank}]")))
         for rank, program in enumerate(programs_doc)
     )
-    return Schedule(collective, ranks, n_in, n_out, programs, n_scratch, root, inplace, metadata)
+    paths = _parse_paths(r, top.get("paths", []), ranks, programs)
+    return Schedule(collective, ranks, n_in, n_out, programs, n_scratch, root, inplace, metadata, paths)
+
+
+def _parse_paths(r: _Reader, doc: Any, ranks: int, programs: Sequence[Sequence[Op]]) -> tuple[PathChoice, ...]:
+    """``paths``: at most one choice per connection, each naming a connection the programs use."""
+    items = r.array(doc, "paths")
+    if not items:
+        return ()
+    connections = {(rank, op.peer, op.channel) for rank, program in enumerate(programs) for op in program
+                   if op.kind == "send"}
+    seen: set[tuple[int, int, int]] = set()
+    choices: list[PathChoice] = []
+    for j, item in enumerate(items):
+        place = f"paths[{j}]"
+        entry = r.obj(item, place, ("src", "dst", "via"), ("ch",))
+        src = r.integer(entry["src"], f"{place}.src", 0, ranks - 1)
+        dst = r.integer(entry["dst"], f"{place}.dst", 0, ranks - 1)
+        channel = r.integer(entry.get("ch", 0), f"{place}.ch", 0, 1 << 16)
+        key = (src, dst, channel)
+        if key not in connections:
+            raise r.fail(place, f"no message goes from rank {src} to rank {dst} on channel {channel}",
+                         fix="record paths only for connections the programs use")
+        if key in seen:
+            raise r.fail(place, f"a second path for rank {src} -> rank {dst} on channel {channel}",
+                         fix="record one path per connection")
+        seen.add(key)
+        via = tuple(r.string(name, f"{place}.via[{k}]") for k, name in enumerate(r.array(entry["via"], f"{place}.via")))
+        choices.append(PathChoice(src, dst, channel, via))
+    return _by_connection(choices)
 
 
 def chunking_problem(collective: str, ranks: int, n_in: int, n_out: int) -> str | None:
@@ -517,9 +597,11 @@ def build_schedule(
     root: int | None = None,
     inplace: bool = False,
     metadata: Metadata | None = None,
+    paths: Iterable[PathChoice] = (),
 ) -> Schedule:
     """Freeze programs built as lists into a :class:`Schedule`."""
     return Schedule(
         canonical_collective(collective), ranks, input_chunks, output_chunks,
         tuple(tuple(p) for p in programs), scratch_chunks, root, inplace, metadata or Metadata(),
+        _by_connection(paths),
     )

@@ -4,15 +4,17 @@ A topology is 1-4 hosts of 1-4 GPUs each.  Inside a host the GPUs hang off a
 switch, form a full mesh or a chain (sometimes one-way, closed into a directed
 ring); each host has a NIC that every GPU reaches, or only its first GPU does
 (then some pairs have no GPU-free route).  Hosts are joined by a top switch or
-a ring of NICs, optionally grouped into racks.  Bandwidths and latencies are
-random.
+a ring of NICs or two spine switches (two equal-cost paths between any two
+hosts), optionally grouped into racks.  Bandwidths and latencies are
+random, and so is the routing (links between hosts are labelled dimension 0,
+links inside a host dimension 1, so that dimension-order routing applies).
 """
 
 from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from planner.topology import Topology, parse_topology_text
+from planner.topology import ROUTING_MODES, Topology, parse_topology_text
 
 __all__ = ["TopologySpec", "topologies", "topology_specs", "topology_yaml"]
 
@@ -34,10 +36,11 @@ def topology_specs(draw: st.DrawFn, max_hosts: int = 4, max_gpus: int = 4) -> To
         "fabric": [draw(st.sampled_from(("switch", "mesh", "chain"))) for _ in range(hosts)],
         "directed_chain": draw(st.booleans()),
         "nic_attach": draw(st.sampled_from(("all", "first"))),
-        "join": draw(st.sampled_from(("switch", "ring"))),
+        "join": draw(st.sampled_from(("switch", "ring", "spines"))),
         "racks": draw(st.sampled_from((0, 1, 2))),
         "bandwidth": draw(st.lists(st.sampled_from(_BANDWIDTHS), min_size=4, max_size=4)),
         "latency": draw(st.lists(st.sampled_from(_LATENCIES), min_size=4, max_size=4)),
+        "routing": draw(st.sampled_from(ROUTING_MODES)),
     }
 
 
@@ -50,7 +53,8 @@ def topology_yaml(spec: TopologySpec) -> str:
 
     def link(a: str, b: str, bw: float, lat: float, forward: bool = False) -> None:
         extra = ", direction: forward" if forward else ""
-        links.append(f"  - {{ends: [{a}, {b}], bandwidth: {bw} GB/s, latency: {lat} us{extra}}}")
+        dim = 0 if a.endswith("nic") else 1  # a link between hosts starts at a NIC
+        links.append(f"  - {{ends: [{a}, {b}], bandwidth: {bw} GB/s, latency: {lat} us, dim: {dim}{extra}}}")
 
     n_hosts = len(spec["gpus"])
     racks = spec["racks"]
@@ -77,14 +81,16 @@ def topology_yaml(spec: TopologySpec) -> str:
         for g in gpus if spec["nic_attach"] == "all" else gpus[:1]:
             link(g, f"h{h}nic", nic_bw, nic_lat)
     if n_hosts > 1:
-        if spec["join"] == "switch":
-            devices.append("  - {name: top, type: switch}")
-            for h in range(n_hosts):
-                link(f"h{h}nic", "top", net_bw, net_lat)
+        if spec["join"] in ("switch", "spines"):
+            tops = ["top"] if spec["join"] == "switch" else ["top0", "top1"]
+            for top in tops:
+                devices.append(f"  - {{name: {top}, type: switch}}")
+                for h in range(n_hosts):
+                    link(f"h{h}nic", top, net_bw, net_lat)
         else:
             for h in range(n_hosts if n_hosts > 2 else 1):
                 link(f"h{h}nic", f"h{(h + 1) % n_hosts}nic", net_bw, net_lat)
-    return "\n".join(["name: random", "devices:", *devices, "links:", *links]) + "\n"
+    return "\n".join(["name: random", f"routing: {spec['routing']}", "devices:", *devices, "links:", *links]) + "\n"
 
 
 @st.composite

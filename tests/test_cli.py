@@ -61,7 +61,7 @@ def test_topo_show_and_algorithms(capsys: pytest.CaptureFixture[str]) -> None:
     code, text, err = run(capsys, "topo", "show", "ndv2-2chassis", "--json")
     assert code == 0, err
     doc = json.loads(text)
-    assert doc["ranks"] == 16
+    assert doc["ranks"] == 16 and doc["routing"] == "ecmp"
     assert doc["bounds"]["allgather"]["max_algbw_GBps"] == pytest.approx(25.0, rel=1e-3)
     code, text, err = run(capsys, "algorithms", "--json")
     names = {row["algorithm"] for row in json.loads(text)}

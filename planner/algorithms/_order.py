@@ -100,21 +100,26 @@ class LinkLoads:
 
     The weight of a pair is the bandwidth one more message would get on its
     route given the current loads (max-min share of each link), so a second
-    ring prefers the links the first one left idle.
+    ring prefers the links the first one left idle.  Routes are those of
+    ``channel``, the channel the next ring will use: under ECMP each channel
+    hashes onto its own paths, and a ring avoids hops whose hashed paths
+    collide with the rings before it.
     """
 
-    def __init__(self, topology: Topology) -> None:
+    def __init__(self, topology: Topology, channel: int = 0) -> None:
         self.topology = topology
+        self.channel = channel
         self.load: dict[tuple[str, str], float] = {}
-        self._shares: dict[tuple[int, int], list[tuple[tuple[str, str], float, float]]] = {}
+        self._shares: dict[tuple[int, int, int], list[tuple[tuple[str, str], float, float]]] = {}
 
     def shares(self, a: int, b: int) -> list[tuple[tuple[str, str], float, float]]:
-        """(link, share of the pair's traffic, link bandwidth) along the route ``a -> b``."""
-        key = (a, b)
+        """(link, share of the pair's traffic, link bandwidth) along the route ``a -> b`` on :attr:`channel`."""
+        key = self.topology.route_key(a, b, self.channel)
         got = self._shares.get(key)
         if got is None:
             link = self.topology.link
-            got = [(k, s, link(*k).bandwidth) for k, s in self.topology.route_shares(a, b).items()]  # type: ignore[union-attr]
+            got = [(k, s, link(*k).bandwidth)  # type: ignore[union-attr]
+                   for k, s in self.topology.route_shares(a, b, self.channel).items()]
             self._shares[key] = got
         return got
 
@@ -336,7 +341,8 @@ def _find_rings(topology: Topology, channels: int | None, cap: int) -> tuple[tup
     rings: list[list[int]] = []
     best, best_count = math.inf, 0
     want = channels if channels is not None else cap
-    for _ in range(want):
+    for channel in range(want):
+        loads.channel = channel  # ring i runs on channel i
         ring = find_cycle(topology, members, loads.weight)
         if ring is None:
             break

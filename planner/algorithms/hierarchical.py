@@ -177,9 +177,9 @@ def _power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def _estimate(topology: Topology, stage: Stage, method: str, part_bytes: float, slices: int) -> float:
-    """Seconds one phase of ``stage`` takes with ``method``: per step the path latency plus the step's
-    bytes over its busiest link, every group of the stage loading the links at once, ``slices`` times.
+def _estimate(topology: Topology, stage: Stage, method: str, part_bytes: float, slices: int, channel: int) -> float:
+    """Seconds one phase of ``stage`` takes with ``method`` on ``channel``: per step the path latency plus the
+    step's bytes over its busiest link, every group of the stage loading the links at once, ``slices`` times.
 
     A coarse model (no overlap between steps), used only to choose between ring and halving-doubling.
     """
@@ -190,9 +190,9 @@ def _estimate(topology: Topology, stage: Stage, method: str, part_bytes: float, 
         latency = 0.0
         for g in stage.groups:
             for i, j, a, b in step:
-                for key, share in topology.route_shares(g[i], g[j]).items():
+                for key, share in topology.route_shares(g[i], g[j], channel).items():
                     load[key] = load.get(key, 0.0) + share * (b - a)
-            latency = max(latency, max(topology.route_latency(g[i], g[j]) for i, j, _, _ in step))
+            latency = max(latency, max(topology.route_latency(g[i], g[j], channel) for i, j, _, _ in step))
         busiest = max((v / link(*key).bandwidth for key, v in load.items()), default=0.0)  # type: ignore[union-attr]
         total += latency + slices * part_bytes * busiest
     return total
@@ -207,7 +207,7 @@ def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: floa
     """
     out: list[str] = []
     part = slice_bytes
-    for s in levels:
+    for si, s in enumerate(levels):
         part /= s.size  # bytes of one part of this level, per slice
         if not _power_of_two(s.size) or s.size == 2:
             out.append("ring" if s.size != 2 else "halving-doubling")
@@ -215,8 +215,9 @@ def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: floa
         if force is not None:
             out.append(force)
             continue
-        ring = _estimate(topology, s, "ring", part, slices)
-        hd = _estimate(topology, s, "halving-doubling", part, slices)
+        # timed on the channel of the level's reduce-scatter phase (all-reduce and reduce-scatter: its index)
+        ring = _estimate(topology, s, "ring", part, slices, si)
+        hd = _estimate(topology, s, "halving-doubling", part, slices, si)
         out.append("halving-doubling" if hd <= ring * (1 + 1e-9) else "ring")
     return out
 

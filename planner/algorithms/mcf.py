@@ -121,8 +121,9 @@ class FlowPlan:
 # --------------------------------------------------------------------------- the network
 
 
-def _edges(topology: Topology, piece_bytes: float, reverse: bool) -> list[_Edge]:
-    """Candidate edges: per rank the cheapest routable peers, all of them if that leaves a rank unreachable."""
+def _edges(topology: Topology, piece_bytes: float, reverse: bool, channel: int) -> list[_Edge]:
+    """Candidate edges: per rank the cheapest routable peers, all of them if that leaves a rank unreachable;
+    each routed as a message on ``channel``."""
     p = topology.size
 
     def phys(u: int, v: int) -> tuple[int, int]:
@@ -133,7 +134,8 @@ def _edges(topology: Topology, piece_bytes: float, reverse: bool) -> list[_Edge]
         for v in range(p):
             if u != v and topology.has_route(*phys(u, v)):
                 a, b = phys(u, v)
-                routable[u].append((topology.route_latency(a, b) + piece_bytes / topology.route_bandwidth(a, b), v))
+                routable[u].append((topology.route_latency(a, b, channel)
+                                    + piece_bytes / topology.route_bandwidth(a, b, channel), v))
         routable[u].sort()
     chosen = [(u, v) for u in range(p) for _, v in routable[u][:EDGES_PER_RANK]]
     graph = nx.DiGraph(chosen)
@@ -143,9 +145,9 @@ def _edges(topology: Topology, piece_bytes: float, reverse: bool) -> list[_Edge]
     edges = []
     for u, v in chosen:
         a, b = phys(u, v)
-        shares = topology.route_shares(a, b)
-        edges.append(_Edge(u, v, tuple(sorted(shares.items())), topology.route_bandwidth(a, b),
-                           topology.route_latency(a, b)))
+        shares = topology.route_shares(a, b, channel)
+        edges.append(_Edge(u, v, tuple(sorted(shares.items())), topology.route_bandwidth(a, b, channel),
+                           topology.route_latency(a, b, channel)))
     return edges
 
 
@@ -388,7 +390,8 @@ def _horizon(p: int, sources: Sequence[int], edges: Sequence[_Edge], bound_s: fl
 
 
 def flow_plan(topology: Topology, sources: Sequence[int], piece_bytes: float, *, subpieces: int,
-              bound_s: float, reverse: bool = False, settings: FlowSettings | None = None) -> FlowPlan:
+              bound_s: float, reverse: bool = False, settings: FlowSettings | None = None,
+              channel: int = 0) -> FlowPlan:
     """Solve the flow-over-time model for one commodity per entry of ``sources`` and round it.
 
     ``bound_s`` (a lower bound on the collective's time) sizes the horizon;
@@ -397,7 +400,7 @@ def flow_plan(topology: Topology, sources: Sequence[int], piece_bytes: float, *,
     """
     settings = settings or FlowSettings()
     p = topology.size
-    edges = _edges(topology, piece_bytes, reverse)
+    edges = _edges(topology, piece_bytes, reverse, channel)
     fastest = max(e.bandwidth for e in edges)
     # MILP: a whole piece crosses the fastest edge in one epoch (TE-CCL §4.1).  LP: pieces are fluid, so an
     # epoch is one sub-piece on the fastest edge, or a share of the bound fine enough to plan pipelining in.
@@ -548,8 +551,10 @@ def mcf(topology: Topology, collective: str, options: Options) -> Schedule:
     def plan(reverse: bool) -> FlowPlan:
         name = ("reducescatter" if reverse else "allgather") if collective == "allreduce" else collective
         bound = lower_bound(topology, name, size, options.root).time_s
+        # all-reduce's gather phase runs on channel 1 (below)
+        channel = 1 if collective == "allreduce" and not reverse else 0
         return flow_plan(topology, sources, piece_bytes, subpieces=q, bound_s=bound, reverse=reverse,
-                         settings=settings)
+                         settings=settings, channel=channel)
 
     down = plan(False) if gather else None
     up = (down if down is not None and _symmetric(topology) else plan(True)) if scatter else None

@@ -11,10 +11,11 @@ tree leaf to root in reverse time order, all-gather root to leaf, and
 all-reduce is the one followed by the other.
 
 Our generalisation of "link": a candidate tree edge is any routable rank pair
-``u -> v``; it takes, on every physical directed link of its equal-cost routes,
-the share of a slot that the simulator's even split over those routes puts
-there.  On switched fabrics (NVSwitch, fat-trees) the switch ports therefore
-become the contended resources, as they are.  Within a step, cheaper edges
+``u -> v``; it takes, on every physical directed link of its routes, the share
+of a slot that the topology's routing puts there (tree ``i`` runs on channel
+``i``, which ECMP may hash onto other paths than another tree's).  On switched
+fabrics (NVSwitch, fat-trees) the switch ports therefore become the contended
+resources, as they are.  Within a step, cheaper edges
 (lower route cost: fewer hops, more bandwidth) are offered to every tree before
 dearer ones.
 """
@@ -103,11 +104,15 @@ class _Fabric:
     def __init__(self, topology: Topology, *, reverse: bool, quota: int | None) -> None:
         p = topology.size
         self.p = p
-        link_ids = {(link.src, link.dst): i for i, link in enumerate(topology.links)}
+        self.topology = topology
+        self.reverse = reverse
+        self.link_ids = link_ids = {(link.src, link.dst): i for i, link in enumerate(topology.links)}
         self.bandwidth = [link.bandwidth for link in topology.links]
         self.keys = [(link.src, link.dst) for link in topology.links]
         spread = _bit_reversed(p)
-        self.loads: dict[tuple[int, int], tuple[tuple[int, float], ...]] = {}
+        self.loads: dict[tuple[int, int], tuple[tuple[int, float], ...]] = {}  # on channel 0
+        self.varies: set[tuple[int, int]] = set()  # pairs whose route depends on the channel
+        self._by_channel: dict[tuple[int, int, int], tuple[tuple[int, float], ...]] = {}
         ranked: list[list[tuple[float, int, int]]] = []
         for u in range(p):
             found = []
@@ -125,6 +130,8 @@ class _Fabric:
                 a, b = (v, u) if reverse else (u, v)
                 load = tuple((link_ids[key], f) for key, f in topology.route_shares(a, b).items())
                 self.loads[(u, v)] = load
+                if topology.route_key(a, b, 1)[2]:
+                    self.varies.add((u, v))
                 width[(u, v)] = min(self.bandwidth[j] for j, _ in load)
         self.base = self._base_bandwidth(width)
         self.cap = [bw / self.base for bw in self.bandwidth]
@@ -143,6 +150,18 @@ class _Fabric:
             self.cands.append(order)
             self.classes.append(cls)
         self.top_class = max((c[-1] for c in self.classes if c), default=0)
+
+    def load(self, u: int, v: int, channel: int) -> tuple[tuple[int, float], ...]:
+        """(link index, share) of a message over tree edge ``u -> v`` on ``channel``."""
+        if not channel or (u, v) not in self.varies:
+            return self.loads[(u, v)]
+        key = (u, v, channel)
+        found = self._by_channel.get(key)
+        if found is None:
+            a, b = (v, u) if self.reverse else (u, v)
+            found = self._by_channel[key] = tuple(
+                (self.link_ids[k], f) for k, f in self.topology.route_shares(a, b, channel).items())
+        return found
 
     @staticmethod
     def _keep(found: list[tuple[float, int, int]], quota: int | None) -> list[tuple[float, int]]:
@@ -225,10 +244,10 @@ def build_trees(topology: Topology, roots: Sequence[int], *, reverse: bool = Fal
     total = [0.0] * len(cap)
     if prior is not None:
         index = {key: j for j, key in enumerate(fab.keys)}
-        for tree in prior.edges:
+        for channel, tree in enumerate(prior.edges):
             for e in tree:
                 a, b = (e.child, e.parent) if prior.reverse else (e.parent, e.child)
-                for key, f in topology.route_shares(a, b).items():
+                for key, f in topology.route_shares(a, b, channel).items():
                     total[index[key]] += f / cap[index[key]]
     exhaustive = quota is None
     step = 0
@@ -246,7 +265,7 @@ def build_trees(topology: Topology, roots: Sequence[int], *, reverse: bool = Fal
             while active:
                 still = []
                 for i in active:
-                    found = _find_edge(fab, member[i], senders[i], pass_class, used, total, exhaustive)
+                    found = _find_edge(fab, i, member[i], senders[i], pass_class, used, total, exhaustive)
                     if found is None:
                         continue
                     u, v, load = found
@@ -269,14 +288,15 @@ def build_trees(topology: Topology, roots: Sequence[int], *, reverse: bool = Fal
     return TreePlan(tuple(roots), tuple(tuple(e) for e in edges), slots, reverse)
 
 
-def _find_edge(fab: _Fabric, member: bytearray, senders: list[int], max_class: int, used: list[float],
+def _find_edge(fab: _Fabric, tree: int, member: bytearray, senders: list[int], max_class: int, used: list[float],
                total: list[float], exhaustive: bool) -> tuple[int, int, tuple[tuple[int, float], ...]] | None:
-    """An edge ``u -> v`` of cost class <= ``max_class`` from a sender to a non-member that fits this step.
+    """An edge ``u -> v`` of tree ``tree`` (on its channel), cost class <= ``max_class``, from a sender to a
+    non-member that fits this step.
 
     The cheapest class first; within it, the least loaded busiest link (all
     candidates when ``exhaustive``, else the first that fits).
     """
-    cap, loads = fab.cap, fab.loads
+    cap = fab.cap
     best: tuple[int, float, int, int] | None = None
     for u in senders:
         cls = fab.classes[u]
@@ -286,7 +306,7 @@ def _find_edge(fab: _Fabric, member: bytearray, senders: list[int], max_class: i
                 break
             if member[v]:
                 continue
-            load = loads[(u, v)]
+            load = fab.load(u, v, tree)
             if not all(used[j] + f <= cap[j] + _EPS for j, f in load):
                 continue
             if not exhaustive:
@@ -296,7 +316,7 @@ def _find_edge(fab: _Fabric, member: bytearray, senders: list[int], max_class: i
                 best = (c, busiest, u, v)
     if best is None:
         return None
-    return best[2], best[3], loads[(best[2], best[3])]
+    return best[2], best[3], fab.load(best[2], best[3], tree)
 
 
 # --------------------------------------------------------------------------- schedules (section IV-B)
@@ -449,10 +469,10 @@ def _congestion(topology: Topology, *plans: TreePlan) -> float:
     bandwidth = {(link.src, link.dst): link.bandwidth for link in topology.links}
     load: dict[tuple[str, str], float] = {}
     for plan in plans:
-        for tree in plan.edges:
+        for channel, tree in enumerate(plan.edges):
             for e in tree:
                 a, b = (e.child, e.parent) if plan.reverse else (e.parent, e.child)
-                for key, f in topology.route_shares(a, b).items():
+                for key, f in topology.route_shares(a, b, channel).items():
                     load[key] = load.get(key, 0.0) + f
     return max(v / bandwidth[key] for key, v in load.items())
 

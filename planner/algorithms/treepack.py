@@ -144,9 +144,12 @@ def pack_undirected(topology: Topology, solver: SolverOptions | None = None) -> 
     loads: list[dict[tuple[str, str], float]] = []
     latency: list[float] = []
     for u, v in pairs:
-        both = dict(topology.route_shares(u, v))
-        for key, share in topology.route_shares(v, u).items():
-            both[key] = both.get(key, 0.0) + share
+        # the edge carries a piece up on channel 0 and back down on channel 1, which way round depends on
+        # where the tree is centred: each orientation counts half (they differ only where ECMP hashes)
+        both: dict[tuple[str, str], float] = {}
+        for a, b, channel in ((u, v, 0), (v, u, 1), (u, v, 1), (v, u, 0)):
+            for key, share in topology.route_shares(a, b, channel).items():
+                both[key] = both.get(key, 0.0) + share / 2
         loads.append(both)
         latency.append(topology.route_latency(u, v) + topology.route_latency(v, u))
     links = sorted({key for shares in loads for key in shares})

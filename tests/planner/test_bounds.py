@@ -18,6 +18,7 @@ from planner.topology import Device, Link, Topology, build_topology, load_topolo
 from planner.verify import verify
 from runtime.schedule import Chunk, Schedule
 from tests.conftest import TOPOLOGIES
+from tests.planner.test_topology import two_paths
 from tests.strategies import topologies
 
 GB = 1e9
@@ -205,6 +206,34 @@ def test_routes_bound_the_dgx1_below_its_link_capacity() -> None:
     assert "over the routes" in bound.cut
     sim = simulate(topology, ALGORITHMS["ring"].load()(topology, "allreduce", Options(size_bytes=1 << 30)), 1 << 30)
     assert 0.95 <= bound.time_s / sim.time_s <= 1.0
+
+
+@pytest.mark.parametrize("routing", ["ecmp", "source"])
+def test_the_routed_bound_allows_any_split_where_channels_choose_paths(routing: str) -> None:
+    """Channels that ECMP hashes onto different paths carry 20:12 of each half: 32 GB/s each way, faster
+    than spray's fixed halves allow (24 GB/s: b's 12 GB/s caps its half).  The bound must stay below it,
+    so under ECMP and source routing the routed LP lets every pair split its bytes over its paths as it likes."""
+    topo = two_paths(routing)
+    via = {}  # (src, dst, first switch) -> a channel ECMP hashes there
+    for src, dst in ((0, 1), (1, 0)):
+        for channel in range(64):
+            via.setdefault((src, dst, topo.connection_paths(src, dst, channel)[0][0].dst), channel)
+    b = ScheduleBuilder("allreduce", 2, 32, 32)
+    for r in range(2):
+        b.copy(r, Chunk("i", 0, 32), Chunk("o", 0, 32))
+    for reduce in (True, False):  # reduce-scatter, then all-gather: rank r owns chunks 16 r .. 16 r + 15
+        for r in range(2):
+            src, dst = (1 - r, r) if reduce else (r, 1 - r)
+            for start, count, switch in ((0, 10, "a"), (10, 6, "b")):
+                piece = Chunk("o", 16 * r + start, count)
+                b.transfer(src, dst, piece, piece, reduce=reduce, channel=via[(src, dst, switch)])
+    schedule = b.build("steered")
+    verify(schedule)
+    size = 32 * 10**9
+    sim = simulate(topo, schedule, size).time_s
+    assert sim == pytest.approx(size / (32 * GB) + 4e-6, rel=1e-9)
+    assert lower_bound(topo, "allreduce", size).time_s <= sim < size / (24 * GB)
+    assert lower_bound(two_paths("spray"), "allreduce", size).time_s > sim  # a spray fabric cannot do this
 
 
 def test_ring_on_a_directed_ring_meets_the_bandwidth_bound() -> None:

@@ -10,10 +10,12 @@ import pytest
 
 import planner.compile as compile_module
 from planner.algorithms import Options
-from planner.compile import compile_schedule
+from planner.compile import compile_schedule, link_time
 from planner.errors import VerificationError
+from planner.simulate import simulate
+from planner.topology import parse_topology_text
 from planner.verify import verify
-from runtime.schedule import Schedule
+from runtime.schedule import Schedule, load_schedule, save_schedule
 from tests.planner.algorithms.test_baselines import switch_cluster
 from tests.planner.test_builder import ring_allreduce_schedule
 
@@ -104,3 +106,32 @@ def test_auto_races_without_a_solver_library(monkeypatch: pytest.MonkeyPatch) ->
     assert "is not installed" in (reasons["treepack"] or "")
     assert compiled.schedule.metadata.algorithm not in ("treepack", "mcf")
     assert compiled.sim.time_s >= compiled.bound.time_s * (1 - 1e-9)
+
+
+FAT_TREE = """
+name: small-fat-tree
+cluster:
+  hosts: 8
+  host: {{gpus: 2, fabric: nvswitch, gpu_link: {{bandwidth: 100 GB/s, latency: 1 us}}, nics: 2,
+         nic: {{bandwidth: 100 Gbit/s, latency: 1 us}}}}
+  network: {{type: fat-tree, hosts_per_leaf: 2, spines: 4, routing: {routing}}}
+"""
+
+
+def test_source_routed_fabrics_get_their_paths_chosen_and_kept(tmp_path: Path) -> None:
+    """On a source-routed fat-tree every crossing connection records its spine, the schedule keeps them
+    through a save and a load, and the choices beat ECMP's hashing (hierarchical: 99.6% against 93.8%)."""
+    options = Options(size_bytes=64 << 20)
+    source = parse_topology_text(FAT_TREE.format(routing="source"))
+    compiled = compile_schedule(source, "allreduce", "hierarchical", options)
+    assert compiled.schedule.paths and compiled.schedule.metadata.fingerprint == source.fingerprint
+    path = tmp_path / "routed.json"
+    save_schedule(compiled.schedule, path)
+    loaded = load_schedule(path)
+    assert loaded.paths == compiled.schedule.paths
+    assert simulate(source, loaded, options.size_bytes).time_s == compiled.sim.time_s
+    assert link_time(source, loaded, options.size_bytes) <= compiled.sim.time_s
+    hashed = compile_schedule(parse_topology_text(FAT_TREE.format(routing="ecmp")), "allreduce", "hierarchical",
+                              options)
+    assert not hashed.schedule.paths
+    assert compiled.sim.time_s < hashed.sim.time_s * 0.97

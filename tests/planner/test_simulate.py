@@ -10,10 +10,12 @@ import pytest
 
 from planner.builder import ScheduleBuilder
 from planner.errors import SimulationError
+from planner.paths import assign_paths
 from planner.simulate import SimResult, bus_factor, chunk_bytes, simulate
-from planner.topology import Topology, parse_topology_text
+from planner.topology import ROUTING_MODES, Topology, parse_topology_text
 from planner.verify import verify
-from runtime.schedule import Chunk, Schedule
+from runtime.schedule import Chunk, PathChoice, Schedule
+from tests.planner.test_topology import two_paths
 
 GB = 1e9
 
@@ -173,20 +175,7 @@ links:
 
 
 def test_messages_split_evenly_over_equal_cost_paths() -> None:
-    topo = parse_topology_text(
-        """
-name: two-planes
-devices:
-  - {name: g, type: gpu, count: 2}
-  - {name: a, type: switch}
-  - {name: b, type: switch}
-links:
-  - {ends: [g0, a], bandwidth: 10 GB/s, latency: 1 us}
-  - {ends: [a, g1], bandwidth: 10 GB/s, latency: 1 us}
-  - {ends: [g0, b], bandwidth: 10 GB/s, latency: 1 us}
-  - {ends: [b, g1], bandwidth: 10 GB/s, latency: 1 us}
-"""
-    )
+    topo = two_paths("spray", (10, 10), (10, 10))
     assert len(topo.routes(0, 1)) == 2
     size = 12 * 10**8
     result = simulate(topo, messages(2, [(0, 1)], [12]), size)
@@ -194,6 +183,89 @@ links:
     assert result.link_bytes[("g0", "a")] == pytest.approx(size / 2)
     assert result.link_bytes[("b", "g1")] == pytest.approx(size / 2)
     assert result.link_bytes[("g1", "a")] == 0.0
+
+
+@pytest.mark.parametrize("routing", ["ecmp", "source"])
+def test_a_hashed_connection_takes_one_path(routing: str) -> None:
+    topo = two_paths(routing, (10, 10), (10, 10))
+    size = 12 * 10**8
+    result = simulate(topo, messages(2, [(0, 1)], [12]), size)
+    assert result.time_s == pytest.approx(size / (10 * GB) + 2e-6, rel=1e-9)
+    (path,) = topo.connection_paths(0, 1)
+    assert [result.link_bytes[(ln.src, ln.dst)] for ln in path] == pytest.approx([size, size])
+
+
+def mesh_2x2(routing: str) -> Topology:
+    """Four single-GPU hosts on routers in a 2x2 mesh: 100 GB/s ports without latency, 25 GB/s grid links."""
+    return parse_topology_text(f"""
+name: mesh-2x2
+routing: {routing}
+cluster:
+  hosts: 4
+  host: {{gpus: 1, nic: {{bandwidth: 100 GB/s, latency: 0 us}}}}
+  network: {{type: mesh, dims: [2, 2], link: {{bandwidth: 25 GB/s, latency: 1 us}}}}
+""")
+
+
+def test_dimension_order_takes_one_of_the_two_diagonal_paths_that_spray_splits_over() -> None:
+    size = 12 * 10**9
+    schedule = messages(4, [(0, 3)], [12])
+    spray = simulate(mesh_2x2("spray"), schedule, size)
+    ordered = simulate(mesh_2x2("dimension-order"), schedule, size)
+    assert spray.time_s == pytest.approx(size / (50 * GB) + 2e-6, rel=1e-9)
+    assert ordered.time_s == pytest.approx(size / (25 * GB) + 2e-6, rel=1e-9)
+    assert ordered.link_bytes[("r0", "r2")] == size and ordered.link_bytes[("r0", "r1")] == 0.0
+    # the reverse diagonal 1 -> 2 also corrects its row first (r1 -> r3 -> r2): no link in common with 0 -> 3
+    both = simulate(mesh_2x2("dimension-order"), messages(4, [(0, 3), (1, 2)], [6, 6]), size)
+    assert both.time_s == pytest.approx(size / 2 / (25 * GB) + 2e-6, rel=1e-9)
+
+
+def two_spines(routing: str) -> Topology:
+    """Two leaves of two GPUs (100 GB/s each), each leaf linked to two spines at 10 GB/s."""
+    lines = [f"name: two-spines\nrouting: {routing}\ndevices:", "  - {name: g, type: gpu, count: 4}",
+             "  - {name: leaf, type: switch, count: 2}", "  - {name: spine, type: switch, count: 2}", "links:"]
+    lines += [f"  - {{ends: [g{g}, leaf{g // 2}], bandwidth: 100 GB/s, latency: 1 us}}" for g in range(4)]
+    lines += [f"  - {{ends: [leaf{leaf}, spine{s}], bandwidth: 10 GB/s, latency: 1 us}}"
+              for leaf in range(2) for s in range(2)]
+    return parse_topology_text("\n".join(lines) + "\n")
+
+
+def colliding_pair(topo: Topology) -> tuple[int, Schedule]:
+    """Connections g0 -> g2 (channel 0) and g1 -> g3 on the first channel ECMP hashes onto g0's spine."""
+    spine = topo.connection_paths(0, 2)[0][1].dst
+    channel = next(c for c in range(64) if topo.connection_paths(1, 3, c)[0][1].dst == spine)
+    b = ScheduleBuilder("allreduce", ranks=4, input_chunks=12, output_chunks=12)
+    b.transfer(0, 2, Chunk("i", 0, 6), Chunk("o", 0, 6))
+    b.transfer(1, 3, Chunk("i", 6, 6), Chunk("o", 6, 6), channel=channel)
+    return channel, b.build("collide")
+
+
+def test_ecmp_collides_where_source_routing_does_not() -> None:
+    size = 12 * 10**9
+    half = size / 2 / (10 * GB)
+    ecmp = two_spines("ecmp")
+    _, schedule = colliding_pair(ecmp)
+    assert simulate(ecmp, schedule, size).time_s == pytest.approx(2 * half + 4e-6, rel=1e-9)
+    assert simulate(two_spines("spray"), schedule, size).time_s == pytest.approx(half + 4e-6, rel=1e-9)
+    source = two_spines("source")
+    assert simulate(source, schedule, size).time_s == pytest.approx(2 * half + 4e-6, rel=1e-9)  # no record: hashed
+    routed = assign_paths(source, schedule)
+    assert {c.via[1] for c in routed.paths} == {"spine0", "spine1"}
+    assert simulate(source, routed, size).time_s == pytest.approx(half + 4e-6, rel=1e-9)
+
+
+def test_recorded_paths_count_only_where_the_fabric_is_source_routed() -> None:
+    size = 12 * 10**9
+    half = size / 2 / (10 * GB)
+    channel, schedule = colliding_pair(two_spines("ecmp"))
+    apart = schedule.with_paths([PathChoice(0, 2, 0, ("leaf0", "spine0", "leaf1")),
+                                 PathChoice(1, 3, channel, ("leaf0", "spine1", "leaf1"))])
+    assert simulate(two_spines("source"), apart, size).time_s == pytest.approx(half + 4e-6, rel=1e-9)
+    assert simulate(two_spines("ecmp"), apart, size).time_s == pytest.approx(2 * half + 4e-6, rel=1e-9)
+    astray = schedule.with_paths([PathChoice(0, 2, 0, ("leaf0", "leaf1"))])
+    with pytest.raises(SimulationError, match=r"recorded path of rank 0 -> rank 2 on channel 0 \(via leaf0, leaf1\) "
+                       "is not one of the pair's cheapest paths"):
+        simulate(two_spines("source"), astray, size)
 
 
 def reference_finish_times(topo: Topology, msgs: list[tuple[int, int, float]]) -> list[float]:
@@ -363,22 +435,55 @@ def test_route_cache_does_not_keep_a_topology_alive() -> None:
     assert ref() is None
 
 
+def random_fabric(seed: int, routing: str) -> Topology:
+    """Six GPUs on two leaves under two or three spines, with uneven bandwidths: equal-cost paths to choose."""
+    rng = random.Random(seed)
+    spines = rng.choice([2, 3])
+    lines = [f"name: fabric\nrouting: {routing}\ndevices:", "  - {name: g, type: gpu, count: 6}",
+             "  - {name: leaf, type: switch, count: 2}", f"  - {{name: spine, type: switch, count: {spines}}}",
+             "links:"]
+    lines += [f"  - {{ends: [g{g}, leaf{g % 2}], bandwidth: {rng.choice([5, 10, 20])} GB/s, "
+              f"latency: {rng.choice([0, 1, 3])} us}}" for g in range(6)]
+    up = rng.choice([4, 10])
+    # labelled as one dimension, so that dimension-order routing applies (it takes the first spine)
+    lines += [f"  - {{ends: [leaf{leaf}, spine{s}], bandwidth: {up} GB/s, latency: 1 us, dim: 0}}"
+              for leaf in range(2) for s in range(spines)]
+    return parse_topology_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("routing", ROUTING_MODES)
 @pytest.mark.parametrize("seed", range(6))
-def test_link_time_is_a_lower_bound_of_the_simulated_time(seed: int) -> None:
-    """``auto`` skips a candidate whose link time exceeds the best simulated time: that needs link <= simulated."""
+def test_link_time_is_a_lower_bound_of_the_simulated_time(seed: int, routing: str) -> None:
+    """``auto`` skips a candidate whose link time exceeds the best simulated time: that needs link <= simulated,
+    under every routing (on a source-routed fabric with the paths the planner records)."""
     from planner.algorithms import ALGORITHMS, Options
     from planner.compile import link_time
     from planner.errors import NotApplicableError
 
-    topology = random_topology(seed)
+    topology = random_topology(seed) if routing == "spray" else random_fabric(seed, routing)
     size = random.Random(seed).choice([1 << 10, 1 << 20, 64 << 20])
     checked = 0
     for name in ("ring", "tree", "halving-doubling", "direct", "hierarchical"):
         try:
-            schedule = ALGORITHMS[name].load()(topology, "allreduce", Options(size_bytes=size))
+            schedule = assign_paths(topology, ALGORITHMS[name].load()(topology, "allreduce", Options(size_bytes=size)))
             simulated = simulate(topology, schedule, size).time_s
         except (NotApplicableError, SimulationError):
             continue
         assert 0 < link_time(topology, schedule, size) <= simulated * (1 + 1e-9)
         checked += 1
     assert checked
+
+
+@pytest.mark.parametrize("routing", ROUTING_MODES)
+def test_link_time_is_the_simulated_time_of_one_message(routing: str) -> None:
+    """A lone message's link time is its busiest link's bytes over bandwidth: the simulation less latency,
+    so link time sees the very paths the simulator takes (spray's halves, ECMP's one spine)."""
+    from planner.compile import link_time
+
+    topology = two_spines(routing) if routing != "dimension-order" else mesh_2x2(routing)
+    schedule = messages(4, [(0, 3)], [12])
+    schedule = assign_paths(topology, schedule)
+    size = 12 * 10**9
+    simulated = simulate(topology, schedule, size)
+    latency = max(sum(ln.latency for ln in path) for path in topology.connection_paths(0, 3))
+    assert link_time(topology, schedule, size) == pytest.approx(simulated.time_s - latency, rel=1e-9)

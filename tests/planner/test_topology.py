@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -12,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.errors import TopologyError
-from planner.topology import Topology, load_topology, parse_topology_text
+from planner.topology import ROUTING_MODES, Topology, ecmp_hash, load_topology, parse_topology_text
 from runtime.errors import TopoccError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -223,6 +226,160 @@ def test_fingerprint_stable_and_sensitive() -> None:
     assert parse_topology_text(slower_hop).fingerprint != first
 
 
+# --------------------------------------------------------------------------- routing
+
+
+def grid(kind: str, dims: list[int], routing: str | None = None) -> Topology:
+    """One GPU per host, a router per host in a torus or mesh of ``dims`` (fast NIC ports, 25 GB/s grid links)."""
+    hosts = 1
+    for d in dims:
+        hosts *= d
+    extra = f", routing: {routing}" if routing else ""
+    return parse_topology_text(f"""
+name: {kind}
+cluster:
+  hosts: {hosts}
+  host: {{gpus: 1, nic: {{bandwidth: 100 GB/s, latency: 0 us}}}}
+  network: {{type: {kind}, dims: {dims}, link: {{bandwidth: 25 GB/s, latency: 1 us}}{extra}}}
+""")
+
+
+def two_paths(routing: str, via_a: tuple[int, int] = (20, 20), via_b: tuple[int, int] = (12, 60)) -> Topology:
+    """Two GPUs joined through switch a and through switch b, the GB/s of the hop in and the hop out given.
+
+    The default figures cost the same to route (1/20 + 1/20 = 1/12 + 1/60), so both paths are cheapest,
+    but b's bottleneck is narrower.
+    """
+    return parse_topology_text(f"""
+name: two-paths
+routing: {routing}
+devices: [{{name: g, type: gpu, count: 2}}, {{name: a, type: switch}}, {{name: b, type: switch}}]
+links:
+  - {{ends: [g0, a], bandwidth: {via_a[0]} GB/s, latency: 1 us}}
+  - {{ends: [a, g1], bandwidth: {via_a[1]} GB/s, latency: 1 us}}
+  - {{ends: [g0, b], bandwidth: {via_b[0]} GB/s, latency: 1 us}}
+  - {{ends: [b, g1], bandwidth: {via_b[1]} GB/s, latency: 1 us}}
+""")
+
+
+def test_routing_defaults_follow_the_network_type() -> None:
+    assert load("torus-4x4.yaml").routing == load("mesh-4x4.yaml").routing == "dimension-order"
+    for name in ("fattree-1024.yaml", "dgx-a100-4node.yaml", "pcie-4x4-10gbe.yaml", "dgx1-v100.yaml"):
+        assert load(name).routing == "ecmp", name
+    assert parse_topology_text(EXPLICIT).routing == "ecmp"
+    assert grid("torus", [2, 2], "spray").routing == "spray"
+    spray = (TOPOLOGIES / "torus-4x4.yaml").read_text() + "routing: spray\n"
+    assert parse_topology_text(spray).routing == "spray"
+    agreeing = (TOPOLOGIES / "torus-4x4.yaml").read_text().replace("dims: [4, 4]", "dims: [4, 4]\n    routing: source")
+    assert parse_topology_text(agreeing + "routing: source\n").routing == "source"
+
+
+def test_fingerprint_covers_routing() -> None:
+    """Spray keeps the fingerprint topologies had before they had a routing; every mode differs."""
+    text = (TOPOLOGIES / "dgx2.yaml").read_text()
+    prints = {mode: parse_topology_text(f"{text}routing: {mode}\n").fingerprint
+              for mode in ("spray", "ecmp", "source")}
+    assert prints["spray"] == "f2a8610c7942ac888513bb7bbdb26cee19cf3edc68eaecf1d73112b30d41c6eb"
+    assert len(set(prints.values())) == 3
+    assert load("dgx2.yaml").fingerprint == prints["ecmp"]
+
+
+def test_dimension_order_on_a_2x2_mesh_takes_one_path_where_spray_takes_two() -> None:
+    """Rank 0 sits at (0, 0) and rank 3 at (1, 1): dimension 0 (rows, stride 2) is corrected first."""
+    spray, ordered = grid("mesh", [2, 2], "spray"), grid("mesh", [2, 2])
+    assert ordered.routing == "dimension-order"
+    assert len(spray.connection_paths(0, 3)) == 2
+    (path,) = ordered.connection_paths(0, 3)
+    assert [ln.dst for ln in path] == ["h0.nic0", "r0", "r2", "r3", "h3.nic0", "h3.gpu0"]
+    assert [ln.dim for ln in path if ln.dim is not None] == [0, 1]
+    assert spray.route_shares(0, 3)[("r0", "r2")] == spray.route_shares(0, 3)[("r0", "r1")] == 0.5
+    assert ordered.route_shares(0, 3)[("r0", "r2")] == 1.0 and ("r0", "r1") not in ordered.route_shares(0, 3)
+    assert spray.route_bandwidth(0, 3) == 2 * ordered.route_bandwidth(0, 3) == 50e9
+    assert ordered.connection_paths(0, 3, channel=5) == ordered.connection_paths(0, 3)
+
+
+@pytest.mark.parametrize(("kind", "dims"), [("torus", [3, 4, 2]), ("mesh", [2, 3, 2]), ("torus", [4, 4])])
+def test_dimension_order_corrects_each_dimension_in_turn(kind: str, dims: list[int]) -> None:
+    """Every path: dimensions in increasing order, each moved in one direction, and as short as any route."""
+    topo = grid(kind, dims)
+    for a in range(topo.size):
+        for b in range(topo.size):
+            if a == b:
+                continue
+            (path,) = topo.connection_paths(a, b)
+            moves = [(ln.dim, ln.ascending) for ln in path if ln.dim is not None]
+            assert [d for d, _ in moves] == sorted(d for d, _ in moves), (a, b)
+            assert all(len({up for d2, up in moves if d2 == d}) == 1 for d, _ in moves), (a, b)
+            assert len(path) == len(topo.routes(a, b)[0])
+            # a torus ring of 4 is as short either way at distance 2: the ascending direction wins
+            if kind == "torus" and dims == [4, 4] and (a, b) == (0, 10):
+                assert moves == [(0, True), (0, True), (1, True), (1, True)]
+
+
+def test_explicit_links_may_carry_a_dimension() -> None:
+    topo = parse_topology_text("""
+name: labelled
+routing: dimension-order
+devices: [{name: g, type: gpu, count: 2}, {name: r, type: switch, count: 2}]
+links:
+  - {ends: [g0, r0], bandwidth: 10 GB/s}
+  - {ends: [g1, r1], bandwidth: 10 GB/s}
+  - {ends: [r0, r1], bandwidth: 10 GB/s, dim: 2}
+""")
+    assert (topo.link("r0", "r1").dim, topo.link("r0", "r1").ascending) == (2, True)  # type: ignore[union-attr]
+    assert (topo.link("r1", "r0").dim, topo.link("r1", "r0").ascending) == (2, False)  # type: ignore[union-attr]
+    assert topo.link("g0", "r0").dim is None  # type: ignore[union-attr]
+
+
+def test_ecmp_puts_each_connection_on_one_hashed_path() -> None:
+    topo = two_paths("ecmp")
+    assert len(topo.routes(0, 1)) == 2
+    via = {}
+    for channel in range(16):
+        (path,) = topo.connection_paths(0, 1, channel)
+        assert path in topo.routes(0, 1)
+        via[channel] = path[0].dst
+        # the hash at g0, the one device with a choice, picks among its out-links in declaration order
+        assert via[channel] == ("a", "b")[ecmp_hash(0, 1, channel, "g0") % 2]
+        assert topo.route_shares(0, 1, channel) == {(ln.src, ln.dst): 1.0 for ln in path}
+        assert topo.route_bandwidth(0, 1, channel) == (20e9 if via[channel] == "a" else 12e9)
+    assert set(via.values()) == {"a", "b"}  # channels spread over both paths
+    assert topo.route_key(0, 1, 3) == (0, 1, 3) and topo.route_key(1, 0, 3) == (1, 0, 3)
+    spray = two_paths("spray")
+    assert spray.route_key(0, 1, 3) == (0, 1, 0) and len(spray.connection_paths(0, 1, 3)) == 2
+
+
+def test_ecmp_hash_is_documented_and_the_same_in_every_process() -> None:
+    assert ecmp_hash(3, 7, 1, "leaf0") == zlib.crc32(b"3 7 1 leaf0")
+    code = ("from planner.topology import parse_topology_text as p, load_topology as l;"
+            "t = l('topologies/dgx-a100-4node.yaml');"
+            "print([t.connection_paths(a, b, c)[0][2].dst for a in (0, 3) for b in (9, 30) for c in range(4)])")
+    runs = set()
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}
+        runs.add(subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                                check=True).stdout)
+    topo = load("dgx-a100-4node.yaml")
+    here = [topo.connection_paths(a, b, c)[0][2].dst for a in (0, 3) for b in (9, 30) for c in range(4)]
+    assert runs == {f"{here}\n"}
+    assert set(here) == {"spine0", "spine1"}
+
+
+def test_source_routing_hashes_connections_without_a_recorded_path() -> None:
+    ecmp = two_paths("ecmp")
+    source = two_paths("source")
+    assert all(source.connection_paths(0, 1, c) == ecmp.connection_paths(0, 1, c) for c in range(8))
+
+
+def test_path_through_accepts_only_cheapest_paths() -> None:
+    topo = two_paths("source")
+    assert [ln.dst for ln in topo.path_through(0, 1, ["b"])] == ["b", "g1"]  # type: ignore[union-attr]
+    assert topo.path_through(0, 1, ["a", "b"]) is None
+    assert topo.path_through(0, 1, ["nowhere"]) is None
+    assert topo.path_through(0, 1, []) is None  # no direct link
+    assert {ln.dst for ln in topo.equal_cost_links(0, 1)} == {"a", "b", "g1"}
+
+
 # --------------------------------------------------------------------------- explicit format
 
 
@@ -307,13 +464,14 @@ def test_bad_text_names_its_source() -> None:
 
 # --------------------------------------------------------------------------- fuzz
 
-KEYS = ["name", "description", "defaults", "devices", "links", "cluster", "type", "count", "ends", "bandwidth",
+KEYS = ["name", "description", "defaults", "routing", "dim", "devices", "links", "cluster", "type", "count", "ends",
+        "bandwidth",
         "latency", "direction", "host", "rack", "hosts", "gpus", "fabric", "gpu_link", "pcie", "nics", "nic",
         "network", "dims", "link", "hosts_per_leaf", "spines", "oversubscription", "attach", "gpus_per_switch",
         "cpus", "cpu_link", "uplink", "kind", "hosts_per_rack", "attach_bandwidth"]
 WORDS = ["gpu", "gpu0", "gpu1", "cpu0", "nic0", "sw", "switch", "nvswitch", "none", "torus", "mesh", "fat-tree",
          "single-switch", "rail-optimized", "hybrid-cube-mesh", "fully-connected", "pcie-tree", "pcie", "forward",
-         "both", "25 GB/s", "200 Gbit/s", "0 GB/s", "-1 GB/s", "fast", "0.7 us", "1 ms", "2:1", ""]
+         "both", "25 GB/s", "200 Gbit/s", "0 GB/s", "-1 GB/s", "fast", "0.7 us", "1 ms", "2:1", "", *ROUTING_MODES]
 SCALARS = st.one_of(st.sampled_from(WORDS), st.integers(-3, 12), st.none(), st.booleans(),
                     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8))
 DOCS = st.recursive(

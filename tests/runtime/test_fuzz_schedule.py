@@ -180,4 +180,4 @@ def test_mutations_reach_the_verifier() -> None:
     for doc in BASES:
         verify(parse_schedule(copy.deepcopy(doc)))
     with pytest.raises(ScheduleFormatError):
-        parse_schedule({**BASES[0], "version": 2})
+        parse_schedule({**BASES[0], "version": 3})

@@ -20,6 +20,7 @@ from runtime.schedule import (
     Chunk,
     Metadata,
     Op,
+    PathChoice,
     build_schedule,
     dump_schedule,
     load_schedule,
@@ -75,6 +76,22 @@ def test_round_trip_keeps_every_op_field(tmp_path: Path) -> None:
     assert load_schedule(path) == s
 
 
+def test_round_trip_keeps_recorded_paths(tmp_path: Path) -> None:
+    """Path choices survive a save and a load, sorted by connection, in format version 2."""
+    s = direct_allreduce_schedule(3).with_paths([PathChoice(2, 0, 0, ("nic2", "spine1", "nic0")),
+                                                 PathChoice(0, 1, 0, ())])
+    assert [(c.src, c.dst) for c in s.paths] == [(0, 1), (2, 0)]
+    path = tmp_path / "routed.json"
+    save_schedule(s, path)
+    doc = json.loads(path.read_text())
+    assert doc["version"] == VERSION == 2
+    assert doc["paths"] == [{"src": 0, "dst": 1, "via": []}, {"src": 2, "dst": 0, "via": ["nic2", "spine1", "nic0"]}]
+    loaded = load_schedule(path)
+    assert loaded == s and loaded.paths == s.paths
+    assert dump_schedule(loaded) == path.read_text()
+    assert loaded.with_metadata(algorithm="x").paths == s.paths  # metadata edits keep the paths
+
+
 def test_gzip_is_detected_by_content_not_name(tmp_path: Path) -> None:
     s = direct_allreduce_schedule(3)
     path = tmp_path / "plain-name.json"
@@ -106,7 +123,7 @@ def test_dump_is_deterministic_and_one_line_per_program(tmp_path: Path) -> None:
 
 def test_dump_omits_defaults_of_ops() -> None:
     doc = schedule_to_dict(build_schedule("allreduce", 1, 1, 1, [[Op("copy", None, Chunk("i", 0), Chunk("o", 0))]]))
-    assert doc["format"] == FORMAT and doc["version"] == VERSION
+    assert doc["format"] == FORMAT and doc["version"] == 1  # the oldest version that holds it: no paths
     assert doc["programs"] == [[{"op": "copy", "src": ["i", 0], "dst": ["o", 0], "step": 0}]]
 
 
@@ -210,6 +227,16 @@ def _del(path: str) -> Callable[[dict[str, Any]], None]:
     return mutate
 
 
+def _paths(*entries: dict[str, Any], version: int = 2) -> Callable[[dict[str, Any]], None]:
+    """A mutation recording ``entries`` as the document's paths."""
+
+    def mutate(doc: dict[str, Any]) -> None:
+        doc["version"] = version
+        doc["paths"] = list(entries)
+
+    return mutate
+
+
 # rank 0's program of base_doc(): 0 copy i0->o0, 1 recv_reduce from 1 o0 deps [0], 2 send to 1 i1,
 # 3 send to 1 o0 deps [1], 4 recv from 1 o1
 P, W = "programs.0", "programs[0]"
@@ -221,9 +248,9 @@ STRUCTURAL: list[tuple[str, Callable[[Any], Any], str, str]] = [
     ("format", _set("format", "msccl"), "format", "not a topocc schedule (format 'msccl') (fix: expected"),
     ("format-long", _set("format", "x" * 500), "format", "format 'xxxxxxxx"),
     ("version-type", _set("version", "1"), "version", "expected an integer, got a string"),
-    ("version-newer", _set("version", 2), "version",
-     "unsupported schedule format version 2 (this topocc reads version 1) (fix: upgrade topocc"),
-    ("version-older", _set("version", 0), "version", "version 0 (this topocc reads version 1) (fix: recompile"),
+    ("version-newer", _set("version", 3), "version",
+     "unsupported schedule format version 3 (this topocc reads versions 1, 2) (fix: upgrade topocc"),
+    ("version-older", _set("version", 0), "version", "version 0 (this topocc reads versions 1, 2) (fix: recompile"),
     ("collective-type", _set("collective", 3), "collective", "expected a string, got int"),
     ("collective-unknown", _set("collective", "allsum"), "collective", "unknown collective 'allsum'"),
     ("ranks-string", _set("ranks", "2"), "ranks", "expected an integer, got a string"),
@@ -292,6 +319,19 @@ STRUCTURAL: list[tuple[str, Callable[[Any], Any], str, str]] = [
     ("step-negative", _set(f"{P}.0.step", -2), f"{W}[0].step", "-2 is below the minimum 0"),
     ("channel-type", _set(f"{P}.2.ch", 1.0), f"{W}[2].ch", "expected an integer, got float"),
     ("channel-range", _set(f"{P}.2.ch", 1 << 17), f"{W}[2].ch", "is above the maximum 65536"),
+    ("paths-version", _paths({"src": 0, "dst": 1, "via": []}, version=1), "paths",
+     "paths need format version 2 (fix: set version to 2)"),
+    ("paths-type", lambda d: d.update(version=2, paths={}), "paths", "expected an array, got an object"),
+    ("path-unknown-field", _paths({"src": 0, "dst": 1, "via": [], "lane": 1}), "paths[0]", "unknown field 'lane'"),
+    ("path-missing-via", _paths({"src": 0, "dst": 1}), "paths[0]", "missing field 'via'"),
+    ("path-src-range", _paths({"src": 2, "dst": 1, "via": []}), "paths[0].src", "2 is above the maximum 1"),
+    ("path-channel-type", _paths({"src": 0, "dst": 1, "ch": "0", "via": []}), "paths[0].ch", "expected an integer"),
+    ("path-no-connection", _paths({"src": 0, "dst": 1, "ch": 5, "via": []}), "paths[0]",
+     "no message goes from rank 0 to rank 1 on channel 5 (fix: record paths only for connections"),
+    ("path-twice", _paths({"src": 0, "dst": 1, "via": []}, {"src": 0, "dst": 1, "via": ["sw"]}), "paths[1]",
+     "a second path for rank 0 -> rank 1 on channel 0 (fix: record one path per connection)"),
+    ("path-via-type", _paths({"src": 0, "dst": 1, "via": "sw"}), "paths[0].via", "expected an array, got a string"),
+    ("path-via-name", _paths({"src": 0, "dst": 1, "via": [3]}), "paths[0].via[0]", "expected a string, got int"),
 ]
 
 
@@ -334,11 +374,11 @@ def test_recv_reduce_may_name_a_src_of_the_same_length() -> None:
 
 def test_load_error_names_the_file(tmp_path: Path) -> None:
     doc = base_doc()
-    doc["version"] = 2
+    doc["version"] = 3
     path = tmp_path / "future.json"
     path.write_text(json.dumps(doc))
     text = load_error(path)
-    assert text.startswith(f"{path}: version: unsupported schedule format version 2")
+    assert text.startswith(f"{path}: version: unsupported schedule format version 3")
     assert "fix: upgrade topocc to read it, or recompile the schedule" in text
 
 

@@ -1,0 +1,64 @@
+"""Source routing: the planner's path choices, and how a schedule's recorded paths are read back."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.builder import ScheduleBuilder
+from planner.errors import SimulationError
+from planner.paths import assign_paths, connection_chunks, recorded_paths
+from planner.topology import Topology, parse_topology_text
+from runtime.schedule import Chunk, PathChoice, Schedule
+
+
+def fabric(routing: str, gpus_per_leaf: int = 4) -> Topology:
+    """Two leaves of GPUs (100 GB/s each) under two spines (10 GB/s per leaf-spine link)."""
+    n = 2 * gpus_per_leaf
+    lines = [f"name: fabric\nrouting: {routing}\ndevices:", f"  - {{name: g, type: gpu, count: {n}}}",
+             "  - {name: leaf, type: switch, count: 2}", "  - {name: spine, type: switch, count: 2}", "links:"]
+    lines += [f"  - {{ends: [g{g}, leaf{g // gpus_per_leaf}], bandwidth: 100 GB/s}}" for g in range(n)]
+    lines += [f"  - {{ends: [leaf{leaf}, spine{s}], bandwidth: 10 GB/s}}" for leaf in range(2) for s in range(2)]
+    return parse_topology_text("\n".join(lines) + "\n")
+
+
+def crossing(sizes: list[int], local: bool = False) -> Schedule:
+    """GPU i of leaf 0 sends ``sizes[i]`` chunks to GPU i of leaf 1 (and, with ``local``, one to its neighbour)."""
+    total = sum(sizes) + (1 if local else 0)
+    b = ScheduleBuilder("allreduce", 8, total, total)
+    at = 0
+    for i, n in enumerate(sizes):
+        b.transfer(i, 4 + i, Chunk("i", at, n), Chunk("o", at, n))
+        at += n
+    if local:
+        b.transfer(0, 1, Chunk("i", at), Chunk("o", at))
+    return b.build("crossing")
+
+
+def test_heaviest_connections_choose_first_and_balance_the_spines() -> None:
+    schedule = crossing([3, 2, 2, 1], local=True)
+    routed = assign_paths(fabric("source"), schedule)
+    assert routed.programs == schedule.programs
+    spine = {(c.src, c.dst): c.via[1] for c in routed.paths}
+    # 3 -> spine0; 2 -> spine1; 2 -> spine1 (4 < 5); 1 -> spine0 (4 < 5); g0 -> g1 has one path: no record
+    assert spine == {(0, 4): "spine0", (1, 5): "spine1", (2, 6): "spine1", (3, 7): "spine0"}
+    assert all(c.via[0] == "leaf0" and c.via[2] == "leaf1" for c in routed.paths)
+    assert connection_chunks(schedule) == {(0, 4, 0): 3, (1, 5, 0): 2, (2, 6, 0): 2, (3, 7, 0): 1, (0, 1, 0): 1}
+
+
+@pytest.mark.parametrize("routing", ["spray", "ecmp"])
+def test_fabrics_that_cannot_steer_get_no_paths(routing: str) -> None:
+    schedule = crossing([1, 1])
+    assert assign_paths(fabric(routing), schedule) is schedule
+    steered = assign_paths(fabric("source"), schedule)
+    assert steered.paths and recorded_paths(fabric(routing), steered) == {}
+
+
+def test_recorded_paths_become_links_and_bad_ones_are_refused() -> None:
+    topo = fabric("source")
+    schedule = crossing([1])
+    chosen = recorded_paths(topo, schedule.with_paths([PathChoice(0, 4, 0, ("leaf0", "spine1", "leaf1"))]))
+    assert [ln.dst for ln in chosen[(0, 4, 0)]] == ["leaf0", "spine1", "leaf1", "g4"]
+    with pytest.raises(SimulationError, match="joins rank 0 to rank 9, but the topology has 8 ranks"):
+        recorded_paths(topo, schedule.with_paths([PathChoice(0, 9, 0, ())]))
+    with pytest.raises(SimulationError, match=r"\(via leaf0, spine1\) is not one of the pair's cheapest paths"):
+        recorded_paths(topo, schedule.with_paths([PathChoice(0, 4, 0, ("leaf0", "spine1"))]))
