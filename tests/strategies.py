@@ -6,6 +6,10 @@ ring); each host has a NIC that every GPU reaches, or only its first GPU does
 (then some pairs have no GPU-free route).  Hosts are joined by a top switch or
 a ring of NICs, optionally grouped into racks.  Bandwidths and latencies are
 random.
+
+:func:`chassis_yaml` writes multi-chassis boxes as TE-CCL and TACCL model them
+(one GPU of a chassis linked to one GPU of the next), for the tests that need
+one fixed shape.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from hypothesis import strategies as st
 
 from planner.topology import Topology, parse_topology_text
 
-__all__ = ["TopologySpec", "topologies", "topology_specs", "topology_yaml"]
+__all__ = ["TopologySpec", "chassis_yaml", "topologies", "topology_specs", "topology_yaml"]
 
 _BANDWIDTHS = (10, 25, 50, 100)  # GB/s
 _LATENCIES = (0.5, 1, 2, 5)  # us
@@ -91,3 +95,31 @@ def topology_yaml(spec: TopologySpec) -> str:
 def topologies(draw: st.DrawFn, max_hosts: int = 4, max_gpus: int = 4) -> Topology:
     """A random valid :class:`Topology` (see the module docstring)."""
     return parse_topology_text(topology_yaml(draw(topology_specs(max_hosts, max_gpus))), "random")
+
+
+#: NDv2's NVLink hybrid cube-mesh (as ndv2-2chassis.yaml): GPU pairs and GB/s.
+_CUBE_MESH = ((0, 1, 50), (0, 2, 25), (0, 3, 25), (0, 4, 50), (1, 2, 25), (1, 3, 50), (1, 5, 25), (2, 3, 50),
+              (2, 6, 50), (3, 7, 25), (4, 5, 50), (4, 6, 25), (4, 7, 25), (5, 6, 25), (5, 7, 50), (6, 7, 50))
+
+
+def chassis_yaml(chassis: int, gpus: int, inside: str = "nvswitch", one_way: bool = True) -> str:
+    """A multi-chassis box as TE-CCL and TACCL model one: ``chassis`` chassis of ``gpus`` GPUs each.
+
+    Inside a chassis the GPUs hang off one NVSwitch (150 GB/s each) or, with
+    ``inside="cube-mesh"`` (8 GPUs), form NDv2's hybrid cube-mesh.  Chassis
+    ``c``'s GPU 0 has a 12.5 GB/s link to chassis ``c+1``'s GPU 1, closing the
+    loop; one-way (ndv2-2chassis.yaml is the 2 x 8 cube-mesh case) or both ways.
+    """
+    devices, links = [], []
+    for c in range(chassis):
+        devices.append(f"  - {{name: c{c}g, type: gpu, count: {gpus}, host: c{c}}}")
+        if inside == "cube-mesh":
+            links += [f"  - {{ends: [c{c}g{a}, c{c}g{b}], bandwidth: {bw} GB/s}}" for a, b, bw in _CUBE_MESH]
+        else:
+            devices.append(f"  - {{name: c{c}sw, type: nvswitch, host: c{c}}}")
+            links += [f"  - {{ends: [c{c}g{g}, c{c}sw], bandwidth: 150 GB/s}}" for g in range(gpus)]
+    for c in range(chassis):
+        way = ", direction: forward" if one_way else ""
+        links.append(f"  - {{ends: [c{c}g0, c{(c + 1) % chassis}g1], bandwidth: 12.5 GB/s, latency: 1.3 us{way}}}")
+    name = f"chassis-{chassis}x{gpus}-{inside}-{'one-way' if one_way else 'two-way'}"
+    return "\n".join([f"name: {name}", "defaults: {latency: 0.7 us}", "devices:", *devices, "links:", *links]) + "\n"
