@@ -37,6 +37,18 @@ ranks behind one switch this is the familiar 2(p-1)/p N/B (Patarasuk & Yuan,
 allgather cut" on groups of equal size and capacity, and unlike that per-cut
 rule stays valid on uneven topologies (a fast rank can reduce for slow ones).
 
+Relayed schedules are bound as well.  A transfer between ranks without a
+GPU-free route is relayed (:mod:`planner.relay`): one ordinary message per hop,
+each between ranks that have a route, the relay receiving and then sending.
+The cut bounds count link capacity, which a relayed byte uses on every hop like
+any other (more of it, not less).  The gossip count holds for any sequence of
+calls, a relay's receive and send being two of them: a relay in a third group
+makes one crossing two, a relay in the sender's or receiver's group leaves it
+one.  And the routed LP ranges over every pair with a route (the only pairs the
+simulator lets a schedule send between) at their fixed route shares, so each
+hop of a relayed message is one of its variables and the LP's maximum caps
+what relayed crossings can carry too.
+
 The maximum over any family of valid cuts is itself a valid lower bound, so the
 candidate family only decides how tight the bound is: each rank alone, each
 host, each rack, the first and second half of the hosts, a Kernighan-Lin
@@ -377,8 +389,10 @@ def _routed_crossings(topology: Topology, group_of: dict[int, int]) -> float | N
 
     An LP: a rate per ordered rank pair in different groups, every link's load
     (each pair's rate times its route share, as the simulator splits messages)
-    within its bandwidth, maximising the total.  None unless solved to
-    optimality (a sub-optimal maximum would overstate the bound).
+    within its bandwidth, maximising the total.  Only pairs with a route have a
+    rate: no message travels between others (relays send hop by hop, each hop
+    such a pair).  None unless solved to optimality (a sub-optimal maximum
+    would overstate the bound).
     """
     pairs = [(a, b) for a in group_of for b in group_of
              if group_of[a] != group_of[b] and topology.has_route(a, b)]

@@ -4,12 +4,13 @@ A topology is 1-4 hosts of 1-4 GPUs each.  Inside a host the GPUs hang off a
 switch, form a full mesh or a chain (sometimes one-way, closed into a directed
 ring); each host has a NIC that every GPU reaches, or only its first GPU does
 (then some pairs have no GPU-free route).  Hosts are joined by a top switch or
-a ring of NICs, optionally grouped into racks.  Bandwidths and latencies are
-random.
+a ring of NICs, optionally grouped into racks, or, as chassis are in TE-CCL's
+and TACCL's multi-chassis models, by GPU-to-GPU links: host h's first GPU to
+host h+1's second, one-way or both ways (no NICs then).  Bandwidths and
+latencies are random.
 
-:func:`chassis_yaml` writes multi-chassis boxes as TE-CCL and TACCL model them
-(one GPU of a chassis linked to one GPU of the next), for the tests that need
-one fixed shape.
+:func:`chassis_yaml` writes such multi-chassis boxes at full size, for the
+tests that need one fixed shape.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def topology_specs(draw: st.DrawFn, max_hosts: int = 4, max_gpus: int = 4) -> To
         "fabric": [draw(st.sampled_from(("switch", "mesh", "chain"))) for _ in range(hosts)],
         "directed_chain": draw(st.booleans()),
         "nic_attach": draw(st.sampled_from(("all", "first"))),
-        "join": draw(st.sampled_from(("switch", "ring"))),
+        "join": draw(st.sampled_from(("switch", "ring", "chassis"))),
+        "one_way_join": draw(st.booleans()),
         "racks": draw(st.sampled_from((0, 1, 2))),
         "bandwidth": draw(st.lists(st.sampled_from(_BANDWIDTHS), min_size=4, max_size=4)),
         "latency": draw(st.lists(st.sampled_from(_LATENCIES), min_size=4, max_size=4)),
@@ -63,7 +65,6 @@ def topology_yaml(spec: TopologySpec) -> str:
         gpus = [f"h{h}g{i}" for i in range(n)]
         for g in gpus:
             devices.append(f"  - {{name: {g}, type: gpu, {place}}}")
-        devices.append(f"  - {{name: h{h}nic, type: nic, {place}}}")
         if fabric == "switch" and n > 1:
             devices.append(f"  - {{name: h{h}sw, type: nvswitch, {place}}}")
             for g in gpus:
@@ -78,17 +79,29 @@ def topology_yaml(spec: TopologySpec) -> str:
                 link(gpus[i], gpus[i + 1], intra_bw, intra_lat, forward=directed)
             if directed:
                 link(gpus[-1], gpus[0], intra_bw, intra_lat, forward=True)
+        if spec["join"] == "chassis":
+            continue
+        devices.append(f"  - {{name: h{h}nic, type: nic, {place}}}")
         for g in gpus if spec["nic_attach"] == "all" else gpus[:1]:
             link(g, f"h{h}nic", nic_bw, nic_lat)
     if n_hosts > 1:
-        if spec["join"] == "switch":
+        if spec["join"] == "chassis":
+            joined: set[object] = set()  # two hosts of one GPU each would declare one link twice
+            for h in range(n_hosts):
+                nxt = (h + 1) % n_hosts
+                a, b = f"h{h}g0", f"h{nxt}g{1 % spec['gpus'][nxt]}"
+                key = (a, b) if spec["one_way_join"] else frozenset((a, b))
+                if key not in joined:
+                    joined.add(key)
+                    link(a, b, net_bw, net_lat, forward=spec["one_way_join"])
+        elif spec["join"] == "switch":
             devices.append("  - {name: top, type: switch}")
             for h in range(n_hosts):
                 link(f"h{h}nic", "top", net_bw, net_lat)
         else:
             for h in range(n_hosts if n_hosts > 2 else 1):
                 link(f"h{h}nic", f"h{(h + 1) % n_hosts}nic", net_bw, net_lat)
-    return "\n".join(["name: random", "devices:", *devices, "links:", *links]) + "\n"
+    return "\n".join(["name: random", "devices:", *devices, *(["links:", *links] if links else ["links: []"])]) + "\n"
 
 
 @st.composite
