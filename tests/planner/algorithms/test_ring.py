@@ -9,8 +9,7 @@ import pytest
 from planner.algorithms import Options
 from planner.algorithms._order import LinkLoads, find_rings, ring_order
 from planner.algorithms.ring import ring
-from planner.topology import Topology, load_topology, parse_topology_text
-from tests.conftest import TOPOLOGIES
+from planner.topology import Topology, parse_topology_text
 from tests.planner.algorithms.test_baselines import check_schedule, switch_cluster
 from tests.strategies import chassis_yaml
 
@@ -146,13 +145,6 @@ def test_multi_chassis_rings_use_only_direct_hops(shape: tuple[int, int, str]) -
             assert sorted(rg) == list(range(topology.size))
             assert all(topology.has_route(a, b) for a, b in hops(rg))
             assert sum(host[a] != host[b] for a, b in hops(rg)) == chassis
-
-
-def test_ndv2_ring_uses_only_direct_hops() -> None:
-    topology = load_topology(TOPOLOGIES / "ndv2-2chassis.yaml")
-    order = ring_order(topology)
-    assert all(topology.has_route(a, b) for a, b in hops(order))
-    check_schedule(topology, ring(topology, "allgather", Options()), "allgather", "ring")
 
 
 def test_a_relayed_hop_weighs_the_relay_links() -> None:
