@@ -6,8 +6,8 @@ import pytest
 
 from planner.algorithms import Options
 from planner.algorithms.tree import binary_tree, double_binary_tree
-from planner.topology import parse_topology_text
 from tests.planner.algorithms.test_baselines import check_schedule, switch_cluster
+from tests.planner.test_relay import chain
 
 
 @pytest.mark.parametrize("n", range(1, 17))
@@ -51,12 +51,7 @@ def test_rooted_trees_hang_from_the_root(collective: str, root: int) -> None:
 
 
 def test_tree_edges_without_a_route_are_relayed() -> None:
-    topology = parse_topology_text("\n".join([
-        "name: chain", "devices:", "  - {name: g, type: gpu, count: 4}", "links:",
-        "  - {ends: [g0, g1], bandwidth: 10 GB/s, latency: 1 us}",
-        "  - {ends: [g1, g2], bandwidth: 10 GB/s, latency: 1 us}",
-        "  - {ends: [g2, g3], bandwidth: 10 GB/s, latency: 1 us}",
-    ]))
+    topology = chain(4)
     schedule = double_binary_tree(topology, "allreduce", Options())
     edges = {(child, par) for tree in schedule.metadata.options["trees"] for child, par in tree}
     assert any(abs(child - par) > 1 for child, par in edges)  # a tree edge between ranks with no route
