@@ -26,21 +26,24 @@ from planner.topology import Topology
 
 __all__ = ["hops", "path_latency", "path_shares", "relay_path", "relays"]
 
+#: Two chain costs closer than this (relative) are equally cheap.
+_SAME_COST = 1e-9
 
-def _parents(topology: Topology, src: int) -> tuple[int, ...]:
-    """The rank before each rank on its cheapest relay chain from ``src`` (-1: the source itself).
+
+def _parents(topology: Topology, src: int) -> tuple[tuple[int, ...], ...]:
+    """The ranks before each rank on its cheapest relay chains from ``src`` (none: the source itself).
 
     Dijkstra over the ranks, a hop per routed pair costing its route cost, kept
-    per topology.  Ties keep the chain found first, ranks popping in (cost, rank)
-    order, so the chains depend on nothing but the topology.
+    per topology; every predecessor of equal cost is kept, so that
+    :func:`relay_path` can spread pairs over equally cheap relays.
     """
-    cache: dict[int, tuple[int, ...]] = topology.derived("relay.parents", dict)
+    cache: dict[int, tuple[tuple[int, ...], ...]] = topology.derived("relay.parents", dict)
     found = cache.get(src)
     if found is not None:
         return found
     p = topology.size
     dist = [math.inf] * p
-    parent = [-1] * p
+    parents: list[list[int]] = [[] for _ in range(p)]
     dist[src] = 0.0
     heap = [(0.0, src)]
     while heap:
@@ -48,34 +51,52 @@ def _parents(topology: Topology, src: int) -> tuple[int, ...]:
         if d > dist[u]:
             continue
         for v in range(p):
-            if v == u:
+            if v in (u, src):
                 continue
-            cost = topology.route_cost(u, v)
-            if d + cost < dist[v] * (1 - 1e-12):
-                dist[v] = d + cost
-                parent[v] = u
-                heapq.heappush(heap, (d + cost, v))
-    found = cache[src] = tuple(parent)
+            reach = d + topology.route_cost(u, v)
+            if reach < dist[v] * (1 - _SAME_COST):
+                dist[v] = reach
+                parents[v] = [u]
+                heapq.heappush(heap, (reach, v))
+            elif reach <= dist[v] * (1 + _SAME_COST):
+                parents[v].append(u)
+    found = cache[src] = tuple(tuple(ps) for ps in parents)
     return found
+
+
+def _spread(src: int, rank: int, choices: int) -> int:
+    """Which of ``choices`` equally cheap predecessors of ``rank`` a chain from ``src`` takes.
+
+    A multiplicative hash (Knuth's) of the pair: deterministic, and even over
+    the pairs of a pattern (rank i to rank i + k, all to one, one to all), where
+    a sum or a product of the two would give one parity to all of them.
+    """
+    return (((((src << 16) + rank) * 2654435761) & 0xFFFFFFFF) >> 16) % choices
 
 
 def relay_path(topology: Topology, src: int, dst: int) -> tuple[int, ...]:
     """The ranks a message from ``src`` to ``dst`` is relayed through, in order; ``()`` when a route joins them.
+
+    The cheapest chain of routed hops; among equally cheap ones, pairs are
+    spread (on a multi-chassis box with two links between two chassis, half
+    the pairs cross each).
 
     >>> relay_path(topology, 0, 9)  # doctest: +SKIP
     (8,)
     """
     if src == dst or topology.has_route(src, dst):
         return ()
-    parent = _parents(topology, src)
+    parents = _parents(topology, src)
     chain: list[int] = []
-    at = parent[dst]
-    while at != src:
-        if at < 0:  # build_topology guarantees strong connectivity; a hand-built Topology may lack it
+    at = dst
+    while True:
+        before = parents[at]
+        if not before:  # build_topology guarantees strong connectivity; a hand-built Topology may lack it
             raise ValueError(f"rank {dst} cannot be reached from rank {src} in {topology.name}")
+        at = before[_spread(src, at, len(before))]
+        if at == src:
+            return tuple(reversed(chain))
         chain.append(at)
-        at = parent[at]
-    return tuple(reversed(chain))
 
 
 def hops(topology: Topology, src: int, dst: int) -> list[tuple[int, int]]:

@@ -58,6 +58,15 @@ def test_one_way_chassis_relay_at_the_ends_of_their_links() -> None:
     assert relay_path(topology, 0, 5) == ()
 
 
+def test_equally_cheap_relays_share_the_pairs() -> None:
+    # two chassis joined both ways at two GPUs each: c0g0 <-> c1g1 and c1g0 <-> c0g1, equally cheap
+    topology = parse_topology_text(chassis_yaml(2, 8, one_way=False))
+    crossings = [relay_path(topology, a, b)[0] for a in range(2, 8) for b in range(10, 16)]
+    assert set(crossings) == {0, 1}
+    assert min(crossings.count(0), crossings.count(1)) >= len(crossings) // 3
+    assert relay_path(topology, 3, 12) == relay_path(topology, 3, 12)  # the same every time
+
+
 def test_path_shares_load_every_hop() -> None:
     topology = chain(3)
     assert path_shares(topology, 0, 2) == {("g0", "g1"): 1.0, ("g1", "g2"): 1.0}  # into the relay and out of it
