@@ -39,6 +39,18 @@ ranks behind one switch this is the familiar 2(p-1)/p N/B (Patarasuk & Yuan,
 allgather cut" on groups of equal size and capacity, and unlike that per-cut
 rule stays valid on uneven topologies (a fast rank can reduce for slow ones).
 
+Relayed schedules are bound as well.  A transfer between ranks without a
+GPU-free route is relayed (:mod:`planner.relay`): one ordinary message per hop,
+each between ranks that have a route, the relay receiving and then sending.
+The cut bounds count link capacity, which a relayed byte uses on every hop like
+any other (more of it, not less).  The gossip count holds for any sequence of
+calls, a relay's receive and send being two of them: a relay in a third group
+makes one crossing two, a relay in the sender's or receiver's group leaves it
+one.  And the routed LP ranges over every pair with a route (the only pairs the
+simulator lets a schedule send between) at their fixed route shares, so each
+hop of a relayed message is one of its variables and the LP's maximum caps
+what relayed crossings can carry too.
+
 The maximum over any family of valid cuts is itself a valid lower bound, so the
 candidate family only decides how tight the bound is: each rank alone, each
 host, each rack, the first and second half of the hosts, a Kernighan-Lin
@@ -378,7 +390,9 @@ def _routed_crossings(topology: Topology, group_of: dict[int, int]) -> float | N
     """The most bytes/s that messages between ranks of different groups can carry over their routes.
 
     An LP: a rate per ordered rank pair in different groups, every link's load
-    within its bandwidth, maximising the total.  Where the routing fixes how a
+    within its bandwidth, maximising the total.  Only pairs with a route have a
+    rate: no message travels between others (relays send hop by hop, each hop
+    such a pair).  Where the routing fixes how a
     pair's messages use its paths (``spray``: evenly, ``dimension-order``: one
     path), each rate loads the links by its route shares.  Where a schedule can
     choose (``ecmp``: each channel hashes anew; ``source``: recorded paths),

@@ -5,18 +5,39 @@ each operation, the dependencies its data needs (the last write of every chunk
 it reads, and every read and write since the last write of the chunk it
 writes), so the verifier's race check holds by construction and the runtime may
 run everything else concurrently.
+
+Such programs cannot deadlock: every dependency points to an operation emitted
+earlier, and a transfer emits its send and its receive together, so in emission
+order each operation can run (or meet its partner) once all earlier ones have.
+
+A transfer between ranks without a GPU-free route is relayed: given the ranks
+to pass through (``relay``, e.g. :func:`planner.relay.relay_path`), the builder
+lowers it into a send to the first relay, which receives into a scratch slot
+and sends on, and so on to the receiver, which alone reduces.  Slots come from a
+small ring buffer per relaying rank and channel at the end of the scratch
+buffer: a slot is reused once its last send has completed (the hazard tracking
+orders that), so memory stays bounded while consecutive pieces overlap.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from planner.collectives import spec
 from runtime.schedule import Chunk, Metadata, Op, Schedule, build_schedule
 
-__all__ = ["ChunkRuns", "ScheduleBuilder"]
+__all__ = ["RELAY_SLOTS", "ChunkRuns", "Relay", "ScheduleBuilder"]
+
+#: Messages a relaying rank can hold per channel (slots of its scratch ring buffer), so that it receives
+#: the next pieces while it forwards earlier ones.  On a 2 x 8 GPU one-way multi-chassis box at 64 MiB,
+#: halving-doubling all-reduce reaches 46.8% of the bound with 2 slots, 73.3% with 8, 75.8% with 32,
+#: and the double binary tree 35.3%, 61.1% and 55.3%.
+RELAY_SLOTS = 8
+
+#: The ranks a transfer from one rank to another passes through (empty: straight there).
+Relay = Callable[[int, int], Sequence[int]]
 
 
 class ChunkRuns:
@@ -76,7 +97,8 @@ class ScheduleBuilder:
     """
 
     def __init__(self, collective: str, ranks: int, input_chunks: int, output_chunks: int, *,
-                 scratch_chunks: int = 0, root: int | None = None, inplace: bool = False) -> None:
+                 scratch_chunks: int = 0, root: int | None = None, inplace: bool = False,
+                 relay: Relay | None = None) -> None:
         self.spec = spec(collective, ranks, input_chunks, output_chunks, root)
         self.collective = self.spec.collective
         self.ranks = ranks
@@ -87,6 +109,9 @@ class ScheduleBuilder:
         self.inplace = inplace
         self.programs: list[list[Op]] = [[] for _ in range(ranks)]
         self._hazards = [ChunkRuns() for _ in range(ranks)]
+        self._relay = relay
+        self._relay_end = [scratch_chunks] * ranks  # where each rank's next relay ring buffer goes
+        self._rings: dict[tuple[int, int], list[int]] = {}  # (rank, channel) -> [start, capacity, cursor]
         # every chunk has an address (input, then output, then scratch); in place, a buffer's chunks
         # sit at an offset in the buffer they alias (the same resolution the verifier makes)
         base = {"i": 0, "o": input_chunks, "s": input_chunks + output_chunks}
@@ -147,14 +172,44 @@ class ScheduleBuilder:
 
     def transfer(self, src_rank: int, dst_rank: int, src: Chunk, dst: Chunk, *, reduce: bool = False,
                  step: int = 0, channel: int = 0) -> tuple[int, int]:
-        """A send on ``src_rank`` and its matching receive (or receive-and-reduce) on ``dst_rank``."""
-        s = self.send(src_rank, dst_rank, src, step=step, channel=channel)
-        r = self.recv(dst_rank, src_rank, dst, reduce=reduce, step=step, channel=channel)
-        return s, r
+        """A send on ``src_rank`` and its matching receive (or receive-and-reduce) on ``dst_rank``.
+
+        Relayed when the builder's ``relay`` names ranks to pass through: each
+        receives into a scratch slot and sends on, on the same channel.  Returns
+        the indices of the send on ``src_rank`` and of the receive on ``dst_rank``.
+        """
+        via = self._relay(src_rank, dst_rank) if self._relay is not None else ()
+        chain = (src_rank, *via, dst_rank)
+        refs = (src, *(Chunk("s", self._slot(hop, channel, src.count), src.count) for hop in via), dst)
+        first = self.send(src_rank, chain[1], src, step=step, channel=channel)
+        for i in range(1, len(chain) - 1):  # the relays: receive into a slot, send on from it
+            self.recv(chain[i], chain[i - 1], refs[i], step=step, channel=channel)
+            self.send(chain[i], chain[i + 1], refs[i], step=step, channel=channel)
+        last = self.recv(dst_rank, chain[-2], dst, reduce=reduce, step=step, channel=channel)
+        return first, last
+
+    def _slot(self, rank: int, channel: int, count: int) -> int:
+        """Scratch index of ``count`` free chunks in ``rank``'s relay ring buffer for ``channel``.
+
+        The buffer holds :data:`RELAY_SLOTS` of the largest message seen; a
+        larger one moves the buffer to a fresh place twice as large (the old
+        one is abandoned), so a rank's relay scratch stays within a small
+        multiple of what its largest messages need.
+        """
+        ring = self._rings.get((rank, channel))
+        if ring is None or ring[1] < RELAY_SLOTS * count:
+            capacity = max(RELAY_SLOTS * count, 2 * ring[1] if ring is not None else 0)
+            ring = self._rings[(rank, channel)] = [self._relay_end[rank], capacity, 0]
+            self._relay_end[rank] += capacity
+        start, capacity, cursor = ring
+        if cursor + count > capacity:
+            cursor = 0
+        ring[2] = cursor + count
+        return start + cursor
 
     def build(self, algorithm: str, options: Mapping[str, Any] | None = None, **metadata: Any) -> Schedule:
         return build_schedule(
             self.collective, self.ranks, self.input_chunks, self.output_chunks, self.programs,
-            scratch_chunks=self.scratch_chunks, root=self.root, inplace=self.inplace,
+            scratch_chunks=max(self._relay_end), root=self.root, inplace=self.inplace,
             metadata=Metadata(algorithm=algorithm, options=dict(options or {}), **metadata),
         )

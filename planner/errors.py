@@ -61,7 +61,7 @@ class SimulationError(TopoccError):
 
 
 class NotApplicableError(TopoccError):
-    """An algorithm does not support this topology or collective (for example, no route it needs)."""
+    """An algorithm does not support this topology or collective (for example, hosts of different sizes)."""
 
     exit_code = 6
 

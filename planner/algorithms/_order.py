@@ -1,11 +1,13 @@
 """Helpers shared by the baseline algorithms: topology-aware rank orders, ring phases, pipelining.
 
-The ring search looks for a Hamiltonian cycle over routable rank pairs that
-maximises the bottleneck bandwidth (the ring runs at its slowest hop), visiting
-each host's ranks contiguously so the ring crosses hosts as few times as
-possible.  Several rings ("channels", NCCL's term) are found greedily, each on
-the bandwidth left by the previous ones, the way NCCL packs rings onto the
-NVLinks of a DGX-1 (NCCL ``graph/search.cc``).
+The ring search looks for a Hamiltonian cycle over rank pairs that maximises
+the bottleneck bandwidth (the ring runs at its slowest hop), visiting each
+host's ranks contiguously so the ring crosses hosts as few times as possible.
+Its hops are pairs with a GPU-free route where such a cycle exists, and
+otherwise may be relayed through other GPUs (:mod:`planner.relay`).  Several
+rings ("channels", NCCL's term) are found greedily, each on the bandwidth left
+by the previous ones, the way NCCL packs rings onto the NVLinks of a DGX-1
+(NCCL ``graph/search.cc``).
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 
 from planner.builder import ScheduleBuilder
+from planner.relay import path_shares
 from planner.topology import Topology
 from runtime.schedule import Chunk, Schedule
 
 __all__ = [
     "PIECE_BYTES",
     "LinkLoads",
-    "check_routes",
     "chunk_runs",
     "find_cycle",
     "find_rings",
@@ -81,17 +83,6 @@ def single_rank(collective: str, input_chunks: int, output_chunks: int, algorith
     return b.build(algorithm, options)
 
 
-def check_routes(topology: Topology, pairs: Sequence[tuple[int, int]], algorithm: str) -> None:
-    """Raise :class:`NotApplicableError` naming the first pair with no GPU-free route."""
-    from planner.errors import NotApplicableError
-
-    for a, b in pairs:
-        if not topology.has_route(a, b):
-            raise NotApplicableError(
-                f"{algorithm} needs a direct route from rank {a} to rank {b} (no GPU-free path)"
-            )
-
-
 # --------------------------------------------------------------------------- link loads
 
 
@@ -103,7 +94,9 @@ class LinkLoads:
     ring prefers the links the first one left idle.  Routes are those of
     ``channel``, the channel the next ring will use: under ECMP each channel
     hashes onto its own paths, and a ring avoids hops whose hashed paths
-    collide with the rings before it.
+    collide with the rings before it.  A relayed pair loads the links of all
+    its hops (:func:`planner.relay.path_shares`), the relay GPU's own links in
+    and out included.
     """
 
     def __init__(self, topology: Topology, channel: int = 0) -> None:
@@ -119,7 +112,7 @@ class LinkLoads:
         if got is None:
             link = self.topology.link
             got = [(k, s, link(*k).bandwidth)  # type: ignore[union-attr]
-                   for k, s in self.topology.route_shares(a, b, self.channel).items()]
+                   for k, s in path_shares(self.topology, a, b, self.channel).items()]
             self._shares[key] = got
         return got
 
@@ -157,44 +150,78 @@ def _groups_of(topology: Topology, members: Sequence[int]) -> dict[int, int] | N
 
 
 def _search(members: Sequence[int], weight: Weight, threshold: float, groups: dict[int, int] | None,
-            limit: int) -> list[int] | None:
+            limit: int, direct: Callable[[int, int], bool]) -> list[int] | None:
     """Depth-first search for a Hamiltonian cycle whose every hop weighs at least ``threshold``.
 
     With ``groups``, each group is visited contiguously (one entry and one exit
-    per host).  Candidates are tried best weight first, ties in natural order,
-    so symmetric fabrics are solved without backtracking.
+    per host): the cycle starts at an entry of the first group, and a group's
+    only remaining exit is kept for last.  Candidates are tried direct hops
+    first (``direct``: the pair has a route, no relay), then best weight first,
+    ties in natural order, so symmetric fabrics are solved without backtracking.
     """
     n = len(members)
     index = {m: i for i, m in enumerate(members)}
     floor = threshold * (1 - _EPS)
-    start = members[0]
     if n == 1:
-        return [start]
+        return [members[0]]
     by_group: dict[int, list[int]] = {}
+    exits: dict[int, bool] = {}
+    exits_left: dict[int, int] = {}
+    start = members[0]
     if groups is not None:
         for m in members:
             by_group.setdefault(groups[m], []).append(m)
+        outside = {g: [m for m in members if groups[m] != g] for g in by_group}
+        exits = {m: any(weight(m, v) >= floor for v in outside[groups[m]]) for m in members}
+        for m in members:
+            exits_left[groups[m]] = exits_left.get(groups[m], 0) + exits[m]
+
+        def entry(m: int) -> tuple[bool, bool, int]:
+            """Sort key of a start: entered by a direct hop, else entered at all, else first."""
+            ins = outside[groups[m]]
+            return (not any(direct(u, m) and weight(u, m) >= floor for u in ins),
+                    not any(weight(u, m) >= floor for u in ins), index[m])
+
+        if not all(exits_left.values()):
+            return None  # a group that cannot be left at this threshold
+        start = min(by_group[groups[start]], key=entry)
     group_order = list(by_group)
-    visited = {start}
+    visited: set[int] = set()
     remaining_in = {g: len(v) for g, v in by_group.items()}
-    if groups is not None:
-        remaining_in[groups[start]] -= 1
+
+    def enter(v: int) -> None:
+        visited.add(v)
+        if groups is not None:
+            remaining_in[groups[v]] -= 1
+            exits_left[groups[v]] -= exits[v]
+
+    def leave(v: int) -> None:
+        visited.discard(v)
+        if groups is not None:
+            remaining_in[groups[v]] += 1
+            exits_left[groups[v]] += exits[v]
 
     def ranked(u: int, cands: list[int]) -> list[int]:
         scored = [(weight(u, v), v) for v in cands]
-        return [v for w, v in sorted(scored, key=lambda t: (-t[0], (index[t[1]] - index[u]) % n)) if w >= floor]
+        kept = [(not direct(u, v), -w, (index[v] - index[u]) % n, v) for w, v in scored if w >= floor]
+        return [v for *_, v in sorted(kept)]
+
+    def keeps_an_exit(v: int) -> bool:
+        """Whether visiting ``v`` leaves its group an exit for later (or ``v`` is the group's last member)."""
+        g = groups[v]  # type: ignore[index]
+        return remaining_in[g] == 1 or not exits[v] or exits_left[g] > 1
 
     def candidates(u: int) -> Iterator[int]:
         if groups is not None:
             g = groups[u]
             if remaining_in[g]:
-                yield from ranked(u, [v for v in by_group[g] if v not in visited])
+                yield from (v for v in ranked(u, [v for v in by_group[g] if v not in visited]) if keeps_an_exit(v))
                 return
             pos = group_order.index(g)
             for off in range(1, len(group_order)):
                 h = group_order[(pos + off) % len(group_order)]
                 if remaining_in[h] == len(by_group[h]):
-                    yield from ranked(u, [v for v in by_group[h] if v not in visited])
+                    yield from (v for v in ranked(u, by_group[h]) if keeps_an_exit(v))
             return
         if n <= _SORT_LIMIT:
             yield from ranked(u, [v for v in members if v not in visited])
@@ -204,6 +231,7 @@ def _search(members: Sequence[int], weight: Weight, threshold: float, groups: di
             if v not in visited and weight(u, v) >= floor:
                 yield v
 
+    enter(start)
     path = [start]
     stack = [candidates(start)]
     nodes = 0
@@ -211,10 +239,7 @@ def _search(members: Sequence[int], weight: Weight, threshold: float, groups: di
         nxt = next(stack[-1], None)
         if nxt is None:
             stack.pop()
-            gone = path.pop()
-            visited.discard(gone)
-            if groups is not None:
-                remaining_in[groups[gone]] += 1
+            leave(path.pop())
             continue
         nodes += 1
         if nodes > limit:
@@ -224,9 +249,7 @@ def _search(members: Sequence[int], weight: Weight, threshold: float, groups: di
                 return [*path, nxt]
             continue
         path.append(nxt)
-        visited.add(nxt)
-        if groups is not None:
-            remaining_in[groups[nxt]] -= 1
+        enter(nxt)
         stack.append(candidates(nxt))
     return None
 
@@ -262,63 +285,79 @@ def _thresholds(members: Sequence[int], weight: Weight, groups: dict[int, int] |
     return positive or [0.0]
 
 
-def find_cycle(topology: Topology, members: Sequence[int], weight: Weight | None = None) -> list[int] | None:
-    """A Hamiltonian cycle over ``members`` (routable hops only) maximising the bottleneck weight.
+def find_cycle(topology: Topology, members: Sequence[int], weight: Weight | None = None) -> list[int]:
+    """A Hamiltonian cycle over ``members`` maximising the bottleneck weight, direct hops preferred.
 
-    ``weight(a, b)`` defaults to the route bandwidth; a hop with weight 0 (no
-    route) is never used.  Returns the cycle as a rank list, or None if the
-    search finds none within its budget.
+    ``weight(a, b)`` defaults to the bandwidth of the hop given no other load
+    (:class:`LinkLoads`).  The search first admits only direct hops (pairs with a
+    GPU-free route); only when it finds no cycle of those does it admit relayed
+    hops (:func:`planner.relay.relay_path`), still trying direct ones first.
+    Returns the cycle as a rank list; with relays every order is a cycle, so
+    should the budgeted search find none, the members in their given order.
     """
     members = list(members)
     if len(members) <= 1:
         return members
     if weight is None:
-        loads = LinkLoads(topology)
-        weight = loads.weight
+        weight = LinkLoads(topology).weight
     cache: dict[tuple[int, int], float] = {}
+
+    routed: dict[tuple[int, int], bool] = {}
+
+    def direct(a: int, b: int) -> bool:
+        found = routed.get((a, b))
+        if found is None:
+            found = routed[(a, b)] = topology.has_route(a, b)
+        return found
 
     def cached(a: int, b: int) -> float:
         w = cache.get((a, b))
         if w is None:
-            w = weight(a, b) if topology.has_route(a, b) else 0.0
-            cache[(a, b)] = w
+            w = cache[(a, b)] = weight(a, b)
         return w
+
+    def direct_only(a: int, b: int) -> float:
+        return cached(a, b) if direct(a, b) else 0.0
 
     limit = 4 * len(members) + 4000
     groups = _groups_of(topology, members)
-    for mode in ([groups, None] if groups is not None else [None]):
-        # binary search for the highest threshold at which the (budgeted) search succeeds
-        values = _thresholds(members, cached, mode)
-        best: list[int] | None = None
-        lo, hi = 0, len(values) - 1
-        ring = _search(members, cached, max(values[0], _EPS), mode, limit)
-        if ring is not None:
-            return ring
-        lo = 1
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            ring = _search(members, cached, max(values[mid], _EPS), mode, limit)
+    for admitted in (direct_only, cached):
+        for mode in ([groups, None] if groups is not None else [None]):
+            ring = _best_cycle(members, admitted, mode, limit, direct)
             if ring is not None:
-                best, hi = ring, mid - 1
-            else:
-                lo = mid + 1
-        if best is None and values[-1] > _EPS:
-            best = _search(members, cached, _EPS, mode, limit)
-        if best is not None:
-            return best
-    return None
+                return ring
+    return members
 
 
-def ring_order(topology: Topology) -> list[int] | None:
+def _best_cycle(members: list[int], weight: Weight, groups: dict[int, int] | None, limit: int,
+                direct: Callable[[int, int], bool]) -> list[int] | None:
+    """The cycle of the highest bottleneck :func:`_search` finds (binary search over the thresholds)."""
+    values = _thresholds(members, weight, groups)
+    ring = _search(members, weight, max(values[0], _EPS), groups, limit, direct)
+    if ring is not None:
+        return ring
+    best: list[int] | None = None
+    lo, hi = 1, len(values) - 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        ring = _search(members, weight, max(values[mid], _EPS), groups, limit, direct)
+        if ring is not None:
+            best, hi = ring, mid - 1
+        else:
+            lo = mid + 1
+    if best is None and values[-1] > _EPS:
+        best = _search(members, weight, _EPS, groups, limit, direct)
+    return best
+
+
+def ring_order(topology: Topology) -> list[int]:
     """The single best ring over all ranks (memoised per topology: every algorithm orders ranks by it)."""
-    found = _ring_order(topology)
-    return None if found is None else list(found)
+    return list(_ring_order(topology))
 
 
 @functools.lru_cache(maxsize=8)
-def _ring_order(topology: Topology) -> tuple[int, ...] | None:
-    found = find_cycle(topology, range(topology.size))
-    return None if found is None else tuple(found)
+def _ring_order(topology: Topology) -> tuple[int, ...]:
+    return tuple(find_cycle(topology, range(topology.size)))
 
 
 def find_rings(topology: Topology, channels: int | None, cap: int = 8) -> list[list[int]]:
@@ -334,7 +373,6 @@ def _find_rings(topology: Topology, channels: int | None, cap: int) -> tuple[tup
     (:class:`LinkLoads`); with ``channels=None`` the prefix of rings with the
     least time per byte (whole buffer split evenly) is kept, so on DGX-1 the
     lane-disjoint NVLink rings come out and on a switch a single ring does.
-    Empty when no ring exists.
     """
     members = list(range(topology.size))
     loads = LinkLoads(topology)
@@ -344,8 +382,6 @@ def _find_rings(topology: Topology, channels: int | None, cap: int) -> tuple[tup
     for channel in range(want):
         loads.channel = channel  # ring i runs on channel i
         ring = find_cycle(topology, members, loads.weight)
-        if ring is None:
-            break
         rings.append(ring)
         loads.add_ring(ring)
         t = loads.time_per_byte(len(rings))

@@ -4,16 +4,18 @@ Every rank talks to every other rank directly (MSCCL's "all-pairs" algorithms,
 e.g. ``ndv4/ap2ll.xml``): all-reduce is a direct reduce-scatter (rank ``j``
 collects and reduces block ``j`` from everyone) followed by a direct all-gather.
 Each rank walks its peers starting after itself (``r+1, r+2, ...``) so that no
-rank is everyone's first destination at once.
+rank is everyone's first destination at once.  A pair without a GPU-free route
+exchanges through other GPUs (:mod:`planner.relay`).
 """
 
 from __future__ import annotations
 
 from planner.algorithms import Options
-from planner.algorithms._order import check_routes, pieces, single_rank, split
+from planner.algorithms._order import pieces, single_rank, split
 from planner.builder import ScheduleBuilder
 from planner.collectives import canonical_collective
 from planner.errors import NotApplicableError
+from planner.relay import relays
 from planner.topology import Topology
 from runtime.schedule import Chunk, Schedule
 
@@ -23,7 +25,7 @@ _MAX_CHUNKS = 4096
 
 
 def direct(topology: Topology, collective: str, options: Options) -> Schedule:
-    """Direct schedule for any of the six collectives; needs a route for every pair it uses."""
+    """Direct schedule for any of the six collectives; pairs without a route are relayed."""
     collective = canonical_collective(collective)
     p = topology.size
     meta = options.as_dict()
@@ -37,17 +39,12 @@ def direct(topology: Topology, collective: str, options: Options) -> Schedule:
     def peers(r: int) -> list[int]:
         return [(r + off) % p for off in range(1, p)]
 
-    if collective == "broadcast":
-        check_routes(topology, [(options.root, r) for r in peers(options.root)], "direct")
-    elif collective == "reduce":
-        check_routes(topology, [(r, options.root) for r in peers(options.root)], "direct")
-    else:
-        check_routes(topology, [(a, b) for a in range(p) for b in peers(a)], "direct")
+    relay = relays(topology)
 
     if rooted:
         q = max(1, options.pipeline or 1)  # one hop: pieces only help if the caller asks
         meta["pipeline"] = q
-        b = ScheduleBuilder(collective, p, q, q, root=root)
+        b = ScheduleBuilder(collective, p, q, q, root=root, relay=relay)
         b.copy(options.root, Chunk("i", 0, q), Chunk("o", 0, q))
         for r in peers(options.root):
             for piece in split(0, q, q):
@@ -62,7 +59,7 @@ def direct(topology: Topology, collective: str, options: Options) -> Schedule:
         # pieces let the all-gather of a block's first piece overlap the reduction of its rest
         k = pieces(options.pipeline, options.size_bytes / p, max(1, _MAX_CHUNKS // (p * p)))
         meta["pipeline"] = k
-        b = ScheduleBuilder(collective, p, p * k, p * k)
+        b = ScheduleBuilder(collective, p, p * k, p * k, relay=relay)
         for r in range(p):
             b.copy(r, Chunk("i", 0, p * k), Chunk("o", 0, p * k))
         for r in range(p):
@@ -83,7 +80,7 @@ def direct(topology: Topology, collective: str, options: Options) -> Schedule:
             b.transfer(r, j, Chunk("i", src + off), Chunk("o", dst + off), reduce=reduce)
 
     if collective == "reducescatter":
-        b = ScheduleBuilder(collective, p, p * k, k)
+        b = ScheduleBuilder(collective, p, p * k, k, relay=relay)
         for r in range(p):
             b.copy(r, Chunk("i", r * k, k), Chunk("o", 0, k))
         for r in range(p):
@@ -91,7 +88,7 @@ def direct(topology: Topology, collective: str, options: Options) -> Schedule:
                 send_block(r, j, j * k, 0, reduce=True)
         return b.build("direct", meta)
     if collective == "allgather":
-        b = ScheduleBuilder(collective, p, k, p * k)
+        b = ScheduleBuilder(collective, p, k, p * k, relay=relay)
         for r in range(p):
             b.copy(r, Chunk("i", 0, k), Chunk("o", r * k, k))
         for r in range(p):
@@ -99,7 +96,7 @@ def direct(topology: Topology, collective: str, options: Options) -> Schedule:
                 send_block(r, j, 0, r * k)
         return b.build("direct", meta)
     # alltoall: output block s on rank r is input block r of rank s
-    b = ScheduleBuilder(collective, p, p * k, p * k)
+    b = ScheduleBuilder(collective, p, p * k, p * k, relay=relay)
     for r in range(p):
         b.copy(r, Chunk("i", r * k, k), Chunk("o", r * k, k))
     for r in range(p):

@@ -11,6 +11,8 @@ Ranks are taken in ring order (hosts contiguous).  All-reduce pairs nearest
 first, so the largest exchange (half the buffer) stays inside a host; reduce-
 scatter and all-gather pair farthest first (all-gather: nearest first, being
 the reverse), which keeps each rank's final block in one contiguous range.
+Partners without a GPU-free route exchange through other GPUs
+(:mod:`planner.relay`).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from collections.abc import Sequence
 
 from planner.algorithms import Options
 from planner.algorithms._order import chunk_runs, pieces, ring_order, single_rank, split
-from planner.builder import ScheduleBuilder
+from planner.builder import Relay, ScheduleBuilder
 from planner.collectives import canonical_collective
 from planner.errors import NotApplicableError
+from planner.relay import relays
 from planner.topology import Topology
 from runtime.schedule import Chunk, Schedule
 
@@ -40,19 +43,6 @@ def _fold(order: Sequence[int]) -> tuple[list[int], dict[int, int]]:
     return active, extras
 
 
-def _check(topology: Topology, active: Sequence[int], extras: dict[int, int]) -> None:
-    pairs = [(x, y) for x, y in extras.items()] + [(y, x) for x, y in extras.items()]
-    d = 1
-    while d < len(active):
-        pairs += [(active[v], active[v ^ d]) for v in range(len(active))]
-        d *= 2
-    for a, b in pairs:
-        if not topology.has_route(a, b):
-            raise NotApplicableError(
-                f"halving-doubling needs a direct route between ranks {a} and {b} (no GPU-free path)"
-            )
-
-
 def halving_doubling(topology: Topology, collective: str, options: Options) -> Schedule:
     """Rabenseifner schedule for allreduce, reducescatter or allgather, any rank count."""
     collective = canonical_collective(collective)
@@ -64,22 +54,21 @@ def halving_doubling(topology: Topology, collective: str, options: Options) -> S
     meta = options.as_dict()
     if p == 1:
         return single_rank(collective, 1, 1, "halving-doubling", meta)
-    order = ring_order(topology) or list(range(p))
-    active, extras = _fold(order)
-    _check(topology, active, extras)
+    active, extras = _fold(ring_order(topology))
     meta["folded"] = len(extras)
+    relay = relays(topology)  # partners without a GPU-free route exchange through other GPUs
     if collective == "allreduce":
-        return _allreduce(active, extras, p, options, meta)
-    return _gather_scatter(collective, active, extras, p, meta)
+        return _allreduce(active, extras, p, options, meta, relay)
+    return _gather_scatter(collective, active, extras, p, meta, relay)
 
 
 def _allreduce(active: list[int], extras: dict[int, int], p: int, options: Options,
-               meta: dict[str, object]) -> Schedule:
+               meta: dict[str, object], relay: Relay) -> Schedule:
     n = len(active)
     q = pieces(options.pipeline, options.size_bytes / n, max(1, _MAX_CHUNKS // n))
     meta["pipeline"] = q
     total = n * q  # block v of the vector: chunks v*q ... v*q + q
-    b = ScheduleBuilder("allreduce", p, total, total)
+    b = ScheduleBuilder("allreduce", p, total, total, relay=relay)
     whole = split(0, total, q)
     for r in active:
         b.copy(r, Chunk("i", 0, total), Chunk("o", 0, total))
@@ -120,7 +109,7 @@ def _allreduce(active: list[int], extras: dict[int, int], p: int, options: Optio
 
 
 def _gather_scatter(collective: str, active: list[int], extras: dict[int, int], p: int,
-                    meta: dict[str, object]) -> Schedule:
+                    meta: dict[str, object], relay: Relay) -> Schedule:
     """Reduce-scatter (halving, farthest first) or all-gather (doubling, nearest first), one chunk per rank."""
     n = len(active)
     meta["pipeline"] = 1
@@ -132,7 +121,7 @@ def _gather_scatter(collective: str, active: list[int], extras: dict[int, int], 
         return chunk_runs(buffer, [blk for v in range(lo, hi) for blk in blocks[v]])
 
     if collective == "reducescatter":
-        b = ScheduleBuilder(collective, p, p, 1, scratch_chunks=p)
+        b = ScheduleBuilder(collective, p, p, 1, scratch_chunks=p, relay=relay)
         for r in active:
             b.copy(r, Chunk("i", 0, p), Chunk("s", 0, p))
         for x, y in extras.items():
@@ -153,7 +142,7 @@ def _gather_scatter(collective: str, active: list[int], extras: dict[int, int], 
             b.transfer(y, x, Chunk("s", x), Chunk("o", 0), step=step)
         return b.build("halving-doubling", meta)
 
-    b = ScheduleBuilder(collective, p, 1, p)
+    b = ScheduleBuilder(collective, p, 1, p, relay=relay)
     for r in range(p):
         b.copy(r, Chunk("i", 0), Chunk("o", r))
     for x, y in extras.items():

@@ -32,6 +32,7 @@ from planner.algorithms._order import PIECE_BYTES, chunk_runs, find_cycle, singl
 from planner.builder import ScheduleBuilder
 from planner.collectives import canonical_collective
 from planner.errors import NotApplicableError
+from planner.relay import path_latency, path_shares, relays
 from planner.topology import Topology
 from runtime.schedule import Chunk, Schedule
 
@@ -67,17 +68,6 @@ class Stage:
         return len(self.groups[0])
 
 
-def _ring(topology: Topology, members: list[int], level: str) -> tuple[int, ...]:
-    if len(members) == 1:
-        return tuple(members)
-    found = find_cycle(topology, members)
-    if found is None:
-        raise NotApplicableError(
-            f"hierarchical: the {level} group of ranks {members[:8]} has no ring over routable pairs"
-        )
-    return tuple(found)
-
-
 def stages(topology: Topology) -> list[Stage]:
     """The non-trivial levels (host, rack, cluster), innermost first.
 
@@ -106,7 +96,7 @@ def stages(topology: Topology) -> list[Stage]:
     def add(level: str, groups: list[list[int]]) -> None:
         if len(groups[0]) == 1:
             return
-        rings = tuple(_ring(topology, g, level) for g in groups)
+        rings = tuple(tuple(find_cycle(topology, g)) for g in groups)
         for rg in rings:
             for i, r in enumerate(rg):
                 coord[r] = (*coord[r], i)
@@ -179,7 +169,8 @@ def _power_of_two(n: int) -> bool:
 
 def _estimate(topology: Topology, stage: Stage, method: str, part_bytes: float, slices: int, channel: int) -> float:
     """Seconds one phase of ``stage`` takes with ``method`` on ``channel``: per step the path latency plus the
-    step's bytes over its busiest link, every group of the stage loading the links at once, ``slices`` times.
+    step's bytes over its busiest link, every group of the stage loading the links at once, ``slices`` times
+    (a relayed pair loads and waits for all its hops).
 
     A coarse model (no overlap between steps), used only to choose between ring and halving-doubling.
     """
@@ -190,9 +181,9 @@ def _estimate(topology: Topology, stage: Stage, method: str, part_bytes: float, 
         latency = 0.0
         for g in stage.groups:
             for i, j, a, b in step:
-                for key, share in topology.route_shares(g[i], g[j], channel).items():
+                for key, share in path_shares(topology, g[i], g[j], channel).items():
                     load[key] = load.get(key, 0.0) + share * (b - a)
-            latency = max(latency, max(topology.route_latency(g[i], g[j], channel) for i, j, _, _ in step))
+            latency = max(latency, max(path_latency(topology, g[i], g[j], channel) for i, j, _, _ in step))
         busiest = max((v / link(*key).bandwidth for key, v in load.items()), default=0.0)  # type: ignore[union-attr]
         total += latency + slices * part_bytes * busiest
     return total
@@ -243,6 +234,7 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     if p == 1:
         return single_rank(collective, 1, 1, "hierarchical", meta)
     levels = stages(topology)
+    relay = relays(topology)  # a stage's pairs without a GPU-free route go through other GPUs
     meta["levels"] = [f"{s.level}:{s.size}" for s in levels]
 
     # A rank's virtual block: its coordinates read as a mixed-radix number, innermost level most
@@ -261,7 +253,7 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
         cap = max(1, _MAX_CHUNKS * (2 if options.size_bytes >= _LARGE_BYTES else 1) // p)
         slices = max(1, options.pipeline) if options.pipeline is not None else max(
             1, min(cap, round(options.size_bytes / _SLICE_BYTES)))
-        b = ScheduleBuilder(collective, p, p * slices, p * slices)
+        b = ScheduleBuilder(collective, p, p * slices, p * slices, relay=relay)
         for r in range(p):
             b.copy(r, Chunk("i", 0, p * slices), Chunk("o", 0, p * slices))
 
@@ -271,11 +263,11 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
         slices = 1
         buffer = "s" if collective == "reducescatter" else "o"
         if collective == "reducescatter":
-            b = ScheduleBuilder(collective, p, p, 1, scratch_chunks=p)
+            b = ScheduleBuilder(collective, p, p, 1, scratch_chunks=p, relay=relay)
             for r in range(p):
                 b.copy(r, Chunk("i", 0, p), Chunk("s", 0, p))
         else:
-            b = ScheduleBuilder(collective, p, 1, p)
+            b = ScheduleBuilder(collective, p, 1, p, relay=relay)
             for r in range(p):
                 b.copy(r, Chunk("i", 0), Chunk("o", r))
 

@@ -16,6 +16,7 @@ from planner.algorithms._order import find_rings, pieces, ring_all_gather, ring_
 from planner.builder import ScheduleBuilder
 from planner.collectives import canonical_collective
 from planner.errors import NotApplicableError
+from planner.relay import relays
 from planner.topology import Topology
 from runtime.schedule import Chunk, Schedule
 
@@ -33,8 +34,8 @@ _MAX_CHAIN_PIECES = 64
 def ring(topology: Topology, collective: str, options: Options) -> Schedule:
     """Ring schedule for ``collective`` over the best rings of ``topology``.
 
-    Supports allreduce, reducescatter, allgather, broadcast and reduce.  Raises
-    :class:`NotApplicableError` when no Hamiltonian cycle over routable pairs exists.
+    Supports allreduce, reducescatter, allgather, broadcast and reduce.  A hop
+    between ranks without a GPU-free route is relayed through other GPUs.
     """
     collective = canonical_collective(collective)
     if collective == "alltoall":
@@ -44,9 +45,10 @@ def ring(topology: Topology, collective: str, options: Options) -> Schedule:
     if p == 1:
         return single_rank(collective, 1, 1, "ring", meta, options.root if collective in ("broadcast", "reduce")
                            else None)
+    if options.channels is not None and options.channels < 1:
+        raise NotApplicableError(f"ring needs at least one channel, got {options.channels}")
     rings = find_rings(topology, options.channels)
-    if not rings:
-        raise NotApplicableError("ring needs a cycle through all ranks over routable pairs; the search found none")
+    relay = relays(topology)  # hops between ranks without a GPU-free route go through other GPUs
     c = len(rings)
     meta["channels"] = c
     if p <= 64:
@@ -56,7 +58,7 @@ def ring(topology: Topology, collective: str, options: Options) -> Schedule:
         q = pieces(options.pipeline, options.size_bytes / (c * p), max(1, _MAX_CHUNKS // (c * p)), _PIECE_BYTES)
         meta["pipeline"] = q
         if collective == "allreduce":
-            b = ScheduleBuilder(collective, p, c * p * q, c * p * q)
+            b = ScheduleBuilder(collective, p, c * p * q, c * p * q, relay=relay)
             for r in range(p):
                 b.copy(r, Chunk("i", 0, c * p * q), Chunk("o", 0, c * p * q))
             for ch, rg in enumerate(rings):
@@ -67,7 +69,7 @@ def ring(topology: Topology, collective: str, options: Options) -> Schedule:
             return b.build("ring", meta)
         k = c * q  # chunks per rank block; channel ch carries chunks ch*q ... ch*q + q of every block
         if collective == "reducescatter":
-            b = ScheduleBuilder(collective, p, p * k, k, scratch_chunks=p * k)
+            b = ScheduleBuilder(collective, p, p * k, k, scratch_chunks=p * k, relay=relay)
             for r in range(p):
                 b.copy(r, Chunk("i", 0, p * k), Chunk("s", 0, p * k))
             for ch, rg in enumerate(rings):
@@ -76,7 +78,7 @@ def ring(topology: Topology, collective: str, options: Options) -> Schedule:
             for r in range(p):
                 b.copy(r, Chunk("s", r * k, k), Chunk("o", 0, k), step=p - 1)
             return b.build("ring", meta)
-        b = ScheduleBuilder(collective, p, k, p * k)
+        b = ScheduleBuilder(collective, p, k, p * k, relay=relay)
         for r in range(p):
             b.copy(r, Chunk("i", 0, k), Chunk("o", r * k, k))
         for ch, rg in enumerate(rings):
@@ -91,7 +93,7 @@ def ring(topology: Topology, collective: str, options: Options) -> Schedule:
     q = pieces(options.pipeline, options.size_bytes / c, _MAX_CHAIN_PIECES)
     meta["pipeline"] = q
     n = c * q
-    b = ScheduleBuilder(collective, p, n, n, root=root)
+    b = ScheduleBuilder(collective, p, n, n, root=root, relay=relay)
     for r in range(p):
         if collective == "reduce" or r == root:
             b.copy(r, Chunk("i", 0, n), Chunk("o", 0, n))

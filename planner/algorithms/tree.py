@@ -18,6 +18,7 @@ from planner.algorithms._order import pieces, ring_order, single_rank, split
 from planner.builder import ScheduleBuilder
 from planner.collectives import canonical_collective
 from planner.errors import NotApplicableError
+from planner.relay import relays
 from planner.topology import Topology
 from runtime.schedule import Chunk, Schedule
 
@@ -75,7 +76,7 @@ def double_binary_tree(topology: Topology, collective: str, options: Options) ->
         raise NotApplicableError(f"root {options.root} is not a rank of this {p}-rank topology")
     if p == 1:
         return single_rank(collective, 1, 1, "tree", meta, root)
-    order = ring_order(topology) or list(range(p))
+    order = ring_order(topology)
     trees: list[tuple[int, dict[int, int]]] = []
     if not rooted:
         for shifted in (order, order[1:] + order[:1]):
@@ -86,21 +87,11 @@ def double_binary_tree(topology: Topology, collective: str, options: Options) ->
         for shifted in (rest, rest[1:] + rest[:1]):
             sub_root, parent = binary_tree(shifted)
             trees.append((options.root, {**parent, sub_root: options.root}))
-    for _, parent in trees:
-        for child, par in sorted(parent.items()):
-            pairs = [(child, par)] if collective == "reduce" else [(par, child)]
-            if collective == "allreduce":
-                pairs.append((par, child))
-            for a, b in pairs:
-                if not topology.has_route(a, b):
-                    raise NotApplicableError(
-                        f"tree needs a direct route from rank {a} to rank {b} (a tree edge; no GPU-free path)"
-                    )
-
     q = pieces(options.pipeline, options.size_bytes / 2, _MAX_PIECES)
     meta.update(pipeline=q, channels=2, trees=[sorted(parent.items()) for _, parent in trees] if p <= 64 else None)
     n = 2 * q
-    b = ScheduleBuilder(collective, p, n, n, root=root)
+    # a tree edge between ranks without a GPU-free route is relayed through other GPUs
+    b = ScheduleBuilder(collective, p, n, n, root=root, relay=relays(topology))
     for r in range(p):
         if collective != "broadcast" or r == root:
             b.copy(r, Chunk("i", 0, n), Chunk("o", 0, n))

@@ -44,6 +44,10 @@ __all__ = ["Packing", "pack_trees", "pack_undirected", "treepack"]
 
 #: The LP has roots x destinations x edges flow variables; beyond this many ranks use a hierarchical plan.
 MAX_RANKS = 32
+#: Largest arborescence LP built (roots x destinations x candidate edges flow variables): CLP solves
+#: ndv2-2chassis' 16k in 2.4 s and pcie-4x4-10gbe's 35k in 3 s, but neither dgx-a100-4node's 286k nor a
+#: 4 x 8 GPU multi-chassis box's 131k within its time limit (and a solution cut short is not a packing).
+MAX_FLOW_VARIABLES = 100_000
 #: Candidate edges per rank (cheapest routes first); enough to reach the cut bound on the fabrics we model.
 EDGES_PER_RANK = 6
 #: Extra edges per rank to other hosts, so hierarchical clusters stay connected in the LP.
@@ -241,6 +245,11 @@ def _solve(topology: Topology, roots: Sequence[int], edges: list[tuple[int, int]
            solver: SolverOptions | None) -> Packing:
     """The packing LP over candidate ``edges``, each loading links by ``loads[k]`` per unit of tree weight."""
     p = topology.size
+    flows = len(roots) * (p - 1) * len(edges)
+    if flows > MAX_FLOW_VARIABLES:
+        raise NotApplicableError(
+            f"tree packing: its LP would have {flows:,} flow variables ({len(roots)} roots x {p - 1} destinations"
+            f" x {len(edges)} edges), above {MAX_FLOW_VARIABLES:,}", fix="use multitree or hierarchical here")
     out_edges: dict[int, list[int]] = {u: [] for u in range(p)}
     in_edges: dict[int, list[int]] = {u: [] for u in range(p)}
     for k, (u, v) in enumerate(edges):
@@ -273,7 +282,11 @@ def _solve(topology: Topology, roots: Sequence[int], edges: list[tuple[int, int]
     for key, terms in usage.items():
         capacity = topology.link(*key).bandwidth / top_bw  # type: ignore[union-attr]
         lp.add_le([*terms, (t, -capacity)], 0.0)
-    solution = solve(lp, solver or DEFAULT_SOLVER)
+    solver = solver or DEFAULT_SOLVER
+    solution = solve(lp, solver)
+    if not solution.optimal:  # stopped at its limit: the point need not hold a unit flow to every rank
+        raise NotApplicableError(f"tree packing: {solver.backend} did not solve its LP ({flows:,} flow variables)"
+                                 f" within {solver.time_limit_s:g} s", fix="use multitree or hierarchical here")
     values = solution.values
     trees: dict[int, list[tuple[float, dict[int, int]]]] = {}
     for r in roots:

@@ -19,7 +19,7 @@ from planner.verify import verify
 from runtime.schedule import Chunk, Schedule
 from tests.conftest import TOPOLOGIES
 from tests.planner.test_topology import two_paths
-from tests.strategies import topologies
+from tests.strategies import chassis_yaml, topologies
 
 GB = 1e9
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall")
@@ -184,18 +184,38 @@ def test_bound_never_exceeds_a_simulated_ring(index: int, size: int) -> None:
         assert bound.time_s > 0
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(topology=topologies(max_hosts=3, max_gpus=4), data=st.data())
-def test_allreduce_bound_never_exceeds_any_algorithm(topology: Topology, data: st.DataObject) -> None:
-    """The routed partition LP only tightens the bound: every algorithm's simulated time stays above it."""
-    size = data.draw(st.sampled_from((1 << 16, 1 << 24, 1 << 30)))
-    bound = lower_bound(topology, "allreduce", size).time_s
-    for name in ("ring", "tree", "halving-doubling", "hierarchical", "multitree", "treepack"):
+def assert_no_algorithm_beats_the_bound(topology: Topology, collective: str, size: int,
+                                        names: tuple[str, ...]) -> None:
+    """Every algorithm of ``names`` that builds ``collective`` here simulates no faster than the bound."""
+    bound = lower_bound(topology, collective, size).time_s
+    for name in names:
+        if collective not in ALGORITHMS[name].collectives:
+            continue
         try:
-            schedule = ALGORITHMS[name].load()(topology, "allreduce", Options(size_bytes=size))
+            schedule = ALGORITHMS[name].load()(topology, collective, Options(size_bytes=size))
         except NotApplicableError:
             continue
         assert bound <= simulate(topology, schedule, size).time_s * (1 + 1e-9), name
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topology=topologies(max_hosts=3, max_gpus=4), data=st.data())
+def test_bound_never_exceeds_any_algorithm(topology: Topology, data: st.DataObject) -> None:
+    """The routed partition LP only tightens the bound, and relayed schedules (the drawn hosts whose NIC only
+    GPU 0 reaches, and chassis joined GPU to GPU, need them) do not beat it either."""
+    size = data.draw(st.sampled_from((1 << 16, 1 << 24, 1 << 30)))
+    collective = data.draw(st.sampled_from(("allreduce", "allreduce", "allgather", "reducescatter")))
+    assert_no_algorithm_beats_the_bound(topology, collective, size, (
+        "ring", "tree", "halving-doubling", "direct", "hierarchical", "multitree", "treepack"))
+
+
+@pytest.mark.parametrize("one_way", [True, False], ids=["one-way", "two-way"])
+@pytest.mark.parametrize("collective", ["allreduce", "allgather", "reducescatter"])
+def test_bound_holds_on_a_multi_chassis_box(collective: str, one_way: bool) -> None:
+    """Two chassis whose only links between them leave one GPU each: every algorithm relays, none beats the bound."""
+    topology = parse_topology_text(chassis_yaml(2, 4, one_way=one_way))
+    for size in (1 << 20, 64 << 20):
+        assert_no_algorithm_beats_the_bound(topology, collective, size, tuple(ALGORITHMS))
 
 
 def test_routes_bound_the_dgx1_below_its_link_capacity() -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-from planner.builder import ScheduleBuilder
+from planner.builder import RELAY_SLOTS, ScheduleBuilder
 from planner.verify import verify
 from runtime.schedule import Chunk, Schedule
 
@@ -243,6 +243,69 @@ def test_transfer_returns_both_indices_and_carries_step_and_channel() -> None:
     send, recv = b.programs[0][s], b.programs[1][r]
     assert (send.kind, send.peer, send.step, send.channel) == ("send", 1, 3, 2)
     assert (recv.kind, recv.peer, recv.step, recv.channel) == ("recv", 0, 3, 2)
+
+
+# --------------------------------------------------------------------------- relays
+
+
+def line_relay(a: int, b: int) -> tuple[int, ...]:
+    """Ranks on a line: a message passes every rank between its ends."""
+    step = 1 if b > a else -1
+    return tuple(range(a + step, b, step))
+
+
+def test_relayed_transfer_lowers_into_receives_and_sends_reducing_only_at_the_end() -> None:
+    b = ScheduleBuilder("reduce", 3, 1, 1, root=2, relay=line_relay)
+    for r in range(3):
+        b.copy(r, Chunk("i", 0), Chunk("o", 0))
+    first, last = b.transfer(0, 2, Chunk("o", 0), Chunk("o", 0), reduce=True, step=4, channel=1)
+    b.transfer(1, 2, Chunk("o", 0), Chunk("o", 0), reduce=True, step=4, channel=1)
+    assert (b.programs[0][first].kind, b.programs[0][first].peer) == ("send", 1)
+    assert (b.programs[2][last].kind, b.programs[2][last].peer) == ("recv_reduce", 1)
+    relay = b.programs[1][1:3]
+    assert [(op.kind, op.peer) for op in relay] == [("recv", 0), ("send", 2)]
+    assert relay[0].dst == relay[1].src == Chunk("s", 0)  # rank 1 forwards without reducing into its own data
+    assert {(op.step, op.channel) for p in b.programs for op in p if op.peer is not None} == {(4, 1)}
+    schedule = b.build("test")
+    assert schedule.scratch_chunks == RELAY_SLOTS
+    verify(schedule)
+
+
+def test_relay_slots_are_reused_and_pieces_overlap() -> None:
+    pieces = 3 * RELAY_SLOTS
+    b = ScheduleBuilder("broadcast", 3, pieces, pieces, scratch_chunks=5, relay=line_relay)
+    b.copy(0, Chunk("i", 0, pieces), Chunk("o", 0, pieces))
+    for j in range(pieces):
+        b.transfer(0, 2, Chunk("o", j), Chunk("o", j))
+    for j in range(pieces):
+        b.transfer(0, 1, Chunk("o", j), Chunk("o", j))
+    relay = b.programs[1]
+    recvs = [k for k, op in enumerate(relay) if op.kind == "recv" and op.dst.buffer == "s"]  # type: ignore[union-attr]
+    assert [relay[k].dst.index for k in recvs] == [5 + j % RELAY_SLOTS for j in range(pieces)]  # type: ignore[union-attr]
+    for j, k in enumerate(recvs):
+        # a slot is refilled once its previous message has gone on, and waits for nothing else
+        before = recvs[j - RELAY_SLOTS] if j >= RELAY_SLOTS else None
+        assert relay[k].deps == (() if before is None else (before, before + 1))
+        assert relay[k + 1].deps == (k,)
+    schedule = b.build("test")
+    assert schedule.scratch_chunks == 5 + RELAY_SLOTS
+    verify(schedule)
+
+
+def test_relay_buffers_grow_for_larger_messages_and_are_kept_per_channel() -> None:
+    b = ScheduleBuilder("allgather", 3, 4, 12, relay=line_relay)
+    for r in range(3):
+        b.copy(r, Chunk("i", 0, 4), Chunk("o", 4 * r, 4))
+    b.transfer(0, 2, Chunk("o", 0), Chunk("o", 0), channel=0)
+    b.transfer(0, 2, Chunk("o", 1, 3), Chunk("o", 1, 3), channel=0)  # three chunks: a new, larger buffer
+    b.transfer(2, 0, Chunk("o", 8, 4), Chunk("o", 8, 4), channel=1)  # a buffer of its own
+    slots = [op.dst for op in b.programs[1] if op.kind == "recv"]
+    assert slots == [Chunk("s", 0), Chunk("s", RELAY_SLOTS, 3), Chunk("s", 4 * RELAY_SLOTS, 4)]
+    for r, j in ((0, 1), (1, 0), (1, 2), (2, 1)):
+        b.transfer(r, j, Chunk("o", 4 * r, 4), Chunk("o", 4 * r, 4))
+    schedule = b.build("test")
+    assert schedule.scratch_chunks == 8 * RELAY_SLOTS
+    verify(schedule)
 
 
 def test_build_records_metadata_and_defaults_root() -> None:

@@ -1,4 +1,4 @@
-"""Direct: one step, every pair, every collective; rooted variants need only the root's routes."""
+"""Direct: one step, every pair, every collective; pairs without a route relay through other GPUs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import pytest
 
 from planner.algorithms import Options
 from planner.algorithms.direct import direct
-from planner.errors import NotApplicableError
 from planner.topology import parse_topology_text
 from tests.planner.algorithms.test_baselines import check_schedule, switch_cluster
 
@@ -28,13 +27,22 @@ def test_every_rank_talks_to_every_other(collective: str) -> None:
 
 
 @pytest.mark.parametrize("collective", ["broadcast", "reduce"])
-def test_rooted_on_a_star_needs_only_the_hub(collective: str) -> None:
+def test_rooted_on_a_star_relays_through_the_hub(collective: str) -> None:
     topology = parse_topology_text(STAR)
-    check_schedule(topology, direct(topology, collective, Options(root=0)), collective, "direct")
-    with pytest.raises(NotApplicableError, match="direct needs a direct route"):
-        direct(topology, collective, Options(root=1))
+    at_hub = direct(topology, collective, Options(root=0))
+    check_schedule(topology, at_hub, collective, "direct")
+    assert at_hub.scratch_chunks == 0  # the hub reaches every rank: nothing to relay
+    off_hub = direct(topology, collective, Options(root=1))
+    check_schedule(topology, off_hub, collective, "direct")
+    # ranks 2 and 3 have no route to or from rank 1: the hub receives into scratch and sends on, unreduced
+    relayed = [op for op in off_hub.programs[0] if op.kind == "send" and op.src.buffer == "s"]  # type: ignore[union-attr]
+    assert len(relayed) == 2
+    assert all(op.kind == "recv" for op in off_hub.programs[0] if op.dst is not None and op.dst.buffer == "s")
 
 
-def test_all_pairs_collective_on_a_star_declines() -> None:
-    with pytest.raises(NotApplicableError, match="direct needs a direct route from rank 1 to rank 2"):
-        direct(parse_topology_text(STAR), "alltoall", Options())
+def test_all_pairs_collective_on_a_star_relays_through_the_hub() -> None:
+    topology = parse_topology_text(STAR)
+    schedule = direct(topology, "alltoall", Options())
+    check_schedule(topology, schedule, "alltoall", "direct")
+    for rank in (1, 2, 3):
+        assert {op.peer for op in schedule.programs[rank] if op.kind == "send"} == {0}

@@ -1,4 +1,4 @@
-"""Halving-doubling: the fold for non-powers of two, log-step structure, partner routes."""
+"""Halving-doubling: the fold for non-powers of two, log-step structure, relayed partners."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ import pytest
 
 from planner.algorithms import Options
 from planner.algorithms.halving_doubling import halving_doubling
-from planner.errors import NotApplicableError
-from planner.topology import parse_topology_text
 from tests.planner.algorithms.test_baselines import check_schedule, switch_cluster
+from tests.planner.test_relay import chain
 
 
 @pytest.mark.parametrize("ranks", [3, 5, 6, 7, 12])
@@ -31,12 +30,9 @@ def test_log_steps(ranks: int) -> None:
     assert len({op.peer for op in schedule.programs[0] if op.kind == "send"}) == ranks.bit_length() - 1
 
 
-def test_unroutable_partner_declines() -> None:
-    text = "\n".join([
-        "name: chain", "devices:", "  - {name: g, type: gpu, count: 4}", "links:",
-        "  - {ends: [g0, g1], bandwidth: 10 GB/s, latency: 1 us}",
-        "  - {ends: [g1, g2], bandwidth: 10 GB/s, latency: 1 us}",
-        "  - {ends: [g2, g3], bandwidth: 10 GB/s, latency: 1 us}",
-    ])
-    with pytest.raises(NotApplicableError, match="halving-doubling needs a direct route between ranks"):
-        halving_doubling(parse_topology_text(text), "allreduce", Options())
+def test_partners_without_a_route_exchange_through_the_ranks_between() -> None:
+    topology = chain(4)
+    for collective in ("allreduce", "reducescatter", "allgather"):
+        schedule = halving_doubling(topology, collective, Options(pipeline=2))
+        check_schedule(topology, schedule, collective, "halving-doubling")  # every message goes to a neighbour
+        assert schedule.scratch_chunks > (4 if collective == "reducescatter" else 0)  # relay slots beyond its own

@@ -1,4 +1,4 @@
-"""Ring: topology-aware order, channels on DGX-1, directed links, pipelining."""
+"""Ring: topology-aware order, channels on DGX-1, directed links, multi-chassis boxes, relayed hops, pipelining."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import itertools
 import pytest
 
 from planner.algorithms import Options
-from planner.algorithms._order import find_rings, ring_order
+from planner.algorithms._order import LinkLoads, find_rings, ring_order
 from planner.algorithms.ring import ring
-from planner.errors import NotApplicableError
 from planner.topology import Topology, parse_topology_text
 from tests.planner.algorithms.test_baselines import check_schedule, switch_cluster
+from tests.strategies import chassis_yaml
 
 #: DGX-1 hybrid cube-mesh: NVLink lanes per GPU pair (``nvidia-smi topo -m`` NV1/NV2).
 DGX1_LANES = {
@@ -114,12 +114,59 @@ def test_pipeline_default_follows_size() -> None:
     assert large.metadata.options["pipeline"] > 8
 
 
-def test_no_hamiltonian_cycle_declines() -> None:
-    # a star of one-way links into rank 0 and out of rank 0: 1 -> 0 -> 2 -> ... never closes over 3 ranks
-    text = "\n".join([
+def test_without_a_cycle_of_routes_the_ring_relays() -> None:
+    # rank 0 is the hub of a star: 1 -> 0 -> 2 -> ... never closes, so the ring relays 2 -> 1 through 0
+    topology = parse_topology_text("\n".join([
         "name: star", "devices:", "  - {name: g, type: gpu, count: 3}", "links:",
         "  - {ends: [g0, g1], bandwidth: 10 GB/s, latency: 1 us}",
         "  - {ends: [g0, g2], bandwidth: 10 GB/s, latency: 1 us}",
+    ]))
+    order = ring_order(topology)
+    assert sorted(order) == [0, 1, 2]
+    assert sum(not topology.has_route(a, b) for a, b in hops(order)) == 1
+    for collective in ("allreduce", "reducescatter", "allgather", "broadcast", "reduce"):
+        schedule = ring(topology, collective, Options(root=2))
+        check_schedule(topology, schedule, collective, "ring")
+        if collective not in ("broadcast", "reduce"):  # a chain from the root may leave the relayed hop out
+            assert schedule.scratch_chunks > (schedule.input_chunks if collective == "reducescatter" else 0)
+
+
+@pytest.mark.parametrize("shape", [(2, 4, "nvswitch"), (2, 16, "nvswitch"), (4, 16, "nvswitch"), (2, 8, "cube-mesh"),
+                                   (4, 8, "cube-mesh")])
+def test_multi_chassis_rings_use_only_direct_hops(shape: tuple[int, int, str]) -> None:
+    """The issue's ring: in at a chassis' receiving GPU, around the chassis, out at its sending GPU, no relays."""
+    chassis, gpus, inside = shape
+    for one_way in (True, False):
+        topology = parse_topology_text(chassis_yaml(chassis, gpus, inside, one_way))
+        rings = find_rings(topology, None)
+        assert len(rings) == (1 if one_way else 2)  # two-way: one ring each way round the chassis
+        host = {r: h for h, ranks in enumerate(topology.hosts.values()) for r in ranks}
+        for rg in rings:
+            assert sorted(rg) == list(range(topology.size))
+            assert all(topology.has_route(a, b) for a, b in hops(rg))
+            assert sum(host[a] != host[b] for a, b in hops(rg)) == chassis
+
+
+def test_a_relayed_hop_weighs_the_relay_links() -> None:
+    """Hosts whose NIC only GPU 0 reaches: hops into or out of a host relay through its GPU 0, whose links they load."""
+    text = "\n".join([
+        "name: nic-first", "devices:",
+        "  - {name: h0g, type: gpu, count: 2, host: h0}", "  - {name: h1g, type: gpu, count: 2, host: h1}",
+        "  - {name: h0nic, type: nic, host: h0}", "  - {name: h1nic, type: nic, host: h1}", "links:",
+        "  - {ends: [h0g0, h0g1], bandwidth: 50 GB/s, latency: 1 us}",
+        "  - {ends: [h1g0, h1g1], bandwidth: 50 GB/s, latency: 1 us}",
+        "  - {ends: [h0g0, h0nic], bandwidth: 20 GB/s, latency: 1 us}",
+        "  - {ends: [h1g0, h1nic], bandwidth: 20 GB/s, latency: 1 us}",
+        "  - {ends: [h0nic, h1nic], bandwidth: 10 GB/s, latency: 1 us}",
     ])
-    with pytest.raises(NotApplicableError, match="found none"):
-        ring(parse_topology_text(text), "allreduce", Options())
+    topology = parse_topology_text(text)
+    loads = LinkLoads(topology)
+    assert loads.weight(1, 2) == pytest.approx(10e9)  # h0g1 -> h0g0 -> h1g0: the NICs' 10 GB/s bind
+    loads.add_ring([0, 1, 2, 3])  # 1 -> 2 relays through 0, 3 -> 0 through 2
+    assert loads.load[("h0g1", "h0g0")] == 1.0 and loads.load[("h0g0", "h0g1")] == 1.0
+    assert loads.load[("h0nic", "h1nic")] == 1.0 and loads.load[("h1nic", "h0nic")] == 1.0
+    assert loads.weight(1, 2) == pytest.approx(5e9)  # its links now carry one ring already
+    order = ring_order(topology)
+    assert sum(not topology.has_route(a, b) for a, b in hops(order)) == 2
+    for collective in ("allreduce", "allgather"):
+        check_schedule(topology, ring(topology, collective, Options()), collective, "ring")

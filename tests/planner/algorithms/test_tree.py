@@ -6,9 +6,8 @@ import pytest
 
 from planner.algorithms import Options
 from planner.algorithms.tree import binary_tree, double_binary_tree
-from planner.errors import NotApplicableError
-from planner.topology import parse_topology_text
 from tests.planner.algorithms.test_baselines import check_schedule, switch_cluster
+from tests.planner.test_relay import chain
 
 
 @pytest.mark.parametrize("n", range(1, 17))
@@ -51,12 +50,9 @@ def test_rooted_trees_hang_from_the_root(collective: str, root: int) -> None:
     check_schedule(topology, schedule, collective, "tree")
 
 
-def test_missing_tree_edge_declines() -> None:
-    text = "\n".join([
-        "name: chain", "devices:", "  - {name: g, type: gpu, count: 4}", "links:",
-        "  - {ends: [g0, g1], bandwidth: 10 GB/s, latency: 1 us}",
-        "  - {ends: [g1, g2], bandwidth: 10 GB/s, latency: 1 us}",
-        "  - {ends: [g2, g3], bandwidth: 10 GB/s, latency: 1 us}",
-    ])
-    with pytest.raises(NotApplicableError, match="tree needs a direct route"):
-        double_binary_tree(parse_topology_text(text), "allreduce", Options())
+def test_tree_edges_without_a_route_are_relayed() -> None:
+    topology = chain(4)
+    schedule = double_binary_tree(topology, "allreduce", Options())
+    edges = {(child, par) for tree in schedule.metadata.options["trees"] for child, par in tree}
+    assert any(abs(child - par) > 1 for child, par in edges)  # a tree edge between ranks with no route
+    check_schedule(topology, schedule, "allreduce", "tree")  # every message goes to a neighbour
