@@ -77,6 +77,13 @@ MIN_PIECE_BYTES = 64 << 10
 #: ahead) 89.2% of the bound on dgx-a100-4node, 96.2% on a 2x16-GPU chassis pair; two ahead 89.7% and
 #: 97.6%; no order kept 61.9% and 81.2%.
 SEND_AHEAD = 2
+#: Channels by a sender's depth in the tree: roots, ranks one hop down, all deeper ones.  Separate
+#: connections share a link fairly where one connection serves its messages first come, first served, so
+#: forwarded pieces do not queue behind every piece a root injects at the start (all-gather at 256 MiB,
+#: one channel / three: torus-4x4 90.7% / 93.7% of the bound, mesh-4x4 96.5% / 98.2%, a 4x4x4 torus
+#: 90.0% / 94.7%, a 2x16-GPU chassis pair 96.4% / 98.0%; a channel per depth is no better and simulates
+#: 10-20x slower).
+DEPTH_CHANNELS = 3
 #: Broadcast and reduce have one root, so their trees pipeline equal pieces: at most this many per tree.
 MAX_ROOTED_PIECES = 64
 
@@ -188,13 +195,14 @@ def _pieces_in_order(packing: Packing, cut: _Pieces) -> Iterator[tuple[int, int,
                 yield r, j * cut.per_unit + offset, size, i, orders[r, j]
 
 
-_Transfer = tuple[int, int, int, int, int, int]  # root, chunk offset in its block, chunks, step, parent, child
+_Transfer = tuple[int, int, int, int, int, int, int]  # root, offset in its block, chunks, step, parent, child, channel
 
 
 def _gather(b: ScheduleBuilder, packing: Packing, cut: _Pieces, block: int, *, source: str, channel: int = 0,
-            step0: int = 0) -> dict[tuple[int, int], _Transfer]:
+            step0: int = 0, channels: int = DEPTH_CHANNELS) -> dict[tuple[int, int], _Transfer]:
     """Root to leaves: each root's block (``block`` chunks from chunk ``r * block`` of the output, one root:
-    from 0) travels down its trees; the root reads its piece from buffer ``source``.
+    from 0) travels down its trees; the root reads its piece from buffer ``source``.  Messages use
+    channels ``channel`` to ``channel + channels - 1`` by the sender's depth.
 
     Returns each transfer by its send: (rank, operation index) -> transfer.
     """
@@ -205,32 +213,13 @@ def _gather(b: ScheduleBuilder, packing: Packing, cut: _Pieces, block: int, *, s
         out = Chunk("o", c, size)
         if source != "o":
             b.copy(r, Chunk(source, offset, size), out, step=step0 + i)
+        depth = {r: 0}
         for parent, child in order:
-            send, _ = b.transfer(parent, child, out, out, step=step0 + i, channel=channel)
-            sends[parent, send] = (r, offset, size, i, parent, child)
+            depth[child] = depth[parent] + 1
+            ch = channel + min(depth[parent], channels - 1)
+            send, _ = b.transfer(parent, child, out, out, step=step0 + i, channel=ch)
+            sends[parent, send] = (r, offset, size, i, parent, child, ch)
     return sends
-
-
-def _spare_slots(packing: Packing, cut: _Pieces) -> tuple[dict[tuple[int, int, int], int], int]:
-    """A scratch slot (of one tree's share) for every child beyond a rank's first, per tree: (slot map, slots).
-
-    ``slots[rank, root, unit]`` lists nothing for a rank's first child; the map
-    holds ``(rank, root, unit, child) -> slot`` flattened as the key
-    ``(rank, tree index, child)`` where the tree index is ``unit * p + root``.
-    """
-    p = packing.graph.size
-    slot: dict[tuple[int, int, int], int] = {}
-    used = [0] * p
-    for j in range(cut.units):
-        for r in packing.roots:
-            first: set[int] = set()
-            for child, parent in sorted(packing.parents(r, j).items()):
-                if parent in first:
-                    slot[parent, j * p + r, child] = used[parent]
-                    used[parent] += 1
-                else:
-                    first.add(parent)
-    return slot, max(used)
 
 
 def _mirror(topology: Topology, packing: Packing, cut: _Pieces, block: int, size_bytes: int) -> list[_Transfer]:
@@ -253,7 +242,7 @@ def _mirror(topology: Topology, packing: Packing, cut: _Pieces, block: int, size
     blocks = 1 if rooted else p
     gather = ScheduleBuilder("broadcast" if rooted else "allgather", p, block, block * blocks,
                              root=packing.roots[0] if rooted else None)
-    sends = _gather(gather, packing, cut, block, source="i")
+    sends = _gather(gather, packing, cut, block, source="i", channels=1)
     timed = simulate(_reversed(topology), gather.build("treepack"), size_bytes, record=True)
     finish = {(e.rank, e.index): e.end_s for e in timed.op_events if e.kind == "send"}
     return [sends[key] for key in sorted(sends, key=lambda key: (-finish[key], key))]
@@ -299,19 +288,19 @@ def _scatter(b: ScheduleBuilder, packing: Packing, cut: _Pieces, block: int, acc
     """
     rooted = len(packing.roots) == 1
     slots, _ = _spare_slots(packing, cut)
-    sent: dict[tuple[int, int], list[int]] = {}
-    for r, offset, size, i, parent, child in order:
+    sent: dict[tuple[int, int, int], list[int]] = {}
+    for r, offset, size, i, parent, child, channel in order:
         ref = Chunk(acc, offset if rooted else r * block + offset, size)
         step = len(cut.shape) - 1 - i
-        before = sent.setdefault((child, parent), [])
+        before = sent.setdefault((child, parent, channel), [])
         gate = before[-SEND_AHEAD:-SEND_AHEAD + 1] if len(before) >= SEND_AHEAD else []
-        before.append(b.send(child, parent, ref, step=step, after=gate))
+        before.append(b.send(child, parent, ref, step=step, channel=channel, after=gate))
         where = slots.get((parent, r, offset // cut.per_unit, child))
         if where is None:
-            b.recv(parent, child, ref, reduce=True, step=step)
+            b.recv(parent, child, ref, reduce=True, step=step, channel=channel)
         else:
             tmp = Chunk("s", spare + where * cut.per_unit + offset % cut.per_unit, size)
-            b.recv(parent, child, tmp, step=step)
+            b.recv(parent, child, tmp, step=step, channel=channel)
             b.reduce(parent, tmp, ref, step=step)
 
 
@@ -351,8 +340,10 @@ def _rooted(topology: Topology, collective: str, options: Options, down: Packing
             for rank in range(p):
                 b.copy(rank, Chunk("s", rank * block, block), Chunk("o", 0, block))
         if down is not None:
-            # the second phase has its own channel, so its messages never queue behind the first's
-            _gather(b, down, cut, block, source="o", channel=1, step0=len(cut.shape))
+            # the second phase has its own channel, so its messages never queue behind the first's; one, as
+            # depth channels gain nothing here (4x4x4 torus at 256 MiB: 92.3% of the bound either way) and
+            # with the first phase's traffic make the simulation 10x slower
+            _gather(b, down, cut, block, source="o", channel=1, step0=len(cut.shape), channels=1)
     loads = [x.load for x in (down, up) if x is not None]
     return b.build("treepack", {**options.as_dict(), "trees_per_root": cut.units,
                                 "pieces_per_tree": ":".join(map(str, cut.shape)),

@@ -69,7 +69,7 @@ def undirected_load(topology: Topology, trees: tuple[tuple[float, dict[int, int]
     return max(x * top / topology.link(*key).bandwidth for key, x in load.items())  # type: ignore[union-attr]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(topology=topologies(max_hosts=3, max_gpus=3), data=st.data())
 def test_random_topologies(topology: Topology, data: st.DataObject) -> None:
     """Every schedule verifies, sends only over routes, and is never faster than the lower bound."""
