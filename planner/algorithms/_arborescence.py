@@ -414,14 +414,15 @@ class Packing:
     ``load`` is the busiest link's load per unit tree of every root, in units of
     one tree's use of a link of the fastest bandwidth: a collective moving ``b``
     bytes per root over these trees needs ``load * b / top_bandwidth`` seconds
-    on that link.  ``exact`` says whether the trees came from the exact oracle.
+    on that link.  ``oracle`` says which oracle built the trees: ``edmonds``
+    (exact) or ``forward`` (forward arcs only).
     """
 
     graph: RankGraph
     roots: tuple[int, ...]
     trees: dict[int, list[np.ndarray]]
     load: float
-    exact: bool
+    oracle: str
 
     def parents(self, root: int, unit: int) -> dict[int, int]:
         """Tree ``unit`` of ``root`` as child -> parent."""
@@ -471,27 +472,32 @@ def pack(graph: RankGraph, roots: Sequence[int], units: int, *, exact: bool | No
         if float(load.max()) < best[0] * (1 - 1e-9):
             best = (float(load.max()), dict(trees))
     per_root: dict[int, list[np.ndarray]] = {r: [best[1][r, j] for j in range(units)] for r in roots}
-    return Packing(graph, tuple(roots), per_root, best[0] / units, bool(exact))
+    return Packing(graph, tuple(roots), per_root, best[0] / units, "edmonds" if exact else "forward")
 
 
 # --------------------------------------------------------------------------- the optimum
 
 
-def optimum(graph: RankGraph, roots: Sequence[int], solver: SolverOptions | None = None) -> float:
+def optimum(graph: RankGraph, roots: Sequence[int], solver: SolverOptions | None = None,
+            groups: Sequence[Sequence[int]] = ()) -> float:
     """The least busiest-link load of any fractional packing of one arborescence per root over ``graph``'s arcs.
 
     Same units as :attr:`Packing.load`.  Cut rows ``x(into X) >= #roots outside
-    X`` start from single ranks and hosts-by-rank-set complements and are
-    added by max-flow separation (see the module docstring).
+    X`` start from single ranks and ``groups`` (hosts, say) and are added by
+    max-flow separation (see the module docstring) until none is violated.
+    Should that take more than :data:`MAX_CUT_ROUNDS` rounds, the LP's value
+    so far is returned: over fewer rows, it is still a lower bound.
     """
     p = graph.size
     roots = list(roots)
     root_set = set(roots)
     lp_solver = solver or SolverOptions(backend="glop", time_limit_s=60.0)
-    cuts: list[frozenset[int]] = [frozenset([v]) for v in range(p)]
+    cuts: list[frozenset[int]] = list(dict.fromkeys([*(frozenset([v]) for v in range(p)),
+                                                     *(frozenset(g) for g in groups if 0 < len(g) < p)]))
     seen = set(cuts)
     from ortools.graph.python import max_flow
 
+    value = 0.0
     for _ in range(MAX_CUT_ROUNDS):
         lp = LinearProgram()
         top = lp.var(cost=1.0)
@@ -510,6 +516,7 @@ def optimum(graph: RankGraph, roots: Sequence[int], solver: SolverOptions | None
             if need:
                 lp.add([i for i, _ in terms], [c for _, c in terms], lower=float(need))
         solution = solve(lp, lp_solver)
+        value = float(solution.values[top])
         capacity = np.floor(np.asarray(solution.values[1:graph.arcs + 1]) * FLOW_SCALE).astype(np.int64)
         flow = max_flow.SimpleMaxFlow()
         source = p
@@ -529,5 +536,5 @@ def optimum(graph: RankGraph, roots: Sequence[int], solver: SolverOptions | None
                     cuts.append(cut)
                     added = True
         if not added:
-            return float(solution.values[top])
-    return math.nan
+            break
+    return value

@@ -1,42 +1,49 @@
 """Throughput-optimal spanning-tree packing (as in ForestColl), for large messages.
 
 All-gather, reduce-scatter, broadcast and reduce: every root's data travels on
-``units`` spanning out-trees of its own over the routed rank graph, packed by
+a few spanning out-trees of its own over the routed rank graph, packed by
 :func:`planner.algorithms._arborescence.pack` so that the busiest physical link
 carries as little as possible (ForestColl, Zhao et al., arXiv:2402.06787:
 their switch removal becomes rank-to-rank arcs over the topology's fixed
-routes; their arborescence packing becomes a greedy multiplicative-weights
-packing with an exact Edmonds oracle; see that module).  On the fabrics we
-model the packing meets the exact optimum over its arcs
+routes, their arborescence packing a greedy multiplicative-weights packing
+with Edmonds' algorithm as oracle; see that module).  On the fabrics we model
+the packing meets the exact optimum over its arcs
 (:func:`~planner.algorithms._arborescence.optimum`) or comes within a few per
-cent of it.
+cent of it.  No LP is solved, so nothing can time out into a degenerate
+solution, and the work is polynomial: trees x passes x Edmonds' O(E log^2 E).
 
-All-gather runs the out-trees root to leaf; reduce-scatter runs the trees of
-the reversed topology leaf to root, each rank adding its children's partial
-sums before it sends up; broadcast and reduce use one root.  Each tree's share
-of a root's block is cut into a few pieces of decreasing size (4:2:1 of the
-share): the pieces sent last are the small ones, so the links' queues drain in
-small steps at the end instead of waiting for one large piece to cross the
-last hops (dgx-a100-4node all-gather at 1 GiB: 87% of the bound with one piece
-per tree, 96% with four equal pieces, 99% with 8:4:2:1).  The piece count is
+Schedules.  All-gather runs the out-trees root to leaf.  Each tree's share of
+a root's block is cut into pieces of decreasing size (8:4:2:1 of the share):
+the pieces sent last are the small ones, so the links' queues drain in small
+steps at the end instead of waiting for one large piece to cross the last
+hops (dgx-a100-4node all-gather at 1 GiB: 87% of the bound with one piece per
+tree, 96% with four equal pieces, 99% with 8:4:2:1).  Messages go on three
+channels by the sender's depth (:data:`DEPTH_CHANNELS`).  The piece count is
 bounded by :data:`MAX_TRANSFERS`, so compile and simulation time stay bounded
 at any message size.
 
-All-reduce on a full-duplex fabric packs *undirected* spanning trees instead:
-each piece of data is reduced up a tree to the tree's centre and broadcast
-back down the same tree, so every tree edge carries the piece once each way
-(2(p-1) crossings per element, which is what :mod:`planner.bounds` charges;
-by Nash-Williams and Tutte the best packing meets the partition bound when
-the candidate edges allow it).  Unlike reduce-scatter followed by all-gather
-no rank has to receive ``2 (p-1)/p N``: a leaf sends N and receives N.  The
-packing comes from minimum spanning trees under multiplicative link prices
-and one small LP that weighs them (:func:`pack_undirected`).  Reductions and
-broadcasts use separate channels so neither queues behind the other, and a
-window of credits keeps reductions from racing ahead of broadcasts.  Each
-piece costs 4 (p-1) operations, so this form needs many pieces and is used
-while the operation budget allows :data:`MIN_UNDIRECTED_PIECES` of them; beyond
-that, and on fabrics with one-way links, all-reduce is reduce-scatter then
-all-gather over packed out-trees, the second phase on its own channel.
+Reduce-scatter runs the trees of the reversed topology leaf to root, each rank
+adding its children's partial sums to its own before it sends up.  Its order
+is the all-gather's mirrored in time (:func:`_mirror`): the simulator times the
+gather over the same trees on the reversed fabric, and the reduction sends in
+the reverse order of the gather's finishing times.  Broadcast and reduce are
+the same with one root and more trees.
+
+All-reduce is reduce-scatter then all-gather over the same trees, the second
+phase on its own channel.  On a full-duplex fabric it may instead pack
+*undirected* spanning trees: each piece of data is reduced up a tree to the
+tree's centre and broadcast back down the same tree, so every tree edge
+carries the piece once each way (2(p-1) crossings per element, which is what
+:mod:`planner.bounds` charges; by Nash-Williams and Tutte the best packing
+meets the partition bound when the candidate edges allow it).  Unlike
+reduce-scatter followed by all-gather no rank has to receive ``2 (p-1)/p N``:
+a leaf sends N and receives N, which wins where ranks' capacities differ
+(mesh-4x4: a third less load).  The packing comes from minimum spanning trees
+under multiplicative link prices and one small LP that weighs them
+(:func:`pack_undirected`).  It costs 4 (p-1) operations per piece and needs
+many pieces, so it is used only while the budget holds
+:data:`MIN_UNDIRECTED_PIECES` of them and its load is clearly lower
+(:data:`UNDIRECTED_GAIN`).
 """
 
 from __future__ import annotations
@@ -348,7 +355,7 @@ def _rooted(topology: Topology, collective: str, options: Options, down: Packing
     return b.build("treepack", {**options.as_dict(), "trees_per_root": cut.units,
                                 "pieces_per_tree": ":".join(map(str, cut.shape)),
                                 "load": round(max(loads), 6),
-                                "exact": all(x.exact for x in (down, up) if x is not None)})
+                                "oracle": (down or up).oracle})  # type: ignore[union-attr]
 
 
 # --------------------------------------------------------------------------- undirected trees (all-reduce)
