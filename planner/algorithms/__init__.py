@@ -92,7 +92,7 @@ ALGORITHMS: dict[str, Algorithm] = {
                   "MultiTree: one contention-free spanning tree per root, grown in lock-step", auto_max_ranks=64),
         Algorithm("treepack", "planner.algorithms.treepack", "treepack", _ALL,
                   "throughput-optimal spanning-tree packing from an LP (ForestColl), for large messages",
-                  auto_max_ranks=16),
+                  auto_max_ranks=512),
         Algorithm("mcf", "planner.algorithms.mcf", "mcf", _ALL,
                   "min-cost multi-commodity flow over time (DDL, TE-CCL): LP/MILP over epochs, rounded",
                   auto_max_ranks=8),

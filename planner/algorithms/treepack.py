@@ -1,215 +1,439 @@
 """Throughput-optimal spanning-tree packing (as in ForestColl), for large messages.
 
-For every root, a fractional packing of spanning out-trees is found with a
-linear program: per root ``r`` a capacity ``x_r(e)`` on each rank-to-rank edge,
-and for every destination ``d`` a unit flow from ``r`` to ``d`` inside it; by
-Edmonds' branching theorem such an ``x_r`` holds a packing of arborescences of
-total weight 1.  The physical links the edges' routes cross bound the load;
-the LP minimises the time of the most loaded link.  The packing is then split
-into trees greedily (widest tree first), each tree carrying a share of the
-root's pieces proportional to its weight.
+All-gather, reduce-scatter, broadcast and reduce: every root's data travels on
+a few spanning out-trees of its own over the routed rank graph, packed by
+:func:`planner.algorithms._arborescence.pack` so that the busiest physical link
+carries as little as possible (ForestColl, Zhao et al., arXiv:2402.06787:
+their switch removal becomes rank-to-rank arcs over the topology's fixed
+routes, their arborescence packing a greedy multiplicative-weights packing
+with Edmonds' algorithm as oracle; see that module).  On the fabrics we model
+the packing meets the exact optimum over its arcs
+(:func:`~planner.algorithms._arborescence.optimum`) or comes within a few per
+cent of it.  No LP is solved, so nothing can time out into a degenerate
+solution, and the work is polynomial: trees x passes x Edmonds' O(E log^2 E).
 
-All-gather runs the out-trees root to leaf; reduce-scatter runs the trees of
-the reversed topology leaf to root; broadcast and reduce use one root.
+Schedules.  All-gather runs the out-trees root to leaf.  Each tree's share of
+a root's block is cut into pieces of decreasing size (8:4:2:1 of the share):
+the pieces sent last are the small ones, so the links' queues drain in small
+steps at the end instead of waiting for one large piece to cross the last
+hops (dgx-a100-4node all-gather at 1 GiB: 87% of the bound with one piece per
+tree, 96% with four equal pieces, 99% with 8:4:2:1).  Messages go on three
+channels by the sender's depth (:data:`DEPTH_CHANNELS`).  The piece count is
+bounded by :data:`MAX_TRANSFERS`, so compile and simulation time stay bounded
+at any message size.
 
-All-reduce on a full-duplex fabric packs *undirected* spanning trees instead:
-each piece of data is reduced up a tree to the tree's centre and broadcast
-back down the same tree, so every tree edge carries the piece once each way
-(2(p-1) crossings per element, which is what :mod:`planner.bounds` charges;
-by Nash-Williams and Tutte the best packing meets the partition bound when
-the candidate edges allow it).  Unlike reduce-scatter followed by all-gather
-no rank has to receive ``2 (p-1)/p N``: a leaf sends N and receives N.  The
-packing comes from minimum spanning trees under multiplicative link prices
-and one small LP that weighs them (:func:`pack_undirected`).  Reductions and
-broadcasts use separate channels so neither queues behind the other, and a
-window of credits keeps reductions from racing ahead of broadcasts.
+Reduce-scatter runs the trees of the reversed topology leaf to root, each rank
+adding its children's partial sums to its own before it sends up.  Its order
+is the all-gather's mirrored in time (:func:`_mirror`): the simulator times the
+gather over the same trees on the reversed fabric, and the reduction sends in
+the reverse order of the gather's finishing times.  Broadcast and reduce are
+the same with one root and more trees.
+
+All-reduce is reduce-scatter then all-gather over the same trees, the second
+phase on its own channel.  On a full-duplex fabric it may instead pack
+*undirected* spanning trees: each piece of data is reduced up a tree to the
+tree's centre and broadcast back down the same tree, so every tree edge
+carries the piece once each way (2(p-1) crossings per element, which is what
+:mod:`planner.bounds` charges; by Nash-Williams and Tutte the best packing
+meets the partition bound when the candidate edges allow it).  Unlike
+reduce-scatter followed by all-gather no rank has to receive ``2 (p-1)/p N``:
+a leaf sends N and receives N, which wins where ranks' capacities differ
+(mesh-4x4: a third less load).  The packing comes from minimum spanning trees
+under multiplicative link prices and one small LP that weighs them
+(:func:`pack_undirected`).  It costs 4 (p-1) operations per piece and needs
+many pieces, so it is used only while the budget holds
+:data:`MIN_UNDIRECTED_PIECES` of them and its load is clearly lower
+(:data:`UNDIRECTED_GAIN`).
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from planner.algorithms import Options
+from planner.algorithms._arborescence import Packing, pack, rank_graph
 from planner.builder import ScheduleBuilder
 from planner.collectives import chunk_counts
 from planner.errors import NotApplicableError
 from planner.solvers import LinearProgram, SolverOptions, solve
-from planner.topology import Topology
+from planner.topology import Link, Topology, build_topology
 from runtime.schedule import Chunk, Schedule
 
-__all__ = ["Packing", "pack_trees", "pack_undirected", "treepack"]
+__all__ = ["Undirected", "pack_undirected", "treepack"]
 
-#: The LP has roots x destinations x edges flow variables; beyond this many ranks use a hierarchical plan.
-MAX_RANKS = 32
-#: Largest arborescence LP built (roots x destinations x candidate edges flow variables): CLP solves
-#: ndv2-2chassis' 16k in 2.4 s and pcie-4x4-10gbe's 35k in 3 s, but neither dgx-a100-4node's 286k nor a
-#: 4 x 8 GPU multi-chassis box's 131k within its time limit (and a solution cut short is not a packing).
-MAX_FLOW_VARIABLES = 100_000
-#: Candidate edges per rank (cheapest routes first); enough to reach the cut bound on the fabrics we model.
-EDGES_PER_RANK = 6
-#: Extra edges per rank to other hosts, so hierarchical clusters stay connected in the LP.
-CROSS_HOST_EDGES = 3
-#: CLP solves this degenerate LP several times faster than GLOP and HiGHS (measured on dgx2, torus-4x4,
-#: mesh-4x4 and pcie-4x4-10gbe: 0.6-6 s against 2.6-21 s).
+#: Tree edges x pieces per schedule (each a send and a receive): what bounds compile and simulation time.
+#: 2^15 transfers are about 65k operations, a few seconds of simulation on 2 cores.
+MAX_TRANSFERS = 1 << 15
+#: Spanning trees per root, when the budget allows: more trees let the packing follow fractional optima
+#: (torus-4x4: 16 with one tree per root, the optimum 15 with four; dgx-a100-4node: the optimum with one).
+#: A lone root (broadcast, reduce) needs more to use every link into a host (dgx-a100-4node broadcast:
+#: 6x the optimum with 4 trees, 3x with 8, the optimum with 16).
+UNITS = 4
+ROOTED_UNITS = 16
+#: Relative sizes of the pieces a tree's share is cut into, largest first (see the module docstring).
+PIECE_SHAPE = (8, 4, 2, 1)
+#: No piece smaller than this: below it per-message latency outweighs what pipelining gains.
+MIN_PIECE_BYTES = 64 << 10
+#: In a reduction a rank may start a send once the send two before it to the same peer has completed: the
+#: order :func:`_mirror` plans is kept (a send queued behind a later one would hold up its whole subtree),
+#: while one message's latency overlaps the next one's transfer.  Measured at 1 GiB: strict order (one
+#: ahead) 89.2% of the bound on dgx-a100-4node, 96.2% on a 2x16-GPU chassis pair; two ahead 89.7% and
+#: 97.6%; no order kept 61.9% and 81.2%.
+SEND_AHEAD = 2
+#: Channels by a sender's depth in the tree: roots, ranks one hop down, all deeper ones.  Separate
+#: connections share a link fairly where one connection serves its messages first come, first served, so
+#: forwarded pieces do not queue behind every piece a root injects at the start (all-gather at 256 MiB,
+#: one channel / three: torus-4x4 90.7% / 93.7% of the bound, mesh-4x4 96.5% / 98.2%, a 4x4x4 torus
+#: 90.0% / 94.7%, a 2x16-GPU chassis pair 96.4% / 98.0%; a channel per depth is no better and simulates
+#: 10-20x slower).
+DEPTH_CHANNELS = 3
+#: Broadcast and reduce have one root, so their trees pipeline equal pieces: at most this many per tree.
+MAX_ROOTED_PIECES = 64
+
+#: CLP solves the tree-weighing LPs several times faster than GLOP and HiGHS (measured on dgx2, torus-4x4,
+#: mesh-4x4 and pcie-4x4-10gbe).
 DEFAULT_SOLVER = SolverOptions(backend="clp", time_limit_s=15.0)
-#: A tiny cost per unit of edge capacity, weighted by latency, so that among equally fast packings the
-#: LP picks shallow trees over long chains.
+#: A tiny cost per unit of edge latency, so that among equally loaded undirected trees short hops win.
 LATENCY_WEIGHT = 1e-3
-#: All-reduce piece size and count cap (the op count is 4 (p-1) per piece).  What matters is the count:
-#: every tree fills and drains its pipeline once, so each needs many pieces (mesh-4x4: 85.7% of the bound
-#: with 512 pieces, 90.4% with 1024, 93.8% with 2048, 96.5% with 4096, whatever the size).
+#: All-reduce over undirected trees: piece size, and the fewest pieces that pay for its 4 (p-1) operations
+#: per piece (every tree fills and drains its pipeline once; mesh-4x4: 85.7% of the bound with 512 pieces,
+#: 90.4% with 1024, 93.8% with 2048).
 ALLREDUCE_PIECE_BYTES = 64 << 10
-MAX_ALLREDUCE_PIECES = 4096
+MIN_UNDIRECTED_PIECES = 512
 #: A rank sends a piece up only once it has the result of the piece ``window`` before it (credits, as
 #: NCCL's bounded slots): otherwise reductions race ahead of broadcasts on shared links and starve them.
 #: WINDOW at 1024 pieces, growing as pieces^0.7: measured best on mesh-4x4 and torus-4x4 among 4 to 384 at
 #: 1024 pieces (64: 2-4 points less, 384: 10-15 less) and among 96 to 256 at 4096.
 WINDOW = 96
-#: Multiplicative-weights rounds that generate candidate trees, and the price step per round (relative to
-#: the round's busiest link); the final LP picks among the trees found, so more rounds only add choice.
+#: Undirected trees are used only when their busiest link carries less than this fraction of what
+#: reduce-scatter + all-gather put on theirs: they need many more pieces to pipeline (dgx-a100-4node,
+#: equal loads: 73% of the bound at 1 GiB, reduce-scatter + all-gather 88%; mesh-4x4, 0.67 of the load:
+#: 92% against 66%).
+UNDIRECTED_GAIN = 0.95
+#: Up to this many ranks undirected trees also win ties: their trees are shallow and the budget holds
+#: thousands of pieces (emu-uniform, 8 ranks, equal loads: 97.7% of the bound at 64 MiB against 93.2%).
+UNDIRECTED_TIES_UP_TO = 8
+#: Multiplicative-weights rounds that generate candidate undirected trees, and the price step per round
+#: (relative to the round's busiest link); the final LP picks among the trees found.
 MWU_ROUNDS = 120
 MWU_STEP = 0.1
-#: Trees lighter than this (after the LP) are dropped and the rest rescaled: too few pieces to use them.
+#: Undirected trees lighter than this (after the LP) are dropped and the rest rescaled.
 MIN_TREE_WEIGHT = 1e-3
-#: Fewest trees whose best weighting is within this fraction of the optimum over all trees found (fewer
-#: trees pipeline better only with few pieces; at 4096 pieces 2% slack costs 1-2 points).
+#: Fewest undirected trees whose best weighting is within this fraction of the optimum over all trees found
+#: (fewer trees pipeline better).
 TREE_SLACK = 0.002
 
 
+# --------------------------------------------------------------------------- rooted trees
+
+
 @dataclass(frozen=True, slots=True)
-class Packing:
-    """Trees per root: ``trees[r]`` is a list of (weight, parent map child -> parent)."""
+class _Pieces:
+    """How a root's block is cut: ``units`` trees, each carrying pieces of ``shape`` chunks, in that order."""
 
-    roots: tuple[int, ...]
-    trees: dict[int, list[tuple[float, dict[int, int]]]]
-    load: float  # LP optimum: time units per unit of data per root on the busiest link
+    units: int
+    shape: tuple[int, ...]
+
+    @property
+    def per_unit(self) -> int:
+        return sum(self.shape)
+
+    @property
+    def per_root(self) -> int:
+        return self.units * self.per_unit
+
+    def offsets(self) -> list[int]:
+        """Chunk offset of each piece within its tree's share."""
+        return [sum(self.shape[:i]) for i in range(len(self.shape))]
 
 
-def _candidate_edges(topology: Topology, reverse: bool) -> list[tuple[int, int]]:
-    """The cheapest routable edges of each rank, plus its cheapest edges to other hosts.
+def _cut(p: int, roots: int, block_bytes: float, options: Options) -> _Pieces:
+    """Trees per root and piece shape within :data:`MAX_TRANSFERS` and :data:`MIN_PIECE_BYTES`.
 
-    The cross-host edges keep the rank graph connected where a host's own fabric
-    is far cheaper than its NICs (every intra-host edge would win otherwise).
+    ``roots`` counts the trees' roots (twice over for all-reduce, which runs
+    two phases over them).
+
+    ``options.pipeline`` fixes the pieces per tree (equal pieces); ``options.channels``
+    the trees per root.
+    """
+    per_root = max(1, MAX_TRANSFERS // (roots * (p - 1)))
+    most = max(1, int(block_bytes // MIN_PIECE_BYTES))
+    units = options.channels or max(1, min(ROOTED_UNITS if roots == 1 else UNITS, per_root, most))
+    if options.pipeline:
+        return _Pieces(units, (1,) * options.pipeline)
+    if roots == 1:
+        q = max(1, min(MAX_ROOTED_PIECES, per_root // units, most // units))
+        return _Pieces(units, (1,) * q)
+    for q in range(len(PIECE_SHAPE), 0, -1):
+        shape = PIECE_SHAPE[-q:]
+        if units * q <= per_root and block_bytes / units * shape[-1] / sum(shape) >= MIN_PIECE_BYTES:
+            return _Pieces(units, shape)
+    return _Pieces(units, (1,))
+
+
+def _tree_order(packing: Packing, root: int, unit: int) -> list[tuple[int, int]]:
+    """Tree ``unit`` of ``root`` as edges (parent, child) from the root outward (breadth first)."""
+    children: dict[int, list[int]] = {}
+    for child, parent in sorted(packing.parents(root, unit).items()):
+        children.setdefault(parent, []).append(child)
+    order, queue = [], deque([root])
+    while queue:
+        u = queue.popleft()
+        for v in children.get(u, ()):
+            order.append((u, v))
+            queue.append(v)
+    return order
+
+
+def _pieces_in_order(packing: Packing, cut: _Pieces) -> Iterator[tuple[int, int, int, int, list[tuple[int, int]]]]:
+    """(root, chunk offset of the piece in the root's block, its chunks, step, tree edges) in sending order.
+
+    Piece by piece (largest first), within a piece tree by tree, within a tree
+    root by root, so every root's data is in flight from the start.
+    """
+    orders = {(r, j): _tree_order(packing, r, j) for r in packing.roots for j in range(cut.units)}
+    for i, (size, offset) in enumerate(zip(cut.shape, cut.offsets())):
+        for j in range(cut.units):
+            for r in packing.roots:
+                yield r, j * cut.per_unit + offset, size, i, orders[r, j]
+
+
+_Transfer = tuple[int, int, int, int, int, int, int]  # root, offset in its block, chunks, step, parent, child, channel
+
+
+def _gather(b: ScheduleBuilder, packing: Packing, cut: _Pieces, block: int, *, source: str, channel: int = 0,
+            step0: int = 0, channels: int = DEPTH_CHANNELS) -> dict[tuple[int, int], _Transfer]:
+    """Root to leaves: each root's block (``block`` chunks from chunk ``r * block`` of the output, one root:
+    from 0) travels down its trees; the root reads its piece from buffer ``source``.  Messages use
+    channels ``channel`` to ``channel + channels - 1`` by the sender's depth.
+
+    Returns each transfer by its send: (rank, operation index) -> transfer.
+    """
+    rooted = len(packing.roots) == 1
+    sends: dict[tuple[int, int], _Transfer] = {}
+    for r, offset, size, i, order in _pieces_in_order(packing, cut):
+        c = offset if rooted else r * block + offset
+        out = Chunk("o", c, size)
+        if source != "o":
+            b.copy(r, Chunk(source, offset, size), out, step=step0 + i)
+        depth = {r: 0}
+        for parent, child in order:
+            depth[child] = depth[parent] + 1
+            ch = channel + min(depth[parent], channels - 1)
+            send, _ = b.transfer(parent, child, out, out, step=step0 + i, channel=ch)
+            sends[parent, send] = (r, offset, size, i, parent, child, ch)
+    return sends
+
+
+def _mirror(topology: Topology, packing: Packing, cut: _Pieces, block: int, size_bytes: int) -> list[_Transfer]:
+    """The transfers of a reduction over ``packing``'s trees (of the reversed fabric), in the order to send them.
+
+    A reduction up trees is a gather down them run backwards in time, with each
+    message reversed: the gather's link use mirrored, so just as fast.  The
+    gather is timed by the simulator on the reversed fabric (whose routes are
+    the reversed routes), where its greedy first-come-first-served dynamics
+    keep every link busy; the reduction sends in the reverse order of the
+    gather's finishing times.  (Run forwards with the same greedy dynamics, a
+    reduction first floods every link with leaves' sums and leaves the sums of
+    inner ranks queued behind them: dgx-a100-4node reduce-scatter at 1 GiB
+    reaches 57% of the bound that way, against 99% for all-gather.)
+    """
+    from planner.simulate import simulate
+
+    p = topology.size
+    rooted = len(packing.roots) == 1
+    blocks = 1 if rooted else p
+    gather = ScheduleBuilder("broadcast" if rooted else "allgather", p, block, block * blocks,
+                             root=packing.roots[0] if rooted else None)
+    sends = _gather(gather, packing, cut, block, source="i", channels=1)
+    timed = simulate(_reversed(topology), gather.build("treepack"), size_bytes, record=True)
+    finish = {(e.rank, e.index): e.end_s for e in timed.op_events if e.kind == "send"}
+    return [sends[key] for key in sorted(sends, key=lambda key: (-finish[key], key))]
+
+
+def _reversed(topology: Topology) -> Topology:
+    """The topology with every link turned round (itself when all links are full duplex)."""
+    if topology.symmetric:
+        return topology
+    links = [Link(k.dst, k.src, k.bandwidth, k.latency, k.count, k.kind) for k in topology.links]
+    return build_topology(f"{topology.name} (reversed)", topology.devices, links)
+
+
+def _spare_slots(packing: Packing, cut: _Pieces) -> tuple[dict[tuple[int, int, int, int], int], int]:
+    """A scratch slot (one tree's share of chunks) for every child of a rank beyond its first, per tree.
+
+    Returns ``(rank, root, unit, child) -> slot`` and the most slots any rank uses.
+    """
+    p = packing.graph.size
+    slot: dict[tuple[int, int, int, int], int] = {}
+    used = [0] * p
+    for j in range(cut.units):
+        for r in packing.roots:
+            first: set[int] = set()
+            for child, parent in sorted(packing.parents(r, j).items()):
+                if parent in first:
+                    slot[parent, r, j, child] = used[parent]
+                    used[parent] += 1
+                else:
+                    first.add(parent)
+    return slot, max(used)
+
+
+def _scatter(b: ScheduleBuilder, packing: Packing, cut: _Pieces, block: int, acc: str, spare: int,
+             order: list[_Transfer]) -> None:
+    """Leaves to root: partial sums of each root's block in buffer ``acc`` flow up its (reversed) trees.
+
+    ``order`` is :func:`_mirror`'s.  A rank's first child's sum is
+    received-and-reduced into the rank's own; the others land in scratch slots
+    (from chunk ``spare`` on) and are reduced locally, so all children of a
+    rank can send at once instead of queueing on the accumulator (a receive
+    completes only with its send).
+    """
+    rooted = len(packing.roots) == 1
+    slots, _ = _spare_slots(packing, cut)
+    sent: dict[tuple[int, int, int], list[int]] = {}
+    for r, offset, size, i, parent, child, channel in order:
+        ref = Chunk(acc, offset if rooted else r * block + offset, size)
+        step = len(cut.shape) - 1 - i
+        before = sent.setdefault((child, parent, channel), [])
+        gate = before[-SEND_AHEAD:-SEND_AHEAD + 1] if len(before) >= SEND_AHEAD else []
+        before.append(b.send(child, parent, ref, step=step, channel=channel, after=gate))
+        where = slots.get((parent, r, offset // cut.per_unit, child))
+        if where is None:
+            b.recv(parent, child, ref, reduce=True, step=step, channel=channel)
+        else:
+            tmp = Chunk("s", spare + where * cut.per_unit + offset % cut.per_unit, size)
+            b.recv(parent, child, tmp, step=step, channel=channel)
+            b.reduce(parent, tmp, ref, step=step)
+
+
+def _rooted(topology: Topology, collective: str, options: Options, down: Packing | None = None) -> Schedule:
+    """All-gather, reduce-scatter, broadcast, reduce, and all-reduce as reduce-scatter + all-gather.
+
+    ``down`` is the out-tree packing when the caller has it already.
     """
     p = topology.size
-    host_of = {r: h for h, ranks in topology.hosts.items() for r in ranks}
-    edges: list[tuple[int, int]] = []
-    for u in range(p):
-        reachable = []
-        for v in range(p):
-            if u == v:
-                continue
-            a, b = (v, u) if reverse else (u, v)
-            if topology.has_route(a, b):
-                cost = topology.route_latency(a, b) * 1e6 + 1e9 / topology.route_bandwidth(a, b)
-                # ties go round the ranks (u+1, u+2, ...) so that on a switch every rank keeps in-edges
-                reachable.append((round(cost, 9), (v - u) % p, v))
-        reachable.sort()
-        chosen = [v for _, _, v in reachable[:EDGES_PER_RANK]]
-        remote = [v for _, _, v in reachable if host_of[v] != host_of[u] and v not in chosen]
-        edges.extend((u, v) for v in chosen + remote[:CROSS_HOST_EDGES])
-    return edges
-
-
-def pack_trees(topology: Topology, roots: Sequence[int], *, reverse: bool = False,
-               solver: SolverOptions | None = None) -> Packing:
-    """Solve the packing LP for ``roots`` and decompose it into weighted spanning trees.
-
-    With ``reverse`` the trees are for data flowing toward the root (each edge
-    ``u -> v`` of a tree then means ``v`` sends to ``u``).
-    """
-    edges = _candidate_edges(topology, reverse)
-    if reverse:
-        loads = [topology.route_shares(v, u) for u, v in edges]
-        latency = [topology.route_latency(v, u) for u, v in edges]
+    rooted = collective in ("broadcast", "reduce")
+    roots = [options.root] if rooted else list(range(p))
+    block_bytes = options.size_bytes / len(roots)
+    cut = _cut(p, len(roots) * (2 if collective == "allreduce" else 1), block_bytes, options)
+    block = cut.per_root
+    up = None
+    if down is None and collective in ("allgather", "allreduce", "broadcast"):
+        down = pack(rank_graph(topology), roots, cut.units)
+    if collective in ("reducescatter", "allreduce", "reduce"):
+        # on a full-duplex fabric the reversed graph is the same graph: reduce along the broadcast trees
+        up = down if down is not None and topology.symmetric else pack(rank_graph(topology, reverse=True),
+                                                                       roots, cut.units)
+    in_chunks, out_chunks = chunk_counts(collective, p, p * block if collective == "allreduce" else block)
+    spare = in_chunks if collective == "reducescatter" else 0
+    extra = _spare_slots(up, cut)[1] * cut.per_unit if up is not None else 0
+    b = ScheduleBuilder(collective, p, in_chunks, out_chunks, scratch_chunks=spare + extra,
+                        root=options.root if rooted else None)
+    if collective in ("allgather", "broadcast"):
+        assert down is not None
+        _gather(b, down, cut, block, source="i")
     else:
-        loads = [topology.route_shares(u, v) for u, v in edges]
-        latency = [topology.route_latency(u, v) for u, v in edges]
-    return _solve(topology, roots, edges, loads, latency, solver)
+        assert up is not None
+        acc = "s" if collective == "reducescatter" else "o"
+        for rank in range(p):
+            b.copy(rank, Chunk("i", 0, in_chunks), Chunk(acc, 0, in_chunks))
+        _scatter(b, up, cut, block, acc, spare, _mirror(topology, up, cut, block, options.size_bytes))
+        if collective == "reducescatter":
+            for rank in range(p):
+                b.copy(rank, Chunk("s", rank * block, block), Chunk("o", 0, block))
+        if down is not None:
+            # the second phase has its own channel, so its messages never queue behind the first's; one, as
+            # depth channels gain nothing here (4x4x4 torus at 256 MiB: 92.3% of the bound either way) and
+            # with the first phase's traffic make the simulation 10x slower
+            _gather(b, down, cut, block, source="o", channel=1, step0=len(cut.shape), channels=1)
+    loads = [x.load for x in (down, up) if x is not None]
+    return b.build("treepack", {**options.as_dict(), "trees_per_root": cut.units,
+                                "pieces_per_tree": ":".join(map(str, cut.shape)),
+                                "load": round(max(loads), 6),
+                                "oracle": (down or up).oracle})  # type: ignore[union-attr]
 
 
-def pack_undirected(topology: Topology, solver: SolverOptions | None = None) -> Packing:
+# --------------------------------------------------------------------------- undirected trees (all-reduce)
+
+
+@dataclass(frozen=True, slots=True)
+class Undirected:
+    """Weighted undirected spanning trees: ``trees`` as (weight, parent map child -> parent from rank 0).
+
+    ``load`` is the busiest link's load per unit of data, counting each tree
+    edge both ways, in units of a link of the fastest bandwidth.
+    """
+
+    trees: tuple[tuple[float, dict[int, int]], ...]
+    load: float
+
+
+def pack_undirected(topology: Topology, solver: SolverOptions | None = None) -> Undirected:
     """Undirected spanning trees for all-reduce, every tree edge carrying data both ways.
 
     The fractional packing is found by column generation without duals: a
     multiplicative-weights pass (Garg and Koenemann, "Faster and simpler
     algorithms for multicommodity flow", FOCS 1998) repeatedly takes the minimum
     spanning tree under link prices that grow with each link's load, and a small
-    LP then weighs the trees found to minimise the busiest link's load.  Unlike
-    an arborescence LP this needs no decomposition step, which a greedy pass
-    cannot do exactly.
+    LP then weighs the trees found to minimise the busiest link's load.
     """
     p = topology.size
-    forward = _candidate_edges(topology, reverse=False)
-    pairs = sorted({(min(u, v), max(u, v)) for u, v in forward if topology.has_route(v, u)})
-    loads: list[dict[tuple[str, str], float]] = []
-    latency: list[float] = []
-    for u, v in pairs:
-        # the edge carries a piece up on channel 0 and back down on channel 1, which way round depends on
-        # where the tree is centred: each orientation counts half (they differ only where ECMP hashes)
-        both: dict[tuple[str, str], float] = {}
-        for a, b, channel in ((u, v, 0), (v, u, 1), (u, v, 1), (v, u, 0)):
-            for key, share in topology.route_shares(a, b, channel).items():
-                both[key] = both.get(key, 0.0) + share / 2
-        loads.append(both)
-        latency.append(topology.route_latency(u, v) + topology.route_latency(v, u))
-    links = sorted({key for shares in loads for key in shares})
-    top_bw = max(topology.link(*key).bandwidth for key in links)  # type: ignore[union-attr]
-    capacity = {key: topology.link(*key).bandwidth / top_bw for key in links}  # type: ignore[union-attr]
-    price = {key: 1.0 / capacity[key] for key in links}
-    # latency breaks ties between equally loaded trees, in favour of short hops
-    tie = [LATENCY_WEIGHT * lat / (max(latency) or 1.0) for lat in latency]
-    found: dict[tuple[int, ...], dict[tuple[str, str], float]] = {}
+    graph = rank_graph(topology, both_ways=True)
+    arc_of = {(int(u), int(v)): k for k, (u, v) in enumerate(zip(graph.tail, graph.head))}
+    pairs = sorted((u, v) for u, v in arc_of if u < v and (v, u) in arc_of)
+    both = [(arc_of[u, v], arc_of[v, u]) for u, v in pairs]
+    latency = np.array([graph.latency[a] + graph.latency[b] for a, b in both])
+    tie = 1.0 + LATENCY_WEIGHT * latency / (latency.max() or 1.0)
+    columns: dict[tuple[int, ...], np.ndarray] = {}
+    price = np.ones(len(graph.links))
     for _ in range(MWU_ROUNDS):
-        cost = [sum(price[key] * s for key, s in shares.items()) * (1.0 + t) for shares, t in zip(loads, tie)]
+        arc_price = graph.arc_prices(price)
+        cost = [(arc_price[a] + arc_price[b]) * t for (a, b), t in zip(both, tie)]
         chosen = _spanning_tree(p, pairs, cost)
         if chosen is None:
             raise NotApplicableError("tree packing: the ranks are not connected by routes both ways",
                                      fix="all-reduce tree packing needs full-duplex routes; try ring or mcf")
-        tree_load: dict[tuple[str, str], float] = {}
-        for e in chosen:
-            for key, share in loads[e].items():
-                tree_load[key] = tree_load.get(key, 0.0) + share
-        peak = max(tree_load[key] / capacity[key] for key in tree_load)
-        for key, amount in tree_load.items():
-            price[key] *= math.exp(MWU_STEP * amount / capacity[key] / peak)
-        found.setdefault(tuple(chosen), tree_load)
-    columns = list(found.values())
-    weights, load = _weigh(columns, capacity, solver)
+        load = graph.arc_loads([a for e in chosen for a in both[e]])
+        price *= np.exp(MWU_STEP * load / load.max())
+        columns.setdefault(tuple(chosen), load)
+    keys = list(columns)
+    loads = [columns[key] for key in keys]
+    weights, best = _weigh(loads, solver)
     # fewer trees pipeline better (each keeps more pieces in flight): keep the heaviest few that stay
     # within TREE_SLACK of the optimum
-    ranked = sorted(range(len(columns)), key=lambda j: -weights[j])
+    ranked = sorted(range(len(loads)), key=lambda j: -weights[j])
     lo, hi = 1, len(ranked)
-    best = (weights, load, list(range(len(columns))))
+    kept: tuple[list[float], float, list[int]] = (weights, best, list(range(len(loads))))
     while lo < hi:
         mid = (lo + hi) // 2
-        kept = ranked[:mid]
-        w, value = _weigh([columns[j] for j in kept], capacity, solver)
-        if value <= load * (1 + TREE_SLACK):
-            best, hi = (w, value, kept), mid
+        w, value = _weigh([loads[j] for j in ranked[:mid]], solver)
+        if value <= best * (1 + TREE_SLACK):
+            kept, hi = (w, value, ranked[:mid]), mid
         else:
             lo = mid + 1
-    w, value, kept = best
-    keys = list(found)
-    trees = [(w[n], _parent_map(p, [pairs[e] for e in keys[j]])) for n, j in enumerate(kept) if w[n] > MIN_TREE_WEIGHT]
+    w, value, chosen_columns = kept
+    trees = [(w[n], _parent_map(p, [pairs[e] for e in keys[j]])) for n, j in enumerate(chosen_columns)
+             if w[n] > MIN_TREE_WEIGHT]
     total = sum(x for x, _ in trees)
-    return Packing((0,), {0: [(x / total, parent) for x, parent in trees]}, value * total)
+    return Undirected(tuple((x / total, parent) for x, parent in trees), value * total)
 
 
-def _weigh(columns: list[dict[tuple[str, str], float]], capacity: dict[tuple[str, str], float],
-           solver: SolverOptions | None) -> tuple[list[float], float]:
+def _weigh(columns: list[np.ndarray], solver: SolverOptions | None) -> tuple[list[float], float]:
     """Tree weights summing to 1 that minimise the busiest link's load, and that load."""
     lp = LinearProgram()
     t = lp.var(cost=1.0)
     weight = [lp.var() for _ in columns]
     lp.add_eq([(w, 1.0) for w in weight], 1.0)
-    for key, cap in capacity.items():
-        terms = [(w, tree_load[key]) for w, tree_load in zip(weight, columns) if key in tree_load]
-        if terms:
-            lp.add_le([*terms, (t, -cap)], 0.0)
+    matrix = np.array(columns)
+    for link in range(matrix.shape[1]):
+        used = np.flatnonzero(matrix[:, link])
+        if len(used):
+            lp.add_le([*((weight[j], float(matrix[j, link])) for j in used), (t, -1.0)], 0.0)
     values = solve(lp, solver or DEFAULT_SOLVER).values
     return [float(values[w]) for w in weight], float(values[t])
 
@@ -233,102 +457,8 @@ def _spanning_tree(p: int, pairs: list[tuple[int, int]], cost: list[float]) -> l
     return chosen if len(chosen) == p - 1 else None
 
 
-def _parent_map(p: int, edges: list[tuple[int, int]]) -> dict[int, int]:
-    """The undirected tree ``edges`` as child -> parent from rank 0."""
-    tree = _bfs_tree(p, 0, [*edges, *((v, u) for u, v in edges)])
-    assert tree is not None  # a spanning tree spans
-    return tree
-
-
-def _solve(topology: Topology, roots: Sequence[int], edges: list[tuple[int, int]],
-           loads: list[dict[tuple[str, str], float]], latency: list[float],
-           solver: SolverOptions | None) -> Packing:
-    """The packing LP over candidate ``edges``, each loading links by ``loads[k]`` per unit of tree weight."""
-    p = topology.size
-    flows = len(roots) * (p - 1) * len(edges)
-    if flows > MAX_FLOW_VARIABLES:
-        raise NotApplicableError(
-            f"tree packing: its LP would have {flows:,} flow variables ({len(roots)} roots x {p - 1} destinations"
-            f" x {len(edges)} edges), above {MAX_FLOW_VARIABLES:,}", fix="use multitree or hierarchical here")
-    out_edges: dict[int, list[int]] = {u: [] for u in range(p)}
-    in_edges: dict[int, list[int]] = {u: [] for u in range(p)}
-    for k, (u, v) in enumerate(edges):
-        out_edges[u].append(k)
-        in_edges[v].append(k)
-    links = sorted({key for shares in loads for key in shares})  # sorted: the row order must not follow str hashes
-    top_bw = max(topology.link(*key).bandwidth for key in links)  # type: ignore[union-attr]
-    scale = max(latency) or 1.0
-
-    lp = LinearProgram()
-    t = lp.var(cost=1.0)
-    x = {(r, k): lp.var(cost=LATENCY_WEIGHT * latency[k] / scale) for r in roots for k in range(len(edges))}
-    for r in roots:
-        for d in range(p):
-            if d == r:
-                continue
-            flow = [lp.var() for _ in edges]
-            for k in range(len(edges)):
-                lp.add_le([(flow[k], 1.0), (x[r, k], -1.0)], 0.0)
-            for node in range(p):
-                if node == r:
-                    continue
-                # inflow - outflow = 1 at d, 0 elsewhere (the source balances itself)
-                terms = [(flow[k], 1.0) for k in in_edges[node]] + [(flow[k], -1.0) for k in out_edges[node]]
-                lp.add_eq(terms, 1.0 if node == d else 0.0)
-    usage: dict[tuple[str, str], list[tuple[int, float]]] = {key: [] for key in links}
-    for k, shares in enumerate(loads):
-        for key, share in shares.items():
-            usage[key].extend((x[r, k], share) for r in roots)
-    for key, terms in usage.items():
-        capacity = topology.link(*key).bandwidth / top_bw  # type: ignore[union-attr]
-        lp.add_le([*terms, (t, -capacity)], 0.0)
-    solver = solver or DEFAULT_SOLVER
-    solution = solve(lp, solver)
-    if not solution.optimal:  # stopped at its limit: the point need not hold a unit flow to every rank
-        raise NotApplicableError(f"tree packing: {solver.backend} did not solve its LP ({flows:,} flow variables)"
-                                 f" within {solver.time_limit_s:g} s", fix="use multitree or hierarchical here")
-    values = solution.values
-    trees: dict[int, list[tuple[float, dict[int, int]]]] = {}
-    for r in roots:
-        capacity = {edges[k]: values[x[r, k]] for k in range(len(edges)) if values[x[r, k]] > 1e-9}
-        trees[r] = _decompose(p, r, capacity)
-    return Packing(tuple(roots), trees, float(values[t]))
-
-
-def _decompose(p: int, root: int, capacity: dict[tuple[int, int], float]) -> list[tuple[float, dict[int, int]]]:
-    """Greedy arborescence decomposition: repeatedly take the widest shallow spanning tree in what is left."""
-    trees: list[tuple[float, dict[int, int]]] = []
-    remaining = dict(capacity)
-    total = 0.0
-    while total < 1.0 - 1e-6:
-        levels = sorted({w for w in remaining.values() if w > 1e-9}, reverse=True)
-        found = None
-        # widest threshold at which the edges still span every rank from the root
-        lo, hi = 0, len(levels) - 1
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            parent = _bfs_tree(p, root, [e for e, w in remaining.items() if w >= levels[mid] - 1e-12])
-            if parent is not None:
-                found = (levels[mid], parent)
-                hi = mid - 1
-            else:
-                lo = mid + 1
-        if found is None:
-            break
-        width, parent = found
-        weight = min(width, 1.0 - total)
-        for child, par in parent.items():
-            remaining[(par, child)] -= weight
-        trees.append((weight, parent))
-        total += weight
-        if len(trees) > 4 * p:
-            break
-    if not trees:
-        raise NotApplicableError("tree packing found no spanning tree (the LP solution is degenerate)")
-    return [(w / total, parent) for w, parent in trees]
-
-
 def _bfs_tree(p: int, root: int, edges: list[tuple[int, int]]) -> dict[int, int] | None:
+    """Child -> parent of a breadth-first tree from ``root`` over directed ``edges``; None unless it spans."""
     adjacency: dict[int, list[int]] = {}
     for u, v in edges:
         adjacency.setdefault(u, []).append(v)
@@ -345,28 +475,15 @@ def _bfs_tree(p: int, root: int, edges: list[tuple[int, int]]) -> dict[int, int]
     return parent if len(seen) == p else None
 
 
-def _assign_pieces(trees: list[tuple[float, dict[int, int]]], pieces: int) -> list[tuple[dict[int, int], int]]:
-    """Largest-remainder split of ``pieces`` among trees by weight: (tree, how many pieces)."""
-    quotas = [w * pieces for w, _ in trees]
-    counts = [int(q) for q in quotas]
-    for i in sorted(range(len(trees)), key=lambda i: counts[i] - quotas[i])[: pieces - sum(counts)]:
-        counts[i] += 1
-    return [(parent, n) for (_, parent), n in zip(trees, counts) if n]
+def _parent_map(p: int, edges: list[tuple[int, int]]) -> dict[int, int]:
+    """The undirected tree ``edges`` as child -> parent from rank 0."""
+    tree = _bfs_tree(p, 0, [*edges, *((v, u) for u, v in edges)])
+    assert tree is not None  # a spanning tree spans
+    return tree
 
 
-def _tree_pieces(packing: Packing, pieces: int) -> Iterator[tuple[int, list[tuple[int, int]], int]]:
-    """(root, the tree's edges from the root outward, piece index) for every piece of every root."""
-    for r in packing.roots:
-        j = 0
-        for parent, n in _assign_pieces(packing.trees[r], pieces):
-            order = _bfs_order(parent, r)
-            for piece in range(j, j + n):
-                yield r, order, piece
-            j += n
-
-
-def _bfs_order(parent: dict[int, int], root: int) -> list[tuple[int, int]]:
-    """Tree edges (parent, child) from the root outward."""
+def _outward(parent: dict[int, int], root: int) -> list[tuple[int, int]]:
+    """Tree edges (parent, child) from the root outward, breadth first."""
     children: dict[int, list[int]] = {}
     for child, par in parent.items():
         children.setdefault(par, []).append(child)
@@ -377,22 +494,6 @@ def _bfs_order(parent: dict[int, int], root: int) -> list[tuple[int, int]]:
             order.append((u, v))
             queue.append(v)
     return order
-
-
-def _pieces(options: Options, p: int) -> int:
-    if options.pipeline:
-        return options.pipeline
-    per_root = options.size_bytes / p
-    # enough pieces to follow the tree weights and pipeline down the trees, but not tiny messages
-    return max(1, min(32, int(per_root // (256 << 10)) or 1))
-
-
-def _allreduce_pieces(options: Options) -> int:
-    if options.pipeline:
-        return options.pipeline
-    # pieces of ALLREDUCE_PIECE_BYTES: enough to follow the tree weights and to keep a tree's pipeline
-    # (reduce up, broadcast down: twice its depth) short against its share of the pieces
-    return max(1, min(MAX_ALLREDUCE_PIECES, options.size_bytes // ALLREDUCE_PIECE_BYTES))
 
 
 def _centred(topology: Topology, parent: dict[int, int]) -> list[tuple[int, int]]:
@@ -418,7 +519,16 @@ def _centred(topology: Topology, parent: dict[int, int]) -> list[tuple[int, int]
     root = min(sorted(adjacency), key=eccentricity)
     rerooted = _bfs_tree(len(adjacency), root, [(u, v) for u in adjacency for v in adjacency[u]])
     assert rerooted is not None  # a spanning tree spans
-    return _bfs_order(rerooted, root)
+    return _outward(rerooted, root)
+
+
+def _assign_pieces(weights: list[float], pieces: int) -> list[int]:
+    """Largest-remainder split of ``pieces`` among trees by weight: how many pieces each tree carries."""
+    quotas = [w * pieces for w in weights]
+    counts = [int(q) for q in quotas]
+    for i in sorted(range(len(weights)), key=lambda i: counts[i] - quotas[i])[: pieces - sum(counts)]:
+        counts[i] += 1
+    return counts
 
 
 def _interleave(counts: list[int]) -> list[int]:
@@ -427,20 +537,26 @@ def _interleave(counts: list[int]) -> list[int]:
     return [i for _, i in slots]
 
 
-def _allreduce(topology: Topology, options: Options) -> Schedule:
+def _undirected_pieces(p: int, options: Options) -> int:
+    """Pieces of :data:`ALLREDUCE_PIECE_BYTES`, at most what :data:`MAX_TRANSFERS` allows (2 (p-1) each)."""
+    if options.pipeline:
+        return options.pipeline
+    return max(1, min(MAX_TRANSFERS // (2 * (p - 1)), options.size_bytes // ALLREDUCE_PIECE_BYTES))
+
+
+def _allreduce(topology: Topology, packing: Undirected, options: Options) -> Schedule:
     """All-reduce over undirected packed trees: each piece reduced up its tree, then broadcast down it."""
     p = topology.size
-    packing = pack_undirected(topology)
-    trees = packing.trees[packing.roots[0]]
-    k = _allreduce_pieces(options)
-    assigned = _assign_pieces(trees, k)
-    orders = [_centred(topology, parent) for parent, _ in assigned]
+    k = _undirected_pieces(p, options)
+    counts = _assign_pieces([w for w, _ in packing.trees], k)
+    used = [(parent, n) for (_, parent), n in zip(packing.trees, counts) if n]
+    orders = [_centred(topology, parent) for parent, _ in used]
     b = ScheduleBuilder("allreduce", p, k, k)
     for rank in range(p):
         b.copy(rank, Chunk("i", 0, k), Chunk("o", 0, k))
     window = max(WINDOW, round(WINDOW * (k / 1024) ** 0.7))
     done: list[list[int]] = [[] for _ in range(p)]  # per rank, its last op on each piece, in piece order
-    for c, i in enumerate(_interleave([n for _, n in assigned])):
+    for c, i in enumerate(_interleave([n for _, n in used])):
         piece = Chunk("o", c)
         for par, child in reversed(orders[i]):  # deepest edges first: a node has all its children's sums
             gate = done[child][-window:-window + 1] if len(done[child]) >= window else []
@@ -451,55 +567,27 @@ def _allreduce(topology: Topology, options: Options) -> Schedule:
             b.send(par, child, piece, step=1, channel=1)
             done[child].append(b.recv(child, par, piece, step=1, channel=1))
         done[root].append(len(b.programs[root]) - 1)
-    return b.build("treepack", {**options.as_dict(), "pieces": k, "trees": len(assigned),
-                                "lp_load": round(packing.load, 6)})
+    return b.build("treepack", {**options.as_dict(), "pieces": k, "trees": len(used),
+                                "load": round(packing.load, 6)})
 
 
 def treepack(topology: Topology, collective: str, options: Options) -> Schedule:
-    """Tree-packing schedule for ``collective`` (see the module docstring)."""
+    """Tree-packing schedule for ``collective`` (see the module docstring).
+
+    >>> treepack(load_topology("topologies/ndv2-2chassis.yaml"), "allgather", Options())  # doctest: +SKIP
+    """
     p = topology.size
-    if p > MAX_RANKS:
-        raise NotApplicableError(f"tree packing solves an LP per rank pair; {p} ranks exceed {MAX_RANKS}",
-                                 fix="use hierarchical or multitree at this scale")
     if p == 1:
         raise NotApplicableError("tree packing needs at least two ranks")
-    if collective == "allreduce" and topology.symmetric:
-        return _allreduce(topology, options)
-    k = _pieces(options, p)
-    rooted = collective in ("broadcast", "reduce")
-    roots = [options.root] if rooted else list(range(p))
-    if rooted and k < 4:
-        k = 4
-    in_chunks, out_chunks = chunk_counts(collective, p, p * k if collective == "allreduce" else k)
-    b = ScheduleBuilder(collective, p, in_chunks, out_chunks, scratch_chunks=in_chunks if collective ==
-                        "reducescatter" else 0, root=options.root if rooted else None)
-    down = pack_trees(topology, roots) if collective in ("allgather", "allreduce", "broadcast") else None
-    up = None
-    if collective in ("reducescatter", "allreduce", "reduce"):
-        # on a full-duplex fabric the reversed LP is the same LP: reduce along the broadcast trees
-        up = down if down is not None and topology.symmetric else pack_trees(topology, roots, reverse=True)
+    if collective == "allreduce" and topology.symmetric and _undirected_pieces(p, options) >= min(
+            MIN_UNDIRECTED_PIECES, max(1, options.size_bytes // ALLREDUCE_PIECE_BYTES)):
+        undirected = pack_undirected(topology)
+        cut = _cut(p, 2 * p, options.size_bytes / p, options)
+        rooted = pack(rank_graph(topology), range(p), cut.units)
+        # reduce-scatter + all-gather move 2 blocks of N/p per root over the rooted trees
+        gain = 1 + 1e-9 if p <= UNDIRECTED_TIES_UP_TO else UNDIRECTED_GAIN
+        if undirected.load < gain * 2 * rooted.load / p:
+            return _allreduce(topology, undirected, options)
+        return _rooted(topology, collective, options, rooted)
+    return _rooted(topology, collective, options)
 
-    def piece_chunk(r: int, j: int) -> int:
-        return j if rooted else r * k + j
-
-    # every rank starts with its own data in the buffer the trees reduce into / forward from
-    acc = "s" if collective == "reducescatter" else "o"
-    if collective != "allgather":
-        for rank in range(p):
-            b.copy(rank, Chunk("i", 0, in_chunks), Chunk(acc, 0, in_chunks))
-    if up is not None:
-        for r, order, piece in _tree_pieces(up, k):
-            c = piece_chunk(r, piece)
-            for par, child in reversed(order):  # deepest edges first: a node has all its children's sums
-                b.transfer(child, par, Chunk(acc, c), Chunk(acc, c), reduce=True, step=0)
-            if collective == "reducescatter":
-                b.copy(r, Chunk("s", c), Chunk("o", piece), step=0)
-    if down is not None:
-        for r, order, piece in _tree_pieces(down, k):
-            c = piece_chunk(r, piece)
-            if collective == "allgather":
-                b.copy(r, Chunk("i", piece), Chunk("o", c))
-            for par, child in order:
-                b.transfer(par, child, Chunk("o", c), Chunk("o", c), step=1)
-    load = max(x.load for x in (down, up) if x is not None)
-    return b.build("treepack", {**options.as_dict(), "pieces": k, "lp_load": round(load, 6)})
