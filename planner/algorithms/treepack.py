@@ -68,6 +68,10 @@ __all__ = ["Undirected", "pack_undirected", "treepack"]
 #: Tree edges x pieces per schedule (each a send and a receive): what bounds compile and simulation time.
 #: 2^15 transfers are about 65k operations, a few seconds of simulation on 2 cores.
 MAX_TRANSFERS = 1 << 15
+#: Transfers with one piece per root (p (p-1) per phase) are the least a tree schedule needs; above this
+#: many the schedule would take minutes to simulate and prove, and treepack declines (all-reduce beyond
+#: about 360 ranks, all-gather and reduce-scatter beyond about 510).
+MAX_LEAST_TRANSFERS = 1 << 18
 #: Spanning trees per root, when the budget allows: more trees let the packing follow fractional optima
 #: (torus-4x4: 16 with one tree per root, the optimum 15 with four; dgx-a100-4node: the optimum with one).
 #: A lone root (broadcast, reduce) needs more to use every link into a host (dgx-a100-4node broadcast:
@@ -579,6 +583,11 @@ def treepack(topology: Topology, collective: str, options: Options) -> Schedule:
     p = topology.size
     if p == 1:
         raise NotApplicableError("tree packing needs at least two ranks")
+    least = p * (p - 1) * (2 if collective == "allreduce" else 1 if collective in ("allgather", "reducescatter")
+                           else 0)
+    if least > MAX_LEAST_TRANSFERS:
+        raise NotApplicableError(f"tree packing needs at least {least:,} transfers for {collective} on {p} ranks, "
+                                 f"more than {MAX_LEAST_TRANSFERS:,}", fix="use hierarchical at this scale")
     if collective == "allreduce" and topology.symmetric and _undirected_pieces(p, options) >= min(
             MIN_UNDIRECTED_PIECES, max(1, options.size_bytes // ALLREDUCE_PIECE_BYTES)):
         undirected = pack_undirected(topology)
