@@ -433,7 +433,7 @@ def _simulate(topology: Topology, schedule: Schedule, size_bytes: int, record: b
         complete(recv, now)
         if on_message is not None:
             src, dst = op_rank[send], op_rank[recv]
-            latency = net.route(topology, src, dst)[1]
+            latency = conn_route[conn_of[send]][1]
             on_message(src, send - base[src], dst, recv - base[dst], msg_start.pop(send), now - latency, now)
 
     def drain(now: float) -> None:
