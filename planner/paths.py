@@ -32,6 +32,9 @@ __all__ = ["CHANNEL_CHOICES", "assign_paths", "connection_chunks", "recorded_pat
 #: Under ECMP, the channel numbers :func:`spread_channels` tries for a connection: each hashes anew, so a
 #: pair with k equal-cost paths finds each of them among a few dozen channels with high probability.
 CHANNEL_CHOICES = 32
+#: Route lookups :func:`spread_channels` spends at most (each a hashed walk): schedules of many connections
+#: (an all-pairs exchange on 64 ranks: 4032) try fewer channels each, so spreading costs well under a second.
+SPREAD_LOOKUPS = 20_000
 
 
 def connection_chunks(schedule: Schedule) -> dict[tuple[int, int, int], int]:
@@ -109,7 +112,7 @@ def spread_channels(topology: Topology, schedule: Schedule) -> Schedule:
     """``schedule`` with its connections' channels renumbered so that ECMP hashes them onto spread paths.
 
     Each pair's channels map one to one onto new numbers (below
-    :data:`CHANNEL_CHOICES`, or the old one), sends and receives alike, so every
+    :data:`CHANNEL_CHOICES` and a few, or the old one), sends and receives alike, so every
     message still meets its partner in the same order and the schedule computes
     the same thing.  Connections with one path load their links first; then,
     heaviest first, each connection takes the free channel whose hashed path
@@ -131,13 +134,17 @@ def spread_channels(topology: Topology, schedule: Schedule) -> Schedule:
     if not choosable:
         return schedule
     bandwidth = {(link.src, link.dst): link.bandwidth for link in topology.links}
+    if not _could_gain(topology, schedule, load, choosable, bandwidth):
+        return schedule
     taken: dict[tuple[int, int], set[int]] = {}
     renumber: dict[tuple[int, int, int], int] = {}
     choosable.sort(key=lambda item: (-item[0], item[1]))
+    tries = max(2, min(CHANNEL_CHOICES, SPREAD_LOOKUPS // len(choosable)))
     for chunks, (src, dst, channel) in choosable:
         used = taken.setdefault((src, dst), set())
         best: tuple[tuple[float, float], int, dict[tuple[str, str], float]] | None = None
-        for candidate in (channel, *range(CHANNEL_CHOICES)):
+        # the pair's connections need as many free numbers as there are of them, beyond the tries
+        for candidate in (channel, *range(tries + len(used))):
             if candidate in used or (candidate == channel and best is not None):
                 continue
             shares = topology.route_shares(src, dst, candidate)
@@ -166,3 +173,26 @@ def spread_channels(topology: Topology, schedule: Schedule) -> Schedule:
             ops.append(op if new == op.channel else replace(op, channel=new))
         programs.append(tuple(ops))
     return replace(schedule, programs=tuple(programs))
+
+
+def _could_gain(topology: Topology, schedule: Schedule, fixed: dict[tuple[str, str], float],
+                choosable: list[tuple[int, tuple[int, int, int]]], bandwidth: dict[tuple[str, str], float]) -> bool:
+    """Whether spreading might unload the busiest link: with the choosable connections split evenly over
+    their paths, the busiest link would carry less than it does with the channels as they are.
+
+    A cheap test (one route lookup per connection, where spreading tries
+    :data:`CHANNEL_CHOICES`): a schedule whose busiest link lies on every path
+    of its pairs (a NIC, a host's own uplink) is left alone.
+    """
+    now = dict(fixed)
+    even = dict(fixed)
+    for chunks, (src, dst, channel) in choosable:
+        for link, share in topology.route_shares(src, dst, channel).items():
+            now[link] = now.get(link, 0.0) + share * chunks
+        paths = topology.routes(src, dst)
+        for path in paths:
+            for link in path:
+                key = (link.src, link.dst)
+                even[key] = even.get(key, 0.0) + chunks / len(paths)
+    busiest = max(v / bandwidth[key] for key, v in now.items())
+    return max(v / bandwidth[key] for key, v in even.items()) < busiest * (1 - 1e-6)
