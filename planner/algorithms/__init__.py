@@ -63,7 +63,7 @@ class Algorithm:
     #: solver as a model of that size), so at scale it loses to the hierarchical ones and costs minutes.
     auto_max_ranks: int | None = None
     #: ``auto`` races the algorithms tier by tier, cheapest to build first, and stops before the next tier
-    #: once its best is within :data:`planner.compile.GOOD_ENOUGH` of the lower bound (the costly builders,
+    #: once its best reaches :data:`planner.compile.GOOD_ENOUGH` of the lower bound (the costly builders,
     #: tree packing, MultiTree and the flow LP, take seconds to minutes where the others take well under one).
     auto_tier: int = 0
 

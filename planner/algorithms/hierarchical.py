@@ -264,10 +264,10 @@ def _piece_runs(buffer: str, owners: Sequence[int], units: int, offset: int, cou
 def hierarchical(topology: Topology, collective: str, options: Options) -> Schedule:
     """Pipelined BlueConnect schedule for allreduce, reducescatter or allgather.
 
-    ``options.pipeline`` sets the number of slices (all-reduce: equal ones, by
-    default about :data:`_SLICE_BYTES` each, at most :data:`_MAX_CHUNKS` chunks;
-    reduce-scatter and all-gather: shaped by :func:`_slice_shape`, by default as
-    many as :func:`_stage_slices` allows); ``options.extra["window"]`` sets the
+    ``options.pipeline`` sets the number of slices (all-reduce: equal ones; by
+    default shaped by :func:`_slice_shape`, over twice the chunks of equal ones
+    of about :data:`_SLICE_BYTES`, at most :data:`_MAX_CHUNKS`; reduce-scatter
+    and all-gather: shaped, by default as many as :func:`_stage_slices` allows); ``options.extra["window"]`` sets the
     flow control's window (reduce-scatter: 1; 0 turns it off);
     ``options.extra["stage_method"]`` (``ring`` or ``halving-doubling``) forces
     the method of every level whose size allows it.
@@ -301,12 +301,25 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
         cap = max(1, _MAX_CHUNKS * (2 if options.size_bytes >= _LARGE_BYTES else 1) // p)
         slices = max(1, options.pipeline) if options.pipeline is not None else max(
             1, min(cap, round(options.size_bytes / _SLICE_BYTES)))
-        b = ScheduleBuilder(collective, p, p * slices, p * slices, relay=relay)
+        # by default shaped slices (see :func:`_slice_shape`) over up to twice the chunks of equal ones: as
+        # fast within a point, with a fraction of the slices, so of the operations (dgx-a100-4node at 256 MiB:
+        # 98.6% of the bound with 44k operations; 128 equal slices: 99.2% with 164k)
+        ar_shape = (1,) * slices
+        if options.pipeline is None:
+            n = 1
+            while sum(_slice_shape(n + 1)) <= 2 * slices:
+                n += 1
+            ar_shape = _slice_shape(n)
+        slices, units = len(ar_shape), sum(ar_shape)
+        ar_off = [sum(ar_shape[:j]) for j in range(slices)]
+        meta["slice_shape"] = ":".join(map(str, ar_shape))
+        b = ScheduleBuilder(collective, p, p * units, p * units, relay=relay)
         for r in range(p):
-            b.copy(r, Chunk("i", 0, p * slices), Chunk("o", 0, p * slices))
+            b.copy(r, Chunk("i", 0, p * units), Chunk("o", 0, p * units))
 
         def refs(j: int, lo: int, hi: int) -> list[Chunk]:
-            return [Chunk("o", j * p + lo, hi - lo)]
+            # slice j holds chunks p * ar_off[j] ... of every virtual block, ar_shape[j] each, block-major
+            return [Chunk("o", p * ar_off[j] + lo * ar_shape[j], (hi - lo) * ar_shape[j])]
     else:
         # every rank's block is cut into the slices of ``shape`` (in chunks); slice j of virtual blocks
         # lo..hi is that piece of each of their owners' blocks

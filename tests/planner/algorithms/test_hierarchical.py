@@ -119,8 +119,9 @@ def test_pipelined_schedules_verify_on_shipped_clusters(name: str, pipeline: int
     extra = {"stage_method": method} if method else {}
     schedule = hierarchical(topology, "allreduce", Options(size_bytes=16 << 20, pipeline=pipeline, extra=extra))
     check_schedule(topology, schedule, "allreduce", "hierarchical")
-    slices = schedule.metadata.options["pipeline"]
-    assert schedule.output_chunks == topology.size * slices
+    shape = [int(x) for x in schedule.metadata.options["slice_shape"].split(":")]
+    assert len(shape) == schedule.metadata.options["pipeline"]
+    assert schedule.output_chunks == topology.size * sum(shape)
     if method is not None:
         sizes = [int(level.split(":")[1]) for level in schedule.metadata.options["levels"]]
         for size, used in zip(sizes, schedule.metadata.options["methods"]):
