@@ -39,6 +39,14 @@ ranks behind one switch this is the familiar 2(p-1)/p N/B (Patarasuk & Yuan,
 allgather cut" on groups of equal size and capacity, and unlike that per-cut
 rule stays valid on uneven topologies (a fast rank can reduce for slow ones).
 
+All-gather and reduce-scatter also get a routed per-rank bound (up to
+:data:`ROUTED_PARTITION_RANKS` ranks): every rank must receive (all-gather) or
+send (reduce-scatter) (p-1)N/p bytes, all at once, and an LP over the same
+routed rates finds the most each rank can get while all do
+(:func:`_routed_rank_rate`).  The cut through one rank's links counts capacity
+that no route reaches: a DGX-1 GPU's PCIe link carries only messages that also
+cross the CPUs' 6 GB/s interconnect, so 151.5 GB/s per GPU, not 166.
+
 Relayed schedules are bound as well.  A transfer between ranks without a
 GPU-free route is relayed (:mod:`planner.relay`): one ordinary message per hop,
 each between ranks that have a route, the relay receiving and then sending.
@@ -439,6 +447,65 @@ def _routed_crossings(topology: Topology, group_of: dict[int, int]) -> float | N
     return -solution.objective * scale * (1 + 1e-9)  # the margin keeps rounding on the safe side
 
 
+def _routed_rank_rate(topology: Topology, inbound: bool) -> float | None:
+    """The largest rate every rank can receive at at once (``inbound``; else send at), over the routes.
+
+    An LP over the same rate variables as :func:`_routed_crossings` (every rank
+    pair with a route; any split over a pair's cheapest paths where the
+    schedule can choose), maximising ``t`` such that each rank's total inbound
+    (outbound) rate is at least ``t`` while every link stays within its
+    bandwidth.  A schedule in which every rank receives (sends) ``D`` bytes in
+    time ``T`` averages such rates ``D / T``, so ``T >= D / t``.  Unlike the cut
+    through each rank's links it sees capacity that no route reaches (a
+    DGX-1's PCIe links into a GPU carry only messages that also cross the CPUs'
+    interconnect).  None unless solved to optimality.
+    """
+    p = topology.size
+    lp = LinearProgram()
+    t = lp.var(cost=-1.0)
+    usage: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    per_rank: list[list[tuple[int, float]]] = [[] for _ in range(p)]
+    for a in range(p):
+        targets = [b for b in range(p) if b != a and topology.has_route(a, b)]
+        if not targets:
+            continue
+        if topology.routing not in PER_CONNECTION:
+            for b in targets:
+                rate = lp.var()
+                per_rank[b if inbound else a].append((rate, 1.0))
+                for key, share in topology.route_shares(a, b).items():
+                    usage.setdefault(key, []).append((rate, share))
+            continue
+        links = sorted({(ln.src, ln.dst) for b in targets for ln in topology.equal_cost_links(a, b)})
+        flow = {key: lp.var() for key in links}
+        balance: dict[str, list[tuple[int, float]]] = {}  # inflow - outflow - delivered = 0 at every device
+        for key, var in flow.items():
+            usage.setdefault(key, []).append((var, 1.0))
+            balance.setdefault(key[0], []).append((var, -1.0))
+            balance.setdefault(key[1], []).append((var, 1.0))
+        for b in targets:
+            delivered = lp.var()
+            balance[topology.ranks[b]].append((delivered, -1.0))
+            per_rank[b if inbound else a].append((delivered, 1.0))
+        del balance[topology.ranks[a]]  # the source emits freely
+        for terms in balance.values():
+            lp.add_eq(terms, 0.0)
+    if not usage or not all(per_rank):
+        return None
+    for terms in per_rank:
+        lp.add_le([(t, 1.0), *((var, -1.0) for var, _ in terms)], 0.0)
+    scale = max(link.bandwidth for link in topology.links)  # rates in units of the fastest link
+    for key in sorted(usage):
+        lp.add_le(usage[key], topology.link(*key).bandwidth / scale)  # type: ignore[union-attr]
+    try:
+        solution = solve(lp, SolverOptions(backend="glop", time_limit_s=ROUTED_PARTITION_SECONDS))
+    except (InfeasibleError, NotApplicableError):  # no time, or no solver installed: no refinement
+        return None
+    if not solution.optimal:
+        return None
+    return -solution.objective * scale * (1 + 1e-9)  # the margin keeps rounding on the safe side
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
@@ -509,6 +576,17 @@ def lower_bound(topology: Topology, collective: str, size_bytes: int, root: int 
                 bw, lt = _term(need, cap, lat)
                 if bw + lt > best[0]:
                     best = (bw + lt, bw, lt, f"{part.label}: 2(m-1)N over {format_bandwidth(cap)} {way}")
+
+    if collective in ("allgather", "reducescatter") and p <= ROUTED_PARTITION_RANKS:
+        # every rank receives the others' blocks (all-gather), or sends its contributions to them
+        inbound = collective == "allgather"
+        rate = topology.derived(f"bounds.routed_rank_rate.{'in' if inbound else 'out'}",
+                                lambda: _routed_rank_rate(topology, inbound))
+        if rate is not None:
+            bw, _ = _term(n * (p - 1) / p, rate, 0.0)
+            if bw > best[0]:
+                best = (bw, bw, 0.0, f"every rank {'receiving' if inbound else 'sending'} (p-1)N/p at once: "
+                                     f"{format_bandwidth(rate)} each over the routes")
 
     if collective == "broadcast":
         dist = family.from_rank(root)

@@ -10,15 +10,31 @@ path whose busiest link would then carry the least (the weight
 :func:`recorded_paths` is how the simulator and :func:`planner.compile.link_time`
 see them: a connection with a record takes it where the fabric honours it, any
 other the topology's routing (:meth:`planner.topology.Topology.connection_paths`).
+
+Under ``ecmp`` the sender cannot name a path, but the switches hash each
+connection, channel included, onto one of the pair's equal-cost paths, so
+renumbering a pair's channels moves its connections between paths (NCCL's
+channels are separate queue pairs, each with its own source port).
+:func:`spread_channels` renumbers them with the same greedy, so that the
+connections of a schedule do not collide on a few uplinks while others idle.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from planner.errors import SimulationError
 from planner.topology import Link, Topology
 from runtime.schedule import PathChoice, Schedule
 
-__all__ = ["assign_paths", "connection_chunks", "recorded_paths"]
+__all__ = ["CHANNEL_CHOICES", "assign_paths", "connection_chunks", "recorded_paths", "spread_channels"]
+
+#: Under ECMP, the channel numbers :func:`spread_channels` tries for a connection: each hashes anew, so a
+#: pair with k equal-cost paths finds each of them among a few dozen channels with high probability.
+CHANNEL_CHOICES = 32
+#: Route lookups :func:`spread_channels` spends at most (each a hashed walk): schedules of many connections
+#: (an all-pairs exchange on 64 ranks: 4032) try fewer channels each, so spreading costs well under a second.
+SPREAD_LOOKUPS = 20_000
 
 
 def connection_chunks(schedule: Schedule) -> dict[tuple[int, int, int], int]:
@@ -90,3 +106,93 @@ def assign_paths(topology: Topology, schedule: Schedule) -> Schedule:
             load[(link.src, link.dst)] = load.get((link.src, link.dst), 0.0) + chunks
         choices.append(PathChoice(src, dst, channel, tuple(link.dst for link in best[:-1])))
     return schedule.with_paths(choices)
+
+
+def spread_channels(topology: Topology, schedule: Schedule) -> Schedule:
+    """``schedule`` with its connections' channels renumbered so that ECMP hashes them onto spread paths.
+
+    Each pair's channels map one to one onto new numbers (below
+    :data:`CHANNEL_CHOICES` and a few, or the old one), sends and receives alike, so every
+    message still meets its partner in the same order and the schedule computes
+    the same thing.  Connections with one path load their links first; then,
+    heaviest first, each connection takes the free channel whose hashed path
+    would leave its busiest link least loaded, then the least loaded path
+    overall, keeping its own channel on a tie.  Other routings, and schedules
+    with no pair that has a choice, come back unchanged.
+    """
+    if topology.routing != "ecmp":
+        return schedule
+    load: dict[tuple[str, str], float] = {}
+    choosable: list[tuple[int, tuple[int, int, int]]] = []
+    for key, chunks in connection_chunks(schedule).items():
+        src, dst, channel = key
+        if topology.has_route(src, dst) and topology.route_key(src, dst, 1) != (src, dst, 0):
+            choosable.append((chunks, key))
+            continue
+        for link, share in topology.route_shares(src, dst, channel).items():
+            load[link] = load.get(link, 0.0) + share * chunks
+    if not choosable:
+        return schedule
+    bandwidth = {(link.src, link.dst): link.bandwidth for link in topology.links}
+    if not _could_gain(topology, schedule, load, choosable, bandwidth):
+        return schedule
+    taken: dict[tuple[int, int], set[int]] = {}
+    renumber: dict[tuple[int, int, int], int] = {}
+    choosable.sort(key=lambda item: (-item[0], item[1]))
+    tries = max(2, min(CHANNEL_CHOICES, SPREAD_LOOKUPS // len(choosable)))
+    for chunks, (src, dst, channel) in choosable:
+        used = taken.setdefault((src, dst), set())
+        best: tuple[tuple[float, float], int, dict[tuple[str, str], float]] | None = None
+        # the pair's connections need as many free numbers as there are of them, beyond the tries
+        for candidate in (channel, *range(tries + len(used))):
+            if candidate in used or (candidate == channel and best is not None):
+                continue
+            shares = topology.route_shares(src, dst, candidate)
+            after = [(load.get(link, 0.0) + share * chunks) / bandwidth[link] for link, share in shares.items()]
+            cost = (max(after, default=0.0), sum(after))
+            if best is None or cost < best[0]:
+                best = (cost, candidate, shares)
+        assert best is not None  # the old channel is free until some connection of the pair takes it
+        _, chosen, shares = best
+        used.add(chosen)
+        renumber[(src, dst, channel)] = chosen
+        for link, share in shares.items():
+            load[link] = load.get(link, 0.0) + share * chunks
+    if all(new == key[2] for key, new in renumber.items()):
+        return schedule
+    programs = []
+    for rank, program in enumerate(schedule.programs):
+        ops = []
+        for op in program:
+            if op.kind == "send":
+                new = renumber.get((rank, op.peer, op.channel), op.channel)  # type: ignore[arg-type]
+            elif op.kind in ("recv", "recv_reduce"):
+                new = renumber.get((op.peer, rank, op.channel), op.channel)  # type: ignore[arg-type]
+            else:
+                new = op.channel
+            ops.append(op if new == op.channel else replace(op, channel=new))
+        programs.append(tuple(ops))
+    return replace(schedule, programs=tuple(programs))
+
+
+def _could_gain(topology: Topology, schedule: Schedule, fixed: dict[tuple[str, str], float],
+                choosable: list[tuple[int, tuple[int, int, int]]], bandwidth: dict[tuple[str, str], float]) -> bool:
+    """Whether spreading might unload the busiest link: with the choosable connections split evenly over
+    their paths, the busiest link would carry less than it does with the channels as they are.
+
+    A cheap test (one route lookup per connection, where spreading tries
+    :data:`CHANNEL_CHOICES`): a schedule whose busiest link lies on every path
+    of its pairs (a NIC, a host's own uplink) is left alone.
+    """
+    now = dict(fixed)
+    even = dict(fixed)
+    for chunks, (src, dst, channel) in choosable:
+        for link, share in topology.route_shares(src, dst, channel).items():
+            now[link] = now.get(link, 0.0) + share * chunks
+        paths = topology.routes(src, dst)
+        for path in paths:
+            for link in path:
+                key = (link.src, link.dst)
+                even[key] = even.get(key, 0.0) + chunks / len(paths)
+    busiest = max(v / bandwidth[key] for key, v in now.items())
+    return max(v / bandwidth[key] for key, v in even.items()) < busiest * (1 - 1e-6)

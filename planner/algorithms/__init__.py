@@ -62,6 +62,10 @@ class Algorithm:
     #: ``auto`` skips this algorithm above this many ranks: its schedule grows as p^2 operations (or its
     #: solver as a model of that size), so at scale it loses to the hierarchical ones and costs minutes.
     auto_max_ranks: int | None = None
+    #: ``auto`` races the algorithms tier by tier, cheapest to build first, and stops before the next tier
+    #: once its best reaches :data:`planner.compile.GOOD_ENOUGH` of the lower bound (the costly builders,
+    #: tree packing, MultiTree and the flow LP, take seconds to minutes where the others take well under one).
+    auto_tier: int = 0
 
     def load(self) -> AlgorithmFn:
         fn: AlgorithmFn = getattr(importlib.import_module(self.module), self.function)
@@ -89,13 +93,14 @@ ALGORITHMS: dict[str, Algorithm] = {
                   "BlueConnect: reduce-scatter level by level up the hierarchy, all-gather back down"),
         Algorithm("multitree", "planner.algorithms.multitree", "multitree",
                   ("allreduce", "reducescatter", "allgather", "broadcast"),
-                  "MultiTree: one contention-free spanning tree per root, grown in lock-step", auto_max_ranks=64),
+                  "MultiTree: one contention-free spanning tree per root, grown in lock-step", auto_max_ranks=64,
+                  auto_tier=2),
         Algorithm("treepack", "planner.algorithms.treepack", "treepack", _ALL,
                   "throughput-optimal spanning-tree packing from an LP (ForestColl), for large messages",
-                  auto_max_ranks=512),
+                  auto_max_ranks=512, auto_tier=1),
         Algorithm("mcf", "planner.algorithms.mcf", "mcf", _ALL,
                   "min-cost multi-commodity flow over time (DDL, TE-CCL): LP/MILP over epochs, rounded",
-                  auto_max_ranks=8),
+                  auto_max_ranks=8, auto_tier=3),
     )
 }
 

@@ -228,6 +228,20 @@ def test_routes_bound_the_dgx1_below_its_link_capacity() -> None:
     assert 0.95 <= bound.time_s / sim.time_s <= 1.0
 
 
+@pytest.mark.parametrize("collective", ["allgather", "reducescatter"])
+def test_routes_bound_every_rank_of_the_dgx1(collective: str) -> None:
+    """Issue #11: all-gather (reduce-scatter) needs every rank to receive (send) (p-1)/p N at once; over the
+    DGX-1's routes a GPU gets 150 GB/s of NVLink and a share of the 6 GB/s CPU interconnect, not the 16 GB/s
+    of its PCIe link the cut counts, so the 6-channel ring is at 98.9% of the bound, not 90.4%."""
+    topology = load_topology(TOPOLOGIES / "dgx1-v100.yaml")
+    size = 256 << 20
+    bound = lower_bound(topology, collective, size)
+    assert "over the routes" in bound.cut
+    assert bound.time_s == pytest.approx(size * 7 / 8 / 151.5e9, rel=1e-6)
+    sim = simulate(topology, ALGORITHMS["ring"].load()(topology, collective, Options(size_bytes=size)), size)
+    assert 0.98 <= bound.time_s / sim.time_s <= 1.0
+
+
 @pytest.mark.parametrize("routing", ["ecmp", "source"])
 def test_the_routed_bound_allows_any_split_where_channels_choose_paths(routing: str) -> None:
     """Channels that ECMP hashes onto different paths carry 20:12 of each half: 32 GB/s each way, faster

@@ -135,3 +135,20 @@ def test_source_routed_fabrics_get_their_paths_chosen_and_kept(tmp_path: Path) -
                               options)
     assert not hashed.schedule.paths
     assert compiled.sim.time_s < hashed.sim.time_s * 0.97
+
+
+def test_auto_skips_the_costly_tiers_once_it_is_near_the_bound() -> None:
+    """Issue #11: on emu-racks sliced hierarchical all-gather reaches 99.8% of the bound, so auto never builds
+    tree packing, MultiTree or the flow LP (seconds to minutes at scale); where the cheap tier falls short
+    (a torus, 50% with rings) it goes on to them."""
+    from planner.algorithms import ALGORITHMS
+    from planner.compile import GOOD_ENOUGH, resolve_topology
+
+    compiled = compile_schedule(resolve_topology("emu-racks"), "allgather", "auto", Options(size_bytes=256 << 20))
+    assert compiled.schedule.metadata.algorithm == "hierarchical"
+    assert compiled.efficiency >= GOOD_ENOUGH
+    for c in compiled.candidates:
+        if ALGORITHMS[c.algorithm].auto_tier > 0:
+            assert c.time_s is None and c.reason is not None and c.reason.startswith("not tried"), c
+    torus = compile_schedule(resolve_topology("torus-4x4"), "allgather", "auto", Options(size_bytes=256 << 20))
+    assert any(c.time_s is not None for c in torus.candidates if ALGORITHMS[c.algorithm].auto_tier > 0)

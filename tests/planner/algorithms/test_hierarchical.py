@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from planner.algorithms import Options
-from planner.algorithms.hierarchical import _METHODS, hierarchical, stages
+from planner.algorithms.hierarchical import _METHODS, _slice_shape, hierarchical, stages
 from planner.errors import NotApplicableError
 from planner.topology import Topology, parse_topology_text
 from tests.planner.algorithms.test_baselines import check_schedule
@@ -119,8 +119,9 @@ def test_pipelined_schedules_verify_on_shipped_clusters(name: str, pipeline: int
     extra = {"stage_method": method} if method else {}
     schedule = hierarchical(topology, "allreduce", Options(size_bytes=16 << 20, pipeline=pipeline, extra=extra))
     check_schedule(topology, schedule, "allreduce", "hierarchical")
-    slices = schedule.metadata.options["pipeline"]
-    assert schedule.output_chunks == topology.size * slices
+    shape = [int(x) for x in schedule.metadata.options["slice_shape"].split(":")]
+    assert len(shape) == schedule.metadata.options["pipeline"]
+    assert schedule.output_chunks == topology.size * sum(shape)
     if method is not None:
         sizes = [int(level.split(":")[1]) for level in schedule.metadata.options["levels"]]
         for size, used in zip(sizes, schedule.metadata.options["methods"]):
@@ -174,3 +175,32 @@ def test_uneven_clusters_decline_with_any_pipeline(gpus: list[int]) -> None:
     for pipeline in (None, 4):
         with pytest.raises(NotApplicableError, match="equal-sized hosts"):
             hierarchical(cluster(gpus), "allreduce", Options(pipeline=pipeline))
+
+
+# --------------------------------------------------------------------------- sliced reduce-scatter, all-gather
+
+
+def test_slice_shape_is_small_at_both_ends() -> None:
+    assert _slice_shape(1) == (1,)
+    assert _slice_shape(4) == (1, 2, 2, 1)
+    assert _slice_shape(9) == (1, 2, 4, 8, 8, 8, 4, 2, 1)
+
+
+@pytest.mark.parametrize("collective", ["reducescatter", "allgather"])
+@pytest.mark.parametrize("name", ["rail-4x4", "emu-racks"])
+def test_sliced_reduce_scatter_and_all_gather_overlap_the_levels(name: str, collective: str) -> None:
+    """Issue #11: sliced, each level works while the next handles the slice before (one slice: 55-92% of the
+    bound on these; measured 99.5-99.8%), and the flow-controlled reduce-scatter is as fast as the all-gather."""
+    from planner.compile import compile_schedule, resolve_topology
+    from planner.fabrics import rail_optimized
+    from planner.verify_lowered import verify_lowering
+    from runtime.lowering import chunks_per_round_for, lower
+
+    size = 256 << 20
+    topology = rail_optimized(4, gpus=4, spines=1).topology() if name == "rail-4x4" else resolve_topology(name)
+    compiled = compile_schedule(topology, collective, "hierarchical", Options(size_bytes=size))
+    assert compiled.efficiency > 0.98
+    schedule = compiled.schedule
+    verify_lowering(schedule, lower(schedule, chunks_per_round_for(size / schedule.input_chunks)))
+    one = compile_schedule(topology, collective, "hierarchical", Options(size_bytes=size, pipeline=1))
+    assert one.efficiency < 0.93
