@@ -16,9 +16,9 @@ or its one-line reason; then every compile against the targets of
 :mod:`planner.targets`, and a roll-up per family.  Interrupted (Ctrl-C), it
 still prints the summary of what it measured.
 
-Run: ``python benchmarks/planner_bench.py [--quick] [--topologies a,b] [--routing spray] [--scale 16,128,1024,4096]``, or
-``python benchmarks/planner_bench.py --suite [--quick] [--topologies a,b] [--collective allgather]
-[--sizes 1MiB,256MiB] [--limit 600]``.
+Run: ``python benchmarks/planner_bench.py [--quick] [--topologies a,b] [--routing spray]
+[--scale 16,128,1024,4096]``, or ``python benchmarks/planner_bench.py --suite [--quick] [--topologies a,b]
+[--collective allgather] [--sizes 1MiB,256MiB] [--limit 600]``.
 
 ``--routing MODE`` times every shipped topology under that routing instead of
 its own (``spray`` gives the figures of topocc before routing was modelled).
