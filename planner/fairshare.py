@@ -33,7 +33,7 @@ SCALAR_FLOWS = 48
 #: The component search gives up once it has reached this many links, and every flow on the wire is
 #: reallocated by the vector filling: cheaper than walking a component that spans the fabric link by link
 #: (rates are decided per component, so the flows of untouched components keep theirs).
-SEARCH_LINKS = 256
+SEARCH_LINKS = 64
 
 
 def fair_rates(flows: Sequence[int], links: Collection[int], flow_links: Mapping[int, Sequence[int]],
@@ -99,20 +99,18 @@ def fair_rates_vector(paths: np.ndarray, bandwidth: np.ndarray) -> np.ndarray:
     ECMP collisions), each a few numpy passes over the unfixed (flow, link) pairs.
     """
     n = paths.shape[0]
-    valid = paths >= 0
-    used, inverse = np.unique(paths[valid], return_inverse=True)
-    links = used.size
-    rows = np.full(paths.shape, links, dtype=np.int64)  # local link indices; ``links`` pads a short path
-    rows[valid] = inverse.reshape(-1)
-    cap = bandwidth[used].astype(np.float64)
-    cnt = np.bincount(rows[valid], minlength=links).astype(np.float64)
+    links = bandwidth.size  # indexed by the fabric's own link numbers: no renumbering (a sort) per call
+    rows = np.where(paths >= 0, paths, links).astype(np.int64)  # ``links`` pads a short path
+    cap = np.append(bandwidth.astype(np.float64), np.inf)
+    cnt = np.bincount(rows.ravel(), minlength=links + 1).astype(np.float64)
+    cnt[links] = 0.0
     rates = np.zeros(n)
     flows = np.arange(n)  # the unfixed flows, and their rows
     real = rows < links
     width = rows.shape[1]
     with np.errstate(divide="ignore", invalid="ignore"):
         while flows.size:
-            share = np.append(cap / cnt, np.inf)  # inf for the padding and for links without unfixed flows
+            share = cap / cnt  # inf for the padding and for links without unfixed flows
             shares = share[rows]
             least = shares.min(axis=1)  # each flow's bottleneck share now
             # a link is a bottleneck if none of its flows has a smaller share elsewhere
@@ -122,8 +120,9 @@ def fair_rates_vector(paths: np.ndarray, bandwidth: np.ndarray) -> np.ndarray:
             take = bottleneck[rows].any(axis=1)
             rates[flows[take]] = least[take]
             gone = rows[take].ravel()
-            cnt -= np.bincount(gone, minlength=links + 1)[:links]
-            cap -= np.bincount(gone, weights=np.repeat(least[take], width), minlength=links + 1)[:links]
+            cnt -= np.bincount(gone, minlength=links + 1)
+            cap -= np.bincount(gone, weights=np.repeat(least[take], width), minlength=links + 1)
+            cnt[links] = 0.0  # the padding counts no flows
             cap[cnt <= 0] = np.inf
             keep = ~take
             flows, rows, real = flows[keep], rows[keep], real[keep]
