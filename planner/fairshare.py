@@ -269,10 +269,10 @@ class Fabric:
         del free[len(free) - total:]
         slots = np.array(taken, dtype=np.int64)
         width = self.width
-        rows = [route.rows if route.rows.shape[1] == width else
-                np.pad(route.rows, ((0, 0), (0, width - route.rows.shape[1])), constant_values=-1)
-                for _, route, _ in pending]
-        self.path[slots] = np.concatenate(rows)
+        for _, route, _ in pending:
+            if route.rows.shape[1] < width:  # the fabric widened since the route was made: pad it once
+                route.rows = np.pad(route.rows, ((0, 0), (0, width - route.rows.shape[1])), constant_values=-1)
+        self.path[slots] = np.concatenate([route.rows for _, route, _ in pending])
         self.rem[slots] = np.repeat([share for _, _, share in pending], counts)
         self.msg[slots] = np.repeat([send for send, _, _ in pending], counts)
         self.rate[slots] = 0.0
