@@ -17,8 +17,9 @@ or its one-line reason; then every compile against the targets of
 still prints the summary of what it measured.
 
 Run: ``python benchmarks/planner_bench.py [--quick] [--topologies a,b] [--routing spray]
-[--scale 16,128,1024,4096]``, or ``python benchmarks/planner_bench.py --suite [--quick] [--topologies a,b]
-[--collective allgather] [--sizes 1MiB,256MiB] [--limit 600]``.
+[--scale 16,128,1024,4096] [--scale-size 256MiB]``, or
+``python benchmarks/planner_bench.py --suite [--quick] [--topologies a,b] [--collective allgather]
+[--sizes 1MiB,256MiB] [--limit 600]``.
 
 ``--routing MODE`` times every shipped topology under that routing instead of
 its own (``spray`` gives the figures of topocc before routing was modelled).
@@ -43,6 +44,7 @@ from planner.collectives import canonical_collective
 from planner.compile import Candidate, compile_schedule, resolve_topology, shipped_topologies
 from planner.errors import TopoccError
 from planner.fabrics import Fabric, shipped_fabrics, small_suite, suite
+from planner.simulate import simulate
 from planner.summary import format_table
 from planner.targets import LARGE_BYTES, SMALL_BYTES, Measured, Verdict, judge
 from planner.topology import parse_topology_text
@@ -91,19 +93,25 @@ def fat_tree(hosts: int) -> str:
             .replace("name: fattree-1024", f"name: fattree-{hosts * 8}"))
 
 
-def scale_rows(gpu_counts: tuple[int, ...]) -> list[tuple[object, ...]]:
+def scale_rows(gpu_counts: tuple[int, ...], size: int = 64 << 20) -> list[tuple[object, ...]]:
+    """Per cluster size: ``auto``'s pick, its compile's wall and CPU time and peak memory, and the winner's
+    simulation alone (what ``topocc simulate`` and the HTML report pay), at ``size`` bytes."""
     rows: list[tuple[object, ...]] = []
     for gpus in gpu_counts:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         topology = parse_topology_text(fat_tree(gpus // 8), f"fattree-{gpus}")
         loaded = time.perf_counter() - started
-        compiled = compile_schedule(topology, "allreduce", "auto", Options(size_bytes=64 << 20))
-        total = time.perf_counter() - started
+        compiled = compile_schedule(topology, "allreduce", "auto", Options(size_bytes=size))
+        total, cpu = time.perf_counter() - started, time.process_time() - cpu
         # large schedules are proved in a forked child (planner.compile.PARALLEL_VERIFY_OPS): both peaks count
         planner_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         proof_gib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+        sim_cpu = time.process_time()
+        simulate(topology, compiled.schedule, size)  # routes are cached by now, as in a second compile
+        sim_cpu = time.process_time() - sim_cpu
         rows.append((gpus, compiled.schedule.metadata.algorithm, compiled.schedule.op_count, f"{loaded:.2f}s",
-                     f"{total:.2f}s", f"{planner_gib:.2f} + {proof_gib:.2f} GiB", f"{100 * compiled.efficiency:.1f}%"))
+                     f"{total:.2f}s", f"{cpu:.2f}s", f"{sim_cpu:.2f}s", f"{planner_gib:.2f} + {proof_gib:.2f} GiB",
+                     f"{100 * compiled.efficiency:.1f}%"))
         print(f"  done {gpus} GPUs", file=sys.stderr, flush=True)
     return rows
 
@@ -310,6 +318,7 @@ def main() -> None:
                              "each family")
     parser.add_argument("--scale", default=None, help="comma-separated GPU counts for the scale table")
     parser.add_argument("--scale-only", action="store_true", help="print only the scale table")
+    parser.add_argument("--scale-size", default="64MiB", help="message size of the scale table (default 64MiB)")
     parser.add_argument("--suite", action="store_true", help="the fabric suite against issue #11's targets")
     parser.add_argument("--limit", type=float, default=None,
                         help="with --suite, abandon a compile after this many seconds (reported as missed)")
@@ -336,9 +345,10 @@ def main() -> None:
     counts = tuple(int(c) for c in args.scale.split(",")) if args.scale else (
         (16, 128, 1024) if args.quick else (16, 128, 1024, 4096))
     print()
-    print(format_table(scale_rows(counts),
-                       ("GPUs", "auto chose", "ops", "load", "compile (auto)", "peak RSS (planner + proof)",
-                        "of bound")))
+    print(f"auto allreduce on fat-trees of 8-GPU hosts, {args.scale_size} (peak RSS: the largest so far)")
+    print(format_table(scale_rows(counts, parse_size(args.scale_size)),
+                       ("GPUs", "auto chose", "ops", "load", "compile (auto)", "compile CPU", "simulate winner CPU",
+                        "peak RSS (planner + proof)", "of bound")))
 
 
 if __name__ == "__main__":
