@@ -47,6 +47,10 @@ _LARGE_BYTES = 512 << 20
 #: Target bytes per slice (:data:`~planner.algorithms._order.PIECE_BYTES`): the first slice's
 #: intra-host reduce-scatter is the pipeline's fill, and the last one's all-gather its drain.
 _SLICE_BYTES = PIECE_BYTES
+#: At least this many slices where there are two or more levels (within :data:`_MAX_CHUNKS`): below
+#: :data:`_SLICE_BYTES` per slice, a 1 MiB collective would otherwise run its stages one after the
+#: other, the fast intra-host fabric idle while the NICs work (emu-racks all-gather: 1.64x the bound).
+_MIN_SLICES = 8
 
 #: One message of a phase step: (sending member, receiving member, first part, end part), members
 #: and parts as positions in the group.
@@ -157,10 +161,27 @@ def _halving_doubling_steps(n: int, gather: bool) -> list[list[Send]]:
             for d in distances]
 
 
+def _direct_steps(n: int, gather: bool) -> list[list[Send]]:
+    """Direct reduce-scatter or all-gather among ``n`` members: one step, every member to every other.
+
+    Reduce-scatter: member ``i`` sends part ``k`` to member ``k``; all-gather:
+    member ``i`` sends its part ``i`` to everyone.  One path latency instead of
+    ``n - 1`` (ring) or ``log2 n`` (halving-doubling): the latency-optimal
+    stage where the members meet through a switch, whose every port then runs
+    at once.  Member ``i`` walks its peers from ``i + 1`` on, so that no member
+    is everyone's first destination.
+    """
+    return [[(i, (i + off) % n, i if gather else (i + off) % n, (i if gather else (i + off) % n) + 1)
+             for i in range(n) for off in range(1, n)]]
+
+
 _METHODS: dict[str, Callable[[int, bool], list[list[Send]]]] = {
     "ring": _ring_steps,
     "halving-doubling": _halving_doubling_steps,
+    "direct": _direct_steps,
 }
+#: A level of more members never runs direct: its n^2 messages per group would swamp the schedule.
+_DIRECT_MAX_MEMBERS = 32
 
 
 def _power_of_two(n: int) -> bool:
@@ -191,25 +212,31 @@ def _estimate(topology: Topology, stage: Stage, method: str, part_bytes: float, 
 
 def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: float, slices: int,
                   force: str | None = None) -> list[str]:
-    """Ring or halving-doubling for each level: the one :func:`_estimate` times faster (ties: fewer steps).
+    """Ring, halving-doubling or direct for each level: the one :func:`_estimate` times fastest (ties: fewer
+    steps).
 
-    ``force`` (``Options.extra["stage_method"]``) picks one for every level; a
-    level whose size is not a power of two always runs as a ring.
+    ``force`` (``Options.extra["stage_method"]``) picks one for every level it
+    fits; halving-doubling fits a level whose size is a power of two, direct one
+    of at most :data:`_DIRECT_MAX_MEMBERS` members.  A level of two members has
+    one step whatever the method.
     """
     out: list[str] = []
     part = slice_bytes
     for si, s in enumerate(levels):
         part /= s.size  # bytes of one part of this level, per slice
-        if not _power_of_two(s.size) or s.size == 2:
-            out.append("ring" if s.size != 2 else "halving-doubling")
+        if s.size == 2:
+            out.append("halving-doubling")
             continue
-        if force is not None:
+        # fewest steps first, so that ties go to the lower latency
+        fits = [m for m, ok in (("direct", s.size <= _DIRECT_MAX_MEMBERS),
+                                ("halving-doubling", _power_of_two(s.size)), ("ring", True)) if ok]
+        if force is not None and force in fits:
             out.append(force)
             continue
         # timed on the channel of the level's reduce-scatter phase (all-reduce and reduce-scatter: its index)
-        ring = _estimate(topology, s, "ring", part, slices, si)
-        hd = _estimate(topology, s, "halving-doubling", part, slices, si)
-        out.append("halving-doubling" if hd <= ring * (1 + 1e-9) else "ring")
+        times = [_estimate(topology, s, m, part, slices, si) for m in fits]
+        best = min(times)
+        out.append(next(m for m, t in zip(fits, times) if t <= best * (1 + 1e-9)))
     return out
 
 
@@ -248,33 +275,12 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
         block[r] = v
     owner = {v: r for r, v in block.items()}
 
-    refs: Callable[[int, int, int], list[Chunk]]
-    if collective == "allreduce":
-        cap = max(1, _MAX_CHUNKS * (2 if options.size_bytes >= _LARGE_BYTES else 1) // p)
-        slices = max(1, options.pipeline) if options.pipeline is not None else max(
-            1, min(cap, round(options.size_bytes / _SLICE_BYTES)))
-        b = ScheduleBuilder(collective, p, p * slices, p * slices, relay=relay)
-        for r in range(p):
-            b.copy(r, Chunk("i", 0, p * slices), Chunk("o", 0, p * slices))
-
-        def refs(j: int, lo: int, hi: int) -> list[Chunk]:
-            return [Chunk("o", j * p + lo, hi - lo)]
-    else:
-        slices = 1
-        buffer = "s" if collective == "reducescatter" else "o"
-        if collective == "reducescatter":
-            b = ScheduleBuilder(collective, p, p, 1, scratch_chunks=p, relay=relay)
-            for r in range(p):
-                b.copy(r, Chunk("i", 0, p), Chunk("s", 0, p))
-        else:
-            b = ScheduleBuilder(collective, p, 1, p, relay=relay)
-            for r in range(p):
-                b.copy(r, Chunk("i", 0), Chunk("o", r))
-
-        def refs(j: int, lo: int, hi: int) -> list[Chunk]:
-            # virtual blocks lo..hi are the physical blocks of their owners
-            return chunk_runs(buffer, [owner[v] for v in range(lo, hi)])
-
+    cap = max(1, _MAX_CHUNKS * (2 if options.size_bytes >= _LARGE_BYTES else 1) // p)
+    # at least a few slices wherever there are stages to overlap: no per-message cost is charged, and
+    # without them a 1 MiB collective runs its stages one after the other
+    least = min(cap, _MIN_SLICES) if len(levels) > 1 else 1
+    slices = max(1, options.pipeline) if options.pipeline is not None else max(
+        least, min(cap, round(options.size_bytes / _SLICE_BYTES)))
     force = options.extra.get("stage_method")
     if force is not None and force not in _METHODS:
         raise NotApplicableError(f"hierarchical: unknown stage_method {force!r} (use {', '.join(_METHODS)})")
@@ -300,6 +306,50 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
         first_step.append(at)
         at += len(steps[phase])
 
+    # A direct reduce-scatter receives every peer's part into a scratch slot of its own and reduces it in
+    # locally: reducing receives into one chunk would wait for each other, a path latency per peer.
+    slot_chunks = sum((levels[si].size - 1) * (spans[si] // levels[si].size) * slices
+                      for si, gather in phases if not gather and methods[si] == "direct")
+
+    refs: Callable[[int, int, int], list[Chunk]]
+    if collective == "allreduce":
+        slot_base = 0
+        b = ScheduleBuilder(collective, p, p * slices, p * slices, scratch_chunks=slot_chunks, relay=relay)
+        for r in range(p):
+            b.copy(r, Chunk("i", 0, p * slices), Chunk("o", 0, p * slices))
+
+        def refs(j: int, lo: int, hi: int) -> list[Chunk]:
+            return [Chunk("o", j * p + lo, hi - lo)]
+    else:
+        # rank r's block is chunks r * slices ... (r + 1) * slices - 1, slice j its chunk r * slices + j
+        buffer = "s" if collective == "reducescatter" else "o"
+        if collective == "reducescatter":
+            slot_base = p * slices
+            b = ScheduleBuilder(collective, p, p * slices, slices, scratch_chunks=slot_base + slot_chunks,
+                                relay=relay)
+            for r in range(p):
+                b.copy(r, Chunk("i", 0, p * slices), Chunk("s", 0, p * slices))
+        else:
+            slot_base = 0
+            b = ScheduleBuilder(collective, p, slices, p * slices, relay=relay)
+            for r in range(p):
+                b.copy(r, Chunk("i", 0, slices), Chunk("o", r * slices, slices))
+
+        def refs(j: int, lo: int, hi: int) -> list[Chunk]:
+            # virtual blocks lo..hi of slice j are chunk j of their owners' blocks
+            return chunk_runs(buffer, [owner[v] * slices + j for v in range(lo, hi)])
+
+    next_slot = [slot_base] * p
+
+    def send(src: int, dst: int, ref: Chunk, reduce: bool, direct: bool, step: int, channel: int) -> None:
+        if not (reduce and direct):
+            b.transfer(src, dst, ref, ref, reduce=reduce, step=step, channel=channel)
+            return
+        slot = Chunk("s", next_slot[dst], ref.count)
+        next_slot[dst] += ref.count
+        b.transfer(src, dst, ref, slot, step=step, channel=channel)
+        b.reduce(dst, slot, ref, step=step)
+
     # Emitted as a wavefront (slice j's phase f in round j + f), so each rank posts its messages
     # roughly in the order their data becomes ready; any order that follows the data is deadlock-free.
     for rnd in range(slices + len(phases) - 1):
@@ -314,8 +364,8 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
                     base = block[g[0]] // spans[si] * spans[si]
                     for i, k, a, e in step:
                         for ref in refs(j, base + a * sub, base + e * sub):
-                            b.transfer(g[i], g[k], ref, ref, reduce=not gather, step=first_step[f] + t, channel=f)
+                            send(g[i], g[k], ref, not gather, methods[si] == "direct", first_step[f] + t, f)
     if collective == "reducescatter":
         for r in range(p):
-            b.copy(r, Chunk("s", r), Chunk("o", 0), step=at)
+            b.copy(r, Chunk("s", r * slices, slices), Chunk("o", 0, slices), step=at)
     return b.build("hierarchical", meta)
