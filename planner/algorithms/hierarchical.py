@@ -16,10 +16,16 @@ block ``v`` of slice ``j``): while slice ``j`` crosses the hosts, slice
 ``j + 1`` is reduced inside them (section 4's pipelining, applied across the
 stages).  Every phase (a level's reduce-scatter or all-gather) has a channel of
 its own, so messages of different phases never queue behind each other on one
-connection.  A level runs as a ring, or as recursive halving / doubling
-(Rabenseifner; ``log2 n`` steps instead of ``n - 1``) when its size is a power
-of two and a link-load estimate says the fewer, larger steps cost no more:
-that keeps the latency of a 32-member cross-leaf level at 5 hops, not 31.
+connection.  All-gather and reduce-scatter are sliced the same way, and even
+a 1 MiB collective gets a few slices: unsliced, its levels would run one
+after the other.
+
+A level runs as a ring, as recursive halving / doubling (Rabenseifner;
+``log2 n`` steps instead of ``n - 1``) when its size is a power of two, or
+direct (one step: every member sends every other its part at once, as on a
+switch every port can; one path latency), whichever a link-load estimate
+times fastest, ties to the fewer steps: that keeps the latency of a 32-member
+cross-leaf level at 5 hops, not 31, and of a DGX A100 host or a rail at one.
 """
 
 from __future__ import annotations
@@ -182,6 +188,12 @@ _METHODS: dict[str, Callable[[int, bool], list[list[Send]]]] = {
 }
 #: A level of more members never runs direct: its n^2 messages per group would swamp the schedule.
 _DIRECT_MAX_MEMBERS = 32
+#: Nor one whose phase sends more messages than this per slice (ranks x (members - 1)): a 1024-rank
+#: cluster keeps halving-doubling inside its hosts, at a quarter of direct's operations.
+_DIRECT_MAX_SENDS = 4096
+#: Fewer slices where slices x messages per slice would exceed this (the build, the proof and the
+#: simulation grow with it): 256 MiB on 4 DGX A100 takes 100 slices of direct levels, not 256.
+_MAX_TRANSFERS = 1 << 16
 
 
 def _power_of_two(n: int) -> bool:
@@ -228,7 +240,8 @@ def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: floa
             out.append("halving-doubling")
             continue
         # fewest steps first, so that ties go to the lower latency
-        fits = [m for m, ok in (("direct", s.size <= _DIRECT_MAX_MEMBERS),
+        direct = s.size <= _DIRECT_MAX_MEMBERS and len(s.groups) * s.size * (s.size - 1) <= _DIRECT_MAX_SENDS
+        fits = [m for m, ok in (("direct", direct),
                                 ("halving-doubling", _power_of_two(s.size)), ("ring", True)) if ok]
         if force is not None and force in fits:
             out.append(force)
@@ -246,10 +259,12 @@ def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: floa
 def hierarchical(topology: Topology, collective: str, options: Options) -> Schedule:
     """Pipelined BlueConnect schedule for allreduce, reducescatter or allgather.
 
-    ``options.pipeline`` sets the number of slices of an allreduce (default:
-    about :data:`_SLICE_BYTES` each, at most :data:`_MAX_CHUNKS` chunks);
-    ``options.extra["stage_method"]`` (``ring`` or ``halving-doubling``) forces
-    the method of every level whose size allows it.
+    ``options.pipeline`` sets the number of slices (default: about
+    :data:`_SLICE_BYTES` each, at least :data:`_MIN_SLICES` where there are
+    two levels or more, at most :data:`_MAX_CHUNKS` chunks and
+    :data:`_MAX_TRANSFERS` messages); ``options.extra["stage_method"]``
+    (``ring``, ``halving-doubling`` or ``direct``) forces the method of every
+    level whose size allows it.
     """
     collective = canonical_collective(collective)
     if collective not in ("allreduce", "reducescatter", "allgather"):
@@ -285,6 +300,11 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     if force is not None and force not in _METHODS:
         raise NotApplicableError(f"hierarchical: unknown stage_method {force!r} (use {', '.join(_METHODS)})")
     methods = stage_methods(topology, levels, options.size_bytes / slices, slices, force)
+    # messages per slice: each phase sends p x (its messages per member), as many as its step list has
+    per_slice = sum(len(s.groups) * sum(map(len, _METHODS[m](s.size, False))) for s, m in zip(levels, methods))
+    per_slice *= 2 if collective == "allreduce" else 1
+    if options.pipeline is None:
+        slices = max(1, min(slices, _MAX_TRANSFERS // per_slice))
     meta.update(pipeline=slices, methods=methods)
 
     spans = []  # virtual blocks covered by one group of each level

@@ -362,7 +362,7 @@ def multitree(topology: Topology, collective: str, options: Options) -> Schedule
         return _single(collective, meta)
     quota = None if p <= _ALL_PAIRS_UP_TO else _CLASS_QUOTA
     if collective == "allreduce":
-        down, up = _allreduce_trees(topology, quota)
+        down, up = _allreduce_trees(topology, quota, options.size_bytes)
         n = len(down.roots)
         meta["trees_per_root"] = n // p
     else:
@@ -482,17 +482,30 @@ def _congestion(topology: Topology, *plans: TreePlan) -> float:
 #: crossings over 64 links, so some links carry 8 trees where 7.5 would balance: 93.75% at best); with
 #: more trees per root the shares can even out (96% of the bound with 3 or 4).
 _ALLREDUCE_COPIES = (1, 2, 3, 4)
+#: More than one tree per root only from this size: each copy adds as many lock-step steps again (a path
+#: latency each), which only a bandwidth-bound collective wins back.
+_COPIES_FROM_BYTES = 16 << 20
+#: And only while c^2 p^4 stays within this: growing c x p trees exhaustively costs about that much
+#: (64-rank fat-tree: 10 s for one tree per root, 100 s for four; 32 ranks: 0.4 s and 2 s).
+_COPIES_WORK = 4**2 * 32**4
 
 
-def _allreduce_trees(topology: Topology, quota: int | None) -> tuple[TreePlan, TreePlan]:
-    """Broadcast and reduction trees for all-reduce, as many per root (of :data:`_ALLREDUCE_COPIES`) as congest least.
+def allreduce_copies(p: int, size_bytes: int) -> tuple[int, ...]:
+    """Trees per root that all-reduce tries on ``p`` ranks at ``size_bytes`` (always 1; more when they pay)."""
+    return tuple(c for c in _ALLREDUCE_COPIES
+                 if c == 1 or (size_bytes >= _COPIES_FROM_BYTES and c * c * p**4 <= _COPIES_WORK))
+
+
+def _allreduce_trees(topology: Topology, quota: int | None, size_bytes: int) -> tuple[TreePlan, TreePlan]:
+    """Broadcast and reduction trees for all-reduce, as many per root (of :func:`allreduce_copies`) as congest
+    least.
 
     The reduction trees are grown against the broadcast trees' load, since the
     two phases of a piece share the links.
     """
     p = topology.size
     best: tuple[float, TreePlan, TreePlan] | None = None
-    for c in _ALLREDUCE_COPIES:
+    for c in allreduce_copies(p, size_bytes):
         roots = [r for _ in range(c) for r in range(p)]
         down = build_trees(topology, roots, quota=quota)
         up = build_trees(topology, roots, reverse=True, quota=quota, prior=down)
