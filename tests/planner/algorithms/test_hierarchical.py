@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from planner.algorithms import Options
 from planner.algorithms.hierarchical import _DIRECT_MAX_MEMBERS, _METHODS, hierarchical, stages
 from planner.errors import NotApplicableError
 from planner.topology import Topology, parse_topology_text
 from tests.planner.algorithms.test_baselines import check_schedule
+from tests.strategies import topologies
 
 
 def cluster(gpus: list[int], racks: int = 0) -> Topology:
@@ -208,3 +211,24 @@ def test_direct_levels_meet_the_latency_target_on_a_dgx_a100_cluster() -> None:
         assert schedule.metadata.options["methods"] == ["direct", "direct"]
         ratio = simulate(topology, schedule, size).time_s / lower_bound(topology, collective, size).time_s
         assert 1 <= ratio <= 1.3, (collective, ratio)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topology=topologies(max_hosts=3, max_gpus=3), data=st.data())
+def test_direct_levels_on_random_topologies(topology: Topology, data: st.DataObject) -> None:
+    """Forced direct levels verify, lower into NCCL groups the proof accepts, and never beat the bound."""
+    from planner.bounds import lower_bound
+    from planner.simulate import simulate
+    from planner.verify_lowered import verify_lowering
+    from runtime.lowering import lower
+
+    collective = data.draw(st.sampled_from(["allreduce", "reducescatter", "allgather"]))
+    size = data.draw(st.sampled_from([1 << 10, 1 << 20]))
+    try:
+        schedule = hierarchical(topology, collective, Options(size_bytes=size, extra={"stage_method": "direct"}))
+    except NotApplicableError:
+        return
+    check_schedule(topology, schedule, collective, "hierarchical")
+    verify_lowering(schedule, lower(schedule, data.draw(st.integers(1, 8))))
+    time_s = simulate(topology, schedule, size).time_s
+    assert time_s >= lower_bound(topology, collective, size).time_s * (1 - 1e-9)
