@@ -343,12 +343,6 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     if force is not None and force not in _METHODS:
         raise NotApplicableError(f"hierarchical: unknown stage_method {force!r} (use {', '.join(_METHODS)})")
     methods = stage_methods(topology, levels, options.size_bytes / slices, slices, force)
-    # messages per slice: each phase sends p x (its messages per member), as many as its step list has
-    per_slice = sum(len(s.groups) * sum(map(len, _METHODS[m](s.size, False))) for s, m in zip(levels, methods))
-    per_slice *= 2 if collective == "allreduce" else 1
-    if options.pipeline is None:
-        slices = max(1, min(slices, _MAX_TRANSFERS // per_slice))
-    meta.update(pipeline=slices, methods=methods)
 
     spans = []  # virtual blocks covered by one group of each level
     span = p
@@ -368,6 +362,15 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     for phase in phases:
         first_step.append(at)
         at += len(steps[phase])
+    if options.pipeline is None:
+        # messages per slice: all-reduce sends a part as one run of chunks; all-gather and reduce-scatter
+        # keep each rank's block whole in its buffer, so a part of k virtual blocks is k messages
+        per_slice = sum(len(levels[si].groups) * sum(1 if collective == "allreduce" else
+                                                     (e - a) * (spans[si] // levels[si].size)
+                                                     for step in steps[(si, gather)] for _, _, a, e in step)
+                        for si, gather in phases)
+        slices = max(1, min(slices, _MAX_TRANSFERS // per_slice))
+    meta.update(pipeline=slices, methods=methods)
 
     # A direct reduce-scatter receives every peer's part into a scratch slot of its own and reduces it in
     # locally: reducing receives into one chunk would wait for each other, a path latency per peer.
