@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from planner.algorithms import Options
 from planner.algorithms.multitree import (
     TreePlan,
+    _all_pairs_limit,
     _allreduce_trees,
     _congestion,
     allreduce_copies,
@@ -162,6 +163,8 @@ def test_allreduce_tries_more_trees_per_root_only_where_they_pay_and_cost_little
     assert allreduce_copies(16, 1 << 20) == (1,)
     assert allreduce_copies(32, 256 << 20) == (1, 2, 3, 4)
     assert allreduce_copies(64, 256 << 20) == (1,)
+    # likewise the exhaustive edge search on 33-64 ranks: only where a balanced load pays
+    assert _all_pairs_limit(256 << 20) == 64 and _all_pairs_limit(1 << 20) == 32
 
 
 def test_allreduce_quality_on_the_torus() -> None:
