@@ -9,6 +9,7 @@ ones) and the topology a schedule was compiled for.
 from __future__ import annotations
 
 import itertools
+import math
 import multiprocessing
 import sys
 import time
@@ -44,6 +45,7 @@ __all__ = [
     "compile_schedule",
     "compile_shipped",
     "compiled_for",
+    "least_latency",
     "link_time",
     "resolve_topology",
     "schedule_topology",
@@ -163,6 +165,26 @@ def link_time(topology: Topology, schedule: Schedule, size_bytes: int) -> float:
     return max((v / link(*key).bandwidth for key, v in load.items()), default=0.0)  # type: ignore[union-attr]
 
 
+def least_latency(topology: Topology) -> float:
+    """A lower bound of any message's latency between two ranks: the least latency of a route's first link
+    plus that of a last one (one link, where it joins two ranks).
+
+    Routes cross no other GPU, so a route's first link leaves its sender and its last enters its receiver;
+    they are two links unless the route is one, which then joins two ranks.
+    """
+    def compute() -> float:
+        ranks = set(topology.ranks)
+        into = min((ln.latency for ln in topology.links if ln.dst in ranks and ln.src not in ranks),
+                   default=math.inf)
+        best = math.inf
+        for ln in topology.links:
+            if ln.src in ranks:
+                best = min(best, ln.latency if ln.dst in ranks else ln.latency + into)
+        return best if math.isfinite(best) else 0.0
+
+    return topology.derived("compile.least_latency", compute)
+
+
 #: Schedules with at least this many operations are verified in a forked process while the planner
 #: simulates, on the machine's other core (fattree-1024: 9 s of proof behind 15 s of simulation).
 PARALLEL_VERIFY_OPS = 100_000
@@ -251,8 +273,12 @@ def compile_schedule(topology: Topology, collective: str, algorithm: str = "auto
     ``auto`` builds every applicable algorithm, then simulates them in order of
     :func:`link_time` and skips one whose link time already exceeds the best
     simulated time (it cannot win: link time is a lower bound of its
-    simulation); the winner is verified.  ``progress`` is called as each
-    candidate starts a phase and when it is settled.
+    simulation); the winner is verified.  An algorithm whose schedules all
+    have a chain of dependent messages (:attr:`Algorithm.min_chain`: the ring's
+    p - 1) is built after the others are timed, and not at all when that chain
+    times :func:`least_latency` already exceeds the best time: a 128-rank ring
+    at 1 MiB cost most of the race and lost twenty-fold.  ``progress`` is called
+    as each candidate starts a phase and when it is settled.
     """
     collective = canonical_collective(collective)
     options = options or Options()
@@ -271,16 +297,14 @@ def compile_schedule(topology: Topology, collective: str, algorithm: str = "auto
         settled[candidate.algorithm] = candidate
         report(candidate.algorithm, "done", candidate)
 
-    built: list[tuple[float, str, Schedule, float]] = []  # (link time, name, schedule, build seconds)
     # a large candidate is proved in a forked child while the race goes on (kept if it wins)
     proofs: dict[str, _Verification] = {}
-    try:
-        for name in names:
-            limit = ALGORITHMS[name].auto_max_ranks
-            if limit is not None and topology.size > limit:
-                settle(Candidate(name, None, 0.0, reason=f"auto skips it above {limit} ranks, where it "
-                                 f"costs too much to compile; ask for it with --algorithm {name}"))
-                continue
+    best: tuple[float, int, Schedule, SimResult] | None = None  # (time, position in names, ...)
+
+    def build(round_names: list[str]) -> list[tuple[float, str, Schedule, float]]:
+        """(link time, name, schedule, build seconds) of each that builds, fewest link seconds first."""
+        built = []
+        for name in round_names:
             report(name, "build")
             started = time.perf_counter()
             try:
@@ -290,13 +314,16 @@ def compile_schedule(topology: Topology, collective: str, algorithm: str = "auto
                 continue
             built.append((link_time(topology, schedule, options.size_bytes), name, schedule,
                           time.perf_counter() - started))
-
         built.sort(key=lambda item: item[0])
         # the large candidate with the least link time is the likeliest winner among the costly proofs
         large = [(name, schedule) for _, name, schedule, _ in built if schedule.op_count >= PARALLEL_VERIFY_OPS]
-        if large:
+        if large and not proofs:
             proofs[large[0][0]] = _Verification(large[0][1])
-        best: tuple[float, int, Schedule, SimResult] | None = None  # (time, position in names, ...)
+        return built
+
+    def race(built: list[tuple[float, str, Schedule, float]]) -> None:
+        """Simulate each that can still win; keep the fastest in ``best``."""
+        nonlocal best
         for floor, name, schedule, build_s in built:
             if best is not None and floor * (1 - 1e-9) > best[0]:  # the margin absorbs rounding in the sums
                 settle(Candidate(name, None, build_s, schedule.op_count,
@@ -317,6 +344,29 @@ def compile_schedule(topology: Topology, collective: str, algorithm: str = "auto
             # ties go to the algorithm listed first, whatever order the race simulated them in
             if best is None or (sim.time_s, names.index(name)) < best[:2]:
                 best = (sim.time_s, names.index(name), schedule, sim)
+
+    try:
+        first: list[str] = []
+        chained: list[str] = []  # built once the others are timed, if their latency floor can still win
+        for name in names:
+            limit = ALGORITHMS[name].auto_max_ranks
+            if limit is not None and topology.size > limit:
+                settle(Candidate(name, None, 0.0, reason=f"auto skips it above {limit} ranks, where it "
+                                 f"costs too much to compile; ask for it with --algorithm {name}"))
+                continue
+            (chained if ALGORITHMS[name].min_chain is not None else first).append(name)
+        race(build(first))
+        later = []
+        for name in chained:
+            hops = ALGORITHMS[name].min_chain(collective, topology.size)  # type: ignore[misc]
+            floor = hops * least_latency(topology)
+            if best is not None and floor * (1 - 1e-9) > best[0]:
+                settle(Candidate(name, None, 0.0, reason=f"cannot win: its chain of {hops} dependent messages "
+                                 f"alone needs {format_time(floor)}, more than {names[best[1]]}'s "
+                                 f"{format_time(best[0])}"))
+                continue
+            later.append(name)
+        race(build(later))
         candidates = tuple(settled[name] for name in names)
         if best is None:
             reasons = "; ".join(f"{c.algorithm}: {c.reason}" for c in candidates)
