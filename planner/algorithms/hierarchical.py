@@ -191,6 +191,10 @@ _DIRECT_MAX_MEMBERS = 32
 #: Nor one whose phase sends more messages than this per slice (ranks x (members - 1)): a 1024-rank
 #: cluster keeps halving-doubling inside its hosts, at a quarter of direct's operations.
 _DIRECT_MAX_SENDS = 4096
+#: Above this many ranks only the host level may run direct: direct levels across the network make many
+#: flows contend at every leaf and spine, the simulator's worst case (256-rank fat-tree all-reduce at
+#: 1 MiB: 250 s to time, loaded, where halving-doubling levels take 1.3 s).
+_DIRECT_NETWORK_MAX_RANKS = 128
 #: Fewer slices where slices x messages per slice would exceed this (the build, the proof and the
 #: simulation grow with it): 256 MiB on 4 DGX A100 takes 100 slices of direct levels, not 256.
 _MAX_TRANSFERS = 1 << 16
@@ -240,7 +244,8 @@ def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: floa
             out.append("halving-doubling")
             continue
         # fewest steps first, so that ties go to the lower latency
-        direct = s.size <= _DIRECT_MAX_MEMBERS and len(s.groups) * s.size * (s.size - 1) <= _DIRECT_MAX_SENDS
+        direct = (s.size <= _DIRECT_MAX_MEMBERS and len(s.groups) * s.size * (s.size - 1) <= _DIRECT_MAX_SENDS
+                  and (s.level == "host" or len(s.groups) * s.size <= _DIRECT_NETWORK_MAX_RANKS))
         fits = [m for m, ok in (("direct", direct),
                                 ("halving-doubling", _power_of_two(s.size)), ("ring", True)) if ok]
         if force is not None and force in fits:
