@@ -191,10 +191,12 @@ _DIRECT_MAX_MEMBERS = 32
 #: Nor one whose phase sends more messages than this per slice (ranks x (members - 1)): a 1024-rank
 #: cluster keeps halving-doubling inside its hosts, at a quarter of direct's operations.
 _DIRECT_MAX_SENDS = 4096
-#: Above this many ranks only the host level may run direct: direct levels across the network make many
-#: flows contend at every leaf and spine, the simulator's worst case (256-rank fat-tree all-reduce at
-#: 1 MiB: 250 s to time, loaded, where halving-doubling levels take 1.3 s).
-_DIRECT_NETWORK_MAX_RANKS = 128
+#: A level across the network runs direct only where its one step puts at most this many messages on a
+#: link (route shares summed): more make many flows contend at leaves and spines, the simulator's worst
+#: case (256-rank 2:1 fat-tree, 37 on a spine link: all-reduce at 1 MiB took 250 s to time, loaded, where
+#: halving-doubling levels take 1.3 s; 128 PCIe GPUs on a 4:1 fat-tree, 57: 200 s).  Rails (15 on 16
+#: hosts) and a 64-GPU 4:1 fat-tree (18) stay direct.
+_DIRECT_MAX_SHARING = 32.0
 #: Fewer slices where slices x messages per slice would exceed this (the build, the proof and the
 #: simulation grow with it): 256 MiB on 4 DGX A100 takes 100 slices of direct levels, not 256.
 _MAX_TRANSFERS = 1 << 16
@@ -226,6 +228,18 @@ def _estimate(topology: Topology, stage: Stage, method: str, part_bytes: float, 
     return total
 
 
+def _sharing(topology: Topology, stage: Stage, channel: int) -> float:
+    """The most messages (route shares summed) one link carries in a direct step of ``stage``."""
+    load: dict[tuple[str, str], float] = {}
+    for g in stage.groups:
+        for a in g:
+            for b in g:
+                if a != b:
+                    for key, share in path_shares(topology, a, b, channel).items():
+                        load[key] = load.get(key, 0.0) + share
+    return max(load.values(), default=0.0)
+
+
 def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: float, slices: int,
                   force: str | None = None) -> list[str]:
     """Ring, halving-doubling or direct for each level: the one :func:`_estimate` times fastest (ties: fewer
@@ -245,7 +259,7 @@ def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: floa
             continue
         # fewest steps first, so that ties go to the lower latency
         direct = (s.size <= _DIRECT_MAX_MEMBERS and len(s.groups) * s.size * (s.size - 1) <= _DIRECT_MAX_SENDS
-                  and (s.level == "host" or len(s.groups) * s.size <= _DIRECT_NETWORK_MAX_RANKS))
+                  and (s.level == "host" or _sharing(topology, s, si) <= _DIRECT_MAX_SHARING))
         fits = [m for m, ok in (("direct", direct),
                                 ("halving-doubling", _power_of_two(s.size)), ("ring", True)) if ok]
         if force is not None and force in fits:
