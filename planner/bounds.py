@@ -66,8 +66,21 @@ bisection of the undirected graph, and (on small topologies) for each host the
 minimum cut separating its ranks from the others, by max-flow; each with its
 complement.
 
-Latency.  The last byte across a cut still has to traverse one of the cut's
-links, so a cut's bound adds its smallest crossing latency.  Separately, every
+Latency.  The last byte across a cut still has to arrive: under the
+simulator's fluid model a message occupies every link of its path at once and
+completes when its last byte is sent plus the latency of its (slowest) path.
+Let ``t*`` be when the last byte crossing the cut (in, say) is sent; all the
+``need`` bytes that must cross were sent through links of total capacity
+``cap`` by then, so ``t* >= need / cap``, and the message carrying that byte
+completes no earlier than ``t*`` plus its path's latency.  That path runs from
+a rank to a rank through one of the cut's links ``(u, v)``, so its latency is
+at least ``reach(u) + lat(u, v) + back(v)``, with ``reach(u)`` the least latency
+from any rank to ``u`` and ``back(v)`` the least from ``v`` to any rank (both
+by Dijkstra, relaying or not: a route is one path of the graph, and a relayed
+transfer's hops are each such a message).  So a cut's bound adds the least of
+that over its links, not just the least link latency: on a cluster, the whole
+GPU-NIC-switch-NIC-GPU path rather than the one switch port.  The same holds for
+the partition bounds below, whose crossings are messages too.  Separately, every
 output depends on some input of every other rank (broadcast: the root's; reduce:
 the root depends on all), so a chain of messages must cover the minimum-latency
 path between them, relaying allowed: the latency diameter (exact all-pairs
@@ -178,6 +191,9 @@ class _CutFamily:
             self.in_adj[b].append((a, link.bandwidth, link.latency))
         self.rank_dev = [self.index[name] for name in topology.ranks]
         self.rank_of = {dev: r for r, dev in enumerate(self.rank_dev)}
+        # least latency from any rank to each device, and from each device to any rank (crossing latencies)
+        self.reach = self._dijkstra(self.rank_dev, reverse=False)
+        self.back = self._dijkstra(self.rank_dev, reverse=True)
         self.cuts: list[_Cut] = []
         self.partitions: list[_Partition] = []
         self._seen: set[frozenset[int]] = set()
@@ -187,17 +203,22 @@ class _CutFamily:
     # ---- capacities
 
     def _boundary(self, members: set[int] | frozenset[int]) -> tuple[float, float, float, float]:
+        """Capacity into and out of ``members``, and the least latency of a rank-to-rank path crossing in / out.
+
+        A crossing path through link (u, v) takes at least ``reach[u] + lat + back[v]`` (module docstring).
+        """
+        reach, back = self.reach, self.back
         cap_in = cap_out = 0.0
         lat_in = lat_out = math.inf
         for d in members:
             for u, bw, lat in self.in_adj[d]:
                 if u not in members:
                     cap_in += bw
-                    lat_in = min(lat_in, lat)
+                    lat_in = min(lat_in, reach[u] + lat + back[d])
             for v, bw, lat in self.out_adj[d]:
                 if v not in members:
                     cap_out += bw
-                    lat_out = min(lat_out, lat)
+                    lat_out = min(lat_out, reach[d] + lat + back[v])
         return cap_in, cap_out, lat_in, lat_out
 
     def _add(self, label: str, members: Iterable[int], complement_label: str | None = None) -> None:
@@ -347,11 +368,14 @@ class _CutFamily:
 
     # ---- latency
 
-    def _dijkstra(self, start: int, reverse: bool) -> list[float]:
+    def _dijkstra(self, starts: Iterable[int], reverse: bool) -> list[float]:
+        """Least latency from the nearest of ``starts`` to every device (to it, if ``reverse``)."""
         adj = self.in_adj if reverse else self.out_adj
         dist = [math.inf] * len(adj)
-        dist[start] = 0.0
-        heap = [(0.0, start)]
+        heap = []
+        for start in starts:
+            dist[start] = 0.0
+            heap.append((0.0, start))
         while heap:
             d, u = heapq.heappop(heap)
             if d > dist[u]:
@@ -365,7 +389,7 @@ class _CutFamily:
 
     def from_rank(self, rank: int, reverse: bool = False) -> list[float]:
         """Minimum latency from rank ``rank`` to every rank (to it, if ``reverse``), relaying allowed."""
-        dist = self._dijkstra(self.rank_dev[rank], reverse)
+        dist = self._dijkstra((self.rank_dev[rank],), reverse)
         return [dist[d] for d in self.rank_dev]
 
     def diameter(self) -> tuple[float, int, int]:

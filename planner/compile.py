@@ -9,6 +9,7 @@ ones) and the topology a schedule was compiled for.
 from __future__ import annotations
 
 import itertools
+import math
 import multiprocessing
 import sys
 import time
@@ -44,6 +45,7 @@ __all__ = [
     "compile_schedule",
     "compile_shipped",
     "compiled_for",
+    "least_latency",
     "link_time",
     "resolve_topology",
     "schedule_topology",
@@ -176,6 +178,27 @@ def link_time(topology: Topology, schedule: Schedule, size_bytes: int) -> float:
 #: builders take seconds to minutes (issue #11's targets: 97% of the bound, 95% for all-reduce).
 GOOD_ENOUGH = 0.98
 
+
+def least_latency(topology: Topology) -> float:
+    """A lower bound of any message's latency between two ranks: the least latency of a route's first link
+    plus that of a last one (one link, where it joins two ranks).
+
+    Routes cross no other GPU, so a route's first link leaves its sender and its last enters its receiver;
+    they are two links unless the route is one, which then joins two ranks.
+    """
+    def compute() -> float:
+        ranks = set(topology.ranks)
+        into = min((ln.latency for ln in topology.links if ln.dst in ranks and ln.src not in ranks),
+                   default=math.inf)
+        best = math.inf
+        for ln in topology.links:
+            if ln.src in ranks:
+                best = min(best, ln.latency if ln.dst in ranks else ln.latency + into)
+        return best if math.isfinite(best) else 0.0
+
+    return topology.derived("compile.least_latency", compute)
+
+
 #: Schedules with at least this many operations are verified in a forked process while the planner
 #: simulates, on the machine's other core (fattree-1024: 9 s of proof behind 15 s of simulation).
 PARALLEL_VERIFY_OPS = 100_000
@@ -264,8 +287,12 @@ def compile_schedule(topology: Topology, collective: str, algorithm: str = "auto
     ``auto`` builds every applicable algorithm, then simulates them in order of
     :func:`link_time` and skips one whose link time already exceeds the best
     simulated time (it cannot win: link time is a lower bound of its
-    simulation); the winner is verified.  ``progress`` is called as each
-    candidate starts a phase and when it is settled.
+    simulation); the winner is verified.  An algorithm whose schedules all
+    have a chain of dependent messages (:attr:`Algorithm.min_chain`: the ring's
+    p - 1) is built after the others are timed, and not at all when that chain
+    times :func:`least_latency` already exceeds the best time: a 128-rank ring
+    at 1 MiB cost most of the race and lost twenty-fold.  ``progress`` is called
+    as each candidate starts a phase and when it is settled.
     """
     collective = canonical_collective(collective)
     options = options or Options()
@@ -316,15 +343,41 @@ def _race(topology: Topology, collective: str, options: Options, members: list[s
           ) -> tuple[float, int, Schedule, SimResult] | None:
     """One tier of ``auto``: build ``members``, simulate them in order of link time against ``best``.
 
-    Returns the new best (time, position in ``names``, schedule, simulation).
+    Members with a :attr:`~planner.algorithms.Algorithm.min_chain` are built
+    after the others are timed, and not at all when their chain of dependent
+    messages times :func:`least_latency` already loses to the best.  Returns the
+    new best (time, position in ``names``, schedule, simulation).
     """
-    built: list[tuple[float, str, Schedule, float]] = []  # (link time, name, schedule, build seconds)
+    first: list[str] = []
+    chained: list[str] = []
     for name in members:
         limit = ALGORITHMS[name].auto_max_ranks
         if limit is not None and topology.size > limit:
             settle(Candidate(name, None, 0.0, reason=f"auto skips it above {limit} ranks, where it "
                              f"costs too much to compile; ask for it with --algorithm {name}"))
             continue
+        (chained if ALGORITHMS[name].min_chain is not None else first).append(name)
+    best = _time_candidates(topology, collective, options, first, names, best, proofs, report, settle)
+    later = []
+    for name in chained:
+        hops = ALGORITHMS[name].min_chain(collective, topology.size)  # type: ignore[misc]
+        floor = hops * least_latency(topology)
+        if best is not None and floor * (1 - 1e-9) > best[0]:
+            settle(Candidate(name, None, 0.0, reason=f"cannot win: its chain of {hops} dependent messages "
+                             f"alone needs {format_time(floor)}, more than {names[best[1]]}'s "
+                             f"{format_time(best[0])}"))
+            continue
+        later.append(name)
+    return _time_candidates(topology, collective, options, later, names, best, proofs, report, settle)
+
+
+def _time_candidates(topology: Topology, collective: str, options: Options, members: list[str], names: list[str],
+                     best: tuple[float, int, Schedule, SimResult] | None, proofs: dict[str, _Verification],
+                     report: Callable[..., None], settle: Callable[[Candidate], None],
+                     ) -> tuple[float, int, Schedule, SimResult] | None:
+    """Build ``members``, then simulate each that can still win, in order of link time; returns the new best."""
+    built: list[tuple[float, str, Schedule, float]] = []  # (link time, name, schedule, build seconds)
+    for name in members:
         report(name, "build")
         started = time.perf_counter()
         try:

@@ -107,7 +107,9 @@ def topology_yaml(spec: TopologySpec) -> str:
         else:
             for h in range(n_hosts if n_hosts > 2 else 1):
                 link(f"h{h}nic", f"h{(h + 1) % n_hosts}nic", net_bw, net_lat)
-    return "\n".join(["name: random", f"routing: {spec['routing']}", "devices:", *devices,
+    # a lone GPU has no links to label, so dimension-order routing would be refused: it has nothing to route
+    routing = [f"routing: {spec['routing']}"] if links else []
+    return "\n".join(["name: random", *routing, "devices:", *devices,
                       *(["links:", *links] if links else ["links: []"])]) + "\n"
 
 

@@ -66,6 +66,10 @@ class Algorithm:
     #: once its best reaches :data:`planner.compile.GOOD_ENOUGH` of the lower bound (the costly builders,
     #: tree packing, MultiTree and the flow LP, take seconds to minutes where the others take well under one).
     auto_tier: int = 0
+    #: ``(collective, ranks) -> n``: every schedule it builds has a chain of at least n dependent
+    #: messages (each waits for the previous one to arrive), so it takes at least n times the least
+    #: rank-to-rank latency; ``auto`` builds it last, and not at all when that already loses.
+    min_chain: Callable[[str, int], int] | None = None
 
     def load(self) -> AlgorithmFn:
         fn: AlgorithmFn = getattr(importlib.import_module(self.module), self.function)
@@ -74,13 +78,20 @@ class Algorithm:
 
 _ALL = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce")
 
+
+def _ring_chain(collective: str, p: int) -> int:
+    """Dependent messages in every ring schedule: a block passes p - 1 ranks in turn (reduce-scatter,
+    all-gather, the chains of broadcast and reduce), an all-reduce block p - 1 to be reduced, then p - 1
+    more to be spread; pieces and channels run several such chains side by side, never shorter ones."""
+    return max(0, p - 1) * (2 if collective == "allreduce" else 1)
+
 #: The one table of algorithms (imported lazily so a solver-backed one costs nothing until used).
 ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in (
         Algorithm("ring", "planner.algorithms.ring", "ring", _ALL,
                   "topology-aware rings (one or more channels), bandwidth-optimal for large messages",
-                  auto_max_ranks=256),
+                  auto_max_ranks=256, min_chain=_ring_chain),
         Algorithm("tree", "planner.algorithms.tree", "double_binary_tree", ("allreduce", "broadcast", "reduce"),
                   "double binary tree (NCCL's tree), logarithmic latency"),
         Algorithm("halving-doubling", "planner.algorithms.halving_doubling", "halving_doubling",

@@ -44,6 +44,11 @@ _MAX_PIECES = 64
 _MAX_TRANSFERS = 1 << 16
 #: Up to this many ranks, every routable pair is a candidate tree edge.
 _ALL_PAIRS_UP_TO = 64
+#: ... and below this size only up to :data:`_ALL_PAIRS_SMALL_UP_TO`: the exhaustive search balances link
+#: loads, which pays at large sizes (4x4x4 torus at 256 MiB: all-gather 99.6% of the bound against 97.5%
+#: with quotas) and costs 3-4x the compile time (64-rank fat-tree at 1 MiB: 19 s against 5 s, loaded).
+_ALL_PAIRS_FROM_BYTES = 16 << 20
+_ALL_PAIRS_SMALL_UP_TO = 32
 #: Beyond that, each rank keeps at most this many candidates of each route-cost class (spread evenly).
 _CLASS_QUOTA = 16
 #: Two route costs closer than this (relative) are one class.
@@ -360,9 +365,9 @@ def multitree(topology: Topology, collective: str, options: Options) -> Schedule
         return _broadcast(topology, options, meta)
     if p == 1:
         return _single(collective, meta)
-    quota = None if p <= _ALL_PAIRS_UP_TO else _CLASS_QUOTA
+    quota = None if p <= _all_pairs_limit(options.size_bytes) else _CLASS_QUOTA
     if collective == "allreduce":
-        down, up = _allreduce_trees(topology, quota)
+        down, up = _allreduce_trees(topology, quota, options.size_bytes)
         n = len(down.roots)
         meta["trees_per_root"] = n // p
     else:
@@ -395,6 +400,11 @@ def multitree(topology: Topology, collective: str, options: Options) -> Schedule
         _gather(b, down, q, source=lambda i, j: Chunk("o", i * q + j), block=lambda i, j: Chunk("o", i * q + j),
                 step_offset=up.steps)
     return b.build("multitree", meta)
+
+
+def _all_pairs_limit(size_bytes: int) -> int:
+    """Up to how many ranks every routable pair is a candidate tree edge at ``size_bytes``."""
+    return _ALL_PAIRS_UP_TO if size_bytes >= _ALL_PAIRS_FROM_BYTES else _ALL_PAIRS_SMALL_UP_TO
 
 
 def _single(collective: str, meta: dict) -> Schedule:
@@ -485,19 +495,31 @@ _ALLREDUCE_COPIES = (1, 2, 3, 4)
 #: ... while the trees number at most this many (copies x ranks): each try grows twice that many trees, and
 #: trying all four copies on 64 ranks took 213 s where one all-gather's trees take 7 (hetero-nics-8x8).
 _ALLREDUCE_MAX_TREES = 64
+#: More than one tree per root only from this size: each copy adds as many lock-step steps again (a path
+#: latency each), which only a bandwidth-bound collective wins back.
+_COPIES_FROM_BYTES = 16 << 20
+#: And only while c^2 p^4 stays within this: growing c x p trees exhaustively costs about that much
+#: (64-rank fat-tree: 10 s for one tree per root, 100 s for four; 32 ranks: 0.4 s and 2 s).
+_COPIES_WORK = 4**2 * 32**4
 
 
-def _allreduce_trees(topology: Topology, quota: int | None) -> tuple[TreePlan, TreePlan]:
-    """Broadcast and reduction trees for all-reduce, as many per root (of :data:`_ALLREDUCE_COPIES`) as congest least.
+def allreduce_copies(p: int, size_bytes: int) -> tuple[int, ...]:
+    """Trees per root that all-reduce tries on ``p`` ranks at ``size_bytes`` (always 1; more when they pay)."""
+    return tuple(c for c in _ALLREDUCE_COPIES
+                 if c == 1 or (size_bytes >= _COPIES_FROM_BYTES and c * c * p**4 <= _COPIES_WORK
+                               and c * p <= _ALLREDUCE_MAX_TREES))
+
+
+def _allreduce_trees(topology: Topology, quota: int | None, size_bytes: int) -> tuple[TreePlan, TreePlan]:
+    """Broadcast and reduction trees for all-reduce, as many per root (of :func:`allreduce_copies`) as congest
+    least.
 
     The reduction trees are grown against the broadcast trees' load, since the
     two phases of a piece share the links.
     """
     p = topology.size
     best: tuple[float, TreePlan, TreePlan] | None = None
-    for c in _ALLREDUCE_COPIES:
-        if c > 1 and c * p > _ALLREDUCE_MAX_TREES:
-            break
+    for c in allreduce_copies(p, size_bytes):
         roots = [r for _ in range(c) for r in range(p)]
         down = build_trees(topology, roots, quota=quota)
         up = build_trees(topology, roots, reverse=True, quota=quota, prior=down)

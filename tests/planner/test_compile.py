@@ -152,3 +152,27 @@ def test_auto_skips_the_costly_tiers_once_it_is_near_the_bound() -> None:
             assert c.time_s is None and c.reason is not None and c.reason.startswith("not tried"), c
     torus = compile_schedule(resolve_topology("torus-4x4"), "allgather", "auto", Options(size_bytes=256 << 20))
     assert any(c.time_s is not None for c in torus.candidates if ALGORITHMS[c.algorithm].auto_tier > 0)
+
+
+@pytest.mark.parametrize("name", ["dgx1-v100", "emu-racks", "pcie-4x4-10gbe", "ndv2-2chassis", "torus-4x4"])
+@pytest.mark.parametrize("collective", ["allgather", "allreduce", "broadcast"])
+def test_ring_never_beats_its_chain_of_least_latencies(name: str, collective: str) -> None:
+    """The floor auto uses to skip the ring unbuilt is a lower bound of its simulated time (relays included)."""
+    from planner.algorithms import ALGORITHMS
+    from planner.compile import least_latency, resolve_topology
+    from planner.simulate import simulate
+
+    topology = resolve_topology(name)
+    for size in (1 << 10, 1 << 20):
+        schedule = compile_schedule(topology, collective, "ring", Options(size_bytes=size)).schedule
+        floor = ALGORITHMS["ring"].min_chain(collective, topology.size) * least_latency(topology)  # type: ignore[misc]
+        assert simulate(topology, schedule, size).time_s >= floor * (1 - 1e-9)
+
+
+def test_auto_skips_the_ring_unbuilt_where_its_latency_chain_loses() -> None:
+    """32 ranks at 1 MiB: a ring needs 62 hops of at least 0.7 us; the hierarchical schedule takes 12 us."""
+    from planner.compile import resolve_topology
+
+    compiled = compile_schedule(resolve_topology("dgx-a100-4node"), "allreduce", "auto", Options(size_bytes=1 << 20))
+    ring = next(c for c in compiled.candidates if c.algorithm == "ring")
+    assert ring.time_s is None and ring.operations == 0 and "62 dependent messages" in (ring.reason or "")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.targets import LARGE_BYTES, SMALL_BYTES, Measured, compile_limit, judge
+from planner.targets import LARGE_BYTES, LATENCY_RATIO, SMALL_BYTES, Measured, compile_limit, judge
 
 
 def measured(**changes: object) -> Measured:
@@ -50,3 +50,22 @@ def test_compile_time_over_the_limit_and_timeouts() -> None:
     assert [(v.kind, v.measured) for v in late] == [("bandwidth", "no schedule"), ("compile", "> 300 s")]
     early = judge(measured(ranks=100, compile_s=30.0, timed_out=True, predicted_s=None, bound_s=None))
     assert [v.kind for v in early] == ["bandwidth"]  # abandoned within the target: its compile time is unknown
+
+
+SMALL_SWITCHED = ("rail-2x4", "hetero-nics-2x4", "emu-racks", "emu-uniform")
+
+
+@pytest.mark.parametrize("name", SMALL_SWITCHED)
+@pytest.mark.parametrize("collective", ["allgather", "reducescatter", "allreduce"])
+def test_auto_meets_the_latency_target_on_small_switch_based_fabrics(name: str, collective: str) -> None:
+    """At 1 MiB, auto is within LATENCY_RATIO of the bound (bandwidth plus path latency) where ranks meet through
+    switches: the pipelined hierarchical schedule with direct levels (fewer steps, every port busy at once)."""
+    from planner.algorithms import Options
+    from planner.compile import compile_schedule
+    from planner.fabrics import shipped_fabrics, small_suite
+
+    fabric = next(f for f in (*small_suite(), *shipped_fabrics()) if f.name == name)
+    assert fabric.switch_based
+    compiled = compile_schedule(fabric.topology(), collective, "auto", Options(size_bytes=SMALL_BYTES))
+    ratio = compiled.sim.time_s / compiled.bound.time_s
+    assert 1 - 1e-9 <= ratio <= LATENCY_RATIO, (compiled.schedule.metadata.algorithm, ratio)

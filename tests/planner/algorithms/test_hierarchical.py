@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from planner.algorithms import Options
-from planner.algorithms.hierarchical import _METHODS, _slice_shape, hierarchical, stages
+from planner.algorithms.hierarchical import _DIRECT_MAX_MEMBERS, _METHODS, _slice_shape, hierarchical, stages
 from planner.errors import NotApplicableError
 from planner.topology import Topology, parse_topology_text
 from tests.planner.algorithms.test_baselines import check_schedule
+from tests.strategies import topologies
 
 
 def cluster(gpus: list[int], racks: int = 0) -> Topology:
@@ -90,12 +93,12 @@ def _owners_after(steps: list[list[tuple[int, int, int, int]]], n: int) -> list[
     return [holds[i][i] for i in range(n)]
 
 
-@pytest.mark.parametrize("method", ["ring", "halving-doubling"])
+@pytest.mark.parametrize("method", ["ring", "halving-doubling", "direct"])
 @pytest.mark.parametrize("n", [2, 4, 8, 16])
 def test_phase_steps_reduce_and_gather(method: str, n: int) -> None:
     rs = _METHODS[method](n, False)
     assert _owners_after(rs, n) == [set(range(n))] * n
-    assert len(rs) == (n - 1 if method == "ring" else n.bit_length() - 1)
+    assert len(rs) == {"ring": n - 1, "halving-doubling": n.bit_length() - 1, "direct": 1}[method]
     # the all-gather starts from each member's own part and ends with every part everywhere
     have = [{i} for i in range(n)]
     for step in _METHODS[method](n, True):
@@ -111,7 +114,7 @@ SHIPPED = ["dgx-a100-4node", "emu-racks", "emu-uniform", "pcie-4x4-10gbe"]
 
 @pytest.mark.parametrize("name", SHIPPED)
 @pytest.mark.parametrize("pipeline", [1, 3, None])
-@pytest.mark.parametrize("method", [None, "ring", "halving-doubling"])
+@pytest.mark.parametrize("method", [None, "ring", "halving-doubling", "direct"])
 def test_pipelined_schedules_verify_on_shipped_clusters(name: str, pipeline: int | None, method: str | None) -> None:
     from planner.compile import resolve_topology
 
@@ -124,8 +127,10 @@ def test_pipelined_schedules_verify_on_shipped_clusters(name: str, pipeline: int
     assert schedule.output_chunks == topology.size * sum(shape)
     if method is not None:
         sizes = [int(level.split(":")[1]) for level in schedule.metadata.options["levels"]]
+        fits = {"ring": lambda n: True, "halving-doubling": lambda n: n & (n - 1) == 0,
+                "direct": lambda n: n <= _DIRECT_MAX_MEMBERS}
         for size, used in zip(sizes, schedule.metadata.options["methods"]):
-            assert used == (method if size > 2 and size & (size - 1) == 0 else "ring" if size > 2 else used)
+            assert used == ("halving-doubling" if size == 2 else method if fits[method](size) else used)
 
 
 @pytest.mark.parametrize("shape", [([2] * 8, 2), ([3] * 4, 0), ([4] * 4, 2), ([1] * 6, 3), ([8] * 2, 0)])
@@ -140,7 +145,8 @@ def test_pipelined_schedules_verify_on_small_clusters(shape: tuple[list[int], in
 def test_every_phase_has_its_own_channel() -> None:
     """A channel carries one level's reduce-scatter or all-gather, so phases never queue behind each other."""
     topology = cluster([2] * 8, racks=2)
-    schedule = hierarchical(topology, "allreduce", Options(pipeline=4))
+    # halving-doubling reduces as it receives (recv_reduce), so the receive's kind tells the phase
+    schedule = hierarchical(topology, "allreduce", Options(pipeline=4, extra={"stage_method": "halving-doubling"}))
     levels = stages(topology)
     group_of = [{r: gi for gi, g in enumerate(s.groups) for r in g} for s in levels]
     phase_of: dict[int, tuple[int, str]] = {}
@@ -204,3 +210,58 @@ def test_sliced_reduce_scatter_and_all_gather_overlap_the_levels(name: str, coll
     verify_lowering(schedule, lower(schedule, chunks_per_round_for(size / schedule.input_chunks)))
     one = compile_schedule(topology, collective, "hierarchical", Options(size_bytes=size, pipeline=1))
     assert one.efficiency < 0.93
+
+
+# --------------------------------------------------------------------------- direct levels
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "reducescatter", "allgather"])
+def test_direct_stages_take_one_step_and_reduce_from_their_own_slots(collective: str) -> None:
+    """A direct level is one step; its reduce-scatter receives each peer's part into a slot of its own (plain
+    receives that run at once), then reduces locally, so it pays one path latency, not one per peer."""
+    topology = cluster([4] * 3)
+    schedule = hierarchical(topology, collective, Options(size_bytes=1 << 20, extra={"stage_method": "direct"}))
+    check_schedule(topology, schedule, collective, "hierarchical")
+    assert schedule.metadata.options["methods"] == ["direct", "direct"]
+    assert schedule.metadata.options["pipeline"] > 1  # several slices even at 1 MiB: the levels overlap
+    kinds = {op.kind for program in schedule.programs for op in program}
+    assert "recv_reduce" not in kinds
+    assert ("reduce" in kinds) == (collective != "allgather")
+    steps = {op.step for program in schedule.programs for op in program if op.kind == "send"}
+    assert len(steps) == {"allreduce": 4, "reducescatter": 2, "allgather": 2}[collective]
+
+
+def test_direct_levels_meet_the_latency_target_on_a_dgx_a100_cluster() -> None:
+    """At 1 MiB the pipelined direct levels come within 1.3x of the bound (bandwidth plus path latency)."""
+    from planner.bounds import lower_bound
+    from planner.compile import resolve_topology
+    from planner.simulate import simulate
+
+    topology = resolve_topology("dgx-a100-4node")
+    size = 1 << 20
+    for collective in ("allgather", "reducescatter", "allreduce"):
+        schedule = hierarchical(topology, collective, Options(size_bytes=size))
+        assert schedule.metadata.options["methods"] == ["direct", "direct"]
+        ratio = simulate(topology, schedule, size).time_s / lower_bound(topology, collective, size).time_s
+        assert 1 <= ratio <= 1.3, (collective, ratio)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topology=topologies(max_hosts=3, max_gpus=3), data=st.data())
+def test_direct_levels_on_random_topologies(topology: Topology, data: st.DataObject) -> None:
+    """Forced direct levels verify, lower into NCCL groups the proof accepts, and never beat the bound."""
+    from planner.bounds import lower_bound
+    from planner.simulate import simulate
+    from planner.verify_lowered import verify_lowering
+    from runtime.lowering import lower
+
+    collective = data.draw(st.sampled_from(["allreduce", "reducescatter", "allgather"]))
+    size = data.draw(st.sampled_from([1 << 10, 1 << 20]))
+    try:
+        schedule = hierarchical(topology, collective, Options(size_bytes=size, extra={"stage_method": "direct"}))
+    except NotApplicableError:
+        return
+    check_schedule(topology, schedule, collective, "hierarchical")
+    verify_lowering(schedule, lower(schedule, data.draw(st.integers(1, 8))))
+    time_s = simulate(topology, schedule, size).time_s
+    assert time_s >= lower_bound(topology, collective, size).time_s * (1 - 1e-9)

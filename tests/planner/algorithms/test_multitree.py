@@ -9,7 +9,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.algorithms import Options
-from planner.algorithms.multitree import TreePlan, _allreduce_trees, _congestion, build_trees, multitree
+from planner.algorithms.multitree import (
+    TreePlan,
+    _all_pairs_limit,
+    _allreduce_trees,
+    _congestion,
+    allreduce_copies,
+    build_trees,
+    multitree,
+)
 from planner.compile import compile_schedule
 from planner.topology import Topology, load_topology, parse_topology_text
 from planner.verify import verify
@@ -139,13 +147,24 @@ def test_allreduce_trees_balance_the_torus() -> None:
     alone = _congestion(topology, down, build_trees(topology, range(16), reverse=True))
     balanced = _congestion(topology, down, build_trees(topology, range(16), reverse=True, prior=down))
     assert balanced <= alone * (1 + 1e-9)
-    best_down, best_up = _allreduce_trees(topology, None)
+    best_down, best_up = _allreduce_trees(topology, None, 64 << 20)
     check_plan(topology, best_down)
     check_plan(topology, best_up)
     copies = len(best_down.roots) // 16
     assert copies > 1
     # every tree pair carries 1/(16 copies) of the data: the busiest link's load per byte of the buffer
     assert _congestion(topology, best_down, best_up) / (16 * copies) < alone / 16
+
+
+def test_allreduce_tries_more_trees_per_root_only_where_they_pay_and_cost_little() -> None:
+    """Extra copies add lock-step steps (latency) and cost c^2 p^4 to grow: one per root at 1 MiB, and on
+    64 ranks (a 64-rank fat-tree took 640 s to try four); and at most 64 trees in all (32 ranks: two)."""
+    assert allreduce_copies(16, 64 << 20) == (1, 2, 3, 4)
+    assert allreduce_copies(16, 1 << 20) == (1,)
+    assert allreduce_copies(32, 256 << 20) == (1, 2)
+    assert allreduce_copies(64, 256 << 20) == (1,)
+    # likewise the exhaustive edge search on 33-64 ranks: only where a balanced load pays
+    assert _all_pairs_limit(256 << 20) == 64 and _all_pairs_limit(1 << 20) == 32
 
 
 def test_allreduce_quality_on_the_torus() -> None:
