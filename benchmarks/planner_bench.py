@@ -21,7 +21,7 @@ Run: ``python benchmarks/planner_bench.py [--quick] [--topologies a,b] [--routin
 ``python benchmarks/planner_bench.py --suite [--quick] [--topologies a,b] [--collective allgather]
 [--sizes 1MiB,256MiB] [--limit 600]``.
 
-``--routing MODE`` times every shipped topology under that routing instead of
+``--routing MODE`` times every shipped topology (and the scale table's fat-trees) under that routing instead of
 its own (``spray`` gives the figures of topocc before routing was modelled).
 """
 
@@ -93,13 +93,17 @@ def fat_tree(hosts: int) -> str:
             .replace("name: fattree-1024", f"name: fattree-{hosts * 8}"))
 
 
-def scale_rows(gpu_counts: tuple[int, ...], size: int = 64 << 20) -> list[tuple[object, ...]]:
+def scale_rows(gpu_counts: tuple[int, ...], size: int = 64 << 20, routing: str | None = None,
+               ) -> list[tuple[object, ...]]:
     """Per cluster size: ``auto``'s pick, its compile's wall and CPU time and peak memory, and the winner's
-    simulation alone (what ``topocc simulate`` and the HTML report pay), at ``size`` bytes."""
+    simulation alone (what ``topocc simulate`` and the HTML report pay), at ``size`` bytes, under ``routing``
+    (default: the generated fat-tree's own)."""
     rows: list[tuple[object, ...]] = []
     for gpus in gpu_counts:
         started, cpu = time.perf_counter(), time.process_time()
         topology = parse_topology_text(fat_tree(gpus // 8), f"fattree-{gpus}")
+        if routing is not None:
+            topology = topology.with_routing(routing)
         loaded = time.perf_counter() - started
         compiled = compile_schedule(topology, "allreduce", "auto", Options(size_bytes=size))
         total, cpu = time.perf_counter() - started, time.process_time() - cpu
@@ -322,7 +326,9 @@ def main() -> None:
     parser.add_argument("--suite", action="store_true", help="the fabric suite against issue #11's targets")
     parser.add_argument("--limit", type=float, default=None,
                         help="with --suite, abandon a compile after this many seconds (reported as missed)")
-    parser.add_argument("--routing", default=None, help="time every topology under this routing instead of its own")
+    parser.add_argument("--routing", default=None,
+                        help="time every topology (and the scale table's fat-trees) under this routing instead of "
+                             "its own")
     args = parser.parse_args()
     names = args.topologies.split(",") if args.topologies else None
     if args.suite:
@@ -346,7 +352,7 @@ def main() -> None:
         (16, 128, 1024) if args.quick else (16, 128, 1024, 4096))
     print()
     print(f"auto allreduce on fat-trees of 8-GPU hosts, {args.scale_size} (peak RSS: the largest so far)")
-    print(format_table(scale_rows(counts, parse_size(args.scale_size)),
+    print(format_table(scale_rows(counts, parse_size(args.scale_size), args.routing),
                        ("GPUs", "auto chose", "ops", "load", "compile (auto)", "compile CPU", "simulate winner CPU",
                         "peak RSS (planner + proof)", "of bound")))
 
