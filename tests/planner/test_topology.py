@@ -264,8 +264,9 @@ links:
 
 def test_routing_defaults_follow_the_network_type() -> None:
     assert load("torus-4x4.yaml").routing == load("mesh-4x4.yaml").routing == "dimension-order"
-    for name in ("fattree-1024.yaml", "dgx-a100-4node.yaml", "pcie-4x4-10gbe.yaml", "dgx1-v100.yaml"):
+    for name in ("dgx-a100-4node.yaml", "pcie-4x4-10gbe.yaml", "dgx1-v100.yaml", "emu-racks.yaml"):
         assert load(name).routing == "ecmp", name
+    assert load("fattree-1024.yaml").routing == "spray"  # its network says so: InfiniBand, adaptive routing
     assert parse_topology_text(EXPLICIT).routing == "ecmp"
     assert grid("torus", [2, 2], "spray").routing == "spray"
     spray = (TOPOLOGIES / "torus-4x4.yaml").read_text() + "routing: spray\n"
