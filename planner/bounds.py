@@ -437,29 +437,45 @@ def _routed_crossings(topology: Topology, group_of: dict[int, int]) -> float | N
     usage: dict[tuple[str, str], list[tuple[int, float]]] = {}
     for a in group_of:
         targets = [b for b in group_of if group_of[b] != group_of[a] and topology.has_route(a, b)]
-        if not targets:
-            continue
-        if topology.routing not in PER_CONNECTION:
-            for b in targets:
-                rate = lp.var(cost=-1.0)
-                for key, share in topology.route_shares(a, b).items():
-                    usage.setdefault(key, []).append((rate, share))
-            continue
-        links = sorted({(ln.src, ln.dst) for b in targets for ln in topology.equal_cost_links(a, b)})
-        flow = {key: lp.var() for key in links}
-        balance: dict[str, list[tuple[int, float]]] = {}  # inflow - outflow - delivered = 0 at every device
-        for key, var in flow.items():
-            usage.setdefault(key, []).append((var, 1.0))
-            balance.setdefault(key[0], []).append((var, -1.0))
-            balance.setdefault(key[1], []).append((var, 1.0))
+        _pair_rates(lp, topology, a, targets, usage, cost=-1.0)
+    return _solve_routed(lp, topology, usage) if usage else None
+
+
+def _pair_rates(lp: LinearProgram, topology: Topology, a: int, targets: list[int],
+                usage: dict[tuple[str, str], list[tuple[int, float]]], cost: float) -> list[int]:
+    """A rate variable (of objective ``cost``) per rank pair ``a -> b`` for ``b`` in ``targets``, each loading
+    the links in ``usage``: by its route shares where the routing fixes them; else as a flow from ``a`` over
+    the links of the pairs' cheapest paths, so that any split over those paths is allowed."""
+    if topology.routing not in PER_CONNECTION:
+        rates = []
         for b in targets:
-            balance[topology.ranks[b]].append((lp.var(cost=-1.0), -1.0))
-        del balance[topology.ranks[a]]  # the source emits freely
-        for terms in balance.values():
-            lp.add_eq(terms, 0.0)
-    if not usage:
-        return None
-    scale = max(link.bandwidth for link in topology.links)  # rates in units of the fastest link
+            rate = lp.var(cost=cost)
+            for key, share in topology.route_shares(a, b).items():
+                usage.setdefault(key, []).append((rate, share))
+            rates.append(rate)
+        return rates
+    links = sorted({(ln.src, ln.dst) for b in targets for ln in topology.equal_cost_links(a, b)})
+    flow = {key: lp.var() for key in links}
+    balance: dict[str, list[tuple[int, float]]] = {}  # inflow - outflow - delivered = 0 at every device
+    for key, var in flow.items():
+        usage.setdefault(key, []).append((var, 1.0))
+        balance.setdefault(key[0], []).append((var, -1.0))
+        balance.setdefault(key[1], []).append((var, 1.0))
+    rates = []
+    for b in targets:
+        rates.append(lp.var(cost=cost))
+        balance[topology.ranks[b]].append((rates[-1], -1.0))
+    balance.pop(topology.ranks[a], None)  # the source emits freely
+    for terms in balance.values():
+        lp.add_eq(terms, 0.0)
+    return rates
+
+
+def _solve_routed(lp: LinearProgram, topology: Topology, usage: dict[tuple[str, str], list[tuple[int, float]]],
+                  ) -> float | None:
+    """Bound every link's load in ``usage`` by its bandwidth and solve: the optimum in bytes/s (rates are in
+    units of the fastest link), None unless solved to optimality."""
+    scale = max(link.bandwidth for link in topology.links)
     for key in sorted(usage):
         lp.add_le(usage[key], topology.link(*key).bandwidth / scale)  # type: ignore[union-attr]
     try:
@@ -488,46 +504,16 @@ def _routed_rank_rate(topology: Topology, inbound: bool) -> float | None:
     lp = LinearProgram()
     t = lp.var(cost=-1.0)
     usage: dict[tuple[str, str], list[tuple[int, float]]] = {}
-    per_rank: list[list[tuple[int, float]]] = [[] for _ in range(p)]
+    per_rank: list[list[int]] = [[] for _ in range(p)]
     for a in range(p):
         targets = [b for b in range(p) if b != a and topology.has_route(a, b)]
-        if not targets:
-            continue
-        if topology.routing not in PER_CONNECTION:
-            for b in targets:
-                rate = lp.var()
-                per_rank[b if inbound else a].append((rate, 1.0))
-                for key, share in topology.route_shares(a, b).items():
-                    usage.setdefault(key, []).append((rate, share))
-            continue
-        links = sorted({(ln.src, ln.dst) for b in targets for ln in topology.equal_cost_links(a, b)})
-        flow = {key: lp.var() for key in links}
-        balance: dict[str, list[tuple[int, float]]] = {}  # inflow - outflow - delivered = 0 at every device
-        for key, var in flow.items():
-            usage.setdefault(key, []).append((var, 1.0))
-            balance.setdefault(key[0], []).append((var, -1.0))
-            balance.setdefault(key[1], []).append((var, 1.0))
-        for b in targets:
-            delivered = lp.var()
-            balance[topology.ranks[b]].append((delivered, -1.0))
-            per_rank[b if inbound else a].append((delivered, 1.0))
-        del balance[topology.ranks[a]]  # the source emits freely
-        for terms in balance.values():
-            lp.add_eq(terms, 0.0)
+        for b, rate in zip(targets, _pair_rates(lp, topology, a, targets, usage, cost=0.0)):
+            per_rank[b if inbound else a].append(rate)
     if not usage or not all(per_rank):
         return None
-    for terms in per_rank:
-        lp.add_le([(t, 1.0), *((var, -1.0) for var, _ in terms)], 0.0)
-    scale = max(link.bandwidth for link in topology.links)  # rates in units of the fastest link
-    for key in sorted(usage):
-        lp.add_le(usage[key], topology.link(*key).bandwidth / scale)  # type: ignore[union-attr]
-    try:
-        solution = solve(lp, SolverOptions(backend="glop", time_limit_s=ROUTED_PARTITION_SECONDS))
-    except (InfeasibleError, NotApplicableError):  # no time, or no solver installed: no refinement
-        return None
-    if not solution.optimal:
-        return None
-    return -solution.objective * scale * (1 + 1e-9)  # the margin keeps rounding on the safe side
+    for rates in per_rank:
+        lp.add_le([(t, 1.0), *((var, -1.0) for var in rates)], 0.0)
+    return _solve_routed(lp, topology, usage)
 
 
 def _plural(n: int, word: str) -> str:
