@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -17,6 +21,20 @@ def shared_dir() -> Path:
     if not SHARED.is_dir():
         pytest.skip("../shared (reference inputs beside the repository) is absent in this checkout")
     return SHARED
+
+
+def run_bounded(cmd: Sequence[str], limit_s: float, what: str, **popen: object) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd`` in a session of its own, capturing text output; past ``limit_s`` seconds kill its whole
+    process group (mpiexec's ranks, a shell's children) and fail the test naming ``what``."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            **popen)  # type: ignore[call-overload]
+    try:
+        out, err = proc.communicate(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{what} ran past {limit_s:g} s and was killed\n{err[-3000:]}")
+    return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
 
 
 TWO_GPUS = """\

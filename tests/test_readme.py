@@ -20,7 +20,6 @@ import math
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ import pytest
 
 from planner.cli import cli
 from runtime.launch import find_mpiexec
-from tests.conftest import REPO
+from tests.conftest import REPO, run_bounded
 
 README = REPO / "README.md"
 
@@ -117,15 +116,8 @@ def run(command: Command, folder: Path, limit_s: float = COMMAND_LIMIT_S) -> sub
     """Run the README command under bash in ``folder`` (this checkout importable); kill it past ``limit_s``."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     env.pop("TOPOCC_DEBUG", None)
-    proc = subprocess.Popen(["bash", "-c", localize(command.text)], cwd=folder, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=limit_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"README.md:{command.line}: `{command.text}` ran past {limit_s:g} s and was killed\n{err[-2000:]}")
-    return subprocess.CompletedProcess(command.text, proc.returncode, out, err)
+    return run_bounded(["bash", "-c", localize(command.text)], limit_s, f"README.md:{command.line}: `{command.text}`",
+                       cwd=folder, env=env, stdin=subprocess.DEVNULL)
 
 
 def normal(line: str) -> str:

@@ -8,19 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 from planner.compile import compile_plan
 from planner.topology import parse_topology_text
 from runtime.launch import RANK_WRAPPER, find_mpiexec
 from runtime.plan import save_plan
-
-REPO = Path(__file__).resolve().parents[3]
+from tests.conftest import REPO, run_bounded
 
 #: Every rank's preamble: MPI for the rows, torch.distributed over gloo (rendezvous on a port rank 0 picks),
 #: and the model whose DDP buckets (``bucket_cap_mb=0.1``) come in several sizes, with different data per rank.
@@ -77,15 +72,9 @@ def launch(np_: int, script: str, args: list[str], tmp_path: Path, limit: float 
     file.write_text(script)
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [find_mpiexec(), "-disable-auto-cleanup", "-n", str(np_), *RANK_WRAPPER, sys.executable, str(file), *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"the job ran past {limit} s:\n{err[-3000:]}")
-    assert proc.returncode == 0, err[-3000:]
+    done = run_bounded(cmd, limit, "the job", env=env)
+    out, err = done.stdout, done.stderr
+    assert done.returncode == 0, err[-3000:]
     rows = [row for line in out.splitlines() if line.startswith("[") for row in json.loads(line)]
     assert len(rows) == np_, out + err[-2000:]
     return sorted(rows, key=lambda r: r["rank"])
