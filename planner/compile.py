@@ -289,7 +289,7 @@ def compile_schedule(topology: Topology, collective: str, algorithm: str = "auto
     simulated time (it cannot win: link time is a lower bound of its
     simulation); the winner is verified.  An algorithm whose schedules all
     have a chain of dependent messages (:attr:`Algorithm.min_chain`: the ring's
-    p - 1) is built after the others are timed, and not at all when that chain
+    p - 1) is built after the others of its tier are timed, and not at all when that chain
     times :func:`least_latency` already exceeds the best time: a 128-rank ring
     at 1 MiB cost most of the race and lost twenty-fold.  ``progress`` is called
     as each candidate starts a phase and when it is settled.
