@@ -28,11 +28,20 @@ direct (one step: every member sends every other its part at once, as on a
 switch every port can; one path latency), whichever a link-load estimate
 times fastest, ties to the fewer steps: that keeps the latency of a 32-member
 cross-leaf level at 5 hops, not 31, and of a DGX A100 host or a rail at one.
+
+An all-reduce may choose who owns what, and BlueConnect's equal parts load a
+host behind slower NICs as much as the others: on 8 x 200 Gbit/s DGX hosts
+beside hosts with 2 x 100 Gbit/s, these would carry 1.75 times the data each
+way (eight hosts).  So where the last level runs direct, its parts go to the
+members so as to even out the time their hosts' NICs take (:func:`ownership`),
+and the slow hosts own less or nothing (hetero-nics-8x8 at 256 MiB: 55.7% of
+the bound with equal parts, 97.7% with these).  Equal NICs keep equal parts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import heapq
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from planner.algorithms import Options
@@ -247,6 +256,32 @@ def _estimate(topology: Topology, stage: Stage, method: str, part_bytes: float, 
     return total
 
 
+def _round_trip(topology: Topology, stage: Stage, method: str, part_bytes: float, slices: int, channel: int,
+                weights: Mapping[int, int] | None) -> float:
+    """Seconds the last level of an all-reduce takes with ``method``, reduce-scatter and all-gather pooled:
+    every step's path latency plus all the bytes of both phases over the busiest link.
+
+    Pooled since the pipeline runs both phases at once, on different slices:
+    with uneven ownership (``weights``, see :func:`ownership`; by default one
+    part each) a small owner's links carry mostly outgoing bytes in the
+    reduce-scatter and incoming ones in the all-gather, which a phase-by-phase
+    :func:`_estimate` would count as if they queued.
+    """
+    link = topology.link
+    load: dict[tuple[str, str], float] = {}
+    latency = 0.0
+    for gather in (False, True):
+        for step in _METHODS[method](stage.size, gather):
+            for g in stage.groups:
+                for i, j, a, b in step:
+                    parts = b - a if weights is None else sum(weights[g[x]] for x in range(a, b))
+                    for key, share in path_shares(topology, g[i], g[j], channel).items():
+                        load[key] = load.get(key, 0.0) + share * parts
+            latency += max(path_latency(topology, g[i], g[j], channel) for g in stage.groups for i, j, _, _ in step)
+    busiest = max((v / link(*key).bandwidth for key, v in load.items()), default=0.0)  # type: ignore[union-attr]
+    return latency + slices * part_bytes * busiest
+
+
 def _sharing(topology: Topology, stage: Stage, channel: int) -> float:
     """The most messages (route shares summed) one link carries in a direct step of ``stage``."""
     load: dict[tuple[str, str], float] = {}
@@ -259,15 +294,88 @@ def _sharing(topology: Topology, stage: Stage, channel: int) -> float:
     return max(load.values(), default=0.0)
 
 
+def _host_rates(topology: Topology, stage: Stage, channel: int) -> dict[int, float]:
+    """Each rank's share of what its host's links to the outside carry, bytes/s: the lower of out and in.
+
+    The links counted are those the routes of the stage's messages (each rank
+    to its ring successor) cross out of a host (from a device of the host to
+    one outside it) or into it, each counted once at its full bandwidth, and
+    split evenly over the host's ranks: a host of 8 GPUs behind two 100 Gbit/s
+    NICs gives each 3.125 GB/s, a DGX A100 (eight 200 Gbit/s NICs) 25 GB/s.
+    Per host and not per rank, since one sampled route per rank says which
+    NICs a host uses but not how its ranks would share them.
+    """
+    place = {d.name: d.host or d.name for d in topology.devices}
+    home = {r: place[topology.ranks[r]] for g in stage.groups for r in g}
+    out: dict[str, set[tuple[str, str]]] = {}
+    into: dict[str, set[tuple[str, str]]] = {}
+    for g in stage.groups:
+        for i, r in enumerate(g):
+            for key in path_shares(topology, r, g[(i + 1) % len(g)], channel):
+                if place[key[0]] != place[key[1]]:
+                    out.setdefault(place[key[0]], set()).add(key)
+                    into.setdefault(place[key[1]], set()).add(key)
+    members: dict[str, int] = {}
+    for h in home.values():
+        members[h] = members.get(h, 0) + 1
+    link = topology.link
+
+    def capacity(keys: set[tuple[str, str]]) -> float:
+        return sum(link(*k).bandwidth for k in keys)  # type: ignore[union-attr]
+
+    return {r: min(capacity(out.get(h, set())), capacity(into.get(h, set()))) / members[h] for r, h in home.items()}
+
+
+def ownership(topology: Topology, stage: Stage, channel: int) -> dict[int, int] | None:
+    """How many of its group's ``stage.size`` parts each rank of a direct level across hosts reduces, or
+    None where every rank takes one (today's equal split).
+
+    In a direct reduce-scatter plus all-gather a member owning the fraction
+    ``f`` of the data sends (and receives) ``(1 - f) + (n - 1) f`` of it: it
+    sends every other owner its part, then its own part to all ``n - 1``
+    others.  Ownership is free in an all-reduce, so each part goes, one at a
+    time, to the member whose time ``(1 + (n - 2) f) / rate`` (rates from
+    :func:`_host_rates`) grows least: a min-max that leaves a host behind two
+    100 Gbit/s NICs owning nothing while DGX hosts beside it reduce for it.
+    Its NICs then carry only the data once each way, the cut bound of a lone
+    host (:mod:`planner.bounds`).  Equal rates give one part each, and so do
+    rates less than ``(3n - 4) / (2n - 2)`` apart (1.25 for three members,
+    towards 1.5 for many), since a second part costs a member more than a
+    first one does a member that much slower.  Of two members, ownership
+    moves nothing (each sends the data once whatever it owns).  A ring or
+    halving-doubling member forwards most parts whoever owns them, so only
+    a direct level gets uneven parts (see :func:`hierarchical`).
+    """
+    n = stage.size
+    if stage.level == "host" or n <= 2:
+        return None
+    rate = _host_rates(topology, stage, channel)
+    if min(rate.values()) <= 0:  # no route out of some host sampled: no basis for a choice
+        return None
+    weights: dict[int, int] = {}
+    for g in stage.groups:
+        # (time once it owns one part more, parts it owns, position): ties go to the one owning fewer
+        heap = [((1 + (n - 2) / n) / rate[r], 0, i) for i, r in enumerate(g)]
+        heapq.heapify(heap)
+        owned = [0] * n
+        for _ in range(n):
+            _, parts, i = heapq.heappop(heap)
+            owned[i] = parts + 1
+            heapq.heappush(heap, ((1 + (n - 2) * (parts + 2) / n) / rate[g[i]], parts + 1, i))
+        weights.update(zip(g, owned))
+    return None if all(w == 1 for w in weights.values()) else weights
+
+
 def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: float, slices: int,
-                  force: str | None = None) -> list[str]:
+                  force: str | None = None, weights: Mapping[int, int] | None = None) -> list[str]:
     """Ring, halving-doubling or direct for each level: the one :func:`_estimate` times fastest (ties: fewer
     steps; direct only where it is :data:`_DIRECT_GAIN` faster).
 
     ``force`` (``Options.extra["stage_method"]``) picks one for every level it
     fits; halving-doubling fits a level whose size is a power of two, direct one
     of at most :data:`_DIRECT_MAX_MEMBERS` members.  A level of two members has
-    one step whatever the method.
+    one step whatever the method.  ``weights`` (:func:`ownership`) times a direct
+    last level with that ownership.
     """
     out: list[str] = []
     part = slice_bytes
@@ -286,6 +394,8 @@ def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: floa
             continue
         # timed on the channel of the level's reduce-scatter phase (all-reduce and reduce-scatter: its index)
         times = [_estimate(topology, s, m, part, slices, si) for m in fits]
+        if weights is not None and si == len(levels) - 1:  # uneven ownership, where direct runs it
+            times = [_round_trip(topology, s, m, part, slices, si, weights if m == "direct" else None) for m in fits]
         if fits[0] == "direct" and len(fits) > 1 and times[0] > min(times[1:]) * (1 - _DIRECT_GAIN):
             fits, times = fits[1:], times[1:]
         best = min(times)
@@ -388,7 +498,8 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     ``options.extra["window"]`` sets the flow control's window (reduce-scatter:
     1; 0 turns it off); ``options.extra["stage_method"]`` (``ring``,
     ``halving-doubling`` or ``direct``) forces the method of every level whose
-    size allows it.
+    size allows it.  An all-reduce whose direct last level splits unevenly
+    (:func:`ownership`) records each virtual block's parts as ``ownership``.
     """
     collective = canonical_collective(collective)
     if collective not in ("allreduce", "reducescatter", "allgather"):
@@ -435,7 +546,11 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     force = options.extra.get("stage_method")
     if force is not None and force not in _METHODS:
         raise NotApplicableError(f"hierarchical: unknown stage_method {force!r} (use {', '.join(_METHODS)})")
-    methods = stage_methods(topology, levels, options.size_bytes / slices, slices, force)
+    # all-reduce may let the ranks of fast hosts reduce more of the last level (where that runs direct)
+    weights = ownership(topology, levels[-1], len(levels) - 1) if collective == "allreduce" else None
+    methods = stage_methods(topology, levels, options.size_bytes / slices, slices, force, weights)
+    if methods[-1] != "direct":
+        weights = None
     # the flow control (below) keeps a ring's one link busy with the oldest slice; a direct first level needs
     # none (dgx-a100-4node reduce-scatter, windowed ring / direct / windowless direct: 7.8x / 1.8x / 1.2x
     # of the bound at 1 MiB, 95.6% / 96.2% / 96.4% at 256 MiB), so there it is off and direct levels stay
@@ -493,6 +608,7 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     # A direct reduce-scatter receives every peer's part into a scratch slot of its own and reduces it in
     # locally: reducing receives into one chunk would wait for each other, a path latency per peer.
     slot_chunks = sum((levels[si].size - 1) * (spans[si] // levels[si].size) * units
+                      * (max(weights.values()) if weights is not None and si == len(levels) - 1 else 1)
                       for si, gather in phases if not gather and methods[si] == "direct")
 
     refs: Callable[[int, int, int], list[Chunk]]
@@ -502,9 +618,17 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
         for r in range(p):
             b.copy(r, Chunk("i", 0, p * units), Chunk("o", 0, p * units))
 
+        # virtual block v starts at start[v] units of a slice: v units, or the weights of the blocks before it
+        start = list(range(p + 1))
+        if weights is not None:
+            meta["ownership"] = ":".join(str(weights[owner[v]]) for v in range(p))
+            for v in range(p):
+                start[v + 1] = start[v] + weights[owner[v]]
+
         def refs(j: int, lo: int, hi: int) -> list[Chunk]:
-            # slice j holds chunks p * offsets[j] ... of every virtual block, shape[j] each, block-major
-            return [Chunk("o", p * offsets[j] + lo * shape[j], (hi - lo) * shape[j])]
+            # slice j holds chunks p * offsets[j] ... of every virtual block, shape[j] per unit, block-major
+            count = (start[hi] - start[lo]) * shape[j]
+            return [Chunk("o", p * offsets[j] + start[lo] * shape[j], count)] if count else []
     else:
         # slice j of virtual blocks lo..hi is that piece of each of their owners' blocks
         buffer = "s" if collective == "reducescatter" else "o"

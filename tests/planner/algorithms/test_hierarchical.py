@@ -7,8 +7,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.algorithms import Options
-from planner.algorithms.hierarchical import _DIRECT_MAX_MEMBERS, _METHODS, _slice_shape, hierarchical, stages
+from planner.algorithms.hierarchical import (
+    _DIRECT_MAX_MEMBERS,
+    _METHODS,
+    _slice_shape,
+    hierarchical,
+    ownership,
+    stages,
+)
+from planner.bounds import lower_bound
 from planner.errors import NotApplicableError
+from planner.fabrics import heterogeneous_nics
+from planner.simulate import simulate
 from planner.topology import Topology, parse_topology_text
 from tests.planner.algorithms.test_baselines import check_schedule
 from tests.strategies import topologies
@@ -265,3 +275,46 @@ def test_direct_levels_on_random_topologies(topology: Topology, data: st.DataObj
     verify_lowering(schedule, lower(schedule, data.draw(st.integers(1, 8))))
     time_s = simulate(topology, schedule, size).time_s
     assert time_s >= lower_bound(topology, collective, size).time_s * (1 - 1e-9)
+
+
+# --------------------------------------------------------------------------- ownership on unequal NICs
+
+#: Four hosts of two GPUs on one switch: two with two 200 Gbit/s NICs (25 GB/s per GPU), two with one
+#: 100 Gbit/s NIC (6.25 GB/s per GPU).  Of two hosts (small_suite's hetero-nics-2x4) ownership moves
+#: nothing: each host sends the data once whatever it owns.
+UNEQUAL_NICS = ((2, 200), (2, 200), (1, 100), (1, 100))
+
+
+def test_ownership_follows_each_hosts_nics() -> None:
+    """Issue #11: the ranks of the fast hosts reduce the last level's data for the slow ones, whose NICs then
+    carry it once each way (owning a quarter, they would carry it 1.5 times); equal NICs keep equal parts."""
+    topology = heterogeneous_nics(UNEQUAL_NICS, gpus=2).topology()
+    levels = stages(topology)
+    owned = ownership(topology, levels[-1], len(levels) - 1)
+    assert owned is not None
+    host = {r: h for h, ranks in enumerate(topology.hosts.values()) for r in ranks}
+    assert {host[r]: parts for r, parts in owned.items()} == {0: 2, 1: 2, 2: 0, 3: 0}
+    equal = heterogeneous_nics(((1, 100),) * 4, gpus=2).topology()
+    assert ownership(equal, stages(equal)[-1], 1) is None
+
+
+@pytest.mark.parametrize(("size", "within"), [(1 << 20, 1.3), (64 << 20, 1.05)])
+def test_all_reduce_on_unequal_nics_comes_near_the_bound(size: int, within: float) -> None:
+    """The bound is the slow host's cut (the data once each way over its NIC); equal ownership took 1.5x it."""
+    topology = heterogeneous_nics(UNEQUAL_NICS, gpus=2).topology()
+    schedule = hierarchical(topology, "allreduce", Options(size_bytes=size))
+    check_schedule(topology, schedule, "allreduce", "hierarchical")
+    assert schedule.metadata.options["methods"][-1] == "direct"
+    ratio = simulate(topology, schedule, size).time_s / lower_bound(topology, "allreduce", size).time_s
+    assert 1 - 1e-9 <= ratio <= within, ratio
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nics=st.lists(st.sampled_from([(1, 100), (1, 200), (2, 100), (2, 200)]), min_size=3, max_size=4),
+       gpus=st.sampled_from([2, 4]), size=st.sampled_from([1 << 16, 1 << 20, 64 << 20]))
+def test_unequal_ownership_verifies_and_never_beats_the_bound(nics: list[tuple[int, int]], gpus: int,
+                                                              size: int) -> None:
+    topology = heterogeneous_nics(tuple(nics), gpus=gpus).topology()
+    schedule = hierarchical(topology, "allreduce", Options(size_bytes=size))
+    check_schedule(topology, schedule, "allreduce", "hierarchical")
+    assert simulate(topology, schedule, size).time_s >= lower_bound(topology, "allreduce", size).time_s * (1 - 1e-9)
