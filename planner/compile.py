@@ -291,7 +291,8 @@ def compile_schedule(topology: Topology, collective: str, algorithm: str = "auto
     have a chain of dependent messages (:attr:`Algorithm.min_chain`: the ring's
     p - 1) is built after the others of its tier are timed, and not at all when that chain
     times :func:`least_latency` already exceeds the best time: a 128-rank ring
-    at 1 MiB cost most of the race and lost twenty-fold.  ``progress`` is called
+    at 1 MiB cost most of the race and lost twenty-fold.  So is one with a
+    :attr:`Algorithm.link_floor`, a bound of its link time found unbuilt.  ``progress`` is called
     as each candidate starts a phase and when it is settled.
     """
     collective = canonical_collective(collective)
@@ -343,32 +344,54 @@ def _race(topology: Topology, collective: str, options: Options, members: list[s
           ) -> tuple[float, int, Schedule, SimResult] | None:
     """One tier of ``auto``: build ``members``, simulate them in order of link time against ``best``.
 
-    Members with a :attr:`~planner.algorithms.Algorithm.min_chain` are built
-    after the others are timed, and not at all when their chain of dependent
-    messages times :func:`least_latency` already loses to the best.  Returns the
-    new best (time, position in ``names``, schedule, simulation).
+    Members with a :attr:`~planner.algorithms.Algorithm.min_chain` or a
+    :attr:`~planner.algorithms.Algorithm.link_floor` are built after the others
+    are timed, and not at all when their chain of dependent messages times
+    :func:`least_latency`, or their link floor, already loses to the best.
+    Returns the new best (time, position in ``names``, schedule, simulation).
     """
     first: list[str] = []
-    chained: list[str] = []
+    chained: list[str] = []  # built last: a bound found unbuilt may spare their build
     for name in members:
         limit = ALGORITHMS[name].auto_max_ranks
         if limit is not None and topology.size > limit:
             settle(Candidate(name, None, 0.0, reason=f"auto skips it above {limit} ranks, where it "
                              f"costs too much to compile; ask for it with --algorithm {name}"))
             continue
-        (chained if ALGORITHMS[name].min_chain is not None else first).append(name)
+        deferred = ALGORITHMS[name].min_chain is not None or ALGORITHMS[name].link_floor is not None
+        (chained if deferred else first).append(name)
     best = _time_candidates(topology, collective, options, first, names, best, proofs, report, settle)
     later = []
     for name in chained:
-        hops = ALGORITHMS[name].min_chain(collective, topology.size)  # type: ignore[misc]
-        floor = hops * least_latency(topology)
-        if best is not None and floor * (1 - 1e-9) > best[0]:
-            settle(Candidate(name, None, 0.0, reason=f"cannot win: its chain of {hops} dependent messages "
-                             f"alone needs {format_time(floor)}, more than {names[best[1]]}'s "
-                             f"{format_time(best[0])}"))
+        reason = None if best is None else _cannot_win(topology, collective, options, name, names[best[1]], best[0])
+        if reason is not None:
+            settle(Candidate(name, None, 0.0, reason=reason))
             continue
         later.append(name)
     return _time_candidates(topology, collective, options, later, names, best, proofs, report, settle)
+
+
+def _cannot_win(topology: Topology, collective: str, options: Options, name: str, leader: str,
+                best_s: float) -> str | None:
+    """Why algorithm ``name`` cannot beat ``leader``'s ``best_s`` unbuilt (its :attr:`~Algorithm.min_chain`
+    or :attr:`~Algorithm.link_floor` already needs more), or None when it might."""
+    algorithm = ALGORITHMS[name]
+    if algorithm.min_chain is not None:
+        hops = algorithm.min_chain(collective, topology.size)
+        floor = hops * least_latency(topology)
+        if floor * (1 - 1e-9) > best_s:
+            return (f"cannot win: its chain of {hops} dependent messages alone needs {format_time(floor)}, "
+                    f"more than {leader}'s {format_time(best_s)}")
+    link_floor = algorithm.load_link_floor()
+    if link_floor is not None:
+        try:
+            floor = link_floor(topology, collective, options)
+        except (NotApplicableError, InfeasibleError):
+            return None  # the build says why
+        if floor * (1 - 1e-9) > best_s:
+            return (f"cannot win: its busiest link alone needs {format_time(floor)}, more than {leader}'s "
+                    f"{format_time(best_s)}")
+    return None
 
 
 def _time_candidates(topology: Topology, collective: str, options: Options, members: list[str], names: list[str],

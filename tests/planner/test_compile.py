@@ -176,3 +176,18 @@ def test_auto_skips_the_ring_unbuilt_where_its_latency_chain_loses() -> None:
     compiled = compile_schedule(resolve_topology("dgx-a100-4node"), "allreduce", "auto", Options(size_bytes=1 << 20))
     ring = next(c for c in compiled.candidates if c.algorithm == "ring")
     assert ring.time_s is None and ring.operations == 0 and "62 dependent messages" in (ring.reason or "")
+
+
+def test_auto_skips_the_tree_unbuilt_where_its_link_floor_loses() -> None:
+    """32 ranks at 256 MiB: the trees' NIC links alone need 10.7 ms, the hierarchical schedule takes 2.0 ms,
+    so the tree is never built (at 1024 ranks its build cost ten seconds of a 50-second race)."""
+    from planner.compile import resolve_topology
+
+    compiled = compile_schedule(resolve_topology("dgx-a100-4node"), "allreduce", "auto",
+                                Options(size_bytes=256 << 20))
+    tree = next(c for c in compiled.candidates if c.algorithm == "tree")
+    assert tree.time_s is None and tree.operations == 0 and tree.link_time_s is None
+    assert (tree.reason or "").startswith("cannot win: its busiest link alone needs 10.74 ms")
+    # where the tree can win (small messages: latency) the floor does not keep it from being built
+    small = compile_schedule(resolve_topology("dgx-a100-4node"), "allreduce", "auto", Options(size_bytes=1 << 10))
+    assert next(c for c in small.candidates if c.algorithm == "tree").operations > 0

@@ -526,3 +526,20 @@ def test_symmetric_means_every_link_has_an_equal_reverse() -> None:
     assert load("dgx1-v100.yaml").symmetric
     assert load("fattree-1024.yaml").symmetric
     assert not load("ndv2-2chassis.yaml").symmetric  # one-way links between the chassis
+
+
+def test_common_links_are_those_every_cheapest_path_crosses() -> None:
+    """A fat-tree crossing: the GPU's and NIC's links at both ends, never a spine's (the spray spreads over
+    those); a pair with one path: the whole path; no route: none."""
+    from tests.planner.test_compile import FAT_TREE
+    from tests.planner.test_relay import chain
+
+    topology = parse_topology_text(FAT_TREE.format(routing="spray"))
+    across = topology.size - 1  # another leaf
+    common = topology.common_links(0, across)
+    paths = topology.routes(0, across)
+    assert len(paths) > 1 and all(set(common) <= set(path) for path in paths)
+    assert len(common) == 4 and not any("spine" in ln.src or "spine" in ln.dst for ln in common)
+    (path,) = topology.routes(0, 1)  # over the host's NVSwitch
+    assert topology.common_links(0, 1) == path
+    assert chain(3).common_links(0, 2) == () and chain(3).common_links(1, 1) == ()

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from planner.algorithms import Options
-from planner.algorithms.tree import binary_tree, double_binary_tree
+from planner.algorithms.tree import binary_tree, double_binary_tree, tree_link_floor
+from planner.compile import _build, link_time, resolve_topology
+from planner.errors import NotApplicableError
 from tests.planner.algorithms.test_baselines import check_schedule, switch_cluster
 from tests.planner.test_relay import chain
 
@@ -56,3 +58,28 @@ def test_tree_edges_without_a_route_are_relayed() -> None:
     edges = {(child, par) for tree in schedule.metadata.options["trees"] for child, par in tree}
     assert any(abs(child - par) > 1 for child, par in edges)  # a tree edge between ranks with no route
     check_schedule(topology, schedule, "allreduce", "tree")  # every message goes to a neighbour
+
+
+@pytest.mark.parametrize("name", ["dgx1-v100", "torus-4x4", "pcie-4x4-10gbe", "dgx-a100-4node"])
+@pytest.mark.parametrize("routing", ["spray", "ecmp", "source"])
+@pytest.mark.parametrize(("collective", "root"), [("allreduce", 0), ("broadcast", 5), ("reduce", 2)])
+def test_link_floor_bounds_the_built_tree(name: str, routing: str, collective: str, root: int) -> None:
+    # auto skips the tree unbuilt when this floor loses, so it must never exceed the built schedule's link time
+    topology = resolve_topology(name)
+    if routing != topology.routing:
+        if name == "torus-4x4" and routing == "source":
+            pytest.skip("one routing per torus suffices")
+        topology = topology.with_routing(routing)
+    options = Options(size_bytes=64 << 20, root=root)
+    floor = tree_link_floor(topology, collective, options)
+    built = link_time(topology, _build(topology, collective, "tree", options), options.size_bytes)
+    assert 0 < floor <= built * (1 + 1e-9)
+
+
+def test_link_floor_meets_the_link_time_where_each_pair_has_one_path() -> None:
+    topology = chain(5)  # relayed edges included
+    options = Options(size_bytes=1 << 20)
+    built = double_binary_tree(topology, "allreduce", options)
+    assert tree_link_floor(topology, "allreduce", options) == pytest.approx(link_time(topology, built, 1 << 20))
+    with pytest.raises(NotApplicableError):
+        tree_link_floor(topology, "allgather", options)
