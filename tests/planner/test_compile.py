@@ -91,7 +91,7 @@ def test_auto_candidates_carry_their_link_time() -> None:
             assert c.reason is not None and c.reason.startswith("cannot win")
             assert c.link_time_s > compiled.sim.time_s
     assert all(c.link_time_s is None for c in compiled.candidates if c.time_s is None
-               and not (c.reason or "").startswith("cannot win"))
+               and not (c.reason or "").startswith(("cannot win", "not tried")))
 
 
 def test_auto_races_without_a_solver_library(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -152,6 +152,21 @@ def test_auto_skips_the_costly_tiers_once_it_is_near_the_bound() -> None:
             assert c.time_s is None and c.reason is not None and c.reason.startswith("not tried"), c
     torus = compile_schedule(resolve_topology("torus-4x4"), "allgather", "auto", Options(size_bytes=256 << 20))
     assert any(c.time_s is not None for c in torus.candidates if ALGORITHMS[c.algorithm].auto_tier > 0)
+
+
+def test_auto_stops_simulating_a_tier_once_it_is_near_the_bound() -> None:
+    """Within a tier too: on dgx2 halving-doubling's all-gather reaches 99.9% of the bound, so direct and
+    hierarchical, built and able to tie it by their busiest links, are not simulated."""
+    from planner.algorithms import ALGORITHMS
+    from planner.compile import GOOD_ENOUGH, resolve_topology
+
+    compiled = compile_schedule(resolve_topology("dgx2"), "allgather", "auto", Options(size_bytes=256 << 20))
+    assert compiled.efficiency >= GOOD_ENOUGH
+    winner = compiled.schedule.metadata.algorithm
+    skipped = [c for c in compiled.candidates if c.time_s is None and c.link_time_s is not None
+               and ALGORITHMS[c.algorithm].auto_tier == ALGORITHMS[winner].auto_tier]
+    assert skipped and all(c.link_time_s <= compiled.sim.time_s and c.operations > 0 for c in skipped)
+    assert all((c.reason or "").startswith(f"not tried: {winner} is already at") for c in skipped)
 
 
 @pytest.mark.parametrize("name", ["dgx1-v100", "emu-racks", "pcie-4x4-10gbe", "ndv2-2chassis", "torus-4x4"])
