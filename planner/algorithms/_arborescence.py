@@ -71,12 +71,15 @@ PRICE_FLOOR = 1.0
 PRICE_EXPONENT = 4.0
 #: Among arcs of nearly equal price, prefer parents nearer the root (shallow trees pipeline better):
 #: each hop from the root adds this fraction of the mean arc price to an arc's price.  One packing per
-#: bias, where the work allows (:func:`pack`); of those with the least load the shallowest is kept: a
+#: bias, where the work allows (:data:`DEPTH_WORK`); of those with the least load the shallowest is kept: a
 #: perfect packing leaves no link idle time to spare, so every hop of pipeline fill and drain shows
 #: (all-gather at 256 MiB, bias 0.05 / both: torus-4x4 mean depth 2.67 / 2.20, 95.3% / 96.2% of the
 #: bound; mesh-4x4 2.95 / 2.85, 98.6% / 99.3%; a larger bias packs worse: torus-4x4 at 0.125 loads its
 #: busiest link 16 / 15 of the optimum).
 DEPTH_BIASES = (0.05, 0.1)
+#: The packings of the later biases run only while trees x arcs x passes x biases stays under this (about a
+#: second on 2 cores: 32 ranks; at 64 the second packing would add 3 s to a 10 s compile).
+DEPTH_WORK = 1_000_000
 #: Cut-generation rounds of :func:`optimum` before it gives up.
 MAX_CUT_ROUNDS = 60
 #: Max-flow capacities are integers: fractional capacities are scaled by this.
@@ -446,7 +449,7 @@ def pack(graph: RankGraph, roots: Sequence[int], units: int, *, exact: bool | No
     work = len(keys) * PASSES * graph.arcs
     if exact is None:
         exact = work <= EXACT_WORK
-    biases = DEPTH_BIASES if work * len(DEPTH_BIASES) <= EXACT_WORK else DEPTH_BIASES[:1]
+    biases = DEPTH_BIASES if work * len(DEPTH_BIASES) <= DEPTH_WORK else DEPTH_BIASES[:1]
     hops = _distances(graph, np.ones(graph.arcs))
     tail_list, head_list = graph.tail.tolist(), graph.head.tolist()
     forward: dict[int, _Forward | None] = {}
