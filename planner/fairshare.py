@@ -12,6 +12,15 @@ paths collide on spine links) one component holds hundreds of flows and
 changes at almost every message end; there the vector filling costs a few
 numpy passes per distinct bottleneck share (at most 7 on fattree-1024) where
 the scalar one costs a Python step per (flow, link) pair.
+
+Rates are a function of the multiset of paths on the wire alone, so two
+shortcuts change no result.  An instant that leaves as many flows on each path
+as before (a connection's next message taking over from its last, most
+instants under tree packing) keeps every rate, and its new flows take their
+path's; and the vector filling gets each distinct path once, weighted by its
+flows.  Where one component spans the fabric, the search that would find it
+gives up at almost every instant, so after it gives up it is skipped a few
+times (:data:`SEARCH_SKIPS`).
 """
 
 from __future__ import annotations
@@ -34,6 +43,11 @@ SCALAR_FLOWS = 48
 #: reallocated by the vector filling: cheaper than walking a component that spans the fabric link by link
 #: (rates are decided per component, so the flows of untouched components keep theirs).
 SEARCH_LINKS = 64
+#: After a search that gave up, the next one is skipped (every flow reallocated straight away) this many times,
+#: doubling per further give-up up to :data:`SEARCH_SKIPS` and back to none after a search that succeeds: where
+#: one component spans the fabric (a torus or mesh under tree packing, a fat-tree under ECMP) nearly every
+#: search gives up, and each cost as much as a filling.  Rates are the same either way.
+SEARCH_SKIPS = 8
 
 
 def fair_rates(flows: Sequence[int], links: Collection[int], flow_links: Mapping[int, Sequence[int]],
@@ -104,40 +118,35 @@ def fair_rates_vector(paths: np.ndarray, bandwidth: np.ndarray, weights: np.ndar
     n = paths.shape[0]
     links = bandwidth.size  # indexed by the fabric's own link numbers: no renumbering (a sort) per call
     rows = np.where(paths >= 0, paths, links).astype(np.int64)  # ``links`` pads a short path
+    flat = rows.ravel()  # a view: a fixed flow's row becomes all padding, and the filling ignores it
     width = rows.shape[1]
-    weight = None if weights is None else np.asarray(weights, dtype=np.float64)  # by row, as ``rows``
+    weight = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
     cap = np.append(bandwidth.astype(np.float64), np.inf)
-    cnt = np.bincount(rows.ravel(), None if weight is None else np.repeat(weight, width),
-                      minlength=links + 1).astype(np.float64)
+    cnt = np.bincount(flat, np.repeat(weight, width), minlength=links + 1)
     cnt[links] = 0.0
     rates = np.zeros(n)
-    flows = np.arange(n)  # the unfixed flows, and their rows
-    real = rows < links
+    unfixed = n
+    # Per round a few numpy calls over all (flow, link) pairs: fixed flows are padded out in place rather
+    # than dropped (a gather per array per round), since the calls' overhead, not their length, dominates.
+    # Sums over the pairs of the flows fixed are the same as over those flows alone (zeros add nothing).
     with np.errstate(divide="ignore", invalid="ignore"):
-        while flows.size:
+        while unfixed:
             share = cap / cnt  # inf for the padding and for links without unfixed flows
             shares = share[rows]
-            least = shares.min(axis=1)  # each flow's bottleneck share now
+            least = shares.min(axis=1)  # each flow's bottleneck share now (inf for a fixed one)
             # a link is a bottleneck if none of its flows has a smaller share elsewhere
-            above = np.bincount(rows[real & (shares > (least * (1 + SAME_INSTANT))[:, None])], minlength=links + 1)
+            above = np.bincount(rows[shares > (least * (1 + SAME_INSTANT))[:, None]], minlength=links + 1)
             bottleneck = above == 0
             bottleneck[links] = False
             take = bottleneck[rows].any(axis=1)
-            rates[flows[take]] = least[take]
-            gone = rows[take].ravel()
-            if weight is None:
-                cnt -= np.bincount(gone, minlength=links + 1)
-                cap -= np.bincount(gone, weights=np.repeat(least[take], width), minlength=links + 1)
-            else:
-                taken = weight[take]
-                cnt -= np.bincount(gone, weights=np.repeat(taken, width), minlength=links + 1)
-                cap -= np.bincount(gone, weights=np.repeat(least[take] * taken, width), minlength=links + 1)
+            rates[take] = least[take]
+            gone = np.where(take, weight, 0.0)
+            cnt -= np.bincount(flat, np.repeat(gone, width), minlength=links + 1)
+            cap -= np.bincount(flat, np.repeat(np.where(take, weight * least, 0.0), width), minlength=links + 1)
             cnt[links] = 0.0  # the padding counts no flows
             cap[cnt <= 0] = np.inf
-            keep = ~take
-            flows, rows, real = flows[keep], rows[keep], real[keep]
-            if weight is not None:
-                weight = weight[keep]
+            rows[take] = links
+            unfixed -= int(np.count_nonzero(take))
     return rates
 
 
@@ -200,6 +209,8 @@ class Fabric:
         # weighted by its flows (tree packing and MultiTree put tens of flows on one path)
         self.path_rows = np.full((64, 1), -1, dtype=np.int64)
         self.delta: dict[int, int] = {}  # by path id: flows started less flows ended since the last reallocation
+        self.skips = 0  # component searches still to skip (see SEARCH_SKIPS)
+        self.backoff = 0  # searches skipped after the last one that gave up
 
     # ---- messages on and off the wire
 
@@ -357,7 +368,15 @@ class Fabric:
             if new is not None:
                 self._apply(new, self.path_rate[self.pid[new]], now)
             return
-        comps = self._components()
+        if self.skips:
+            self.skips -= 1
+            comps = None
+        else:
+            comps = self._components()
+            if comps is None:
+                self.skips = self.backoff = min(2 * self.backoff or 1, SEARCH_SKIPS)
+            else:
+                self.backoff = 0
         self.touched.clear()
         if comps is None:
             slots = np.flatnonzero(self.alive)
