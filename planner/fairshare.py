@@ -12,6 +12,15 @@ paths collide on spine links) one component holds hundreds of flows and
 changes at almost every message end; there the vector filling costs a few
 numpy passes per distinct bottleneck share (at most 7 on fattree-1024) where
 the scalar one costs a Python step per (flow, link) pair.
+
+Rates are a function of the multiset of paths on the wire alone, so two
+shortcuts change no result.  An instant that leaves as many flows on each path
+as before (a connection's next message taking over from its last, most
+instants under tree packing) keeps every rate, and its new flows take their
+path's; and the vector filling gets each distinct path once, weighted by its
+flows.  Where one component spans the fabric, the search that would find it
+gives up at almost every instant, so after it gives up it is skipped a few
+times (:data:`SEARCH_SKIPS`).
 """
 
 from __future__ import annotations
@@ -34,6 +43,11 @@ SCALAR_FLOWS = 48
 #: reallocated by the vector filling: cheaper than walking a component that spans the fabric link by link
 #: (rates are decided per component, so the flows of untouched components keep theirs).
 SEARCH_LINKS = 64
+#: After a search that gave up, the next one is skipped (every flow reallocated straight away) this many times,
+#: doubling per further give-up up to :data:`SEARCH_SKIPS` and back to none after a search that succeeds: where
+#: one component spans the fabric (a torus or mesh under tree packing, a fat-tree under ECMP) nearly every
+#: search gives up, and each cost as much as a filling.  Rates are the same either way.
+SEARCH_SKIPS = 8
 
 
 def fair_rates(flows: Sequence[int], links: Collection[int], flow_links: Mapping[int, Sequence[int]],
@@ -84,8 +98,11 @@ def fair_rates(flows: Sequence[int], links: Collection[int], flow_links: Mapping
     return rates
 
 
-def fair_rates_vector(paths: np.ndarray, bandwidth: np.ndarray) -> np.ndarray:
+def fair_rates_vector(paths: np.ndarray, bandwidth: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """Max-min fair rates of the flows whose paths are the rows of ``paths`` (link indices, -1 after the last).
+
+    With ``weights``, row i stands for ``weights[i]`` flows on that path (flows on
+    one path get one rate), so the caller passes each distinct path once.
 
     The progressive filling of :func:`fair_rates`, in rounds: a link whose fair
     share is no larger (within a relative :data:`SAME_INSTANT`) than the share
@@ -101,51 +118,51 @@ def fair_rates_vector(paths: np.ndarray, bandwidth: np.ndarray) -> np.ndarray:
     n = paths.shape[0]
     links = bandwidth.size  # indexed by the fabric's own link numbers: no renumbering (a sort) per call
     rows = np.where(paths >= 0, paths, links).astype(np.int64)  # ``links`` pads a short path
+    flat = rows.ravel()  # a view: a fixed flow's row becomes all padding, and the filling ignores it
+    width = rows.shape[1]
+    weight = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
     cap = np.append(bandwidth.astype(np.float64), np.inf)
-    cnt = np.bincount(rows.ravel(), minlength=links + 1).astype(np.float64)
+    cnt = np.bincount(flat, np.repeat(weight, width), minlength=links + 1)
     cnt[links] = 0.0
     rates = np.zeros(n)
-    flows = np.arange(n)  # the unfixed flows, and their rows
-    real = rows < links
-    width = rows.shape[1]
+    unfixed = n
+    # Per round a few numpy calls over all (flow, link) pairs: fixed flows are padded out in place rather
+    # than dropped (a gather per array per round), since the calls' overhead, not their length, dominates.
+    # Sums over the pairs of the flows fixed are the same as over those flows alone (zeros add nothing).
     with np.errstate(divide="ignore", invalid="ignore"):
-        while flows.size:
+        while unfixed:
             share = cap / cnt  # inf for the padding and for links without unfixed flows
             shares = share[rows]
-            least = shares.min(axis=1)  # each flow's bottleneck share now
+            least = shares.min(axis=1)  # each flow's bottleneck share now (inf for a fixed one)
             # a link is a bottleneck if none of its flows has a smaller share elsewhere
-            above = np.bincount(rows[real & (shares > (least * (1 + SAME_INSTANT))[:, None])], minlength=links + 1)
+            above = np.bincount(rows[shares > (least * (1 + SAME_INSTANT))[:, None]], minlength=links + 1)
             bottleneck = above == 0
             bottleneck[links] = False
             take = bottleneck[rows].any(axis=1)
-            rates[flows[take]] = least[take]
-            gone = rows[take].ravel()
-            cnt -= np.bincount(gone, minlength=links + 1)
-            cap -= np.bincount(gone, weights=np.repeat(least[take], width), minlength=links + 1)
+            rates[take] = least[take]
+            gone = np.where(take, weight, 0.0)
+            cnt -= np.bincount(flat, np.repeat(gone, width), minlength=links + 1)
+            cap -= np.bincount(flat, np.repeat(np.where(take, weight * least, 0.0), width), minlength=links + 1)
             cnt[links] = 0.0  # the padding counts no flows
             cap[cnt <= 0] = np.inf
-            keep = ~take
-            flows, rows, real = flows[keep], rows[keep], real[keep]
+            rows[take] = links
+            unfixed -= int(np.count_nonzero(take))
     return rates
 
 
 @dataclass(slots=True)
 class Route:
-    """A connection's route as the fabric uses it: paths as link indices (also as padded rows), its links once,
-    and the latency of its slowest path."""
+    """A connection's route as the fabric uses it: paths as link indices, its links once, and the latency of
+    its slowest path."""
 
     paths: tuple[tuple[int, ...], ...]
     latency: float
-    rows: np.ndarray  # (paths, longest path) int32, -1 after a path's last link
     links: tuple[int, ...]
 
 
 def make_route(paths: tuple[tuple[int, ...], ...], latency: float) -> Route:
     """A :class:`Route` of ``paths`` (each a tuple of link indices, at least one link)."""
-    rows = np.full((len(paths), max(map(len, paths), default=1)), -1, dtype=np.int32)
-    for i, path in enumerate(paths):
-        rows[i, :len(path)] = path
-    return Route(paths, latency, rows, tuple(dict.fromkeys(link for path in paths for link in path)))
+    return Route(paths, latency, tuple(dict.fromkeys(link for path in paths for link in path)))
 
 
 class Fabric:
@@ -163,14 +180,13 @@ class Fabric:
     def __init__(self, bandwidth: list[float], messages: int, record: bool) -> None:
         self.bandwidth = bandwidth
         self.bandwidth_np = np.asarray(bandwidth, dtype=np.float64)
-        self.width = 1
-        self.path = np.full((0, 1), -1, dtype=np.int32)
         self.rem = np.zeros(0)  # bytes left at time ``last``
         self.rate = np.zeros(0)
         self.last = np.zeros(0)
         self.fin = np.zeros(0)
         self.alive = np.zeros(0, dtype=bool)
         self.msg = np.zeros(0, dtype=np.int64)  # the message (its send's global id)
+        self.pid = np.zeros(0, dtype=np.int64)  # the flow's path, by its id (see ``path_ids``)
         # with ``record``: (start, bytes) of each flow sending, and (send, path, start, bytes) of each ended one
         self.begun: dict[int, tuple[float, float]] | None = {} if record else None
         self.ended: list[tuple[int, tuple[int, ...], float, float]] = []
@@ -183,6 +199,18 @@ class Fabric:
         self.touched: set[int] = set()  # links whose components must be reallocated
         self.scratch_cap = [0.0] * len(bandwidth)
         self.scratch_cnt = [0] * len(bandwidth)
+        # Rates depend only on the multiset of paths on the wire (flows on one path get one rate), so an
+        # instant at which as many flows start on each path as end on it (a connection's next message
+        # following its last, the common case under tree packing) changes no rate: the new flows get the
+        # rate of their path, and neither the component search nor a filling is needed.
+        self.path_ids: dict[tuple[int, ...], int] = {}  # each path that carried a flow, numbered from 0
+        self.path_rate = np.zeros(64)  # by path id: the rate of the flows on that path (when there are some)
+        # by path id: the path's links, -1 after its last; the vector filling gets each distinct path once,
+        # weighted by its flows (tree packing and MultiTree put tens of flows on one path)
+        self.path_rows = np.full((64, 1), -1, dtype=np.int64)
+        self.delta: dict[int, int] = {}  # by path id: flows started less flows ended since the last reallocation
+        self.skips = 0  # component searches still to skip (see SEARCH_SKIPS)
+        self.backoff = 0  # searches skipped after the last one that gave up
 
     # ---- messages on and off the wire
 
@@ -208,6 +236,9 @@ class Fabric:
             order = np.argsort(times, kind="stable")
             ended, times = ended[order], times[order]
         msgs = self.msg[ended].tolist()
+        delta = self.delta
+        for pid in self.pid[ended].tolist():
+            delta[pid] = delta.get(pid, 0) - 1
         self.alive[ended] = False
         self.fin[ended] = np.inf
         self.rate[ended] = 0.0
@@ -241,43 +272,36 @@ class Fabric:
 
     # ---- fair shares
 
-    def _grow(self, need: int, width: int) -> None:
-        """Room for ``need`` more flows, and paths of ``width`` links."""
-        if width > self.width:
-            self.path = np.pad(self.path, ((0, 0), (0, width - self.width)), constant_values=-1)
-            self.width = width
+    def _grow(self, need: int) -> None:
+        """Room for ``need`` more flows."""
         if len(self.free) >= need:
             return
         size = self.alive.size
         more = max(size, need - len(self.free), 64)
-        for name in ("rem", "rate", "last", "msg"):
+        for name in ("rem", "rate", "last", "msg", "pid"):
             old = getattr(self, name)
             setattr(self, name, np.concatenate([old, np.zeros(more, dtype=old.dtype)]))
         self.fin = np.concatenate([self.fin, np.full(more, np.inf)])
         self.alive = np.concatenate([self.alive, np.zeros(more, dtype=bool)])
-        self.path = np.concatenate([self.path, np.full((more, self.width), -1, dtype=np.int32)])
         self.free[:0] = range(size + more - 1, size - 1, -1)  # low slots are taken first
 
-    def _materialise(self, now: float) -> None:
-        """Give the messages added since the last reallocation their flow slots."""
+    def _materialise(self, now: float) -> np.ndarray:
+        """Give the messages added since the last reallocation their flow slots; returns those slots."""
         pending = self.pending
         counts = [len(route.paths) for _, route, _ in pending]
         total = sum(counts)
-        self._grow(total, max(route.rows.shape[1] for _, route, _ in pending))
+        self._grow(total)
         free = self.free
         taken = free[len(free) - total:]
         del free[len(free) - total:]
         slots = np.array(taken, dtype=np.int64)
-        width = self.width
-        for _, route, _ in pending:
-            if route.rows.shape[1] < width:  # the fabric widened since the route was made: pad it once
-                route.rows = np.pad(route.rows, ((0, 0), (0, width - route.rows.shape[1])), constant_values=-1)
-        self.path[slots] = np.concatenate([route.rows for _, route, _ in pending])
         self.rem[slots] = np.repeat([share for _, _, share in pending], counts)
         self.msg[slots] = np.repeat([send for send, _, _ in pending], counts)
         self.rate[slots] = 0.0
         self.last[slots] = now
         self.alive[slots] = True
+        path_ids, delta = self.path_ids, self.delta
+        pids: list[int] = []
         at = 0
         for (send, route, share), k in zip(pending, counts):
             mine = taken[at:at + k]
@@ -285,7 +309,27 @@ class Fabric:
             if self.begun is not None:
                 self.begun.update((slot, (now, share)) for slot in mine)
             at += k
+            for path in route.paths:
+                pid = path_ids.get(path)
+                if pid is None:
+                    pid = self._new_path(path)
+                pids.append(pid)
+                delta[pid] = delta.get(pid, 0) + 1
+        self.pid[slots] = pids
         pending.clear()
+        return slots
+
+    def _new_path(self, path: tuple[int, ...]) -> int:
+        """Number a path not seen before, and keep its row for the vector filling."""
+        pid = self.path_ids[path] = len(self.path_ids)
+        rows = self.path_rows
+        if pid == rows.shape[0] or len(path) > rows.shape[1]:
+            grown = np.full((2 * rows.shape[0], max(rows.shape[1], len(path))), -1, dtype=np.int64)
+            grown[:rows.shape[0], :rows.shape[1]] = rows
+            self.path_rows = rows = grown
+            self.path_rate = np.concatenate([self.path_rate, np.zeros(grown.shape[0] - self.path_rate.size)])
+        rows[pid, :len(path)] = path
+        return pid
 
     def _components(self) -> list[list[int]] | None:
         """The messages of each component holding a touched link; None once the search passes its budget."""
@@ -316,9 +360,23 @@ class Fabric:
 
     def reallocate(self, now: float) -> None:
         """Recompute the fair rates of every component in which a flow started or ended since the last call."""
-        if self.pending:
-            self._materialise(now)
-        comps = self._components()
+        new = self._materialise(now) if self.pending else None
+        same = self._same_paths()
+        self.delta.clear()
+        if same:  # the same rates as after the last call (see ``path_rate``): new flows take their path's
+            self.touched.clear()
+            if new is not None:
+                self._apply(new, self.path_rate[self.pid[new]], now)
+            return
+        if self.skips:
+            self.skips -= 1
+            comps = None
+        else:
+            comps = self._components()
+            if comps is None:
+                self.skips = self.backoff = min(2 * self.backoff or 1, SEARCH_SKIPS)
+            else:
+                self.backoff = 0
         self.touched.clear()
         if comps is None:
             slots = np.flatnonzero(self.alive)
@@ -338,7 +396,17 @@ class Fabric:
             slots = np.flatnonzero(self.alive & mark[self.msg])
             mark[members] = False
         if slots.size:
-            self._apply(slots, fair_rates_vector(self.path[slots], self.bandwidth_np), now)
+            pids = self.pid[slots]
+            weight = np.bincount(pids)  # flows per path
+            paths = np.flatnonzero(weight)
+            rates = np.empty(weight.size)
+            rates[paths] = fair_rates_vector(self.path_rows[paths], self.bandwidth_np, weight[paths])
+            self._apply(slots, rates[pids], now)
+
+    def _same_paths(self) -> bool:
+        """Whether as many flows are on each path as after the last reallocation (rates are a function of that
+        multiset of paths alone: max-min fair rates are unique, and flows on one path get one rate)."""
+        return not any(self.delta.values())
 
     def _scalar_rates(self, comp: list[int]) -> dict[int, float]:
         """Fair rates of one component's flows by :func:`fair_rates`, by slot."""
@@ -359,6 +427,7 @@ class Fabric:
 
     def _apply(self, slots: np.ndarray, rates: np.ndarray, now: float) -> None:
         """New rates for ``slots``: the flows whose rate changed (beyond rounding) get a new finish time."""
+        self.path_rate[self.pid[slots]] = rates
         old = self.rate[slots]
         changed = np.abs(rates - old) > SAME_INSTANT * old
         if not changed.all():

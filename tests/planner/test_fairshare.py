@@ -78,3 +78,55 @@ def test_the_simulators_scalar_and_vector_paths_agree(seed: int, routing: str,
     for time_s, ends in results[1:]:
         assert time_s == pytest.approx(results[0][0], rel=1e-9)
         assert [e[2] for e in ends] == pytest.approx([e[2] for e in results[0][1]], rel=1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(flow_sets(), st.data())
+def test_weighted_vector_filling_matches_the_flows_spelled_out(case: tuple[list[float], list[tuple[int, ...]]],
+                                                               data: st.DataObject) -> None:
+    """A path given once with weight k gets the rate of k flows on that path given one by one."""
+    bandwidth, paths = case
+    weights = data.draw(st.lists(st.integers(1, 6), min_size=len(paths), max_size=len(paths)))
+    rows = np.full((len(paths), 5), -1, dtype=np.int32)
+    for f, path in enumerate(paths):
+        rows[f, :len(path)] = path
+    weighted = fair_rates_vector(rows, np.asarray(bandwidth), np.asarray(weights))
+    spelled = fair_rates_vector(np.repeat(rows, weights, axis=0), np.asarray(bandwidth))
+    assert list(np.repeat(weighted, weights)) == pytest.approx(list(spelled), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_instants_that_keep_the_paths_on_the_wire_keep_the_rates(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Streams of messages on few connections (the next message of a connection replaces the last on its
+    path at the same instant): timed with the shortcut that keeps every rate when the multiset of paths is
+    unchanged, and with every such instant recomputed; the shortcut must be taken and change nothing."""
+    from planner.builder import ScheduleBuilder
+    from runtime.schedule import Chunk
+
+    rng = random.Random(seed)
+    topo = random_fabric(seed, "spray") if seed % 2 else random_topology(seed)
+    pairs = rng.sample([(a, b) for a in range(topo.size) for b in range(topo.size) if a != b], 5)
+    msgs = [(src, dst, rng.randint(1, 4), rng.randint(0, 1)) for src, dst in pairs for _ in range(rng.randint(2, 6))]
+    total = sum(n for _, _, n, _ in msgs)
+    b = ScheduleBuilder("allreduce", ranks=topo.size, input_chunks=total, output_chunks=total)
+    at = 0
+    for src, dst, n, channel in msgs:
+        b.transfer(src, dst, Chunk("i", at, n), Chunk("o", at, n), channel=channel)
+        at += n
+    schedule = b.build("random")
+    same_paths = fairshare.Fabric._same_paths
+    taken = []
+
+    def recompute(self: fairshare.Fabric) -> bool:
+        taken.append(same_paths(self))
+        return False
+
+    results = []
+    for patch in (False, True):
+        if patch:
+            monkeypatch.setattr(fairshare.Fabric, "_same_paths", recompute)
+        r = simulate(topo, schedule, total * 10**7, record=True)
+        results.append((r.time_s, [e.end_s for e in sorted(r.op_events, key=lambda e: (e.rank, e.index))]))
+    assert any(taken)
+    assert results[1][0] == pytest.approx(results[0][0], rel=1e-12)
+    assert results[1][1] == pytest.approx(results[0][1], rel=1e-12)
