@@ -189,10 +189,7 @@ def _could_gain(topology: Topology, schedule: Schedule, fixed: dict[tuple[str, s
     for chunks, (src, dst, channel) in choosable:
         for link, share in topology.route_shares(src, dst, channel).items():
             now[link] = now.get(link, 0.0) + share * chunks
-        paths = topology.routes(src, dst)
-        for path in paths:
-            for link in path:
-                key = (link.src, link.dst)
-                even[key] = even.get(key, 0.0) + chunks / len(paths)
+        for link, share in topology.even_shares(src, dst).items():
+            even[link] = even.get(link, 0.0) + share * chunks
     busiest = max(v / bandwidth[key] for key, v in now.items())
     return max(v / bandwidth[key] for key, v in even.items()) < busiest * (1 - 1e-6)

@@ -32,7 +32,7 @@ import heapq
 import json
 import zlib
 from array import array
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -500,15 +500,23 @@ class Topology:
         key = self.route_key(src, dst, channel)
         found = cache.get(key)
         if found is None:
-            paths = self.connection_paths(src, dst, channel)
-            found = {}
-            for path in paths:
-                for link in path:
-                    k = (link.src, link.dst)
-                    found[k] = found.get(k, 0.0) + 1.0 / len(paths)
+            found = _split_evenly(self.connection_paths(src, dst, channel))
             if len(cache) >= _PATH_CACHE_PAIRS:
                 cache.clear()
             cache[key] = found
+        return found
+
+    def even_shares(self, src: int, dst: int) -> dict[tuple[str, str], float]:
+        """The fraction of a message from rank ``src`` to rank ``dst`` on each directed link were it split evenly
+        over all the pair's equal-cost paths (:meth:`routes`): what ``spray`` does, and what spreading
+        connections over the paths comes near under ECMP."""
+        cache: dict[tuple[int, int], dict[tuple[str, str], float]] = self.derived("even_shares", dict)
+        found = cache.get((src, dst))
+        if found is None:
+            found = _split_evenly(self.routes(src, dst))
+            if len(cache) >= _PATH_CACHE_PAIRS:
+                cache.clear()
+            cache[(src, dst)] = found
         return found
 
     def route_bandwidth(self, src: int, dst: int, channel: int = 0) -> float:
@@ -649,6 +657,17 @@ def parse_link(src: Source, item: Any, defaults: LinkDefaults) -> tuple[list[Lin
 
 
 _UNLABELLED = "dimension-order routing needs links labelled with their dimension"
+
+
+def _split_evenly(paths: Sequence[Sequence[Link]]) -> dict[tuple[str, str], float]:
+    """Each directed link's share of a message split evenly over ``paths`` (a link on several paths carries
+    each of their shares)."""
+    shares: dict[tuple[str, str], float] = {}
+    for path in paths:
+        for link in path:
+            key = (link.src, link.dst)
+            shares[key] = shares.get(key, 0.0) + 1.0 / len(paths)
+    return shares
 
 
 def _unlabelled(routing: str | None, links: Iterable[Link]) -> bool:

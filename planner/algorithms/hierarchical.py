@@ -257,16 +257,7 @@ def _spread_shares(topology: Topology, src: int, dst: int, channel: int,
     """
     if not spread or not (topology.has_route(src, dst) and topology.route_key(src, dst, 1)[2]):
         return path_shares(topology, src, dst, channel)
-    cache: dict[tuple[int, int], dict[tuple[str, str], float]] = topology.derived("hierarchical.spread", dict)
-    found = cache.get((src, dst))
-    if found is None:
-        paths = topology.routes(src, dst)
-        found = {}
-        for path in paths:
-            for link in path:
-                found[(link.src, link.dst)] = found.get((link.src, link.dst), 0.0) + 1.0 / len(paths)
-        cache[(src, dst)] = found
-    return found
+    return topology.even_shares(src, dst)
 
 
 def _estimate(topology: Topology, stage: Stage, method: str, part_bytes: float, slices: int, channel: int,
