@@ -320,7 +320,7 @@ def compile_schedule(topology: Topology, collective: str, algorithm: str = "auto
     try:
         for tier in tiers:
             members = [name for name in names if ALGORITHMS[name].auto_tier == tier]
-            if best is not None and bound >= GOOD_ENOUGH * best[0]:
+            if _near_bound(best, bound):
                 for name in members:
                     settle(_good_enough(name, names, best, bound))
                 continue
@@ -366,11 +366,16 @@ def _race(topology: Topology, collective: str, options: Options, members: list[s
         if reason is not None:
             settle(Candidate(name, None, 0.0, reason=reason))
             continue
-        if best is not None and bound >= GOOD_ENOUGH * best[0]:
+        if _near_bound(best, bound):
             settle(_good_enough(name, names, best, bound))
             continue
         later.append(name)
     return _time_candidates(topology, collective, options, later, names, best, bound, proofs, report, settle)
+
+
+def _near_bound(best: tuple[float, int, Schedule, SimResult] | None, bound: float) -> bool:
+    """Whether the best so far is within :data:`GOOD_ENOUGH` of the lower ``bound``: no other can gain more."""
+    return best is not None and bound >= GOOD_ENOUGH * best[0]
 
 
 def _good_enough(name: str, names: list[str], best: tuple[float, int, Schedule, SimResult], bound: float,
@@ -436,7 +441,7 @@ def _time_candidates(topology: Topology, collective: str, options: Options, memb
                              reason=f"cannot win: its busiest link alone needs {format_time(floor)}, "
                                     f"more than {names[best[1]]}'s {format_time(best[0])}", link_time_s=floor))
             continue
-        if best is not None and bound >= GOOD_ENOUGH * best[0]:
+        if _near_bound(best, bound):
             settle(_good_enough(name, names, best, bound, build_s, schedule.op_count, floor))
             continue
         report(name, "simulate")
