@@ -64,9 +64,6 @@ from runtime.schedule import Op, Schedule
 
 __all__ = ["LinkEvent", "MessageHook", "OpEvent", "SimResult", "bus_factor", "chunk_bytes", "simulate"]
 
-#: Events closer than this (relative) are one instant: floating-point noise must not split a step.
-_SAME_INSTANT = SAME_INSTANT
-
 #: Connections whose routes are kept per topology (up to 16 paths each).
 _ROUTE_CACHE_PAIRS = 1 << 18
 
@@ -432,7 +429,7 @@ def _simulate(topology: Topology, schedule: Schedule, size_bytes: int, record: b
         now = min(flows_end, arrivals[0][0]) if arrivals else flows_end
         if now == inf:
             break
-        limit = now + _SAME_INSTANT * now
+        limit = now + SAME_INSTANT * now  # events this close are one instant
         done: list[tuple[float, int]] = []
         if flows_end <= limit:
             done = fabric.finish(limit)
