@@ -126,7 +126,7 @@ def spread_channels(topology: Topology, schedule: Schedule) -> Schedule:
     choosable: list[tuple[int, tuple[int, int, int]]] = []
     for key, chunks in connection_chunks(schedule).items():
         src, dst, channel = key
-        if topology.has_route(src, dst) and topology.route_key(src, dst, 1) != (src, dst, 0):
+        if topology.channels_change_path(src, dst):
             choosable.append((chunks, key))
             continue
         for link, share in topology.route_shares(src, dst, channel).items():

@@ -438,6 +438,11 @@ class Topology:
             return (src, dst, channel)
         return (src, dst, 0)
 
+    def channels_change_path(self, src: int, dst: int) -> bool:
+        """Whether the pair's connections may take different paths by channel (ECMP, source routing, several
+        equal-cost paths): what renumbering a schedule's channels can spread."""
+        return self.has_route(src, dst) and self.route_key(src, dst, 1)[2] != 0
+
     def connection_paths(self, src: int, dst: int, channel: int = 0) -> tuple[tuple[Link, ...], ...]:
         """The paths the messages of connection ``(src, dst, channel)`` take under the topology's routing.
 

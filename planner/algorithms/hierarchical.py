@@ -255,7 +255,7 @@ def _spread_shares(topology: Topology, src: int, dst: int, channel: int,
     one slice: 97.9% of the bound with a cross-leaf ring, 94.7% with
     halving-doubling).
     """
-    if not spread or not (topology.has_route(src, dst) and topology.route_key(src, dst, 1)[2]):
+    if not spread or not topology.channels_change_path(src, dst):
         return path_shares(topology, src, dst, channel)
     return topology.even_shares(src, dst)
 
@@ -517,7 +517,7 @@ def _spread_channels(topology: Topology, levels: Sequence[Stage], phases: Sequen
                     channel = chosen.get((f, src, dst))
                     if channel is None:
                         channel = f
-                        if topology.has_route(src, dst) and topology.route_key(src, dst, 1)[2]:
+                        if topology.channels_change_path(src, dst):
                             options = [f + m * len(phases) for m in range(_CHANNEL_CHOICES)]
                             channel = min(options, key=lambda c: busiest(topology.route_shares(src, dst, c), weight))
                         chosen[(f, src, dst)] = channel

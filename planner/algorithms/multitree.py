@@ -135,7 +135,7 @@ class _Fabric:
                 a, b = (v, u) if reverse else (u, v)
                 load = tuple((link_ids[key], f) for key, f in topology.route_shares(a, b).items())
                 self.loads[(u, v)] = load
-                if topology.route_key(a, b, 1)[2]:
+                if topology.channels_change_path(a, b):
                     self.varies.add((u, v))
                 width[(u, v)] = min(self.bandwidth[j] for j, _ in load)
         self.base = self._base_bandwidth(width)
