@@ -362,9 +362,10 @@ def _race(topology: Topology, collective: str, options: Options, members: list[s
     best = _time_candidates(topology, collective, options, first, names, best, bound, proofs, report, settle)
     later = []
     for name in chained:
+        started = time.perf_counter()  # a link floor may cost seconds (tree packing packs its trees)
         reason = None if best is None else _cannot_win(topology, collective, options, name, names[best[1]], best[0])
         if reason is not None:
-            settle(Candidate(name, None, 0.0, reason=reason))
+            settle(Candidate(name, None, time.perf_counter() - started, reason=reason))
             continue
         if _near_bound(best, bound):
             settle(_good_enough(name, names, best, bound))

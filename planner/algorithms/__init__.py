@@ -117,12 +117,12 @@ ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("multitree", "planner.algorithms.multitree", "multitree",
                   ("allreduce", "reducescatter", "allgather", "broadcast"),
                   "MultiTree: one contention-free spanning tree per root, grown in lock-step", auto_max_ranks=64,
-                  auto_tier=2),
+                  auto_tier=2, link_floor="multitree_link_floor"),
         Algorithm("treepack", "planner.algorithms.treepack", "treepack", _ALL,
                   "throughput-optimal spanning-tree packing from an LP (ForestColl), for large messages",
                   # 512 ranks: p (p-1) transfers per phase at the least (523k operations for all-gather), which
                   # the simulator did not get through in 20 minutes on torus-8x8x8 (issue #11: 60 s)
-                  auto_max_ranks=256, auto_tier=1),
+                  auto_max_ranks=256, auto_tier=1, link_floor="treepack_link_floor"),
         Algorithm("mcf", "planner.algorithms.mcf", "mcf", _ALL,
                   "min-cost multi-commodity flow over time (DDL, TE-CCL): LP/MILP over epochs, rounded",
                   auto_max_ranks=8, auto_tier=3),

@@ -26,14 +26,16 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from planner.algorithms import Options
 from planner.builder import ScheduleBuilder
 from planner.collectives import canonical_collective
 from planner.errors import NotApplicableError
-from planner.topology import Topology
+from planner.topology import Link, Topology
 from runtime.schedule import Chunk, Schedule
 
-__all__ = ["TreeEdge", "TreePlan", "build_trees", "multitree"]
+__all__ = ["TreeEdge", "TreePlan", "build_trees", "multitree", "multitree_link_floor"]
 
 #: Pipelining aims at pieces of about this many bytes (large enough to amortise per-message latency; on
 #: torus-4x4 256 KiB pieces reach 92.5% of the bound at 64 MiB against 90.3% with 1 MiB pieces).
@@ -104,6 +106,14 @@ class _Fabric:
     the slowest link its routes touch reaches the base bandwidth, the highest
     one at which the candidate pairs still connect every rank (so a slow detour such as a
     QPI hop is never a tree edge when NVLink connects the ranks).
+
+    The candidates are numbered (edge ``e``: ``edge_u[e] -> edge_v[e]``, rank ``u``'s
+    from ``first[u]`` on, cheapest first) and their link loads kept as padded rows
+    (``rows[k]``: link indices, ``links`` after the last; ``shares[k]``: the slot
+    share on each), so that the fit test and the busiest link of every candidate
+    of a tree are a few numpy operations (64 ranks: 3 s of Python per set of trees
+    before).  Row ``e`` is edge ``e`` on channel 0; :meth:`variants` adds the rows of
+    edges whose route depends on the channel (ECMP) as trees ask for them.
     """
 
     def __init__(self, topology: Topology, *, reverse: bool, quota: int | None) -> None:
@@ -115,9 +125,8 @@ class _Fabric:
         self.bandwidth = [link.bandwidth for link in topology.links]
         self.keys = [(link.src, link.dst) for link in topology.links]
         spread = _bit_reversed(p)
-        self.loads: dict[tuple[int, int], tuple[tuple[int, float], ...]] = {}  # on channel 0
-        self.varies: set[tuple[int, int]] = set()  # pairs whose route depends on the channel
-        self._by_channel: dict[tuple[int, int, int], tuple[tuple[int, float], ...]] = {}
+        loads: dict[tuple[int, int], tuple[tuple[int, float], ...]] = {}  # on channel 0
+        varies: set[tuple[int, int]] = set()  # pairs whose route depends on the channel
         ranked: list[list[tuple[float, int, int]]] = []
         for u in range(p):
             found = []
@@ -134,39 +143,85 @@ class _Fabric:
             for _, v in kept[u]:
                 a, b = (v, u) if reverse else (u, v)
                 load = tuple((link_ids[key], f) for key, f in topology.route_shares(a, b).items())
-                self.loads[(u, v)] = load
+                loads[(u, v)] = load
                 if topology.channels_change_path(a, b):
-                    self.varies.add((u, v))
+                    varies.add((u, v))
                 width[(u, v)] = min(self.bandwidth[j] for j, _ in load)
         self.base = self._base_bandwidth(width)
         self.cap = [bw / self.base for bw in self.bandwidth]
-        self.cands: list[list[int]] = []
-        self.classes: list[list[int]] = []
+        edge_u: list[int] = []
+        edge_v: list[int] = []
+        edge_class: list[int] = []
+        self.first = [0] * (p + 1)
         for u in range(p):
-            order, cls = [], []
             k, last = -1, None
             for c, v in kept[u]:
                 if width[(u, v)] < self.base * (1 - _SAME_COST):
                     continue
                 if last is None or c > last * (1 + _SAME_COST) + 1e-15:
                     k, last = k + 1, c
-                order.append(v)
-                cls.append(k)
-            self.cands.append(order)
-            self.classes.append(cls)
-        self.top_class = max((c[-1] for c in self.classes if c), default=0)
+                edge_u.append(u)
+                edge_v.append(v)
+                edge_class.append(k)
+            self.first[u + 1] = len(edge_u)
+        self.top_class = max(edge_class, default=0)
+        self.edge_u = np.array(edge_u, dtype=np.int64)
+        self.edge_v = np.array(edge_v, dtype=np.int64)
+        self.edge_class = np.array(edge_class, dtype=np.int64)
+        self.varies = np.array([(u, v) in varies for u, v in zip(edge_u, edge_v)], dtype=bool)
+        self.links = len(self.cap)  # the padding's link index: no load, unit capacity
+        edge_loads = [loads[(u, v)] for u, v in zip(edge_u, edge_v)]
+        self.rows = np.full((max(1, 2 * len(edge_loads)), max((len(x) for x in edge_loads), default=1)), self.links,
+                            dtype=np.int64)
+        self.shares = np.zeros(self.rows.shape)
+        for e, load in enumerate(edge_loads):
+            self._set_row(e, load)
+        self.count = len(edge_loads)  # rows in use
+        self._row_of: dict[tuple[tuple[tuple[str, str], float], ...], int] = {}  # channel variants' rows by load
+        self._pairs = list(zip(edge_u, edge_v))
+        self._variant: dict[int, np.ndarray] = {}  # per channel: each edge's row (-1: not computed yet)
 
-    def load(self, u: int, v: int, channel: int) -> tuple[tuple[int, float], ...]:
-        """(link index, share) of a message over tree edge ``u -> v`` on ``channel``."""
-        if not channel or (u, v) not in self.varies:
-            return self.loads[(u, v)]
-        key = (u, v, channel)
-        found = self._by_channel.get(key)
+    def _set_row(self, k: int, load: tuple[tuple[int, float], ...]) -> None:
+        if len(load) > self.rows.shape[1]:
+            wider = np.full((self.rows.shape[0], len(load)), self.links, dtype=np.int64)
+            wider[:, :self.rows.shape[1]] = self.rows
+            shares = np.zeros(wider.shape)
+            shares[:, :self.shares.shape[1]] = self.shares
+            self.rows, self.shares = wider, shares
+        self.rows[k, :len(load)] = [j for j, _ in load]
+        self.shares[k, :len(load)] = [f for _, f in load]
+
+    def variants(self, channel: int, edges: np.ndarray) -> np.ndarray:
+        """The rows of ``edges`` on ``channel`` (computing the routes of those that depend on it)."""
+        if not channel:
+            return edges
+        found = self._variant.get(channel)
         if found is None:
-            a, b = (v, u) if self.reverse else (u, v)
-            found = self._by_channel[key] = tuple(
-                (self.link_ids[k], f) for k, f in self.topology.route_shares(a, b, channel).items())
-        return found
+            found = self._variant[channel] = np.where(self.varies, -1, np.arange(len(self.varies)))
+        rows = found[edges]
+        missing = edges[rows < 0]
+        if missing.size:
+            link_ids, route_shares, row_of = self.link_ids, self.topology.route_shares, self._row_of
+            for e in missing.tolist():
+                u, v = self._pairs[e]
+                a, b = (v, u) if self.reverse else (u, v)
+                shares = tuple(route_shares(a, b, channel).items())
+                row = row_of.get(shares)
+                if row is None:  # a path not seen before (a pair's channels share a few paths)
+                    load = tuple((link_ids[k], f) for k, f in shares)
+                    if self.count == self.rows.shape[0]:
+                        self.rows = np.concatenate([self.rows, np.full(self.rows.shape, self.links, dtype=np.int64)])
+                        self.shares = np.concatenate([self.shares, np.zeros(self.shares.shape)])
+                    row = row_of[shares] = self.count
+                    self._set_row(row, load)
+                    self.count += 1
+                found[e] = row
+            rows = found[edges]
+        return rows
+
+    def load(self, row: int) -> list[tuple[int, float]]:
+        """(link index, share) of row ``row`` (see :meth:`variants`)."""
+        return [(j, f) for j, f in zip(self.rows[row].tolist(), self.shares[row].tolist()) if j != self.links]
 
     @staticmethod
     def _keep(found: list[tuple[float, int, int]], quota: int | None) -> list[tuple[float, int]]:
@@ -238,15 +293,17 @@ def build_trees(topology: Topology, roots: Sequence[int], *, reverse: bool = Fal
     n = len(roots)
     fab = _Fabric(topology, reverse=reverse, quota=quota)
     cap = fab.cap
-    member = [bytearray(p) for _ in range(n)]
+    # per link (and the padding of the fab's rows, which loads nothing): capacity, this step's use, all use
+    limits = np.array([*cap, 1.0])
+    member = [np.zeros(p, dtype=bool) for _ in range(n)]
     senders: list[list[int]] = [[r] for r in roots]
     fresh: list[list[int]] = [[] for _ in range(n)]
     size = [1] * n
     for i, r in enumerate(roots):
-        member[i][r] = 1
+        member[i][r] = True
     edges: list[list[TreeEdge]] = [[] for _ in range(n)]
-    used = [0.0] * len(cap)
-    total = [0.0] * len(cap)
+    used = np.zeros(len(limits))
+    total = np.zeros(len(limits))
     if prior is not None:
         index = {key: j for j, key in enumerate(fab.keys)}
         for channel, tree in enumerate(prior.edges):
@@ -261,8 +318,8 @@ def build_trees(topology: Topology, roots: Sequence[int], *, reverse: bool = Fal
         for i in range(n):
             senders[i].extend(fresh[i])
             fresh[i].clear()
-        used = [0.0] * len(cap)
-        pools: list[list[list[tuple[int, int]]] | None] = [None] * n  # per tree, its edges that may join this step
+        used[:] = 0.0
+        pools: list[list[np.ndarray] | None] = [None] * n  # per tree, its edges that may join this step
         grown = False
         start = step % n
         rotation = list(range(start, n)) + list(range(start))
@@ -274,14 +331,15 @@ def build_trees(topology: Topology, roots: Sequence[int], *, reverse: bool = Fal
                     pool = pools[i]
                     if pool is None:
                         pool = pools[i] = _pool(fab, member[i], senders[i])
-                    found = _find_edge(fab, i, member[i], pool, pass_class, used, total, exhaustive)
+                    found = _find_edge(fab, i, member[i], pool, pass_class, used, total, limits, exhaustive)
                     if found is None:
                         continue
-                    u, v, load = found
-                    for j, f in load:
+                    edge, row = found
+                    u, v = int(fab.edge_u[edge]), int(fab.edge_v[edge])
+                    for j, f in fab.load(row):
                         used[j] += f
                         total[j] += f / cap[j]
-                    member[i][v] = 1
+                    member[i][v] = True
                     size[i] += 1
                     fresh[i].append(v)
                     edges[i].append(TreeEdge(u, v, step))
@@ -297,53 +355,52 @@ def build_trees(topology: Topology, roots: Sequence[int], *, reverse: bool = Fal
     return TreePlan(tuple(roots), tuple(tuple(e) for e in edges), slots, reverse)
 
 
-def _pool(fab: _Fabric, member: bytearray, senders: list[int]) -> list[list[tuple[int, int]]]:
-    """Per cost class, (u, v) of every candidate edge from a sender to a non-member, senders in turn."""
-    pool: list[list[tuple[int, int]]] = [[] for _ in range(fab.top_class + 1)]
-    for u in senders:
-        for c, v in zip(fab.classes[u], fab.cands[u]):
-            if not member[v]:
-                pool[c].append((u, v))
-    return pool
+def _pool(fab: _Fabric, member: np.ndarray, senders: list[int]) -> list[np.ndarray]:
+    """Per cost class, the candidate edges from a sender to a non-member, senders in turn (edge numbers)."""
+    first = fab.first
+    edges = np.concatenate([np.arange(first[u], first[u + 1]) for u in senders])
+    edges = edges[~member[fab.edge_v[edges]]]
+    classes = fab.edge_class[edges]
+    return [edges[classes == c] for c in range(fab.top_class + 1)]
 
 
-def _find_edge(fab: _Fabric, tree: int, member: bytearray, pool: list[list[tuple[int, int]]], max_class: int,
-               used: list[float], total: list[float], exhaustive: bool,
-               ) -> tuple[int, int, tuple[tuple[int, float], ...]] | None:
-    """An edge ``u -> v`` of tree ``tree`` (on its channel), cost class <= ``max_class``, from ``pool`` (the
-    tree's candidate edges of this step, see :func:`_pool`) to a non-member, that fits this step.
+def _find_edge(fab: _Fabric, tree: int, member: np.ndarray, pool: list[np.ndarray], max_class: int,
+               used: np.ndarray, total: np.ndarray, limits: np.ndarray, exhaustive: bool,
+               ) -> tuple[int, int] | None:
+    """An edge of tree ``tree`` (on its channel), cost class <= ``max_class``, from ``pool`` (the tree's
+    candidate edges of this step, see :func:`_pool`) to a non-member, that fits this step: (edge, its row
+    in ``fab``).
 
     The cheapest class first; within it, the least loaded busiest link (all
-    candidates when ``exhaustive``, else the first that fits).  Edges found to
-    lead to a member or not to fit are dropped from ``pool``: within a step the
-    members and the links' use only grow, so they cannot join later in the step
-    (trying each once per step instead of once per edge added: a 64-rank mesh's
-    all-gather trees at 1 MiB in 1.9 s instead of 9.5).  Classes are tried
-    cheapest first: by the time a pass offers class k, the tree's cheaper
-    classes have been exhausted for the step.
+    candidates when ``exhaustive``, else the first that fits; ties to the first
+    in the pool).  Edges found to lead to a member or not to fit are dropped from
+    ``pool``: within a step the members and the links' use only grow, so they
+    cannot join later in the step (trying each once per step instead of once per
+    edge added: a 64-rank mesh's all-gather trees at 1 MiB in 1.9 s instead of
+    9.5).  Classes are tried cheapest first: by the time a pass offers class k,
+    the tree's cheaper classes have been exhausted for the step.  ``used`` and
+    ``total`` are each link's slot use this step and load so far (in slots),
+    ``limits`` its slots per step, each with the padding's entry last.
     """
-    cap = fab.cap
     for c in range(max_class + 1):
         edges = pool[c]
-        best: tuple[float, int, int] | None = None
-        kept: list[tuple[int, int]] = []
-        for n, (u, v) in enumerate(edges):
-            if member[v]:
-                continue
-            load = fab.load(u, v, tree)
-            if not all(used[j] + f <= cap[j] + _EPS for j, f in load):
-                continue
-            if not exhaustive:
-                kept.extend(edges[n:])
-                pool[c] = kept
-                return u, v, load
-            kept.append((u, v))
-            busiest = max(total[j] + f / cap[j] for j, f in load)
-            if best is None or busiest < best[0]:
-                best = (busiest, u, v)
-        pool[c] = kept
-        if best is not None:
-            return best[1], best[2], fab.load(best[1], best[2], tree)
+        if not edges.size:
+            continue
+        edges = edges[~member[fab.edge_v[edges]]]
+        rows = fab.variants(tree, edges)
+        links, shares = fab.rows[rows], fab.shares[rows]
+        fits = (used[links] + shares <= limits[links] + _EPS).all(axis=1)
+        if not exhaustive:
+            hit = np.flatnonzero(fits)
+            pool[c] = edges[hit[0]:] if hit.size else edges[:0]
+            if hit.size:
+                return int(edges[hit[0]]), int(rows[hit[0]])
+            continue
+        edges, rows, links, shares = edges[fits], rows[fits], links[fits], shares[fits]
+        pool[c] = edges
+        if edges.size:
+            best = int(np.argmin((total[links] + shares / limits[links]).max(axis=1)))
+            return int(edges[best]), int(rows[best])
     return None
 
 
@@ -388,15 +445,10 @@ def multitree(topology: Topology, collective: str, options: Options) -> Schedule
         return _broadcast(topology, options, meta)
     if p == 1:
         return _single(collective, meta)
-    quota = None if p <= _all_pairs_limit(options.size_bytes) else _CLASS_QUOTA
+    down, up = _trees(topology, collective, options.size_bytes)
+    n = len((down or up).roots)  # type: ignore[union-attr]  # all-gather has its down trees, the others up
     if collective == "allreduce":
-        down, up = _allreduce_trees(topology, quota, options.size_bytes)
-        n = len(down.roots)
         meta["trees_per_root"] = n // p
-    else:
-        down = build_trees(topology, range(p), quota=quota) if collective == "allgather" else None
-        up = build_trees(topology, range(p), reverse=True, quota=quota) if collective == "reducescatter" else None
-        n = p
     phases = 2 if collective == "allreduce" else 1
     # c trees per root make c times the transfers per piece, each link serving c times as many trees at once;
     # the op budget counts them c^2 times over, as simulating them costs that much more (torus-4x4 with 3
@@ -423,6 +475,52 @@ def multitree(topology: Topology, collective: str, options: Options) -> Schedule
         _gather(b, down, q, source=lambda i, j: Chunk("o", i * q + j), block=lambda i, j: Chunk("o", i * q + j),
                 step_offset=up.steps)
     return b.build("multitree", meta)
+
+
+def _trees(topology: Topology, collective: str, size_bytes: int) -> tuple[TreePlan | None, TreePlan | None]:
+    """The broadcast (down) and reduction (up) trees of all-gather, reduce-scatter or all-reduce on at least
+    two ranks, kept with the topology: ``auto`` grows them for :func:`multitree_link_floor` and builds the
+    schedule from the same trees where it may win."""
+    cache: dict[tuple[str, int], tuple[TreePlan | None, TreePlan | None]] = topology.derived("multitree.trees", dict)
+    found = cache.get((collective, size_bytes))
+    if found is None:
+        p = topology.size
+        quota = None if p <= _all_pairs_limit(size_bytes) else _CLASS_QUOTA
+        if collective == "allreduce":
+            found = _allreduce_trees(topology, quota, size_bytes)
+        else:
+            found = (build_trees(topology, range(p), quota=quota) if collective == "allgather" else None,
+                     build_trees(topology, range(p), reverse=True, quota=quota) if collective == "reducescatter"
+                     else None)
+        cache[(collective, size_bytes)] = found
+    return found
+
+
+def multitree_link_floor(topology: Topology, collective: str, options: Options) -> float:
+    """A lower bound of :func:`planner.compile.link_time` of the schedule, from its trees alone (0 for
+    broadcast, whose tree count is chosen with the schedule).
+
+    Every tree carries its block (N / trees bytes) over each of its edges, in
+    each phase; only the links that every cheapest path of the edge's pair
+    crosses (:meth:`Topology.common_links`) are counted, so the bound holds under
+    any routing and channel assignment.  The trees are kept for the build; the
+    schedule's operations are what ``auto`` saves where this already loses (a
+    64-rank fabric with NICs of two speeds: 3 s of a 7 s build).
+    """
+    collective = canonical_collective(collective)
+    if collective not in ("allreduce", "reducescatter", "allgather") or topology.size == 1:
+        return 0.0
+    load: dict[Link, float] = {}
+    for plan in _trees(topology, collective, options.size_bytes):
+        if plan is None:
+            continue
+        share = options.size_bytes / len(plan.roots)
+        for tree in plan.edges:
+            for e in tree:
+                a, b = (e.child, e.parent) if plan.reverse else (e.parent, e.child)
+                for link in topology.common_links(a, b):
+                    load[link] = load.get(link, 0.0) + share
+    return max((v / link.bandwidth for link, v in load.items()), default=0.0)
 
 
 def _all_pairs_limit(size_bytes: int) -> int:

@@ -64,7 +64,7 @@ from planner.solvers import LinearProgram, SolverOptions, solve
 from planner.topology import Link, Topology, build_topology
 from runtime.schedule import Chunk, Schedule
 
-__all__ = ["Undirected", "pack_undirected", "treepack"]
+__all__ = ["Undirected", "pack_undirected", "treepack", "treepack_link_floor"]
 
 #: Tree edges x pieces per schedule (each a send and a receive): what bounds compile and simulation time.
 #: 2^15 transfers are about 65k operations, a few seconds of simulation on 2 cores.
@@ -320,24 +320,69 @@ def _scatter(b: ScheduleBuilder, packing: Packing, cut: _Pieces, block: int, acc
             b.reduce(parent, tmp, ref, step=step)
 
 
-def _rooted(topology: Topology, collective: str, options: Options, down: Packing | None = None) -> Schedule:
-    """All-gather, reduce-scatter, broadcast, reduce, and all-reduce as reduce-scatter + all-gather.
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What a tree-packing schedule is built from: rooted packings with their cut (``down``: out-trees the
+    data spreads on, ``up``: trees of the reversed fabric it is reduced on), or weighted ``undirected`` trees
+    (all-reduce)."""
 
-    ``down`` is the out-tree packing when the caller has it already.
-    """
+    cut: _Pieces | None = None
+    down: Packing | None = None
+    up: Packing | None = None
+    undirected: Undirected | None = None
+
+
+def _plan(topology: Topology, collective: str, options: Options) -> _Plan:
+    """The trees of ``collective``'s schedule (see the module docstring), kept with the topology: ``auto``
+    packs them for :func:`treepack_link_floor` and builds the schedule from the same packing where it may win."""
+    key = (collective, options.size_bytes, options.channels, options.pipeline, options.root)
+    plans: dict[tuple[object, ...], _Plan] = topology.derived("treepack.plans", dict)
+    found = plans.get(key)
+    if found is None:
+        found = plans[key] = _new_plan(topology, collective, options)
+    return found
+
+
+def _new_plan(topology: Topology, collective: str, options: Options) -> _Plan:
+    """The trees of :func:`_plan`, packed."""
     p = topology.size
+    if p == 1:
+        raise NotApplicableError("tree packing needs at least two ranks")
+    least = p * (p - 1) * (2 if collective == "allreduce" else 1 if collective in ("allgather", "reducescatter")
+                           else 0)
+    if least > MAX_LEAST_TRANSFERS:
+        raise NotApplicableError(f"tree packing needs at least {least:,} transfers for {collective} on {p} ranks, "
+                                 f"more than {MAX_LEAST_TRANSFERS:,}", fix="use hierarchical at this scale")
     rooted = collective in ("broadcast", "reduce")
     roots = [options.root] if rooted else list(range(p))
-    block_bytes = options.size_bytes / len(roots)
-    cut = _cut(p, len(roots) * (2 if collective == "allreduce" else 1), block_bytes, options)
-    block = cut.per_root
-    up = None
-    if down is None and collective in ("allgather", "allreduce", "broadcast"):
+    cut = _cut(p, len(roots) * (2 if collective == "allreduce" else 1), options.size_bytes / len(roots), options)
+    if collective == "allreduce" and topology.symmetric and _undirected_pieces(p, options) >= min(
+            MIN_UNDIRECTED_PIECES, max(1, options.size_bytes // ALLREDUCE_PIECE_BYTES)):
+        undirected = pack_undirected(topology)
+        down = pack(rank_graph(topology), roots, cut.units)
+        # reduce-scatter + all-gather move 2 blocks of N/p per root over the rooted trees
+        gain = 1 + 1e-9 if p <= UNDIRECTED_TIES_UP_TO else UNDIRECTED_GAIN
+        if undirected.load < gain * 2 * down.load / p:
+            return _Plan(undirected=undirected)
+        return _Plan(cut, down, down)
+    down = up = None
+    if collective in ("allgather", "allreduce", "broadcast"):
         down = pack(rank_graph(topology), roots, cut.units)
     if collective in ("reducescatter", "allreduce", "reduce"):
         # on a full-duplex fabric the reversed graph is the same graph: reduce along the broadcast trees
         up = down if down is not None and topology.symmetric else pack(rank_graph(topology, reverse=True),
                                                                        roots, cut.units)
+    return _Plan(cut, down, up)
+
+
+def _rooted(topology: Topology, collective: str, options: Options, plan: _Plan) -> Schedule:
+    """All-gather, reduce-scatter, broadcast, reduce, and all-reduce as reduce-scatter + all-gather, over
+    ``plan``'s packings."""
+    p = topology.size
+    rooted = collective in ("broadcast", "reduce")
+    cut, down, up = plan.cut, plan.down, plan.up
+    assert cut is not None
+    block = cut.per_root
     in_chunks, out_chunks = chunk_counts(collective, p, p * block if collective == "allreduce" else block)
     spare = in_chunks if collective == "reducescatter" else 0
     extra = _spare_slots(up, cut)[1] * cut.per_unit if up is not None else 0
@@ -585,23 +630,48 @@ def treepack(topology: Topology, collective: str, options: Options) -> Schedule:
 
     >>> treepack(load_topology("topologies/ndv2-2chassis.yaml"), "allgather", Options())  # doctest: +SKIP
     """
-    p = topology.size
-    if p == 1:
-        raise NotApplicableError("tree packing needs at least two ranks")
-    least = p * (p - 1) * (2 if collective == "allreduce" else 1 if collective in ("allgather", "reducescatter")
-                           else 0)
-    if least > MAX_LEAST_TRANSFERS:
-        raise NotApplicableError(f"tree packing needs at least {least:,} transfers for {collective} on {p} ranks, "
-                                 f"more than {MAX_LEAST_TRANSFERS:,}", fix="use hierarchical at this scale")
-    if collective == "allreduce" and topology.symmetric and _undirected_pieces(p, options) >= min(
-            MIN_UNDIRECTED_PIECES, max(1, options.size_bytes // ALLREDUCE_PIECE_BYTES)):
-        undirected = pack_undirected(topology)
-        cut = _cut(p, 2 * p, options.size_bytes / p, options)
-        rooted = pack(rank_graph(topology), range(p), cut.units)
-        # reduce-scatter + all-gather move 2 blocks of N/p per root over the rooted trees
-        gain = 1 + 1e-9 if p <= UNDIRECTED_TIES_UP_TO else UNDIRECTED_GAIN
-        if undirected.load < gain * 2 * rooted.load / p:
-            return _allreduce(topology, undirected, options)
-        return _rooted(topology, collective, options, rooted)
-    return _rooted(topology, collective, options)
+    plan = _plan(topology, collective, options)
+    if plan.undirected is not None:
+        return _allreduce(topology, plan.undirected, options)
+    return _rooted(topology, collective, options, plan)
 
+
+def treepack_link_floor(topology: Topology, collective: str, options: Options) -> float:
+    """A lower bound of :func:`planner.compile.link_time` of the schedule, from its trees alone.
+
+    Every tree edge carries its tree's share of the data (each way, for an
+    undirected tree); only the links that every cheapest path of the edge's pair
+    crosses (:meth:`Topology.common_links`) are counted, so the bound holds under
+    any routing and channel assignment.  The packing is kept for the build; the
+    schedule's ordering (a simulation of the gather, for reductions) and its
+    operations are what ``auto`` saves where this already loses (a 64-rank
+    rail fabric: 6 s of build, 2.5 of them packing).
+    """
+    plan = _plan(topology, collective, options)
+    size = options.size_bytes
+    traffic: dict[tuple[int, int], float] = {}
+    if plan.undirected is not None:
+        # a tree's pieces (of N / k bytes each) cross each of its edges both ways
+        k = _undirected_pieces(topology.size, options)
+        counts = _assign_pieces([w for w, _ in plan.undirected.trees], k)
+        for (_, parent), n in zip(plan.undirected.trees, counts):
+            for child, par in parent.items():
+                for pair in ((child, par), (par, child)):
+                    traffic[pair] = traffic.get(pair, 0.0) + n * size / k
+    else:
+        assert plan.cut is not None
+        for packing, toward_root in ((plan.down, False), (plan.up, True)):
+            if packing is None:
+                continue
+            # each unit tree of a root carries that root's block over its edges: N / (roots x units) bytes
+            share = size / (len(packing.roots) * plan.cut.units)
+            for r in packing.roots:
+                for j in range(plan.cut.units):
+                    for child, parent in packing.parents(r, j).items():
+                        pair = (child, parent) if toward_root else (parent, child)
+                        traffic[pair] = traffic.get(pair, 0.0) + share
+    load: dict[Link, float] = {}
+    for (a, b), nbytes in traffic.items():
+        for link in topology.common_links(a, b):
+            load[link] = load.get(link, 0.0) + nbytes
+    return max((v / link.bandwidth for link, v in load.items()), default=0.0)

@@ -219,3 +219,56 @@ def test_shipped_topologies_verify(name: str) -> None:
     if not path.exists():
         pytest.skip(f"{name} is not shipped in this checkout")
     check_all(load_topology(path))
+
+
+@pytest.mark.parametrize(("name", "collective"), [
+    ("torus-4x4", "allreduce"), ("pcie-4x4-10gbe", "allreduce"), ("dgx-a100-4node", "reducescatter"),
+    ("dgx-a100-4node", "allgather"), ("ndv2-2chassis", "allreduce")])
+def test_link_floor_bounds_the_schedule_from_the_same_trees(name: str, collective: str,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The floor ``auto`` checks before building never exceeds the built schedule's link time, and is that
+    time where every pair has one path; the build grows no trees again."""
+    from planner.algorithms import multitree as module
+    from planner.compile import link_time, resolve_topology
+
+    topology = resolve_topology(name)
+    options = Options(size_bytes=256 << 20)
+    floor = module.multitree_link_floor(topology, collective, options)
+
+    def no_trees(*args: object, **kwargs: object) -> None:
+        raise AssertionError("trees grown again")
+
+    monkeypatch.setattr(module, "build_trees", no_trees)
+    actual = link_time(topology, multitree(topology, collective, options), options.size_bytes)
+    assert 0 < floor <= actual * (1 + 1e-9)
+    if all(len(topology.routes(a, b)) == 1 for a in range(topology.size) for b in range(topology.size) if a != b):
+        assert floor == pytest.approx(actual, rel=1e-9)
+    assert module.multitree_link_floor(topology, "broadcast", options) == 0.0  # its tree count comes with the build
+
+
+def test_steps_fit_the_slots_where_routes_depend_on_the_channel() -> None:
+    """Replayed edge by edge in plain Python, on a fabric where a pair's route depends on the channel (a tree's
+    own, under ECMP): every edge is a candidate pair from a member to a non-member, and each step's edges,
+    each on its tree's route, fit every link's slots (the numpy fit test of build_trees, checked by hand)."""
+    from planner.algorithms.multitree import _Fabric
+
+    topology = load_topology(TOPOLOGIES / "dgx-a100-4node.yaml")
+    assert any(topology.channels_change_path(a, b) for a in range(8) for b in range(8, 16))
+    plan = build_trees(topology, range(topology.size))
+    fab = _Fabric(topology, reverse=False, quota=None)
+    index = {key: j for j, key in enumerate(fab.keys)}
+    candidates = set(zip(fab.edge_u.tolist(), fab.edge_v.tolist()))
+    members = [{r} for r in plan.roots]
+    for step in range(1, plan.steps + 1):
+        used = [0.0] * len(fab.cap)
+        joined = [set(m) for m in members]
+        for i, tree in enumerate(plan.edges):
+            for e in (e for e in tree if e.step == step):
+                assert (e.parent, e.child) in candidates
+                assert e.parent in members[i] and e.child not in joined[i]
+                for key, f in topology.route_shares(e.parent, e.child, i).items():
+                    used[index[key]] += f
+                joined[i].add(e.child)
+        assert all(x <= c + 1e-9 for x, c in zip(used, fab.cap))
+        members = joined
+    assert all(len(m) == topology.size for m in members)

@@ -305,3 +305,29 @@ def test_one_way_links_use_rooted_trees() -> None:
     schedule = treepack(topology, "allreduce", Options(size_bytes=1 << 20))
     check_schedule(topology, schedule, "allreduce", "treepack")
     assert "trees" not in schedule.metadata.options
+
+
+@pytest.mark.parametrize(("name", "collective"), [
+    ("torus-4x4", "allreduce"), ("mesh-4x4", "allreduce"), ("pcie-4x4-10gbe", "allgather"),
+    ("dgx-a100-4node", "reducescatter"), ("dgx-a100-4node", "allreduce"), ("ndv2-2chassis", "broadcast"),
+    ("emu-uniform", "allreduce")])
+def test_link_floor_bounds_the_schedule_from_the_same_packing(name: str, collective: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The floor ``auto`` checks before building never exceeds the built schedule's link time, and is that
+    time where every pair has one path (it counts the same bytes); the build packs nothing again."""
+    from planner.algorithms import treepack as module
+    from planner.compile import link_time, resolve_topology
+
+    topology = resolve_topology(name)
+    options = Options(size_bytes=256 << 20)
+    floor = module.treepack_link_floor(topology, collective, options)
+
+    def no_packing(*args: object, **kwargs: object) -> None:
+        raise AssertionError("packed again")
+
+    monkeypatch.setattr(module, "pack", no_packing)
+    monkeypatch.setattr(module, "pack_undirected", no_packing)
+    actual = link_time(topology, treepack(topology, collective, options), options.size_bytes)
+    assert 0 < floor <= actual * (1 + 1e-9)
+    if all(len(topology.routes(a, b)) == 1 for a in range(topology.size) for b in range(topology.size) if a != b):
+        assert floor == pytest.approx(actual, rel=1e-9)
