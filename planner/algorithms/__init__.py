@@ -103,7 +103,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     for a in (
         Algorithm("ring", "planner.algorithms.ring", "ring", _ALL,
                   "topology-aware rings (one or more channels), bandwidth-optimal for large messages",
-                  auto_max_ranks=256, min_chain=_ring_chain),
+                  auto_max_ranks=256, min_chain=_ring_chain, link_floor="ring_link_floor"),
         Algorithm("tree", "planner.algorithms.tree", "double_binary_tree", ("allreduce", "broadcast", "reduce"),
                   "double binary tree (NCCL's tree), logarithmic latency", link_floor="tree_link_floor"),
         Algorithm("halving-doubling", "planner.algorithms.halving_doubling", "halving_doubling",

@@ -11,16 +11,18 @@ consecutive steps overlap.
 
 from __future__ import annotations
 
+import itertools
+
 from planner.algorithms import Options
 from planner.algorithms._order import find_rings, pieces, ring_all_gather, ring_reduce_scatter, single_rank, split
 from planner.builder import ScheduleBuilder
 from planner.collectives import canonical_collective
 from planner.errors import NotApplicableError
-from planner.relay import relays
-from planner.topology import Topology
+from planner.relay import hops, relays
+from planner.topology import Link, Topology
 from runtime.schedule import Chunk, Schedule
 
-__all__ = ["ring"]
+__all__ = ["ring", "ring_link_floor"]
 
 #: Chunk budget for the all-to-all shaped phases (ranks x channels x pieces), to keep op counts bounded.
 _MAX_CHUNKS = 1024
@@ -106,3 +108,44 @@ def ring(topology: Topology, collective: str, options: Options) -> Schedule:
                 b.transfer(chain[pos], chain[pos + 1], src, piece, reduce=collective == "reduce", step=pos,
                            channel=ch)
     return b.build("ring", meta)
+
+
+def ring_link_floor(topology: Topology, collective: str, options: Options) -> float:
+    """A lower bound of :func:`planner.compile.link_time` of the ring schedule, from its rings alone.
+
+    Over each of its ``c`` rings a rank sends its successor ``(p-1)/p`` of the
+    ring's ``N / c`` bytes in a reduce-scatter or an all-gather (twice in an
+    all-reduce), and each hop of a broadcast or reduce chain carries ``N / c``;
+    a relayed hop crosses every hop of :func:`planner.relay.hops`.  Only the
+    links every cheapest path of a hop crosses (:meth:`Topology.common_links`)
+    are counted, so the bound holds under any routing and channel assignment.
+    The rings are memoised for the build; the schedule (129k operations on 64
+    ranks, 2 s) is what ``auto`` saves where this already loses.
+    """
+    collective = canonical_collective(collective)
+    if collective == "alltoall":
+        raise NotApplicableError("ring does not implement alltoall (use direct)")
+    p = topology.size
+    if p == 1:
+        return 0.0
+    if options.channels is not None and options.channels < 1:
+        raise NotApplicableError(f"ring needs at least one channel, got {options.channels}")
+    rings = find_rings(topology, options.channels)
+    share = options.size_bytes / len(rings)
+    edges: list[tuple[int, int]] = []
+    if collective in ("allreduce", "reducescatter", "allgather"):
+        share *= (p - 1) / p * (2 if collective == "allreduce" else 1)
+        edges = [(rg[i], rg[(i + 1) % p]) for rg in rings for i in range(p)]
+    else:
+        root = options.root
+        if not 0 <= root < p:
+            raise NotApplicableError(f"root {root} is not a rank of this {p}-rank topology")
+        for rg in rings:
+            at = rg.index(root)
+            chain = rg[at:] + rg[:at] if collective == "broadcast" else rg[at + 1:] + rg[:at + 1]
+            edges += list(itertools.pairwise(chain))
+    load: dict[Link, float] = {}
+    for a, b in (hop for src, dst in edges for hop in hops(topology, src, dst)):
+        for link in topology.common_links(a, b):
+            load[link] = load.get(link, 0.0) + share
+    return max((v / link.bandwidth for link, v in load.items()), default=0.0)

@@ -170,3 +170,20 @@ def test_a_relayed_hop_weighs_the_relay_links() -> None:
     assert sum(not topology.has_route(a, b) for a, b in hops(order)) == 2
     for collective in ("allreduce", "allgather"):
         check_schedule(topology, ring(topology, collective, Options()), collective, "ring")
+
+
+@pytest.mark.parametrize("name", ["torus-4x4", "mesh-4x4", "dgx-a100-4node", "ndv2-2chassis", "pcie-4x4-10gbe"])
+@pytest.mark.parametrize("collective", ["allreduce", "reducescatter", "allgather", "broadcast", "reduce"])
+def test_link_floor_bounds_the_schedule(name: str, collective: str) -> None:
+    """The floor ``auto`` checks before building never exceeds the built schedule's link time, and is that
+    time where every pair has one path (the same bytes on the same links)."""
+    from planner.algorithms.ring import ring_link_floor
+    from planner.compile import link_time, resolve_topology
+
+    topology = resolve_topology(name)
+    options = Options(size_bytes=256 << 20, root=1)
+    floor = ring_link_floor(topology, collective, options)
+    actual = link_time(topology, ring(topology, collective, options), options.size_bytes)
+    assert 0 < floor <= actual * (1 + 1e-9)
+    if all(len(topology.routes(a, b)) == 1 for a in range(topology.size) for b in range(topology.size) if a != b):
+        assert floor == pytest.approx(actual, rel=1e-9)
