@@ -111,9 +111,10 @@ class _Fabric:
     from ``first[u]`` on, cheapest first) and their link loads kept as padded rows
     (``rows[k]``: link indices, ``links`` after the last; ``shares[k]``: the slot
     share on each), so that the fit test and the busiest link of every candidate
-    of a tree are a few numpy operations (64 ranks: 3 s of Python per set of trees
-    before).  Row ``e`` is edge ``e`` on channel 0; :meth:`variants` adds the rows of
-    edges whose route depends on the channel (ECMP) as trees ask for them.
+    of a tree are a few numpy operations instead of a Python loop per candidate
+    (rail-8x8, both directions at both quotas: 9.9 s of CPU before, 6.5 s; the
+    same trees).  Row ``e`` is edge ``e`` on channel 0; :meth:`variants` adds the
+    rows of edges whose route depends on the channel (ECMP) as trees ask for them.
     """
 
     def __init__(self, topology: Topology, *, reverse: bool, quota: int | None) -> None:
@@ -182,6 +183,7 @@ class _Fabric:
         self._variant: dict[int, np.ndarray] = {}  # per channel: each edge's row (-1: not computed yet)
 
     def _set_row(self, k: int, load: tuple[tuple[int, float], ...]) -> None:
+        """Write ``load`` as row ``k`` (widening every row if it is the longest yet)."""
         if len(load) > self.rows.shape[1]:
             wider = np.full((self.rows.shape[0], len(load)), self.links, dtype=np.int64)
             wider[:, :self.rows.shape[1]] = self.rows
