@@ -466,16 +466,25 @@ class Topology:
 
             found = (self._walk(src, dst, lowest_dimension),)
         else:
-            devices = self.devices
-
-            def hashed(node: int, choices: tuple[int, ...]) -> int:
-                return choices[ecmp_hash(src, dst, key[2], devices[node].name) % len(choices)]
-
-            found = (self._walk(src, dst, hashed),)
+            found = (self.hashed_path(src, dst, key[2]),)
         if len(cache) >= _PATH_CACHE_PAIRS:
             cache.clear()
         cache[key] = found
         return found
+
+    def hashed_path(self, src: int, dst: int, channel: int) -> tuple[Link, ...]:
+        """The cheapest path from rank ``src`` to rank ``dst`` whose every choice of next hop is the ECMP hash of
+        connection ``(src, dst, channel)``: the path of such a connection under ``ecmp`` (and ``source``) routing.
+
+        Uncached, unlike :meth:`connection_paths`, for callers that ask once for each of many channels of a
+        pair (MultiTree's trees, one channel each: the caches' bookkeeping cost five times the walk).
+        """
+        devices = self.devices
+
+        def hashed(node: int, choices: tuple[int, ...]) -> int:
+            return choices[ecmp_hash(src, dst, channel, devices[node].name) % len(choices)]
+
+        return self._walk(src, dst, hashed)
 
     def path_through(self, src: int, dst: int, via: Iterable[str]) -> tuple[Link, ...] | None:
         """The cheapest path from rank ``src`` to rank ``dst`` through the devices ``via`` (in order), or None

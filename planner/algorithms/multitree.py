@@ -178,7 +178,7 @@ class _Fabric:
         for e, load in enumerate(edge_loads):
             self._set_row(e, load)
         self.count = len(edge_loads)  # rows in use
-        self._row_of: dict[tuple[tuple[tuple[str, str], float], ...], int] = {}  # channel variants' rows by load
+        self._row_of: dict[tuple[int, ...], int] = {}  # channel variants' rows by their path (link indices)
         self._pairs = list(zip(edge_u, edge_v))
         self._variant: dict[int, np.ndarray] = {}  # per channel: each edge's row (-1: not computed yet)
 
@@ -203,18 +203,20 @@ class _Fabric:
         rows = found[edges]
         missing = edges[rows < 0]
         if missing.size:
-            link_ids, route_shares, row_of = self.link_ids, self.topology.route_shares, self._row_of
+            # a pair whose route depends on the channel is routed per connection (ecmp, source): one hashed path,
+            # which carries all of a message (Topology.route_shares), walked without the route caches
+            link_ids, hashed_path, row_of = self.link_ids, self.topology.hashed_path, self._row_of
             for e in missing.tolist():
                 u, v = self._pairs[e]
                 a, b = (v, u) if self.reverse else (u, v)
-                shares = tuple(route_shares(a, b, channel).items())
-                row = row_of.get(shares)
+                path = tuple(link_ids[link.src, link.dst] for link in hashed_path(a, b, channel))
+                row = row_of.get(path)
                 if row is None:  # a path not seen before (a pair's channels share a few paths)
-                    load = tuple((link_ids[k], f) for k, f in shares)
+                    load = tuple((j, 1.0) for j in path)
                     if self.count == self.rows.shape[0]:
                         self.rows = np.concatenate([self.rows, np.full(self.rows.shape, self.links, dtype=np.int64)])
                         self.shares = np.concatenate([self.shares, np.zeros(self.shares.shape)])
-                    row = row_of[shares] = self.count
+                    row = row_of[path] = self.count
                     self._set_row(row, load)
                     self.count += 1
                 found[e] = row

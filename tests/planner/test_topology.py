@@ -345,6 +345,7 @@ def test_ecmp_puts_each_connection_on_one_hashed_path() -> None:
         assert topo.route_shares(0, 1, channel) == {(ln.src, ln.dst): 1.0 for ln in path}
         assert topo.route_bandwidth(0, 1, channel) == (20e9 if via[channel] == "a" else 12e9)
     assert set(via.values()) == {"a", "b"}  # channels spread over both paths
+    assert all(topo.hashed_path(0, 1, c) == topo.connection_paths(0, 1, c)[0] for c in range(16))  # uncached
     assert topo.route_key(0, 1, 3) == (0, 1, 3) and topo.route_key(1, 0, 3) == (1, 0, 3)
     spray = two_paths("spray")
     assert spray.route_key(0, 1, 3) == (0, 1, 0) and len(spray.connection_paths(0, 1, 3)) == 2
