@@ -41,6 +41,7 @@ the bound with equal parts, 97.7% with these).  Equal NICs keep equal parts.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -310,16 +311,30 @@ def _round_trip(topology: Topology, stage: Stage, method: str, part_bytes: float
     return latency + slices * part_bytes * busiest
 
 
+def _direct_fits(stage: Stage) -> bool:
+    """Whether ``stage`` is small enough to run direct at all (:data:`_DIRECT_MAX_MEMBERS`,
+    :data:`_DIRECT_MAX_SENDS`)."""
+    return (stage.size <= _DIRECT_MAX_MEMBERS
+            and len(stage.groups) * stage.size * (stage.size - 1) <= _DIRECT_MAX_SENDS)
+
+
 def _sharing(topology: Topology, stage: Stage, channel: int) -> float:
-    """The most messages (route shares summed) one link carries in a direct step of ``stage``."""
-    load: dict[tuple[str, str], float] = {}
-    for g in stage.groups:
-        for a in g:
-            for b in g:
-                if a != b:
-                    for key, share in path_shares(topology, a, b, channel).items():
-                        load[key] = load.get(key, 0.0) + share
-    return max(load.values(), default=0.0)
+    """The most messages (route shares summed) one link carries in a direct step of ``stage``; 0 for a
+    host level, which the cap on it never limits (cached per topology: :func:`hierarchical` may ask twice)."""
+    if stage.level == "host":
+        return 0.0
+    cache: dict[tuple[Stage, int], float] = topology.derived("hierarchical.sharing", dict)
+    found = cache.get((stage, channel))
+    if found is None:
+        load: dict[tuple[str, str], float] = {}
+        for g in stage.groups:
+            for a in g:
+                for b in g:
+                    if a != b:
+                        for key, share in path_shares(topology, a, b, channel).items():
+                            load[key] = load.get(key, 0.0) + share
+        found = cache[(stage, channel)] = max(load.values(), default=0.0)
+    return found
 
 
 def _host_rates(topology: Topology, stage: Stage, channel: int) -> dict[int, float]:
@@ -396,7 +411,7 @@ def ownership(topology: Topology, stage: Stage, channel: int) -> dict[int, int] 
 
 def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: float, slices: int,
                   force: str | None = None, weights: Mapping[int, int] | None = None,
-                  fed: bool = False, spread: bool = False) -> list[str]:
+                  fed: bool = False, spread: bool = False, sharing_cap: float = _DIRECT_MAX_SHARING) -> list[str]:
     """Ring, halving-doubling or direct for each level: the one :func:`_estimate` times fastest (ties: fewer
     steps; direct only where it is :data:`_DIRECT_GAIN` faster, or, with ``fed``, above the first level
     where it is no slower).
@@ -421,8 +436,8 @@ def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: floa
             out.append("halving-doubling")
             continue
         # fewest steps first, so that ties go to the lower latency
-        direct = (s.size <= _DIRECT_MAX_MEMBERS and len(s.groups) * s.size * (s.size - 1) <= _DIRECT_MAX_SENDS
-                  and (s.level == "host" or _sharing(topology, s, si) <= _DIRECT_MAX_SHARING))
+        sharing = _sharing(topology, s, si) if _direct_fits(s) else math.inf
+        direct = sharing <= sharing_cap
         fits = [m for m, ok in (("direct", direct),
                                 ("halving-doubling", _power_of_two(s.size)), ("ring", True)) if ok]
         if force is not None and force in fits:
@@ -434,6 +449,15 @@ def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: floa
             times = [_round_trip(topology, s, m, part, slices, si, weights if m == "direct" else None) for m in fits]
         gain = 0.0 if fed and si > 0 else _DIRECT_GAIN
         if fits[0] == "direct" and len(fits) > 1 and times[0] > min(times[1:]) * (1 - gain):
+            fits, times = fits[1:], times[1:]
+        if (fits[0] == "direct" and len(fits) > 1 and sharing > _DIRECT_MAX_SHARING
+                and _estimate(topology, s, "direct", part, slices, si, True) > min(
+                    _estimate(topology, s, m, 0.0, slices, si, True) for m in fits[1:])):
+            # Over the usual cap its many flows contend, which the estimate does not see, while the others'
+            # hashed collisions flatter it (fattree-256-2to1 all-gather, one slice, a direct cross-leaf level:
+            # 83.1% of the bound at 256 MiB, timed 26% faster, where a ring reaches 97.9%; 1.33x at 4 MiB,
+            # halving-doubling 1.22x).  So it runs only where, its messages spread evenly over the paths, it is
+            # over before the others' step latencies alone (1 MiB there: 2.11x -> 1.65x of the bound).
             fits, times = fits[1:], times[1:]
         best = min(times)
         out.append(next(m for m, t in zip(fits, times) if t <= best * (1 + 1e-9)))
@@ -591,18 +615,6 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
         raise NotApplicableError(f"hierarchical: unknown stage_method {force!r} (use {', '.join(_METHODS)})")
     # all-reduce may let the ranks of fast hosts reduce more of the last level (where that runs direct)
     weights = ownership(topology, levels[-1], len(levels) - 1) if collective == "allreduce" else None
-    methods = stage_methods(topology, levels, options.size_bytes / slices, slices, force, weights,
-                            fed=collective == "reducescatter", spread=collective == "allreduce")
-    if methods[-1] != "direct":
-        weights = None
-    # the flow control (below) keeps a ring's one link busy with the oldest slice; a direct first level needs
-    # none (dgx-a100-4node reduce-scatter, windowed ring / direct / windowless direct: 7.8x / 1.8x / 1.2x
-    # of the bound at 1 MiB, 95.6% / 96.2% / 96.4% at 256 MiB), so there it is off and direct levels stay
-    window = int(options.extra.get("window", _RS_WINDOW if collective == "reducescatter" and methods[0] != "direct"
-                                   else 0))
-    if window and force is None:
-        methods = ["ring" if s.size > 2 and m != "direct" else m for s, m in zip(levels, methods)]
-
     spans = []  # virtual blocks covered by one group of each level
     span = p
     for s in levels:
@@ -615,22 +627,47 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
         phases += [(si, False) for si in range(len(levels))]
     if collective != "reducescatter":
         phases += [(si, True) for si in reversed(range(len(levels)))]
-    steps = {(si, gather): _METHODS[methods[si]](levels[si].size, gather) for si, gather in phases}
+
+    # Methods, then the slices the message budget allows.  The sharing cap on direct network levels bounds
+    # the messages that contend on a link at once, a step's per slice in flight; where the budget leaves a
+    # reduce-scatter or all-gather one slice anyway, they contend once, so the methods are chosen again
+    # without it (fattree-256-2to1 all-gather at 1 MiB, 37 on a spine link: 2.11x -> 1.65x of the bound
+    # with a direct cross-leaf level, 6 s of CPU to time; an all-reduce keeps its slices and the cap).
+    wanted, weighted = slices, weights
+    for sharing_cap in (_DIRECT_MAX_SHARING, math.inf):
+        slices, weights = wanted, weighted
+        methods = stage_methods(topology, levels, options.size_bytes / slices, slices, force, weights,
+                                fed=collective == "reducescatter", spread=collective == "allreduce",
+                                sharing_cap=sharing_cap)
+        if methods[-1] != "direct":
+            weights = None
+        # the flow control (below) keeps a ring's one link busy with the oldest slice; a direct first level
+        # needs none (dgx-a100-4node reduce-scatter, windowed ring / direct / windowless direct: 7.8x / 1.8x /
+        # 1.2x of the bound at 1 MiB, 95.6% / 96.2% / 96.4% at 256 MiB), so there it is off and direct levels stay
+        window = int(options.extra.get("window", _RS_WINDOW if collective == "reducescatter"
+                                       and methods[0] != "direct" else 0))
+        if window and force is None:
+            methods = ["ring" if s.size > 2 and m != "direct" else m for s, m in zip(levels, methods)]
+        steps = {(si, gather): _METHODS[methods[si]](levels[si].size, gather) for si, gather in phases}
+        most = slices  # slices the message budget allows
+        if options.pipeline is None:
+            # messages per slice: all-reduce sends a part as one run of chunks; all-gather and reduce-scatter
+            # keep each rank's block whole in its buffer, so a part of k virtual blocks is k messages
+            per_slice = sum(len(levels[si].groups) * sum(1 if collective == "allreduce" else
+                                                         (e - a) * (spans[si] // levels[si].size)
+                                                         for step in steps[(si, gather)] for _, _, a, e in step)
+                            for si, gather in phases)
+            most = max(1, max(_MAX_TRANSFERS, _TRANSFERS_PER_RANK * p) // per_slice)
+            slices = min(slices, most)
+        if (options.pipeline is not None or collective == "allreduce" or most > 1
+                or all(_sharing(topology, s, si) <= _DIRECT_MAX_SHARING
+                       for si, s in enumerate(levels) if _direct_fits(s))):
+            break
     first_step = []
     at = 0
     for phase in phases:
         first_step.append(at)
         at += len(steps[phase])
-    most = slices  # slices the message budget allows
-    if options.pipeline is None:
-        # messages per slice: all-reduce sends a part as one run of chunks; all-gather and reduce-scatter
-        # keep each rank's block whole in its buffer, so a part of k virtual blocks is k messages
-        per_slice = sum(len(levels[si].groups) * sum(1 if collective == "allreduce" else
-                                                     (e - a) * (spans[si] // levels[si].size)
-                                                     for step in steps[(si, gather)] for _, _, a, e in step)
-                        for si, gather in phases)
-        most = max(1, max(_MAX_TRANSFERS, _TRANSFERS_PER_RANK * p) // per_slice)
-        slices = min(slices, most)
 
     if collective == "allreduce":
         # by default shaped slices (see :func:`_slice_shape`) over up to twice the chunks of equal ones: as

@@ -229,6 +229,29 @@ def test_all_reduce_times_ecmp_levels_as_spread() -> None:
     assert compiled.efficiency >= 0.95
 
 
+@pytest.mark.parametrize("fed", [False, True])
+def test_direct_over_the_sharing_cap_only_where_its_latency_wins(fed: bool) -> None:
+    """Issue #11: the cross-leaf level of a 256-GPU 2:1 fat-tree puts 37 messages on a spine link when direct,
+    over the cap that bounds an all-reduce's contending slices; where a reduce-scatter's or all-gather's
+    budget leaves one slice, the cap is lifted, and direct then runs that level at 1 MiB (all-gather 2.11x ->
+    1.65x of the bound) but not at 4 MiB or 256 MiB, where its contention loses (1.33x / 83.1%, against
+    halving-doubling's 1.22x and a ring's 97.9%)."""
+    import math
+
+    from planner.algorithms.hierarchical import _DIRECT_MAX_SHARING, _sharing, stage_methods
+    from planner.fabrics import fat_tree
+
+    topology = fat_tree(32, 4, 8, 2).topology()
+    levels = stages(topology)
+    assert [s.size for s in levels] == [8, 4, 8]
+    assert _sharing(topology, levels[-1], 2) > _DIRECT_MAX_SHARING
+    mib = 1 << 20
+    assert stage_methods(topology, levels, mib / 8, 8, fed=fed)[-1] != "direct"
+    assert stage_methods(topology, levels, mib / 8, 8, fed=fed, sharing_cap=math.inf)[-1] == "direct"
+    for size in (4 * mib, 256 * mib):
+        assert stage_methods(topology, levels, size / 8, 8, fed=fed, sharing_cap=math.inf)[-1] != "direct"
+
+
 @pytest.mark.parametrize("collective", ["reducescatter", "allgather"])
 @pytest.mark.parametrize("name", ["rail-4x4", "emu-racks"])
 def test_sliced_reduce_scatter_and_all_gather_overlap_the_levels(name: str, collective: str) -> None:
