@@ -9,7 +9,6 @@ chunk must hold (``None`` where the collective leaves it unspecified).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 from runtime.schedule import COLLECTIVES, ROOTED, canonical_collective
@@ -17,13 +16,6 @@ from runtime.schedule import COLLECTIVES, ROOTED, canonical_collective
 __all__ = ["COLLECTIVES", "ROOTED", "CollectiveSpec", "Value", "canonical_collective", "chunk_counts", "spec"]
 
 Value = tuple[int, int]
-
-
-@functools.lru_cache(maxsize=4)
-def _keys(n: int) -> tuple[int, ...]:
-    """``0 .. n-1``, one int object each for every rank's values: the verifier holds ranks x chunks of them
-    (4096 ranks x 8192 chunks: a gigabyte of ints, one per rank and chunk, without the sharing)."""
-    return tuple(range(n))
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,15 +41,18 @@ class CollectiveSpec:
             return self.output_chunks if self.collective == "reducescatter" else self.input_chunks // self.ranks
         return self.input_chunks
 
-    def initial(self, rank: int) -> list[Value]:
-        """The value of each input chunk on ``rank`` before the collective runs."""
-        bit = 1 << rank
-        n, k = self.input_chunks, self.per_rank
+    def first_key(self, rank: int) -> int:
+        """The key of ``rank``'s first input chunk; input chunk j holds key ``first_key + j``."""
         if self.collective == "allgather":
-            return [(rank * k + j, bit) for j in range(n)]
+            return rank * self.per_rank
         if self.collective == "alltoall":
-            return [(rank * n + i, bit) for i in range(n)]
-        return list(zip(_keys(n), [bit] * n))
+            return rank * self.input_chunks
+        return 0
+
+    def initial(self, rank: int) -> list[Value]:
+        """The value of each input chunk on ``rank`` before the collective runs: its own contribution."""
+        first, bit = self.first_key(rank), 1 << rank
+        return [(first + j, bit) for j in range(self.input_chunks)]
 
     def expected(self, rank: int) -> list[Value | None]:
         """The value each output chunk on ``rank`` must hold afterwards (None: unspecified)."""

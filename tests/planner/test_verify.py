@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import gc
+import itertools
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from planner.builder import ScheduleBuilder
 from planner.errors import TopoccError, VerificationError
-from planner.verify import VerifyReport, verify
+from planner.verify import VerifyReport, _merged, _Runs, verify
 from runtime.schedule import Chunk, Op, Schedule, build_schedule
 from tests.planner.test_builder import (
     CONSTRUCTIONS,
@@ -246,6 +249,17 @@ def test_reducing_different_logical_chunks() -> None:
     fails(s, "rank 1 op 0 (recv_reduce from rank 0 i[0] o[0]) reduces logical chunk 1 into logical chunk 0")
 
 
+def test_reduction_error_inside_a_message_of_several_runs_names_its_chunk() -> None:
+    # rank 1 holds o[0:2] from rank 0 (mask {0}) and o[2:4] as its own copy (mask {1}); adding rank 1's
+    # input over all four counts rank 1 twice from chunk 2 on, the first chunk of the second run
+    s = schedule("allreduce", 2, 4, 4, [
+        [send(1, "i", 0, 2)],
+        [recv(0, "o", 0, 2), copy(Chunk("i", 2, 2), Chunk("o", 2, 2)),
+         reduce(Chunk("i", 0, 4), Chunk("o", 0, 4), deps=[0, 1])],
+    ])
+    fails(s, "rank 1 op 2 (reduce i[0:4] o[0:4]) counts the contribution of rank(s) 1 twice (at o[2])")
+
+
 def test_reduce_into_unwritten_chunk() -> None:
     s = two_rank_allreduce(rank1=[send(0, "i", 0), recv(0, "o", 0, reduce=True)])
     fails(s, "rank 1 op 1 (recv_reduce from rank 0 o[0]) reduces into o[0], which holds no data yet")
@@ -455,6 +469,39 @@ def test_error_names_collective_and_algorithm_and_is_a_topocc_error() -> None:
 
 
 # --------------------------------------------------------------------------- scale
+
+
+_SIZE = 24
+_write = st.tuples(st.integers(0, _SIZE - 1), st.lists(
+    st.tuples(st.integers(1, 5), st.one_of(st.none(), st.integers(0, 30)), st.sampled_from([1, 2, 3])),
+    min_size=1, max_size=4))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_write, max_size=30))
+def test_runs_hold_what_was_written_as_maximal_runs(writes: list[tuple[int, list[tuple[int, int | None, int]]]],
+                                                    ) -> None:
+    """The proof's run-length buffer against a list of one value per chunk, after any sequence of writes."""
+    runs, model = _Runs(_SIZE), [None] * _SIZE
+    for lo, segments in writes:
+        clipped, room = [], _SIZE - lo
+        for n, key, mask in segments:
+            if min(n, room) > 0:
+                clipped.append((min(n, room), key, 0 if key is None else mask))
+                room -= min(n, room)
+        fit = _merged(clipped)  # maximal, as the verifier's writers give them
+        runs.write(lo, fit)
+        a = lo
+        for n, key, mask in fit:
+            model[a:a + n] = [None if key is None else (key + j, mask) for j in range(n)]
+            a += n
+        whole = runs.read(0, _SIZE)
+        assert [None if key is None else (key + j, mask) for n, key, mask in whole for j in range(n)] == model
+        assert all(not ((a[1] is None and b[1] is None) or (a[1] is not None and b[1] == a[1] + a[0]
+                                                            and a[2] == b[2])) for a, b in itertools.pairwise(whole))
+        for lo2 in range(0, _SIZE, 5):
+            part = runs.read(lo2, min(_SIZE, lo2 + 7))
+            assert [None if k is None else (k + j, m) for n, k, m in part for j in range(n)] == model[lo2:lo2 + 7]
 
 
 def test_builder_schedule_at_scale_verifies() -> None:
