@@ -127,28 +127,35 @@ class ScheduleBuilder:
     def _emit(self, rank: int, kind: str, peer: int | None, src: Chunk | None, dst: Chunk | None,
               step: int, channel: int, reads: tuple[Chunk, ...], write: Chunk | None, after: Iterable[int]) -> int:
         """Append an operation that depends on ``after`` and on every earlier conflicting access."""
-        k = len(self.programs[rank])
+        program = self.programs[rank]
+        k = len(program)
         deps = set(after)
         hazards, base = self._hazards[rank], self._base[rank]
-        writer, readers = hazards.writer, hazards.readers
+        writer, readers, split = hazards.writer, hazards.readers, hazards._split
+        # split the runs at every bound first, so that each access's runs are found once (later splits would
+        # shift the indices); the order of the splits changes no run
         spans = [(base[ref.buffer] + ref.index, base[ref.buffer] + ref.index + ref.count) for ref in reads]
         for a, e in spans:
-            for m in hazards.runs(a, e):
-                deps.add(writer[m])
+            split(a)
+            split(e)
         if write is not None:
             wa = base[write.buffer] + write.index
             we = wa + write.count
-            for m in hazards.runs(wa, we):
-                deps.add(writer[m])
-                deps.update(readers[m])
+            split(wa)
+            split(we)
+        starts = hazards.starts
         for a, e in spans:
-            for m in hazards.runs(a, e):
+            for m in range(bisect.bisect_left(starts, a), bisect.bisect_left(starts, e)):
+                deps.add(writer[m])
                 readers[m].append(k)
         if write is not None:
+            for m in range(bisect.bisect_left(starts, wa), bisect.bisect_left(starts, we)):
+                deps.add(writer[m])
+                deps.update(readers[m])
             hazards.write(wa, we, k)
         deps.discard(k)
         deps.discard(-1)
-        self.programs[rank].append(Op(kind, peer, src, dst, tuple(sorted(deps)), step, channel))
+        program.append(Op(kind, peer, src, dst, tuple(sorted(deps)), step, channel))
         return k
 
     def send(self, rank: int, peer: int, src: Chunk, *, step: int = 0, channel: int = 0,

@@ -321,6 +321,9 @@ def _simulate(topology: Topology, schedule: Schedule, size_bytes: int, record: b
     conn_route: dict[tuple[int, int, int], Route] = {
         key: net.indexed((recorded[key],)) if key in recorded else net.route(topology, *key) for key in sends}
 
+    # every path's links one after the other: a message adds its share to each, in this order
+    conn_links = {key: tuple(link for path in route.paths for link in path) for key, route in conn_route.items()}
+
     # ---- state
     conn_of: dict[int, tuple[int, int, int]] = {g: key for key, ids in sends.items() for g in ids}
     conn_queue: dict[tuple[int, int, int], deque[int]] = {}  # busy connections and their waiting messages
@@ -396,7 +399,8 @@ def _simulate(topology: Topology, schedule: Schedule, size_bytes: int, record: b
     def start_message(send: int, now: float) -> None:
         """Put a matched message on the wire: one flow per path of its connection."""
         src = op_rank[send]
-        route = conn_route[conn_of[send]]
+        key = conn_of[send]
+        route = conn_route[key]
         nbytes = programs[src][send - base[src]].count * cb
         if on_message is not None:
             msg_start[send] = now
@@ -405,9 +409,8 @@ def _simulate(topology: Topology, schedule: Schedule, size_bytes: int, record: b
             heapq.heappush(arrivals, (now + route.latency, send))
             return
         share = nbytes / len(route.paths)
-        for path in route.paths:
-            for link in path:
-                link_bytes[link] += share
+        for link in conn_links[key]:
+            link_bytes[link] += share
         fabric.add(send, route, share)
 
     def release(send: int, now: float) -> None:

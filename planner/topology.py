@@ -245,6 +245,12 @@ class Topology:
         return adjacency, is_rank, rank_device
 
     @cached_property
+    def _link_src(self) -> list[int]:
+        """The device index of each link's source (by link index), for walking route trees back."""
+        index = self._device_position
+        return [index[link.src] for link in self.links]
+
+    @cached_property
     def _route_cache(self) -> dict[int, _RouteTree]:
         return {}
 
@@ -315,22 +321,25 @@ class Topology:
         if src == dst or tree.cost[dst] == float("inf"):
             return ()
         _, _, rank_device = self._graph
-        index = self._device_position
-        links = self.links
+        links, link_src = self.links, self._link_src
+        first, extra = tree.first, tree.extra
         paths: list[tuple[Link, ...]] = []
-
-        def walk(node: int, suffix: tuple[Link, ...]) -> None:
-            if len(paths) >= MAX_PATHS:
-                return
-            head = tree.first[node]
-            if head == -2:
-                paths.append(suffix)
-                return
-            for k in (head, *tree.extra.get(node, ())):
-                link = links[k]
-                walk(index[link.src], (link, *suffix))
-
-        walk(rank_device[dst], ())
+        # depth first back from the destination over the equal-cost parent links, the first parent before
+        # the others (the order the paths are listed in, and the first MAX_PATHS kept); a run of devices with
+        # one parent each is followed in a loop, and only the alternatives wait on the stack
+        stack: list[tuple[int, tuple[Link, ...]]] = [(rank_device[dst], ())]
+        while stack and len(paths) < MAX_PATHS:
+            node, suffix = stack.pop()
+            while True:
+                head = first[node]
+                if head == -2:
+                    paths.append(suffix)
+                    break
+                more = extra.get(node)
+                if more is not None:
+                    stack.extend((link_src[k], (links[k], *suffix)) for k in reversed(more))
+                suffix = (links[head], *suffix)
+                node = link_src[head]
         if len(cache) >= _PATH_CACHE_PAIRS:
             cache.clear()  # bounded memory: an all-to-all on 1024 ranks asks for a million pairs
         found = cache[(src, dst)] = tuple(paths)
@@ -534,14 +543,89 @@ class Topology:
         return found
 
     def route_bandwidth(self, src: int, dst: int, channel: int = 0) -> float:
-        """Bandwidth of a lone message of connection ``(src, dst, channel)`` over its paths."""
+        """Bandwidth of a lone message of connection ``(src, dst, channel)`` over its paths.
+
+        Under spray, from the count of cheapest paths through each link where the pair has at most
+        :data:`MAX_PATHS` of them (:meth:`_spray_bandwidth`), without listing the paths: the ring search asks
+        it of every pair of every group (31k pairs of 16 paths each on fattree-1024).
+        """
+        if self.routing == "spray" and (src, dst) not in self._paths_cache:
+            found = self._spray_bandwidth(src, dst)
+            if found is not None:
+                return found
         shares = self.route_shares(src, dst, channel)
         return min((self._links[key].bandwidth / share for key, share in shares.items()), default=0.0)
 
+    def _spray_bandwidth(self, src: int, dst: int) -> float | None:
+        """:meth:`route_bandwidth` under spray by counting paths, or None where :meth:`routes` would keep only
+        the first :data:`MAX_PATHS` paths (or there is no route).
+
+        A link ``u -> v`` lies on (paths from ``src`` to ``u``) x (paths from ``v`` to ``dst``) of the pair's
+        cheapest paths; its share is that many times 1/n summed one by one, the same float the even split of
+        the listed paths (:func:`_split_evenly`) adds up.
+        """
+        tree = self._shortest_from(src)
+        if src == dst or tree.cost[dst] == float("inf"):
+            return None
+        first, extra = tree.first, tree.extra
+        link_src = self._link_src
+        _, _, rank_device = self._graph
+        # the devices on some cheapest path, in depth-first postorder back from the destination (every device
+        # after those on the way to it from ``src``), each with its parent links
+        parents: dict[int, tuple[int, ...]] = {}
+        order: list[int] = []
+        stack = [(rank_device[dst], False)]
+        while stack:
+            node, done = stack.pop()
+            if done:
+                order.append(node)
+                continue
+            if node in parents:
+                continue
+            head = first[node]
+            parents[node] = () if head == -2 else (head, *extra.get(node, ()))
+            stack.append((node, True))
+            stack.extend((link_src[k], False) for k in parents[node] if link_src[k] not in parents)
+        into: dict[int, int] = {}  # paths from ``src`` to each device
+        for node in order:
+            ks = parents[node]
+            into[node] = sum(into[link_src[k]] for k in ks) if ks else 1
+        n = into[rank_device[dst]]
+        if n > MAX_PATHS:
+            return None
+        out = dict.fromkeys(parents, 0)  # paths from each device to ``dst``
+        out[rank_device[dst]] = 1
+        through: dict[tuple[str, str], int] = {}
+        links = self.links
+        for node in reversed(order):  # every device before those nearer ``src``
+            for k in parents[node]:
+                out[link_src[k]] += out[node]
+                link = links[k]
+                key = (link.src, link.dst)
+                through[key] = through.get(key, 0) + into[link_src[k]] * out[node]
+        share = 1.0 / n
+        best = float("inf")
+        for key, count in through.items():
+            total = 0.0
+            for _ in range(count):
+                total += share
+            best = min(best, self._links[key].bandwidth / total)
+        return best
+
     def route_latency(self, src: int, dst: int, channel: int = 0) -> float:
-        """Latency of connection ``(src, dst, channel)``: of its slowest path, as the simulator charges it."""
-        paths = self.connection_paths(src, dst, channel)
-        return max(sum(link.latency for link in path) for path in paths) if paths else float("inf")
+        """Latency of connection ``(src, dst, channel)``: of its slowest path, as the simulator charges it.
+
+        Kept per connection that differs (the cost models ask it of every pair of every step)."""
+        cache: dict[tuple[int, int, int], float] = self.derived("route_latency", dict)
+        key = self.route_key(src, dst, channel)
+        found = cache.get(key)
+        if found is None:
+            paths = self.connection_paths(src, dst, channel)
+            found = max(sum(link.latency for link in path) for path in paths) if paths else float("inf")
+            if len(cache) >= _PATH_CACHE_PAIRS:
+                cache.clear()
+            cache[key] = found
+        return found
 
     def with_routing(self, routing: str) -> Topology:
         """This topology under another routing (to compare modes); checked as :func:`build_topology` checks it."""
@@ -677,10 +761,14 @@ def _split_evenly(paths: Sequence[Sequence[Link]]) -> dict[tuple[str, str], floa
     """Each directed link's share of a message split evenly over ``paths`` (a link on several paths carries
     each of their shares)."""
     shares: dict[tuple[str, str], float] = {}
+    if not paths:
+        return shares
+    share = 1.0 / len(paths)
+    get = shares.get
     for path in paths:
         for link in path:
             key = (link.src, link.dst)
-            shares[key] = shares.get(key, 0.0) + 1.0 / len(paths)
+            shares[key] = get(key, 0.0) + share
     return shares
 
 

@@ -285,6 +285,18 @@ def _thresholds(members: Sequence[int], weight: Weight, groups: dict[int, int] |
     return positive or [0.0]
 
 
+def _lone_weight(topology: Topology) -> Weight:
+    """:meth:`LinkLoads.weight` with no load: a routed pair's :meth:`~Topology.route_bandwidth` (the same
+    minimum of bandwidth over share, found by counting paths under spray rather than listing them), a relayed
+    pair's from the shares of all its hops."""
+    loads = LinkLoads(topology)
+
+    def weight(a: int, b: int) -> float:
+        return topology.route_bandwidth(a, b) if topology.has_route(a, b) else loads.weight(a, b)
+
+    return weight
+
+
 def find_cycle(topology: Topology, members: Sequence[int], weight: Weight | None = None) -> list[int]:
     """A Hamiltonian cycle over ``members`` maximising the bottleneck weight, direct hops preferred.
 
@@ -299,7 +311,7 @@ def find_cycle(topology: Topology, members: Sequence[int], weight: Weight | None
     if len(members) <= 1:
         return members
     if weight is None:
-        weight = LinkLoads(topology).weight
+        weight = _lone_weight(topology)
     cache: dict[tuple[int, int], float] = {}
 
     routed: dict[tuple[int, int], bool] = {}

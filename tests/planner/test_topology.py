@@ -544,3 +544,35 @@ def test_common_links_are_those_every_cheapest_path_crosses() -> None:
     (path,) = topology.routes(0, 1)  # over the host's NVSwitch
     assert topology.common_links(0, 1) == path
     assert chain(3).common_links(0, 2) == () and chain(3).common_links(1, 1) == ()
+
+
+@pytest.mark.parametrize("name", ["dgx-a100-4node.yaml", "torus-4x4.yaml", "pcie-4x4-10gbe.yaml", "emu-racks.yaml"])
+def test_spray_bandwidth_by_counting_paths_is_the_listed_paths_float(name: str) -> None:
+    """Counting the cheapest paths through each link gives bit for bit the bandwidth the even split of the listed
+    paths gives, and declines (None) exactly where :meth:`routes` keeps only the first MAX_PATHS paths."""
+    from planner.topology import MAX_PATHS
+
+    topo = load(name).with_routing("spray")
+    declined = 0
+    for a in range(topo.size):
+        for b in range(topo.size):
+            counted = topo._spray_bandwidth(a, b)
+            if a == b or not topo.has_route(a, b):
+                assert counted is None
+                continue
+            listed = min(topo.link(*key).bandwidth / share for key, share in topo.route_shares(a, b).items())
+            if counted is None:
+                declined += 1
+                assert len(topo.routes(a, b)) == MAX_PATHS
+            else:
+                assert counted == listed
+                assert topo.route_bandwidth(a, b) == listed
+    assert declined == (16 if name == "torus-4x4.yaml" else 0)  # the pairs with more than MAX_PATHS paths
+
+
+def test_spray_bandwidth_on_a_fat_tree_sample() -> None:
+    """Across leaves of fattree-1024 a pair has 16 paths (one per spine): counted as listed."""
+    topo = load("fattree-1024.yaml")
+    for a, b in [(0, 1), (0, 8), (0, 31), (0, 32), (5, 1000), (1023, 17)]:
+        counted = topo._spray_bandwidth(a, b)
+        assert counted == min(topo.link(*key).bandwidth / share for key, share in topo.route_shares(a, b).items())
