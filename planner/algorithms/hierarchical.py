@@ -56,8 +56,11 @@ from runtime.schedule import Chunk, Schedule
 
 __all__ = ["Stage", "hierarchical", "stage_methods", "stages"]
 
-#: At most this many chunks (ranks x slices): the builder, the verifier and the simulator cost grows
-#: with ranks x chunks, and this keeps a 1024-rank compile near half a minute (8 slices).
+#: At most this many chunks (ranks x slices), but never fewer than :data:`_MIN_SLICES` per rank's block:
+#: the builder and the simulator cost grows with the messages, which more slices multiply, and this
+#: keeps a 1024-rank compile near half a minute (8 slices).  (The proof holds runs of chunks, so its
+#: cost follows the operations too: a 4096-rank all-reduce gets 6 slices from the message budget, 89%
+#: of the bound, where 2 slices of this budget alone gave 71%.)
 _MAX_CHUNKS = 8192
 #: From this size on, twice the chunks: such a collective runs for milliseconds, every step of
 #: training, so a compile twice as long buys the last few percent of pipeline fill and drain.
@@ -74,7 +77,7 @@ _PLATEAU = 8
 _RAMP = (1, 2, 3, 4, 6, 8)
 #: Reduce-scatter and all-gather slices average at least this much of a rank's block.
 _MIN_SLICE_BYTES = 64 << 10
-#: At least this many slices where there are two or more levels (within :data:`_MAX_CHUNKS`): below
+#: At least this many slices where there are two or more levels (within the message budget): below
 #: :data:`_SLICE_BYTES` per slice, a 1 MiB collective would otherwise run its stages one after the
 #: other, the fast intra-host fabric idle while the NICs work (emu-racks all-gather: 1.64x the bound).
 _MIN_SLICES = 8
@@ -484,10 +487,16 @@ def _slice_shape(slices: int) -> tuple[int, ...]:
     return tuple(min(_RAMP[min(j, len(_RAMP) - 1)], 2 ** (slices - 1 - j), _PLATEAU) for j in range(slices))
 
 
+def _chunk_budget(p: int, size_bytes: int) -> int:
+    """Chunks per rank's block that :data:`_MAX_CHUNKS` allows (twice from :data:`_LARGE_BYTES`), at least
+    :data:`_MIN_SLICES`."""
+    return max(_MAX_CHUNKS * (2 if size_bytes >= _LARGE_BYTES else 1) // p, _MIN_SLICES)
+
+
 def _stage_slices(p: int, size_bytes: int) -> int:
-    """Slices for a reduce-scatter or all-gather: as many as keep ``p`` x the chunks of
-    :func:`_slice_shape` within the chunk budget and its pieces at least :data:`_MIN_SLICE_BYTES` on average."""
-    budget = _MAX_CHUNKS * (2 if size_bytes >= _LARGE_BYTES else 1) // p
+    """Slices for a reduce-scatter or all-gather: as many as keep the chunks of :func:`_slice_shape` within
+    :func:`_chunk_budget` and its pieces at least :data:`_MIN_SLICE_BYTES` on average."""
+    budget = _chunk_budget(p, size_bytes)
     most = size_bytes / p / _MIN_SLICE_BYTES
     slices = 1
     while sum(_slice_shape(slices + 1)) <= min(budget, most):
@@ -561,7 +570,7 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     of about :data:`_SLICE_BYTES`; reduce-scatter and all-gather: shaped, by
     default as many as :func:`_stage_slices` allows).  By default there are at
     least :data:`_MIN_SLICES` where there are two levels or more, at most
-    :data:`_MAX_CHUNKS` chunks and :data:`_MAX_TRANSFERS` messages.
+    :func:`_chunk_budget` chunks and :data:`_MAX_TRANSFERS` messages.
     ``options.extra["window"]`` sets the flow control's window (reduce-scatter:
     1; 0 turns it off); ``options.extra["stage_method"]`` (``ring``,
     ``halving-doubling`` or ``direct``) forces the method of every level whose
@@ -595,9 +604,9 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     # How many slices: all-reduce about _SLICE_BYTES each (shaped below), reduce-scatter and all-gather as
     # many as _stage_slices allows; at least a few wherever there are stages to overlap (no per-message cost
     # is charged, and without them a 1 MiB collective runs its stages one after the other).
-    budget = _MAX_CHUNKS * (2 if options.size_bytes >= _LARGE_BYTES else 1) // p  # chunks per rank's block
+    budget = _chunk_budget(p, options.size_bytes)
     if collective == "allreduce":
-        least = min(max(1, budget), _MIN_SLICES)
+        least = _MIN_SLICES
         slices = max(1, min(budget, round(options.size_bytes / _SLICE_BYTES)))
     else:
         least = max((n for n in range(1, _MIN_SLICES + 1) if sum(_slice_shape(n)) <= budget), default=1)
