@@ -39,6 +39,17 @@ def check_schedule(topology: Topology, schedule: Schedule, collective: str, algo
                 assert topology.has_route(rank, op.peer), f"rank {rank} sends to {op.peer} without a route"
 
 
+def check_link_floor(topology: Topology, floor: float, schedule: Schedule, size_bytes: int) -> None:
+    """A link floor ``auto`` checks before building never exceeds the built schedule's link time, and is that
+    time where every pair has one path (the same bytes on the same links)."""
+    from planner.compile import link_time
+
+    actual = link_time(topology, schedule, size_bytes)
+    assert 0 < floor <= actual * (1 + 1e-9)
+    if all(len(topology.routes(a, b)) == 1 for a in range(topology.size) for b in range(topology.size) if a != b):
+        assert floor == pytest.approx(actual, rel=1e-9)
+
+
 def compile_checked(topology: Topology, algorithm: str, collective: str, options: Options) -> Schedule | None:
     """Build and check a schedule; None when the algorithm declines for an allowed reason."""
     fn = ALGORITHMS[algorithm].load()

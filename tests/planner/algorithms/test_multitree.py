@@ -22,6 +22,7 @@ from planner.compile import compile_schedule
 from planner.topology import Topology, load_topology, parse_topology_text
 from planner.verify import verify
 from tests.conftest import TOPOLOGIES
+from tests.planner.algorithms.test_baselines import check_link_floor
 
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast")
 
@@ -226,10 +227,9 @@ def test_shipped_topologies_verify(name: str) -> None:
     ("dgx-a100-4node", "allgather"), ("ndv2-2chassis", "allreduce")])
 def test_link_floor_bounds_the_schedule_from_the_same_trees(name: str, collective: str,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """The floor ``auto`` checks before building never exceeds the built schedule's link time, and is that
-    time where every pair has one path; the build grows no trees again."""
+    """The floor ``auto`` checks bounds the schedule (:func:`check_link_floor`); the build grows no trees again."""
     from planner.algorithms import multitree as module
-    from planner.compile import link_time, resolve_topology
+    from planner.compile import resolve_topology
 
     topology = resolve_topology(name)
     options = Options(size_bytes=256 << 20)
@@ -239,10 +239,7 @@ def test_link_floor_bounds_the_schedule_from_the_same_trees(name: str, collectiv
         raise AssertionError("trees grown again")
 
     monkeypatch.setattr(module, "build_trees", no_trees)
-    actual = link_time(topology, multitree(topology, collective, options), options.size_bytes)
-    assert 0 < floor <= actual * (1 + 1e-9)
-    if all(len(topology.routes(a, b)) == 1 for a in range(topology.size) for b in range(topology.size) if a != b):
-        assert floor == pytest.approx(actual, rel=1e-9)
+    check_link_floor(topology, floor, multitree(topology, collective, options), options.size_bytes)
     assert module.multitree_link_floor(topology, "broadcast", options) == 0.0  # its tree count comes with the build
 
 
