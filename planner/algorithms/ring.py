@@ -47,9 +47,7 @@ def ring(topology: Topology, collective: str, options: Options) -> Schedule:
     if p == 1:
         return single_rank(collective, 1, 1, "ring", meta, options.root if collective in ("broadcast", "reduce")
                            else None)
-    if options.channels is not None and options.channels < 1:
-        raise NotApplicableError(f"ring needs at least one channel, got {options.channels}")
-    rings = find_rings(topology, options.channels)
+    rings = _rings(topology, options)
     relay = relays(topology)  # hops between ranks without a GPU-free route go through other GPUs
     c = len(rings)
     meta["channels"] = c
@@ -89,9 +87,7 @@ def ring(topology: Topology, collective: str, options: Options) -> Schedule:
         return b.build("ring", meta)
 
     # broadcast / reduce: a pipelined chain along each ring, from (to) the root
-    root = options.root
-    if not 0 <= root < p:
-        raise NotApplicableError(f"root {root} is not a rank of this {p}-rank topology")
+    root = _root(options, p)
     q = pieces(options.pipeline, options.size_bytes / c, _MAX_CHAIN_PIECES)
     meta["pipeline"] = q
     n = c * q
@@ -100,14 +96,33 @@ def ring(topology: Topology, collective: str, options: Options) -> Schedule:
         if collective == "reduce" or r == root:
             b.copy(r, Chunk("i", 0, n), Chunk("o", 0, n))
     for ch, rg in enumerate(rings):
-        at = rg.index(root)
-        chain = rg[at:] + rg[:at] if collective == "broadcast" else rg[at + 1:] + rg[:at + 1]
+        chain = _chain(rg, root, collective)
         for piece in split(ch * q, q, q):
             for pos in range(p - 1):
                 src = Chunk("i", piece.index, piece.count) if pos == 0 else piece
                 b.transfer(chain[pos], chain[pos + 1], src, piece, reduce=collective == "reduce", step=pos,
                            channel=ch)
     return b.build("ring", meta)
+
+
+def _rings(topology: Topology, options: Options) -> list[list[int]]:
+    """The rings of ``options.channels`` channels (memoised per topology by :func:`find_rings`)."""
+    if options.channels is not None and options.channels < 1:
+        raise NotApplicableError(f"ring needs at least one channel, got {options.channels}")
+    return find_rings(topology, options.channels)
+
+
+def _root(options: Options, p: int) -> int:
+    """The root of a broadcast or reduce, checked to be a rank."""
+    if not 0 <= options.root < p:
+        raise NotApplicableError(f"root {options.root} is not a rank of this {p}-rank topology")
+    return options.root
+
+
+def _chain(ring: list[int], root: int, collective: str) -> list[int]:
+    """The ring as a chain from the root (broadcast) or ending at it (reduce)."""
+    at = ring.index(root)
+    return ring[at:] + ring[:at] if collective == "broadcast" else ring[at + 1:] + ring[:at + 1]
 
 
 def ring_link_floor(topology: Topology, collective: str, options: Options) -> float:
@@ -128,22 +143,16 @@ def ring_link_floor(topology: Topology, collective: str, options: Options) -> fl
     p = topology.size
     if p == 1:
         return 0.0
-    if options.channels is not None and options.channels < 1:
-        raise NotApplicableError(f"ring needs at least one channel, got {options.channels}")
-    rings = find_rings(topology, options.channels)
+    rings = _rings(topology, options)
     share = options.size_bytes / len(rings)
     edges: list[tuple[int, int]] = []
     if collective in ("allreduce", "reducescatter", "allgather"):
         share *= (p - 1) / p * (2 if collective == "allreduce" else 1)
         edges = [(rg[i], rg[(i + 1) % p]) for rg in rings for i in range(p)]
     else:
-        root = options.root
-        if not 0 <= root < p:
-            raise NotApplicableError(f"root {root} is not a rank of this {p}-rank topology")
+        root = _root(options, p)
         for rg in rings:
-            at = rg.index(root)
-            chain = rg[at:] + rg[:at] if collective == "broadcast" else rg[at + 1:] + rg[:at + 1]
-            edges += list(itertools.pairwise(chain))
+            edges += list(itertools.pairwise(_chain(rg, root, collective)))
     load: dict[Link, float] = {}
     for a, b in (hop for src, dst in edges for hop in hops(topology, src, dst)):
         for link in topology.common_links(a, b):
