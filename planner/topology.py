@@ -412,6 +412,16 @@ class Topology:
         hops, _ = self._next_hops(src, dst)
         return tuple(self.links[k] for ks in hops.values() for k in ks)
 
+    def common_link_time(self, messages: Iterable[tuple[int, int, float]]) -> float:
+        """Seconds the busiest link needs for ``messages`` (source rank, destination rank, bytes), counting
+        only the links every cheapest path of each pair crosses (:meth:`common_links`): a lower bound of
+        their link time under any routing and channel assignment (the algorithms' link floors)."""
+        load: dict[Link, float] = {}
+        for src, dst, nbytes in messages:
+            for link in self.common_links(src, dst):
+                load[link] = load.get(link, 0.0) + nbytes
+        return max((v / link.bandwidth for link, v in load.items()), default=0.0)
+
     def common_links(self, src: int, dst: int) -> tuple[Link, ...]:
         """Links that every cheapest path from rank ``src`` to rank ``dst`` crosses, whatever the routing.
 

@@ -32,7 +32,7 @@ from planner.algorithms import Options
 from planner.builder import ScheduleBuilder
 from planner.collectives import canonical_collective
 from planner.errors import NotApplicableError
-from planner.topology import Link, Topology
+from planner.topology import Topology
 from runtime.schedule import Chunk, Schedule
 
 __all__ = ["TreeEdge", "TreePlan", "build_trees", "multitree", "multitree_link_floor"]
@@ -514,17 +514,10 @@ def multitree_link_floor(topology: Topology, collective: str, options: Options) 
     collective = canonical_collective(collective)
     if collective not in ("allreduce", "reducescatter", "allgather") or topology.size == 1:
         return 0.0
-    load: dict[Link, float] = {}
-    for plan in _trees(topology, collective, options.size_bytes):
-        if plan is None:
-            continue
-        share = options.size_bytes / len(plan.roots)
-        for tree in plan.edges:
-            for e in tree:
-                a, b = (e.child, e.parent) if plan.reverse else (e.parent, e.child)
-                for link in topology.common_links(a, b):
-                    load[link] = load.get(link, 0.0) + share
-    return max((v / link.bandwidth for link, v in load.items()), default=0.0)
+    plans = [plan for plan in _trees(topology, collective, options.size_bytes) if plan is not None]
+    return topology.common_link_time(
+        ((e.child, e.parent) if plan.reverse else (e.parent, e.child)) + (options.size_bytes / len(plan.roots),)
+        for plan in plans for tree in plan.edges for e in tree)
 
 
 def _all_pairs_limit(size_bytes: int) -> int:

@@ -19,7 +19,7 @@ from planner.builder import ScheduleBuilder
 from planner.collectives import canonical_collective
 from planner.errors import NotApplicableError
 from planner.relay import hops, relays
-from planner.topology import Link, Topology
+from planner.topology import Topology
 from runtime.schedule import Chunk, Schedule
 
 __all__ = ["ring", "ring_link_floor"]
@@ -153,8 +153,4 @@ def ring_link_floor(topology: Topology, collective: str, options: Options) -> fl
         root = _root(options, p)
         for rg in rings:
             edges += list(itertools.pairwise(_chain(rg, root, collective)))
-    load: dict[Link, float] = {}
-    for a, b in (hop for src, dst in edges for hop in hops(topology, src, dst)):
-        for link in topology.common_links(a, b):
-            load[link] = load.get(link, 0.0) + share
-    return max((v / link.bandwidth for link, v in load.items()), default=0.0)
+    return topology.common_link_time((a, b, share) for src, dst in edges for a, b in hops(topology, src, dst))

@@ -19,7 +19,7 @@ from planner.builder import ScheduleBuilder
 from planner.collectives import canonical_collective
 from planner.errors import NotApplicableError
 from planner.relay import hops, relays
-from planner.topology import Link, Topology
+from planner.topology import Topology
 from runtime.schedule import Chunk, Schedule
 
 __all__ = ["binary_tree", "double_binary_tree", "tree_link_floor"]
@@ -101,14 +101,10 @@ def tree_link_floor(topology: Topology, collective: str, options: Options) -> fl
     if topology.size == 1:
         return 0.0
     up, down = collective != "broadcast", collective != "reduce"
-    load: dict[Link, float] = {}
-    for _, parent in _trees(topology, options.root if collective != "allreduce" else None):
-        for child, par in parent.items():
-            edges = [(child, par)] * up + [(par, child)] * down
-            for a, b in (hop for src, dst in edges for hop in hops(topology, src, dst)):
-                for link in topology.common_links(a, b):
-                    load[link] = load.get(link, 0.0) + options.size_bytes / 2
-    return max((v / link.bandwidth for link, v in load.items()), default=0.0)
+    edges = [edge for _, parent in _trees(topology, options.root if collective != "allreduce" else None)
+             for child, par in parent.items() for edge in [(child, par)] * up + [(par, child)] * down]
+    return topology.common_link_time((a, b, options.size_bytes / 2)
+                                     for src, dst in edges for a, b in hops(topology, src, dst))
 
 
 def double_binary_tree(topology: Topology, collective: str, options: Options) -> Schedule:

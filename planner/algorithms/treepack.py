@@ -678,8 +678,4 @@ def treepack_link_floor(topology: Topology, collective: str, options: Options) -
                     for child, parent in packing.parents(r, j).items():
                         pair = (child, parent) if toward_root else (parent, child)
                         traffic[pair] = traffic.get(pair, 0.0) + share
-    load: dict[Link, float] = {}
-    for (a, b), nbytes in traffic.items():
-        for link in topology.common_links(a, b):
-            load[link] = load.get(link, 0.0) + nbytes
-    return max((v / link.bandwidth for link, v in load.items()), default=0.0)
+    return topology.common_link_time((a, b, nbytes) for (a, b), nbytes in traffic.items())
