@@ -33,7 +33,7 @@ import json
 import zlib
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeVar
@@ -643,6 +643,16 @@ class Topology:
             raise TopologyError(_UNLABELLED, where=self.source or self.name, fix="use a torus or mesh network")
         return build_topology(self.name, self.devices, self.links, description=self.description, source=self.source,
                               routing=routing)
+
+    def reversed(self) -> Topology:
+        """The topology with every link turned round (itself when all links are full duplex): a gather timed
+        on it is the reduction it mirrors, timed on this one."""
+        if self.symmetric:
+            return self
+        return self.derived("reversed", lambda: Topology(
+            f"{self.name} (reversed)", self.devices,
+            tuple(replace(k, src=k.dst, dst=k.src, ascending=not k.ascending) for k in self.links),
+            self.ranks, self.description, self.source, self.routing))
 
     def derived(self, key: str, factory: Callable[[], T]) -> T:
         """A value computed once per topology and kept with it (the simulator's network, the cut family)."""

@@ -17,7 +17,11 @@ block ``v`` of slice ``j``): while slice ``j`` crosses the hosts, slice
 stages).  Reduce-scatter and all-gather are sliced the same way, every rank's
 block cut into slices that are small at both ends of the pipeline (its fill
 and drain), and a reduce-scatter's first ring phase is flow-controlled so that
-it works on its oldest slices first.  Even a 1 MiB collective gets a few
+it works on its oldest slices first.  A reduce-scatter or all-gather keeps
+every rank's block whole in its buffer, so a part of k virtual blocks is k
+messages; where that leaves a reduce-scatter few slices (hundreds of ranks), it
+runs as an all-reduce's first half in virtual-block order instead and each rank
+then sends its sums to the ranks they belong to.  Even a 1 MiB collective gets a few
 (equal) slices: unsliced, its levels would run one after the other.  Every
 phase (a level's reduce-scatter or all-gather) has channels of its own, so
 messages of different phases never queue behind each other on one connection.
@@ -504,6 +508,18 @@ def _stage_slices(p: int, size_bytes: int) -> int:
     return slices
 
 
+def _budget_slices(levels: Sequence[Stage], phases: Sequence[tuple[int, bool]],
+                   steps: Mapping[tuple[int, bool], list[list[Send]]], spans: Sequence[int], contiguous: bool) -> int:
+    """Slices the message budget allows (:data:`_MAX_TRANSFERS`, or :data:`_TRANSFERS_PER_RANK` per rank):
+    one message per part where the buffer is in virtual-block order (``contiguous``), else one per virtual
+    block of the part."""
+    p = spans[0]
+    per_slice = sum(len(levels[si].groups) * sum(1 if contiguous else (e - a) * (spans[si] // levels[si].size)
+                                                 for step in steps[(si, gather)] for _, _, a, e in step)
+                    for si, gather in phases)
+    return max(1, max(_MAX_TRANSFERS, _TRANSFERS_PER_RANK * p) // per_slice)
+
+
 def _piece_runs(buffer: str, owners: Sequence[int], units: int, offset: int, count: int) -> list[Chunk]:
     """Chunks ``offset .. offset + count`` of each owner's block of ``units`` chunks in ``buffer``, as runs
     (neighbouring owners' pieces merge only when a piece is the whole block)."""
@@ -601,24 +617,27 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
         block[r] = v
     owner = {v: r for r, v in block.items()}
 
-    # How many slices: all-reduce about _SLICE_BYTES each (shaped below), reduce-scatter and all-gather as
-    # many as _stage_slices allows; at least a few wherever there are stages to overlap (no per-message cost
-    # is charged, and without them a 1 MiB collective runs its stages one after the other).
     budget = _chunk_budget(p, options.size_bytes)
-    if collective == "allreduce":
-        least = _MIN_SLICES
-        slices = max(1, min(budget, round(options.size_bytes / _SLICE_BYTES)))
-    else:
-        least = max((n for n in range(1, _MIN_SLICES + 1) if sum(_slice_shape(n)) <= budget), default=1)
-        slices = _stage_slices(p, options.size_bytes)
-    # raised to the minimum, the slices are equal ones: at 1 MiB shaped ones leave the middle slices too
-    # big to overlap (dgx-a100-4node at 1 MiB, equal / shaped: reduce-scatter 1.18x / 1.22x of the bound,
-    # all-reduce 1.22x / 1.25x, all-gather 1.17x / 1.16x)
-    raised = options.pipeline is None and len(levels) > 1 and slices < least
-    if options.pipeline is not None:
-        slices = max(1, options.pipeline)
-    elif raised:
-        slices = least
+
+    def wanted(virtual: bool) -> tuple[int, bool]:
+        """Slices, and whether raised to the minimum.  In virtual order (all-reduce) about _SLICE_BYTES each
+        (shaped below), else as many as _stage_slices allows; at least a few wherever there are stages to
+        overlap (no per-message cost is charged, and without them a 1 MiB collective runs its stages one
+        after the other).  Raised to the minimum, the slices are equal ones: at 1 MiB shaped ones leave the
+        middle slices too big to overlap (dgx-a100-4node at 1 MiB, equal / shaped: reduce-scatter 1.18x /
+        1.22x of the bound, all-reduce 1.22x / 1.25x, all-gather 1.17x / 1.16x)."""
+        if virtual:
+            least = _MIN_SLICES
+            slices = max(1, min(budget, round(options.size_bytes / _SLICE_BYTES)))
+        else:
+            least = max((n for n in range(1, _MIN_SLICES + 1) if sum(_slice_shape(n)) <= budget), default=1)
+            slices = _stage_slices(p, options.size_bytes)
+        if options.pipeline is not None:
+            return max(1, options.pipeline), False
+        if len(levels) > 1 and slices < least:
+            return least, True
+        return slices, False
+
     force = options.extra.get("stage_method")
     if force is not None and force not in _METHODS:
         raise NotApplicableError(f"hierarchical: unknown stage_method {force!r} (use {', '.join(_METHODS)})")
@@ -642,33 +661,46 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     # reduce-scatter or all-gather one slice anyway, they contend once, so the methods are chosen again
     # without it (fattree-256-2to1 all-gather at 1 MiB, 37 on a spine link: 2.11x -> 1.65x of the bound
     # with a direct cross-leaf level, 6 s of CPU to time; an all-reduce keeps its slices and the cap).
-    wanted, weighted = slices, weights
+    weighted = weights
+    layout = options.extra.get("layout") if collective == "reducescatter" else None
+    if layout not in (None, "virtual", "blocks"):
+        raise NotApplicableError(f"hierarchical: unknown layout {layout!r} (use virtual or blocks)")
+    # An all-reduce keeps its buffer in virtual-block order, so a part is one run of chunks; all-gather and
+    # reduce-scatter keep each rank's block whole, so a part of k virtual blocks is k messages, p^2 a slice in
+    # all.  Where that leaves a reduce-scatter fewer slices than it wants, and its blocks are large enough
+    # for bandwidth to matter, it runs as the all-reduce's first half instead, in virtual order, and each
+    # rank sends its sums on to the ranks they belong to at the end: 1/p of the data more on the network,
+    # and one path latency, for slices (a 1024-GPU fat-tree at 256 MiB: one slice, 49.5% of the bound; in
+    # virtual order, 8 slices, 85.6%; at 1 MiB, 256 GPUs, where latency rules: 1.8x the bound, 2.9x).
     for sharing_cap in (_DIRECT_MAX_SHARING, math.inf):
-        slices, weights = wanted, weighted
-        methods = stage_methods(topology, levels, options.size_bytes / slices, slices, force, weights,
-                                fed=collective == "reducescatter", spread=collective == "allreduce",
-                                sharing_cap=sharing_cap)
-        if methods[-1] != "direct":
-            weights = None
-        # the flow control (below) keeps a ring's one link busy with the oldest slice; a direct first level
-        # needs none (dgx-a100-4node reduce-scatter, windowed ring / direct / windowless direct: 7.8x / 1.8x /
-        # 1.2x of the bound at 1 MiB, 95.6% / 96.2% / 96.4% at 256 MiB), so there it is off and direct levels stay
-        window = int(options.extra.get("window", _RS_WINDOW if collective == "reducescatter"
-                                       and methods[0] != "direct" else 0))
-        if window and force is None:
-            methods = ["ring" if s.size > 2 and m != "direct" else m for s, m in zip(levels, methods)]
-        steps = {(si, gather): _METHODS[methods[si]](levels[si].size, gather) for si, gather in phases}
-        most = slices  # slices the message budget allows
-        if options.pipeline is None:
-            # messages per slice: all-reduce sends a part as one run of chunks; all-gather and reduce-scatter
-            # keep each rank's block whole in its buffer, so a part of k virtual blocks is k messages
-            per_slice = sum(len(levels[si].groups) * sum(1 if collective == "allreduce" else
-                                                         (e - a) * (spans[si] // levels[si].size)
-                                                         for step in steps[(si, gather)] for _, _, a, e in step)
-                            for si, gather in phases)
-            most = max(1, max(_MAX_TRANSFERS, _TRANSFERS_PER_RANK * p) // per_slice)
-            slices = min(slices, most)
-        if (options.pipeline is not None or collective == "allreduce" or most > 1
+        contiguous = collective == "allreduce" or layout == "virtual"
+        while True:
+            slices, raised = wanted(contiguous)
+            weights = weighted
+            methods = stage_methods(topology, levels, options.size_bytes / slices, slices, force, weights,
+                                    fed=collective == "reducescatter" and not contiguous, spread=contiguous,
+                                    sharing_cap=sharing_cap)
+            if methods[-1] != "direct":
+                weights = None
+            # the flow control (below) keeps a ring's one link busy with the oldest slice; a direct first level
+            # needs none (dgx-a100-4node reduce-scatter, windowed ring / direct / windowless direct: 7.8x / 1.8x
+            # / 1.2x of the bound at 1 MiB, 95.6% / 96.2% / 96.4% at 256 MiB), so there it is off and direct
+            # levels stay
+            window = int(options.extra.get("window", _RS_WINDOW if collective == "reducescatter"
+                                           and methods[0] != "direct" else 0))
+            if window and force is None and not contiguous:
+                methods = ["ring" if s.size > 2 and m != "direct" else m for s, m in zip(levels, methods)]
+            steps = {(si, gather): _METHODS[methods[si]](levels[si].size, gather) for si, gather in phases}
+            most = slices  # slices the message budget allows
+            if options.pipeline is None:
+                most = _budget_slices(levels, phases, steps, spans, contiguous)
+                if (collective == "reducescatter" and layout is None and not contiguous and most < slices
+                        and options.size_bytes / p >= _MIN_SLICE_BYTES):
+                    contiguous = True
+                    continue
+                slices = min(slices, most)
+            break
+        if (options.pipeline is not None or contiguous or most > 1
                 or all(_sharing(topology, s, si) <= _DIRECT_MAX_SHARING
                        for si, s in enumerate(levels) if _direct_fits(s))):
             break
@@ -678,7 +710,7 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
         first_step.append(at)
         at += len(steps[phase])
 
-    if collective == "allreduce":
+    if contiguous:
         # by default shaped slices (see :func:`_slice_shape`) over up to twice the chunks of equal ones: as
         # fast within a point, with a fraction of the slices, so of the operations (dgx-a100-4node at 256 MiB:
         # 98.6% of the bound with 44k operations; 128 equal slices: 99.2% with 164k)
@@ -702,11 +734,18 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
                       for si, gather in phases if not gather and methods[si] == "direct")
 
     refs: Callable[[int, int, int], list[Chunk]]
-    if collective == "allreduce":
-        slot_base = 0
-        b = ScheduleBuilder(collective, p, p * units, p * units, scratch_chunks=slot_chunks, relay=relay)
+    buffer = "s" if collective == "reducescatter" else "o"
+    if contiguous:
+        if collective == "allreduce":
+            slot_base = 0
+            b = ScheduleBuilder(collective, p, p * units, p * units, scratch_chunks=slot_chunks, relay=relay)
+        else:
+            slot_base = p * units
+            b = ScheduleBuilder(collective, p, p * units, units, scratch_chunks=slot_base + slot_chunks,
+                                relay=relay)
+            meta["layout"] = "virtual"
         for r in range(p):
-            b.copy(r, Chunk("i", 0, p * units), Chunk("o", 0, p * units))
+            b.copy(r, Chunk("i", 0, p * units), Chunk(buffer, 0, p * units))
 
         # virtual block v starts at start[v] units of a slice: v units, or the weights of the blocks before it
         start = list(range(p + 1))
@@ -718,10 +757,9 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
         def refs(j: int, lo: int, hi: int) -> list[Chunk]:
             # slice j holds chunks p * offsets[j] ... of every virtual block, shape[j] per unit, block-major
             count = (start[hi] - start[lo]) * shape[j]
-            return [Chunk("o", p * offsets[j] + start[lo] * shape[j], count)] if count else []
+            return [Chunk(buffer, p * offsets[j] + start[lo] * shape[j], count)] if count else []
     else:
         # slice j of virtual blocks lo..hi is that piece of each of their owners' blocks
-        buffer = "s" if collective == "reducescatter" else "o"
         if collective == "reducescatter":
             slot_base = p * units
             b = ScheduleBuilder(collective, p, p * units, units, scratch_chunks=slot_base + slot_chunks,
@@ -777,7 +815,21 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
                         for ref in refs(j, base + a * sub, base + e * sub):
                             finished[g[k], f, j] = send(g[i], g[k], ref, not gather, direct, first_step[f] + t,
                                                         channel, () if gate < 0 else (gate,))
-    if collective == "reducescatter":
+    if collective == "reducescatter" and contiguous:
+        # each rank's sums, slice by slice, to the ranks whose blocks they are, on a channel of their own
+        channel = len(phases) * _CHANNEL_CHOICES
+        for j in range(slices):
+            for r in range(p):
+                a = p * offsets[j] + block[r] * shape[j]
+                for q in range(a // units, (a + shape[j] - 1) // units + 1):
+                    lo, hi = max(a, q * units), min(a + shape[j], (q + 1) * units)
+                    piece, dst = Chunk("s", lo, hi - lo), Chunk("o", lo - q * units, hi - lo)
+                    if q == r:
+                        b.copy(r, piece, dst, step=at)
+                    else:
+                        gate = finished.get((r, len(phases) - 1, slices - 1), -1)
+                        b.transfer(r, q, piece, dst, step=at, channel=channel, after=() if gate < 0 else (gate,))
+    elif collective == "reducescatter":
         for r in range(p):
             b.copy(r, Chunk("s", r * units, units), Chunk("o", 0, units), step=at)
     return b.build("hierarchical", meta)

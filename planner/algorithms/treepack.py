@@ -61,7 +61,7 @@ from planner.builder import ScheduleBuilder
 from planner.collectives import chunk_counts
 from planner.errors import NotApplicableError
 from planner.solvers import LinearProgram, SolverOptions, solve
-from planner.topology import Link, Topology, build_topology
+from planner.topology import Topology
 from runtime.schedule import Chunk, Schedule
 
 __all__ = ["Undirected", "pack_undirected", "treepack", "treepack_link_floor"]
@@ -268,16 +268,8 @@ def _mirror(topology: Topology, packing: Packing, cut: _Pieces, block: int, size
         finish[src, send] = end_s  # a send completes as its message arrives
 
     # the lean hook rather than ``record``, which keeps every operation's and flow's interval (a third of the time)
-    simulate(_reversed(topology), gather.build("treepack"), size_bytes, on_message=arrived)
+    simulate(topology.reversed(), gather.build("treepack"), size_bytes, on_message=arrived)
     return [sends[key] for key in sorted(sends, key=lambda key: (-finish[key], key))]
-
-
-def _reversed(topology: Topology) -> Topology:
-    """The topology with every link turned round (itself when all links are full duplex)."""
-    if topology.symmetric:
-        return topology
-    links = [Link(k.dst, k.src, k.bandwidth, k.latency, k.count, k.kind) for k in topology.links]
-    return build_topology(f"{topology.name} (reversed)", topology.devices, links)
 
 
 def _spare_slots(packing: Packing, cut: _Pieces) -> tuple[dict[tuple[int, int, int, int], int], int]:
