@@ -576,3 +576,17 @@ def test_spray_bandwidth_on_a_fat_tree_sample() -> None:
     for a, b in [(0, 1), (0, 8), (0, 31), (0, 32), (5, 1000), (1023, 17)]:
         counted = topo._spray_bandwidth(a, b)
         assert counted == min(topo.link(*key).bandwidth / share for key, share in topo.route_shares(a, b).items())
+
+
+def test_reversed_turns_every_link_round_and_keeps_the_routing() -> None:
+    """The reversed fabric (a gather timed on it is the reduction it mirrors) keeps the routing mode, and a
+    full-duplex fabric is its own reverse."""
+    from planner.fabrics import grid, multi_chassis
+
+    one_way = multi_chassis(2, 8, "one-way").topology().with_routing("spray")
+    back = one_way.reversed()
+    assert back.routing == "spray"
+    assert {(k.src, k.dst, k.bandwidth) for k in back.links} == {(k.dst, k.src, k.bandwidth) for k in one_way.links}
+    assert back.ranks == one_way.ranks
+    torus = grid("torus", (4, 4)).topology()
+    assert torus.reversed() is torus
