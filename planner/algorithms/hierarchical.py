@@ -588,7 +588,8 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     least :data:`_MIN_SLICES` where there are two levels or more, at most
     :func:`_chunk_budget` chunks and :data:`_MAX_TRANSFERS` messages.
     ``options.extra["window"]`` sets the flow control's window (reduce-scatter:
-    1; 0 turns it off); ``options.extra["stage_method"]`` (``ring``,
+    1; 0 turns it off); ``options.extra["layout"]`` (``virtual`` or ``blocks``)
+    forces a reduce-scatter's buffer order; ``options.extra["stage_method"]`` (``ring``,
     ``halving-doubling`` or ``direct``) forces the method of every level whose
     size allows it.  An all-reduce whose direct last level splits unevenly
     (:func:`ownership`) records each virtual block's parts as ``ownership``.
@@ -674,7 +675,8 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     # for bandwidth to matter, it runs as the all-reduce's first half instead, in virtual order, and each
     # rank sends its sums on to the ranks they belong to at the end: 1/p of the data more on the network,
     # and one path latency, for slices (a 1024-GPU fat-tree at 256 MiB: one slice, 49.5% of the bound; in
-    # virtual order, 8 slices, 85.6%; at 1 MiB, 256 GPUs, where latency rules: 1.8x the bound, 2.9x).
+    # virtual order, 16 slices, 92.2%; but at 1 MiB on 256 GPUs, where latency rules, 2.9x the bound where
+    # whole blocks take 1.8x).
     for sharing_cap in (_DIRECT_MAX_SHARING, math.inf):
         contiguous = collective == "allreduce" or layout == "virtual"
         while True:
@@ -688,7 +690,8 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
             # the flow control (below) keeps a ring's one link busy with the oldest slice; a direct first level
             # needs none (dgx-a100-4node reduce-scatter, windowed ring / direct / windowless direct: 7.8x / 1.8x
             # / 1.2x of the bound at 1 MiB, 95.6% / 96.2% / 96.4% at 256 MiB), so there it is off and direct
-            # levels stay
+            # levels stay.  In virtual order the levels keep their methods (fattree-128-4to1-pcie at 256 MiB:
+            # 67.6% of the bound without the window, 75.7% with it and rings, 82.2% with it alone).
             window = int(options.extra.get("window", _RS_WINDOW if collective == "reducescatter"
                                            and methods[0] != "direct" else 0))
             if window and force is None and not contiguous:
@@ -820,7 +823,10 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
                             finished[g[k], f, j] = send(g[i], g[k], ref, not gather, direct, first_step[f] + t,
                                                         channel, () if gate < 0 else (gate,))
     if collective == "reducescatter" and contiguous:
-        # each rank's sums, slice by slice, to the ranks whose blocks they are, on a channel of their own
+        # each rank's sums to the ranks whose blocks they are, on a channel of their own, once it has its last
+        # slice's: one slice's sums all belong to a few ranks, and sent at once they would swamp those ranks'
+        # links while the later slices still need them (a 256-GPU fat-tree at 256 MiB: 79.8% of the bound
+        # sent as each slice is done, 90.6% at the end, the hand-on then about (1/p) N over the NICs)
         channel = len(phases) * _CHANNEL_CHOICES
         for j in range(slices):
             for r in range(p):
