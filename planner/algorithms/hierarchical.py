@@ -72,9 +72,9 @@ _LARGE_BYTES = 512 << 20
 #: Target bytes per slice (:data:`~planner.algorithms._order.PIECE_BYTES`): the first slice's
 #: intra-host reduce-scatter is the pipeline's fill, and the last one's all-gather its drain.
 _SLICE_BYTES = PIECE_BYTES
-#: Slices of a reduce-scatter's first phase a rank may have in flight (see the flow control in
-#: :func:`hierarchical`; ``Options.extra["window"]``, 0: no limit, for any collective).
-_RS_WINDOW = 1
+#: Slices of a reduce-scatter's or all-reduce's first phase a rank may have in flight, where the first level
+#: is not direct (see the flow control in :func:`hierarchical`; ``Options.extra["window"]``, 0: no limit).
+_WINDOW = 1
 #: Largest slice of a reduce-scatter or all-gather, relative to its first (see :func:`_slice_shape`).
 _PLATEAU = 8
 #: Sizes of the first slices of a reduce-scatter or all-gather, relative to the first (then the plateau).
@@ -587,9 +587,10 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     default as many as :func:`_stage_slices` allows).  By default there are at
     least :data:`_MIN_SLICES` where there are two levels or more, at most
     :func:`_chunk_budget` chunks and :data:`_MAX_TRANSFERS` messages.
-    ``options.extra["window"]`` sets the flow control's window (reduce-scatter:
-    1; 0 turns it off); ``options.extra["layout"]`` (``virtual`` or ``blocks``)
-    forces a reduce-scatter's buffer order; ``options.extra["stage_method"]`` (``ring``,
+    ``options.extra["window"]`` sets the flow control's window (reduce-scatter
+    and all-reduce: 1 unless the first level is direct; 0 turns it off);
+    ``options.extra["layout"]`` (``virtual`` or ``blocks``) forces a
+    reduce-scatter's buffer order; ``options.extra["stage_method"]`` (``ring``,
     ``halving-doubling`` or ``direct``) forces the method of every level whose
     size allows it.  An all-reduce whose direct last level splits unevenly
     (:func:`ownership`) records each virtual block's parts as ``ownership``.
@@ -690,9 +691,11 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
             # the flow control (below) keeps a ring's one link busy with the oldest slice; a direct first level
             # needs none (dgx-a100-4node reduce-scatter, windowed ring / direct / windowless direct: 7.8x / 1.8x
             # / 1.2x of the bound at 1 MiB, 95.6% / 96.2% / 96.4% at 256 MiB), so there it is off and direct
-            # levels stay.  In virtual order the levels keep their methods (fattree-128-4to1-pcie at 256 MiB:
-            # 67.6% of the bound without the window, 75.7% with it and rings, 82.2% with it alone).
-            window = int(options.extra.get("window", _RS_WINDOW if collective == "reducescatter"
+            # levels stay.  In virtual order the levels keep their methods (reduce-scatter on
+            # fattree-128-4to1-pcie at 256 MiB: 67.6% of the bound without the window, 75.7% with it and
+            # rings, 82.2% with it alone; all-reduce on chassis-4x8-subset 75.1% / 90.5% without / with it,
+            # on a 256-GPU fat-tree 95.3% / 96.1%, on the rail and 4:1 fat-tree fabrics up to 0.3 points)
+            window = int(options.extra.get("window", _WINDOW if collective != "allgather"
                                            and methods[0] != "direct" else 0))
             if window and force is None and not contiguous:
                 methods = ["ring" if s.size > 2 and m != "direct" else m for s, m in zip(levels, methods)]
@@ -799,8 +802,8 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
 
     # Emitted as a wavefront (slice j's phase f in round j + f), so each rank posts its messages
     # roughly in the order their data becomes ready; any order that follows the data is deadlock-free.
-    # Flow control (reduce-scatter): a rank starts sending slice j of the first phase only once it has
-    # finished slice j - window of it.  Posted all at once, the first step of every slice takes the links
+    # Flow control (reduce-scatter, all-reduce): a rank starts sending slice j of the first phase only once
+    # it has finished slice j - window of it.  Posted all at once, the first step of every slice takes the links
     # from the later steps that complete slices, and the next level starves (a 4 x 8 rail cluster at
     # 256 MiB: 90.8% of the bound with halving-doubling and no window, 60% with rings and no window,
     # 95.5% with rings and a window of 1: a windowed ring keeps its one link busy with the oldest slice).
