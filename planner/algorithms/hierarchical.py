@@ -73,8 +73,11 @@ _LARGE_BYTES = 512 << 20
 #: intra-host reduce-scatter is the pipeline's fill, and the last one's all-gather its drain.
 _SLICE_BYTES = PIECE_BYTES
 #: Slices of a reduce-scatter's or all-reduce's first phase a rank may have in flight, where the first level
-#: is not direct (see the flow control in :func:`hierarchical`; ``Options.extra["window"]``, 0: no limit).
+#: is not direct (all-reduce: a ring, or halving-doubling on large slices; see the flow control in
+#: :func:`hierarchical`; ``Options.extra["window"]``, 0: no limit).
 _WINDOW = 1
+#: An all-reduce's first phase is flow-controlled behind halving-doubling only on slices this large.
+_WINDOW_BYTES = 4 << 20
 #: Largest slice of a reduce-scatter or all-gather, relative to its first (see :func:`_slice_shape`).
 _PLATEAU = 8
 #: Sizes of the first slices of a reduce-scatter or all-gather, relative to the first (then the plateau).
@@ -587,8 +590,9 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     default as many as :func:`_stage_slices` allows).  By default there are at
     least :data:`_MIN_SLICES` where there are two levels or more, at most
     :func:`_chunk_budget` chunks and :data:`_MAX_TRANSFERS` messages.
-    ``options.extra["window"]`` sets the flow control's window (reduce-scatter
-    and all-reduce: 1 unless the first level is direct; 0 turns it off);
+    ``options.extra["window"]`` sets the flow control's window (reduce-scatter:
+    1 unless the first level is direct; all-reduce: 1 behind a ring, or
+    halving-doubling on slices of 4 MiB or more; 0 turns it off);
     ``options.extra["layout"]`` (``virtual`` or ``blocks``) forces a
     reduce-scatter's buffer order; ``options.extra["stage_method"]`` (``ring``,
     ``halving-doubling`` or ``direct``) forces the method of every level whose
@@ -693,10 +697,18 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
             # / 1.2x of the bound at 1 MiB, 95.6% / 96.2% / 96.4% at 256 MiB), so there it is off and direct
             # levels stay.  In virtual order the levels keep their methods (reduce-scatter on
             # fattree-128-4to1-pcie at 256 MiB: 67.6% of the bound without the window, 75.7% with it and
-            # rings, 82.2% with it alone; all-reduce on chassis-4x8-subset 75.1% / 90.5% without / with it,
-            # on a 256-GPU fat-tree 95.3% / 96.1%, on the rail and 4:1 fat-tree fabrics up to 0.3 points)
-            window = int(options.extra.get("window", _WINDOW if collective != "allgather"
-                                           and methods[0] != "direct" else 0))
+            # rings, 82.2% with it alone).  An all-reduce takes it behind a ring only (chassis-4x8-subset at
+            # 256 MiB: 75.1% / 90.5% of the bound without / with it; ndv2-2chassis at 64 MiB: 83.7% / 98.9%), or
+            # behind halving-doubling on slices of _WINDOW_BYTES or more: on small ones a slice's log n
+            # dependent steps each wait out a latency before the next slice may start (two 8-GPU hosts at
+            # 64 MiB, 1 MiB slices: 98.6% / 83.0%; 256 GPUs at 256 MiB, 16 MiB slices: 95.3% / 96.1%; 1024 at
+            # 64 MiB, 8 MiB slices: 90.8% / 92.1%; 4096 at 256 MiB: 89.2% / 90.9%)
+            if collective == "allreduce":
+                gated = methods[0] == "ring" or (methods[0] == "halving-doubling"
+                                                 and options.size_bytes / slices >= _WINDOW_BYTES)
+            else:
+                gated = collective == "reducescatter" and methods[0] != "direct"
+            window = int(options.extra.get("window", _WINDOW if gated else 0))
             if window and force is None and not contiguous:
                 methods = ["ring" if s.size > 2 and m != "direct" else m for s, m in zip(levels, methods)]
             steps = {(si, gather): _METHODS[methods[si]](levels[si].size, gather) for si, gather in phases}
