@@ -755,20 +755,24 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
                       * (max(weights.values()) if weights is not None and si == len(levels) - 1 else 1)
                       for si, gather in phases if not gather and methods[si] == "direct")
 
-    refs: Callable[[int, int, int], list[Chunk]]
+    # reduce-scatter works on a scratch copy of its input (and its direct levels' slots after it), all-reduce
+    # in its output; all-gather puts each rank's block in place
     buffer = "s" if collective == "reducescatter" else "o"
-    if contiguous:
-        if collective == "allreduce":
-            slot_base = 0
-            b = ScheduleBuilder(collective, p, p * units, p * units, scratch_chunks=slot_chunks, relay=relay)
-        else:
-            slot_base = p * units
-            b = ScheduleBuilder(collective, p, p * units, units, scratch_chunks=slot_base + slot_chunks,
-                                relay=relay)
-            meta["layout"] = "virtual"
+    slot_base = p * units if collective == "reducescatter" else 0
+    if collective == "allgather":
+        b = ScheduleBuilder(collective, p, units, p * units, relay=relay)
+        for r in range(p):
+            b.copy(r, Chunk("i", 0, units), Chunk("o", r * units, units))
+    else:
+        b = ScheduleBuilder(collective, p, p * units, p * units if collective == "allreduce" else units,
+                            scratch_chunks=slot_base + slot_chunks, relay=relay)
         for r in range(p):
             b.copy(r, Chunk("i", 0, p * units), Chunk(buffer, 0, p * units))
 
+    refs: Callable[[int, int, int], list[Chunk]]
+    if contiguous:
+        if collective == "reducescatter":
+            meta["layout"] = "virtual"
         # virtual block v starts at start[v] units of a slice: v units, or the weights of the blocks before it
         start = list(range(p + 1))
         if weights is not None:
@@ -782,18 +786,6 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
             return [Chunk(buffer, p * offsets[j] + start[lo] * shape[j], count)] if count else []
     else:
         # slice j of virtual blocks lo..hi is that piece of each of their owners' blocks
-        if collective == "reducescatter":
-            slot_base = p * units
-            b = ScheduleBuilder(collective, p, p * units, units, scratch_chunks=slot_base + slot_chunks,
-                                relay=relay)
-            for r in range(p):
-                b.copy(r, Chunk("i", 0, p * units), Chunk("s", 0, p * units))
-        else:
-            slot_base = 0
-            b = ScheduleBuilder(collective, p, units, p * units, relay=relay)
-            for r in range(p):
-                b.copy(r, Chunk("i", 0, units), Chunk("o", r * units, units))
-
         def refs(j: int, lo: int, hi: int) -> list[Chunk]:
             return _piece_runs(buffer, [owner[v] for v in range(lo, hi)], units, offsets[j], shape[j])
 
@@ -843,6 +835,7 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
         # links while the later slices still need them (a 256-GPU fat-tree at 256 MiB: 79.8% of the bound
         # sent as each slice is done, 90.6% at the end, the hand-on then about (1/p) N over the NICs)
         channel = len(phases) * _CHANNEL_CHOICES
+        last = [finished.get((r, len(phases) - 1, slices - 1), -1) for r in range(p)]
         for j in range(slices):
             for r in range(p):
                 a = p * offsets[j] + block[r] * shape[j]
@@ -852,8 +845,8 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
                     if q == r:
                         b.copy(r, piece, dst, step=at)
                     else:
-                        gate = finished.get((r, len(phases) - 1, slices - 1), -1)
-                        b.transfer(r, q, piece, dst, step=at, channel=channel, after=() if gate < 0 else (gate,))
+                        b.transfer(r, q, piece, dst, step=at, channel=channel,
+                                   after=() if last[r] < 0 else (last[r],))
     elif collective == "reducescatter":
         for r in range(p):
             b.copy(r, Chunk("s", r * units, units), Chunk("o", 0, units), step=at)
