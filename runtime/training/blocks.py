@@ -72,9 +72,9 @@ class BlockScheduler:
     it is ready: every rank must start the same collective next, and a rank
     that sent whichever ready block came first in the plan could start another
     than its peers when their gradients arrive in another order (seen under
-    load: one rank reducing 300 floats while its peer reduced 16384).  The
-    planner orders the blocks by when their gradients are ready and splits large
-    ones into chunks, so a block rarely waits for one before it.
+    load: one rank reducing 300 floats while its peer reduced 16384).  A plan
+    lists its blocks in the order its time model sends them, each once ready
+    (:func:`planner.buckets.plan_buckets`), so this is the order it predicted.
 
     >>> sched = BlockScheduler(model, load_block_plan("b.json"), comm, lambda ps: SGD(ps, lr=0.1))  # doctest: +SKIP
     >>> loss_fn(model(x), y).backward(); sched.step()                                                   # doctest: +SKIP
