@@ -76,12 +76,15 @@ class ChunkRuns:
     def write(self, start: int, end: int, op: int) -> None:
         """``op`` is now the last writer of ``[start, end)``, with no reader since."""
         runs = self.runs(start, end)
-        m = runs.start
-        del self.starts[m + 1:runs.stop]
-        del self.writer[m + 1:runs.stop]
-        del self.readers[m + 1:runs.stop]
-        self.writer[m] = op
-        self.readers[m] = []
+        self.replace(runs.start, runs.stop, op)
+
+    def replace(self, first: int, stop: int, op: int) -> None:
+        """Runs ``first .. stop`` become one, written last by ``op``, with no reader since."""
+        del self.starts[first + 1:stop]
+        del self.writer[first + 1:stop]
+        del self.readers[first + 1:stop]
+        self.writer[first] = op
+        self.readers[first] = []
 
 
 class ScheduleBuilder:
@@ -143,16 +146,17 @@ class ScheduleBuilder:
             we = wa + write.count
             split(wa)
             split(we)
-        starts = hazards.starts
+        starts, find = hazards.starts, bisect.bisect_left
         for a, e in spans:
-            for m in range(bisect.bisect_left(starts, a), bisect.bisect_left(starts, e)):
+            for m in range(find(starts, a), find(starts, e)):
                 deps.add(writer[m])
                 readers[m].append(k)
         if write is not None:
-            for m in range(bisect.bisect_left(starts, wa), bisect.bisect_left(starts, we)):
+            first, stop = find(starts, wa), find(starts, we)
+            for m in range(first, stop):
                 deps.add(writer[m])
                 deps.update(readers[m])
-            hazards.write(wa, we, k)
+            hazards.replace(first, stop, k)
         deps.discard(k)
         deps.discard(-1)
         program.append(Op(kind, peer, src, dst, tuple(sorted(deps)), step, channel))

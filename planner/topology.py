@@ -251,6 +251,11 @@ class Topology:
         return [index[link.src] for link in self.links]
 
     @cached_property
+    def _link_bandwidth(self) -> list[float]:
+        """Each link's bandwidth by link index, for the route bandwidth's inner loop."""
+        return [link.bandwidth for link in self.links]
+
+    @cached_property
     def _route_cache(self) -> dict[int, _RouteTree]:
         return {}
 
@@ -580,11 +585,12 @@ class Topology:
         first, extra = tree.first, tree.extra
         link_src = self._link_src
         _, _, rank_device = self._graph
+        target = rank_device[dst]
         # the devices on some cheapest path, in depth-first postorder back from the destination (every device
         # after those on the way to it from ``src``), each with its parent links
         parents: dict[int, tuple[int, ...]] = {}
         order: list[int] = []
-        stack = [(rank_device[dst], False)]
+        stack = [(target, False)]
         while stack:
             node, done = stack.pop()
             if done:
@@ -593,34 +599,38 @@ class Topology:
             if node in parents:
                 continue
             head = first[node]
-            parents[node] = () if head == -2 else (head, *extra.get(node, ()))
+            ks = parents[node] = () if head == -2 else (head, *extra.get(node, ()))
             stack.append((node, True))
-            stack.extend((link_src[k], False) for k in parents[node] if link_src[k] not in parents)
+            for k in ks:
+                if link_src[k] not in parents:
+                    stack.append((link_src[k], False))
         into: dict[int, int] = {}  # paths from ``src`` to each device
         for node in order:
             ks = parents[node]
-            into[node] = sum(into[link_src[k]] for k in ks) if ks else 1
-        n = into[rank_device[dst]]
+            if ks:
+                count = 0
+                for k in ks:
+                    count += into[link_src[k]]
+                into[node] = count
+            else:
+                into[node] = 1
+        n = into[target]
         if n > MAX_PATHS:
             return None
         out = dict.fromkeys(parents, 0)  # paths from each device to ``dst``
-        out[rank_device[dst]] = 1
-        through: dict[tuple[str, str], int] = {}
-        links = self.links
+        out[target] = 1
+        through: dict[int, int] = {}  # paths through each link (a link is the parent link of one device only)
         for node in reversed(order):  # every device before those nearer ``src``
+            paths = out[node]
             for k in parents[node]:
-                out[link_src[k]] += out[node]
-                link = links[k]
-                key = (link.src, link.dst)
-                through[key] = through.get(key, 0) + into[link_src[k]] * out[node]
+                out[link_src[k]] += paths
+                through[k] = into[link_src[k]] * paths
+        totals = [0.0]  # totals[c]: 1/n added c times
         share = 1.0 / n
-        best = float("inf")
-        for key, count in through.items():
-            total = 0.0
-            for _ in range(count):
-                total += share
-            best = min(best, self._links[key].bandwidth / total)
-        return best
+        for _ in range(n):
+            totals.append(totals[-1] + share)
+        bandwidth = self._link_bandwidth
+        return min(bandwidth[k] / totals[c] for k, c in through.items())
 
     def route_latency(self, src: int, dst: int, channel: int = 0) -> float:
         """Latency of connection ``(src, dst, channel)``: of its slowest path, as the simulator charges it.
