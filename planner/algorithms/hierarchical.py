@@ -282,16 +282,21 @@ def _estimate(topology: Topology, stage: Stage, method: str, part_bytes: float, 
     """
     link = topology.link
     total = 0.0
+    seen: dict[tuple[tuple[int, int, int], ...], float] = {}  # a ring's steps all cost the same
     for step in _METHODS[method](stage.size, False):
-        load: dict[tuple[str, str], float] = {}
-        latency = 0.0
-        for g in stage.groups:
-            for i, j, a, b in step:
-                for key, share in _spread_shares(topology, g[i], g[j], channel, spread).items():
-                    load[key] = load.get(key, 0.0) + share * (b - a)
-            latency = max(latency, max(path_latency(topology, g[i], g[j], channel) for i, j, _, _ in step))
-        busiest = max((v / link(*key).bandwidth for key, v in load.items()), default=0.0)  # type: ignore[union-attr]
-        total += latency + slices * part_bytes * busiest
+        shape = tuple((i, j, b - a) for i, j, a, b in step)
+        cost = seen.get(shape)
+        if cost is None:
+            load: dict[tuple[str, str], float] = {}
+            latency = 0.0
+            for g in stage.groups:
+                for i, j, parts in shape:
+                    for key, share in _spread_shares(topology, g[i], g[j], channel, spread).items():
+                        load[key] = load.get(key, 0.0) + share * parts
+                latency = max(latency, max(path_latency(topology, g[i], g[j], channel) for i, j, _ in shape))
+            busiest = max((v / link(*key).bandwidth for key, v in load.items()), default=0.0)  # type: ignore[union-attr]
+            cost = seen[shape] = latency + slices * part_bytes * busiest
+        total += cost
     return total
 
 
