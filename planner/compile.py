@@ -204,8 +204,9 @@ def least_latency(topology: Topology) -> float:
 
 
 #: Schedules with at least this many operations are verified in a forked process while the planner
-#: simulates, on the machine's other core (fattree-1024: 9 s of proof behind 15 s of simulation).
-PARALLEL_VERIFY_OPS = 100_000
+#: simulates, on the machine's other core (fattree-1024: 9 s of proof behind 15 s of simulation;
+#: fattree-64-4to1's 1 MiB reduce-scatter: 1.1 s of a 7 s compile).
+PARALLEL_VERIFY_OPS = 20_000
 
 
 class _Verification:
