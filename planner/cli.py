@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from planner.collector import rare_collections
 from planner.errors import TopoccError, exit_codes
 from planner.units import UnitError, parse_size, parse_size_range
 from runtime.executor import DTYPE_NAMES
@@ -436,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI, turning every failure into one line and an exit code."""
     debug = bool(os.environ.get("TOPOCC_DEBUG"))
     try:
-        cli.main(args=argv, prog_name="topocc", standalone_mode=False)
+        with rare_collections():
+            cli.main(args=argv, prog_name="topocc", standalone_mode=False)
     except TopoccError as exc:
         if debug:
             raise
