@@ -221,10 +221,54 @@ def _op_to_json(op: Op) -> dict[str, Any]:
     return out
 
 
+def _program_json(program: Sequence[Op]) -> str:
+    """``json.dumps`` of the program's :func:`_op_to_json` dicts, compact, written directly: a 1024-rank
+    schedule's 328,704 operations in a third of the time.  Every field is an int but the op kind and the
+    buffer names, which go through ``json.dumps`` (once each) so that any string is escaped as it would be."""
+    quoted: dict[str, str] = {}
+
+    def quote(text: str) -> str:
+        found = quoted.get(text)
+        if found is None:
+            found = quoted[text] = json.dumps(text)
+        return found
+
+    def chunk(ref: Chunk) -> str:
+        if ref.count == 1:
+            return f"[{quote(ref.buffer)},{int(ref.index)}]"
+        return f"[{quote(ref.buffer)},{int(ref.index)},{int(ref.count)}]"
+
+    ops = []
+    for op in program:
+        text = '{"op":' + quote(op.kind)
+        if op.peer is not None:
+            text += f',"peer":{int(op.peer)}'
+        if op.src is not None:
+            text += ',"src":' + chunk(op.src)
+        if op.dst is not None:
+            text += ',"dst":' + chunk(op.dst)
+        if op.deps:
+            text += ',"deps":[' + ",".join(map(str, map(int, op.deps))) + "]"
+        text += f',"step":{int(op.step)}'
+        if op.channel:
+            text += f',"ch":{int(op.channel)}'
+        ops.append(text + "}")
+    return "[" + ",".join(ops) + "]"
+
+
 def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
     """The JSON document for ``schedule`` (see docs/schedule-format.md)."""
+    doc = _header(schedule)
+    doc["programs"] = [[_op_to_json(op) for op in program] for program in schedule.programs]
+    if schedule.paths:
+        doc["paths"] = [_path_to_json(c) for c in schedule.paths]
+    return doc
+
+
+def _header(schedule: Schedule) -> dict[str, Any]:
+    """The document's fields before the programs."""
     meta = schedule.metadata
-    doc: dict[str, Any] = {
+    return {
         "format": FORMAT,
         "version": 2 if schedule.paths else 1,
         "collective": schedule.collective,
@@ -247,11 +291,7 @@ def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
             "size_bytes": meta.size_bytes,
             "predicted_time_s": meta.predicted_time_s,
         },
-        "programs": [[_op_to_json(op) for op in program] for program in schedule.programs],
     }
-    if schedule.paths:
-        doc["paths"] = [_path_to_json(c) for c in schedule.paths]
-    return doc
 
 
 def _path_to_json(choice: PathChoice) -> dict[str, Any]:
@@ -264,20 +304,18 @@ def _path_to_json(choice: PathChoice) -> dict[str, Any]:
 
 def dump_schedule(schedule: Schedule) -> str:
     """Compact JSON text: one line per rank program keeps diffs readable."""
-    doc = schedule_to_dict(schedule)
-    programs = doc.pop("programs")
-    paths = doc.pop("paths", None)
     try:
-        head = json.dumps(doc, indent=1, allow_nan=False)
+        head = json.dumps(_header(schedule), indent=1, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ScheduleFormatError(
             f"cannot store the schedule's metadata as JSON ({exc})",
             fix="metadata options must be JSON values and numbers finite",
         ) from None
-    body = ",\n".join("  " + json.dumps(p, separators=(",", ":")) for p in programs)
+    body = ",\n".join("  " + _program_json(p) for p in schedule.programs)
     text = head[:-2] + ',\n "programs": [\n' + body + "\n ]"
-    if paths is not None:
-        text += ',\n "paths": [\n' + ",\n".join("  " + json.dumps(c, separators=(",", ":")) for c in paths) + "\n ]"
+    if schedule.paths:
+        paths = (json.dumps(_path_to_json(c), separators=(",", ":")) for c in schedule.paths)
+        text += ',\n "paths": [\n' + ",\n".join("  " + c for c in paths) + "\n ]"
     return text + "\n}\n"
 
 

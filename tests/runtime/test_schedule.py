@@ -76,6 +76,24 @@ def test_round_trip_keeps_every_op_field(tmp_path: Path) -> None:
     assert load_schedule(path) == s
 
 
+def test_programs_are_written_as_json_dumps_writes_their_dicts() -> None:
+    """The programs are written directly, not through ``json.dumps``: the text must be exactly what dumping
+    :func:`schedule_to_dict`'s programs gives, for every field and an op kind or buffer name that needs
+    escaping."""
+    ops = [
+        [Op("copy", None, Chunk("i", 0, 2), Chunk("s", 1, 2), (), 3),
+         Op("send", 1, Chunk("s", 1, 2), None, (0,), 4, 7),
+         Op('odd"kind\u00e9', 1, Chunk("b\\", 0, 1), Chunk("o", 0, 2), (0, 1), 5, 2)],
+        [Op("recv", 0, None, Chunk("o", 10**12, 2), (), 0, 7), Op("send", 0, Chunk("i", 0, 1), None, (), 1)],
+    ]
+    built = [CONSTRUCTIONS[name](4, 2) for name in sorted(CONSTRUCTIONS)]
+    for s in [build_schedule("allreduce", 2, 2, 2, ops, scratch_chunks=3), *built]:
+        programs = schedule_to_dict(s)["programs"]
+        expected = [json.dumps(p, separators=(",", ":")) for p in programs]
+        assert dump_schedule(s).split('"programs": [\n')[1].split("\n ]")[0] == ",\n".join(
+            "  " + e for e in expected)
+
+
 def test_round_trip_keeps_recorded_paths(tmp_path: Path) -> None:
     """Path choices survive a save and a load, sorted by connection, in format version 2."""
     s = direct_allreduce_schedule(3).with_paths([PathChoice(2, 0, 0, ("nic2", "spine1", "nic0")),
