@@ -181,3 +181,52 @@ def test_mutations_reach_the_verifier() -> None:
         verify(parse_schedule(copy.deepcopy(doc)))
     with pytest.raises(ScheduleFormatError):
         parse_schedule({**BASES[0], "version": 3})
+
+
+edge_values = st.sampled_from([-1, 0, 1, 2, 3, 4, 5, 6, 1 << 16, (1 << 16) + 1, True, False, None, "1", 1.0, "i", "x",
+                               "send", [], [0], ["i", 0], ["o", 4, 2], ["s", 1, 1], {}])
+
+
+@settings(FUZZ, max_examples=1500)
+@given(data=st.data())
+def test_the_quick_op_check_is_as_strict_as_the_full_one(data: st.DataObject) -> None:
+    """Loading checks each operation with a quick test first and the full one (which names what is wrong)
+    only where that fails: whatever the quick test accepts, the full one must accept as the same operation.
+    Operations are valid ones with up to two fields dropped, replaced, edited or extended at their edges."""
+    from runtime.schedule import OP_KINDS, _parse_op, _quick_op, _Reader
+
+    limits, rank, k = {"i": 4, "o": 5, "s": 2}, 1, 3
+    kind = data.draw(st.sampled_from(sorted(OP_KINDS)), label="kind")
+    has_peer, has_src, has_dst = OP_KINDS[kind]
+    count = data.draw(st.integers(1, 2), label="count")
+
+    def ref() -> list[Any]:
+        buffer, n = data.draw(st.sampled_from("ios")), data.draw(st.sampled_from([count, count, 1, 2]))
+        return [buffer, data.draw(st.integers(0, limits[buffer] - n))] + [n] * (n > 1)
+
+    doc: dict[str, Any] = {"op": kind}
+    if has_peer:
+        doc["peer"] = data.draw(st.sampled_from([0, 2]))
+    if has_src or (kind == "recv_reduce" and data.draw(st.booleans())):
+        doc["src"] = ref()
+    if has_dst:
+        doc["dst"] = ref()
+    doc.update(data.draw(st.fixed_dictionaries({}, optional={
+        "deps": st.lists(st.integers(0, k - 1), max_size=2), "step": st.integers(0, 3), "ch": st.integers(0, 2)})))
+    for _ in range(data.draw(st.integers(0, 2), label="mutations")):
+        key = data.draw(st.sampled_from(["op", "peer", "src", "dst", "deps", "step", "ch", "extra"]), label="key")
+        action = data.draw(st.sampled_from(["drop", "set", "edit", "append"]), label="action")
+        if action == "drop":
+            doc.pop(key, None)
+        elif action == "append" and isinstance(doc.get(key), list):
+            doc[key].append(data.draw(edge_values, label="value"))
+        elif action in ("set", "append") or not isinstance(doc.get(key), list) or not doc[key]:
+            doc[key] = data.draw(edge_values, label="value")
+        else:
+            doc[key][data.draw(st.integers(0, len(doc[key]) - 1), label="at")] = data.draw(edge_values, label="value")
+    quick = _quick_op(doc, rank, k, 3, limits)
+    try:
+        full = _parse_op(_Reader("fuzz.json"), doc, "op", rank, k, 3, limits)
+    except ScheduleFormatError:
+        full = None
+    assert quick is None or quick == full
