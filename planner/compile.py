@@ -30,7 +30,7 @@ from planner.errors import (
     VerificationError,
 )
 from planner.paths import assign_paths, connection_chunks, recorded_paths, spread_channels
-from planner.simulate import SimResult, chunk_bytes, simulate
+from planner.simulate import SimResult, chunk_bytes, simulate, simulate_within
 from planner.topology import Topology, load_topology
 from planner.units import format_size, format_time
 from planner.verify import VerifyReport, verify
@@ -292,9 +292,10 @@ def compile_schedule(topology: Topology, collective: str, algorithm: str = "auto
     ``auto`` builds every applicable algorithm, then simulates them in order of
     :func:`link_time` and skips one whose link time already exceeds the best
     simulated time (it cannot win: link time is a lower bound of its
-    simulation); the winner is verified.  An algorithm whose schedules all
-    have a chain of dependent messages (:attr:`Algorithm.min_chain`: the ring's
-    p - 1) is built after the others of its tier are timed, and not at all when that chain
+    simulation), and gives up a simulation once its clock passes the best time;
+    the winner is verified.  An algorithm whose schedules all have a chain of
+    dependent messages (:attr:`Algorithm.min_chain`: the ring's p - 1) is built
+    after the others of its tier are timed, and not at all when that chain
     times :func:`least_latency` already exceeds the best time: a 128-rank ring
     at 1 MiB cost most of the race and lost twenty-fold.  So is one with a
     :attr:`Algorithm.link_floor`, a bound of its link time found unbuilt.  ``progress`` is called
@@ -456,12 +457,19 @@ def _time_candidates(topology: Topology, collective: str, options: Options, memb
             continue
         report(name, "simulate")
         started = time.perf_counter()
-        try:
-            sim = simulate(topology, schedule, options.size_bytes)
+        try:  # given up once it passes the best: it cannot win (a tie still can, listed first)
+            sim = simulate_within(topology, schedule, options.size_bytes,
+                                  math.inf if best is None else best[0] * (1 + 1e-9))
         except SimulationError as exc:
             verify(schedule)  # a schedule that does not run is a planner bug unless it is correct
             settle(Candidate(name, None, build_s + time.perf_counter() - started, reason=exc.message,
                              link_time_s=floor))
+            continue
+        if sim is None:
+            assert best is not None
+            settle(Candidate(name, None, build_s + time.perf_counter() - started, schedule.op_count,
+                             reason=f"cannot win: its simulation passed {names[best[1]]}'s {format_time(best[0])} "
+                                    "with work left", link_time_s=floor))
             continue
         settle(Candidate(name, sim.time_s, build_s + time.perf_counter() - started, schedule.op_count,
                          link_time_s=floor))

@@ -87,11 +87,27 @@ def test_auto_candidates_carry_their_link_time() -> None:
     for c in built:
         if c.time_s is not None:
             assert c.link_time_s <= c.time_s * (1 + 1e-9)
+        elif "simulation passed" in (c.reason or ""):  # timed against the best and given up
+            assert c.reason.startswith("cannot win") and c.operations > 0
         else:
             assert c.reason is not None and c.reason.startswith("cannot win")
             assert c.link_time_s > compiled.sim.time_s
     assert all(c.link_time_s is None for c in compiled.candidates if c.time_s is None
                and not (c.reason or "").startswith(("cannot win", "not tried")))
+
+
+def test_auto_gives_up_a_simulation_once_it_passes_the_best() -> None:
+    """On dgx2 direct's all-reduce is simulated after hierarchical's and given up once it runs past it; the
+    race picks what timing it to the end picks (its simulation: longer than the winner's)."""
+    from planner.compile import resolve_topology
+    from planner.simulate import simulate
+
+    topology, options = resolve_topology("dgx2"), Options(size_bytes=1 << 20)
+    compiled = compile_schedule(topology, "allreduce", "auto", options)
+    direct = next(c for c in compiled.candidates if c.algorithm == "direct")
+    assert direct.time_s is None and (direct.reason or "").startswith("cannot win: its simulation passed")
+    alone = compile_schedule(topology, "allreduce", "direct", options)
+    assert alone.sim.time_s > compiled.sim.time_s == simulate(topology, compiled.schedule, 1 << 20).time_s
 
 
 def test_auto_races_without_a_solver_library(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,7 @@ import pytest
 from planner.builder import ScheduleBuilder
 from planner.errors import SimulationError
 from planner.paths import assign_paths
-from planner.simulate import SimResult, bus_factor, chunk_bytes, simulate
+from planner.simulate import SimResult, bus_factor, chunk_bytes, simulate, simulate_within
 from planner.topology import ROUTING_MODES, Topology, parse_topology_text
 from planner.verify import verify
 from runtime.schedule import Chunk, PathChoice, Schedule
@@ -87,6 +87,18 @@ def test_ring_allreduce_on_a_ring_matches_alpha_beta(p: int, size: int, directed
     assert result.time_s == pytest.approx(expected, rel=1e-6)
     assert result.algbw_GBps == pytest.approx(size / expected / GB, rel=1e-6)
     assert result.busbw_GBps == pytest.approx(result.algbw_GBps * 2 * (p - 1) / p, rel=1e-9)
+
+
+@pytest.mark.parametrize("p", [2, 5])
+def test_a_simulation_within_a_deadline_gives_up_only_past_it(p: int) -> None:
+    """``auto`` times candidates against the best so far: given up (None) exactly when the schedule runs longer
+    than the deadline, and otherwise the same result as :func:`simulate`."""
+    topology, schedule, size = ring_topology(p), ring_allreduce(p), 1 << 20
+    full = simulate(topology, schedule, size)
+    assert simulate_within(topology, schedule, size, full.time_s) == full
+    assert simulate_within(topology, schedule, size, full.time_s * (1 + 1e-9)) == full
+    assert simulate_within(topology, schedule, size, full.time_s * (1 - 1e-6)) is None
+    assert simulate_within(topology, schedule, size, 0.0) is None
 
 
 def test_ring_allreduce_on_a_star_pays_two_hops_of_latency() -> None:
