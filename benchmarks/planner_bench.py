@@ -41,7 +41,13 @@ from pathlib import Path
 from planner.algorithms import ALGORITHMS, Options
 from planner.bounds import lower_bound
 from planner.collectives import canonical_collective
-from planner.compile import Candidate, compile_schedule, resolve_topology, shipped_topologies
+from planner.compile import (
+    SCHEDULED_MAX_RANKS,
+    Candidate,
+    compile_schedule,
+    resolve_topology,
+    scheduled_topologies,
+)
 from planner.errors import TopoccError
 from planner.fabrics import Fabric, shipped_fabrics, small_suite, suite
 from planner.simulate import simulate
@@ -208,7 +214,7 @@ def select_fabrics(names: list[str] | None, quick: bool) -> list[Fabric]:
     full = suite()
     if names is None:
         if not quick:
-            return [*full, *shipped_fabrics()]
+            return [*full, *(f for f in shipped_fabrics() if f.ranks <= SCHEDULED_MAX_RANKS)]
         smallest: dict[str, Fabric] = {}
         for fabric in full:  # smallest first within each family
             smallest.setdefault(fabric.family, fabric)
@@ -340,7 +346,7 @@ def main() -> None:
         sizes = _sizes(args.sizes) if args.sizes else SUITE_SIZES
         run_suite(select_fabrics(names, args.quick), collectives, sizes, args.limit)
         return
-    names = names or list(shipped_topologies())
+    names = names or scheduled_topologies()
     sizes = _sizes(args.sizes) if args.sizes else (SIZES[2:] if args.quick else SIZES)
     if not args.scale_only:
         for name in names:  # a table per topology, printed as soon as it is measured

@@ -421,7 +421,7 @@ def algorithms_cmd(as_json: bool) -> None:
 @click.option("-s", "--size", type=SIZE, default="64MiB", show_default=True)
 @click.argument("names", nargs=-1)
 def compile_shipped_cmd(output: str, size: int, names: tuple[str, ...]) -> None:
-    """Recompile the allreduce schedules of the shipped topologies (all, or NAMES) into OUTPUT."""
+    """Recompile the allreduce schedules of the shipped topologies (those up to 4096 ranks, or NAMES) into OUTPUT."""
     from planner.compile import compile_shipped
     from planner.summary import format_table
     from planner.units import format_time

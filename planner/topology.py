@@ -28,10 +28,8 @@ simulator, the bounds and every algorithm's cost model go through it.
 from __future__ import annotations
 
 import hashlib
-import heapq
 import json
 import zlib
-from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -42,6 +40,7 @@ import networkx as nx
 
 from planner._yaml import Source, YDict, YList, load_yaml, parse_yaml
 from planner.errors import TopologyError
+from planner.route_trees import HubSearches, RouteTree, SharedTree, hubs, route_tree, search
 from planner.units import UnitError, parse_bandwidth, parse_time
 
 __all__ = [
@@ -73,6 +72,10 @@ PER_CONNECTION = ("ecmp", "source")
 ROUTE_REFERENCE_BYTES = 1 << 20
 #: At most this many equal-cost paths are kept per pair (messages are split evenly over them).
 MAX_PATHS = 16
+#: From this many ranks on, routes are read off shared searches where the fabric has few hubs
+#: (:mod:`planner.route_trees`): below it one search per rank costs seconds, and its routes are listed in the
+#: order the shipped schedules were compiled with.
+SHARED_ROUTES_RANKS = 2048
 #: Rank pairs whose paths a topology keeps (each up to MAX_PATHS paths).
 _PATH_CACHE_PAIRS = 1 << 17
 
@@ -88,17 +91,6 @@ def ecmp_hash(src: int, dst: int, channel: int, device: str) -> int:
     True
     """
     return zlib.crc32(f"{src} {dst} {channel} {device}".encode())
-
-
-@dataclass(frozen=True, slots=True)
-class _RouteTree:
-    """The shortest-path DAG from one source rank: ``first[d]`` is a parent link index of device ``d`` (-1:
-    unreached, -2: the source), ``extra[d]`` its further equal-cost parent links, ``cost[r]`` the route
-    cost to rank ``r`` (inf: no route)."""
-
-    first: array
-    extra: dict[int, tuple[int, ...]]
-    cost: array
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,51 +248,40 @@ class Topology:
         return [link.bandwidth for link in self.links]
 
     @cached_property
-    def _route_cache(self) -> dict[int, _RouteTree]:
+    def _route_cache(self) -> dict[int, RouteTree | SharedTree]:
         return {}
 
     @cached_property
     def _paths_cache(self) -> dict[tuple[int, int], tuple[tuple[Link, ...], ...]]:
         return {}
 
-    def _shortest_from(self, src: int) -> _RouteTree:
-        """Dijkstra from rank ``src`` that never expands through another rank; keeps all equal-cost parents.
+    @cached_property
+    def _hub_searches(self) -> HubSearches | None:
+        """The hubs' shared searches (:mod:`planner.route_trees`) where this topology's routes are read from
+        them: from :data:`SHARED_ROUTES_RANKS` ranks on, when the hubs are fewer than half the ranks."""
+        if self.size < SHARED_ROUTES_RANKS:
+            return None
+        adjacency, is_rank, _ = self._graph
+        flags = hubs(adjacency, is_rank)
+        return HubSearches(adjacency, is_rank, flags) if 2 * sum(flags) < self.size else None
 
-        Kept compactly for every source (a parent link index per device, a cost
-        per rank): about 5 bytes per device, so 4096 ranks on 8848 devices hold
-        under 200 MB, and no source is ever searched twice.
+    def _shortest_from(self, src: int) -> RouteTree | SharedTree:
+        """The shortest-path DAG from rank ``src`` (routes never cross another rank), searched once per source.
+
+        Kept compactly (a parent link index per device, a cost per rank: about
+        5 bytes per device, so 4096 ranks on 8848 devices hold under 200 MB) or,
+        on a large fabric, as a :class:`~planner.route_trees.SharedTree`.
         """
         cached = self._route_cache.get(src)
         if cached is not None:
             return cached
         adjacency, is_rank, rank_device = self._graph
-        n = len(adjacency)
-        inf = float("inf")
-        dist = [inf] * n
-        first = [-1] * n  # a parent link per reached device (-2 at the source)
-        extra: dict[int, list[int]] = {}  # further equal-cost parent links
-        start = rank_device[src]
-        dist[start] = 0.0
-        first[start] = -2
-        heap = [(0.0, start)]
-        heappop, heappush = heapq.heappop, heapq.heappush
-        while heap:
-            d, node = heappop(heap)
-            if d > dist[node] * (1 + 1e-12) + 1e-18:
-                continue
-            for head, cost, link in adjacency[node]:
-                nd = d + cost
-                old = dist[head]
-                if nd < old * (1 - 1e-9):
-                    dist[head] = nd
-                    first[head] = link
-                    extra.pop(head, None)
-                    if not is_rank[head]:  # GPUs are endpoints, not forwarders: never expanded
-                        heappush(heap, (nd, head))
-                elif nd <= old * (1 + 1e-9):
-                    extra.setdefault(head, []).append(link)
-        tree = _RouteTree(array("i", first), {k: tuple(v) for k, v in extra.items()},
-                          array("d", [dist[i] for i in rank_device]))
+        shared = self._hub_searches
+        tree: RouteTree | SharedTree
+        if shared is not None:
+            tree = shared.tree(rank_device[src], rank_device)
+        else:
+            tree = route_tree(search(adjacency, is_rank, rank_device[src]), rank_device)
         self._route_cache[src] = tree
         return tree
 
