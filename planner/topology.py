@@ -307,25 +307,40 @@ class Topology:
         if src == dst or tree.cost[dst] == float("inf"):
             return ()
         _, _, rank_device = self._graph
-        links, link_src = self.links, self._link_src
+        links, link_src, devices = self.links, self._link_src, self.devices
         first, extra = tree.first, tree.extra
-        paths: list[tuple[Link, ...]] = []
-        # depth first back from the destination over the equal-cost parent links, the first parent before
-        # the others (the order the paths are listed in, and the first MAX_PATHS kept); a run of devices with
-        # one parent each is followed in a loop, and only the alternatives wait on the stack
-        stack: list[tuple[int, tuple[Link, ...]]] = [(rank_device[dst], ())]
-        while stack and len(paths) < MAX_PATHS:
-            node, suffix = stack.pop()
-            while True:
-                head = first[node]
-                if head == -2:
-                    paths.append(suffix)
-                    break
-                more = extra.get(node)
-                if more is not None:
-                    stack.extend((link_src[k], (links[k], *suffix)) for k in reversed(more))
-                suffix = (links[head], *suffix)
-                node = link_src[head]
+
+        def listed(hashed: bool) -> tuple[list[tuple[Link, ...]], bool]:
+            """The first MAX_PATHS paths, and whether there are more."""
+            paths: list[tuple[Link, ...]] = []
+            # depth first back from the destination over the equal-cost parent links, the first parent before
+            # the others (or, ``hashed``, the pair's hash picks where to start among them); a run of devices
+            # with one parent each is followed in a loop, and only the alternatives wait on the stack
+            stack: list[tuple[int, tuple[Link, ...]]] = [(rank_device[dst], ())]
+            while stack and len(paths) < MAX_PATHS:
+                node, suffix = stack.pop()
+                while True:
+                    head = first[node]
+                    if head == -2:
+                        paths.append(suffix)
+                        break
+                    more = extra.get(node)
+                    if more is not None:
+                        if hashed:
+                            ks = (head, *more)
+                            at = ecmp_hash(src, dst, 0, devices[node].name) % len(ks)
+                            head, more = ks[at], ks[at + 1:] + ks[:at]
+                        stack.extend((link_src[k], (links[k], *suffix)) for k in reversed(more))
+                    suffix = (links[head], *suffix)
+                    node = link_src[head]
+            return paths, bool(stack)
+
+        paths, truncated = listed(hashed=False)
+        if truncated:
+            # more than MAX_PATHS paths (behind more than 16 spines): each pair keeps MAX_PATHS of them where its
+            # hash starts at each choice, so that pairs together cross every path, as sprayed packets do, and
+            # not all the same first 16 (half the spines of a 32-spine fabric left idle)
+            paths, _ = listed(hashed=True)
         if len(cache) >= _PATH_CACHE_PAIRS:
             cache.clear()  # bounded memory: an all-to-all on 1024 ranks asks for a million pairs
         found = cache[(src, dst)] = tuple(paths)

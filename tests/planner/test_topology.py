@@ -580,6 +580,26 @@ def test_spray_bandwidth_on_a_fat_tree_sample() -> None:
         assert counted == min(topo.link(*key).bandwidth / share for key, share in topo.route_shares(a, b).items())
 
 
+def test_a_pair_behind_more_than_16_spines_sprays_over_16_that_its_hash_picks() -> None:
+    """20 spines: each pair across the leaves keeps 16 paths, not the same 16 for every pair, so that the pairs
+    together load every spine (the first 16 alone would leave a fifth of the spine links idle)."""
+    from planner.fabrics import fat_tree
+
+    topo = parse_topology_text(fat_tree(4, 2, 20, 1).yaml, "fat-tree").with_routing("spray")
+    used: dict[str, int] = {}
+    for a in range(16):
+        for b in range(16, 32):
+            paths = topo.routes(a, b)
+            assert len(paths) == 16 and len(set(paths)) == 16
+            for path in paths:
+                assert [link.src for link in path[1:]] == [link.dst for link in path[:-1]]
+                for link in path:
+                    if link.dst.startswith("spine"):
+                        used[link.dst] = used.get(link.dst, 0) + 1
+    assert len(used) == 20
+    assert max(used.values()) < 1.5 * min(used.values())
+
+
 def test_reversed_turns_every_link_round_and_keeps_the_routing() -> None:
     """The reversed fabric (a gather timed on it is the reduction it mirrors) keeps the routing mode, and a
     full-duplex fabric is its own reverse."""
