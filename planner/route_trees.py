@@ -2,12 +2,12 @@
 
 A route never passes through a GPU, so a search from a rank expands only
 devices that are not ranks (:func:`search`).  One search per rank costs ranks x
-devices: 14 minutes and 4 GB for 16384 GPUs on 35,344 devices.  But on a large
-fabric a rank reaches the network through devices of its own (its NIC, its
-host's NVSwitch), each with at most one way on into the fabric, and then
-through switches that every rank shares.  :class:`SharedTree` reads a rank's
-DAG off a small search of its own devices plus one search from each such switch
-(a *hub*, :func:`hubs`), done once for all ranks.
+devices: about 14 minutes and 4 GB for fattree-16384's 16384 GPUs on 35,088
+devices.  But on a large fabric a rank reaches the network through devices of
+its own (its NIC, its host's NVSwitch), each with at most one way on into the
+fabric, and then through switches that every rank shares.  :class:`SharedTree`
+reads a rank's DAG off a small search of its own devices plus one search from
+each such switch (a *hub*, :func:`hubs`), done once for all ranks.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def route_tree(found: Search, rank_device: Sequence[int]) -> RouteTree:
 def hubs(adjacency: Adjacency, is_rank: bytearray) -> bytearray:
     """Flags the devices searched once for all ranks: every non-rank device with out-links to two or more
     non-rank devices.  The others (a NIC's one way on to its switch, an NVSwitch that only reaches GPUs) are
-    searched afresh from each rank that reaches them first."""
+    part of the own search of each rank that reaches them."""
     flags = bytearray(len(adjacency))
     for node, out in enumerate(adjacency):
         if not is_rank[node] and len({head for head, _, _ in out if not is_rank[head]}) > 1:
