@@ -266,7 +266,8 @@ def test_mesh_packing_meets_the_partition_bound() -> None:
 def test_quality(name: str, collective: str, size: int, at_least: float) -> None:
     """Measured fractions of the lower bound (86.7%, 97.7%, 99.4%, 97.5% when written; mesh-4x4's reduce-scatter
     95.3% under dimension-order routing; torus-4x4's all-gather 97.3% with the shallowest packing, 93.7% before,
-    96.9% in this environment (numpy 2.4, OR-Tools 9.15), 97.9% with sixteen pieces per tree), a little slack."""
+    96.9% after the dependencies were updated (fresh install, 2026-11-26), 97.9% with sixteen pieces per tree),
+    a little slack."""
     topology = load_topology(TOPOLOGIES / f"{name}.yaml")
     compiled = compile_schedule(topology, collective, "treepack", Options(size_bytes=size))
     assert compiled.efficiency >= at_least
