@@ -70,7 +70,8 @@ PER_CONNECTION = ("ecmp", "source")
 #: A route's cost is its latency plus the time a message of this size takes on each hop:
 #: both terms matter when choosing between a short slow path and a longer fast one.
 ROUTE_REFERENCE_BYTES = 1 << 20
-#: At most this many equal-cost paths are kept per pair (messages are split evenly over them).
+#: At most this many equal-cost paths are kept per pair (messages are split evenly over them); a pair with
+#: more keeps those its hash picks (:meth:`Topology.routes`).
 MAX_PATHS = 16
 #: From this many ranks on, routes are read off shared searches where the fabric has few hubs
 #: (:mod:`planner.route_trees`): below it one search per rank costs seconds, and its routes are listed in the
@@ -569,7 +570,7 @@ class Topology:
 
     def _spray_bandwidth(self, src: int, dst: int) -> float | None:
         """:meth:`route_bandwidth` under spray by counting paths, or None where :meth:`routes` would keep only
-        the first :data:`MAX_PATHS` paths (or there is no route).
+        :data:`MAX_PATHS` of the paths (or there is no route).
 
         A link ``u -> v`` lies on (paths from ``src`` to ``u``) x (paths from ``v`` to ``dst``) of the pair's
         cheapest paths; its share is that many times 1/n summed one by one, the same float the even split of
