@@ -135,8 +135,7 @@ class SharedTree:
         self._own = own
         self._hubs = reached
         self._rank_device = rank_device
-        self._through: tuple[float, _Hub] | None = None
-        self._near: dict[int, tuple[int, ...]] = {}
+        self._through: tuple[float, _Hub] | None = None  # set below, once the near devices are worked out
         near = {node: self._tight(node) for node in own.dist}
         near[start] = (-2,)
         self._near = near  # the devices its own search reached, worked out at once: few, and asked often
@@ -198,7 +197,7 @@ class _First:
     def __getitem__(self, node: int) -> int:
         tree = self._tree
         through = tree._through
-        if through is not None and node not in tree._near:
+        if through is not None and node not in tree._near:  # parents()' shortcut, without building a tuple
             return through[1].first[node]  # type: ignore[no-any-return]
         found = tree.parents(node)
         return found[0] if found else -1
@@ -213,7 +212,7 @@ class _Extra:
     def get(self, node: int, default: tuple[int, ...] | None = None) -> tuple[int, ...] | None:
         tree = self._tree
         through = tree._through
-        if through is not None and node not in tree._near:
+        if through is not None and node not in tree._near:  # as in _First: a route walk asks this per device
             return through[1].extra.get(node, default)
         found = tree.parents(node)
         return found[1:] if len(found) > 1 else default
