@@ -346,7 +346,7 @@ def main() -> None:
         sizes = _sizes(args.sizes) if args.sizes else SUITE_SIZES
         run_suite(select_fabrics(names, args.quick), collectives, sizes, args.limit)
         return
-    names = names or scheduled_topologies()
+    names = names or [t.name for t in scheduled_topologies()]
     sizes = _sizes(args.sizes) if args.sizes else (SIZES[2:] if args.quick else SIZES)
     if not args.scale_only:
         for name in names:  # a table per topology, printed as soon as it is measured

@@ -13,7 +13,7 @@ import math
 import multiprocessing
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -624,9 +624,13 @@ def _recorded_topology(schedule: Schedule, schedule_path: str | Path | None) -> 
 SCHEDULED_MAX_RANKS = 4096
 
 
-def scheduled_topologies() -> list[str]:
-    """The shipped topologies whose schedules ``schedules/`` holds (at most :data:`SCHEDULED_MAX_RANKS` ranks)."""
-    return [name for name, path in shipped_topologies().items() if load_topology(path).size <= SCHEDULED_MAX_RANKS]
+def scheduled_topologies() -> Iterator[Topology]:
+    """The shipped topologies whose schedules ``schedules/`` holds (at most :data:`SCHEDULED_MAX_RANKS` ranks),
+    each loaded as it is reached: a caller that compiles them keeps one at a time."""
+    for path in shipped_topologies().values():
+        topology = load_topology(path)
+        if topology.size <= SCHEDULED_MAX_RANKS:
+            yield topology
 
 
 def compile_shipped(out_dir: str | Path, names: Iterable[str] | None = None, *, collective: str = "allreduce",
@@ -636,8 +640,7 @@ def compile_shipped(out_dir: str | Path, names: Iterable[str] | None = None, *, 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name in names or scheduled_topologies():
-        topology = resolve_topology(name)
+    for topology in (resolve_topology(name) for name in names) if names else scheduled_topologies():
         compiled = compile_schedule(topology, collective, algorithm, Options(size_bytes=size_bytes))
         # the recorded topology file is the shipped name, so the schedule resolves on any checkout
         schedule = compiled.schedule.with_metadata(topology_file=None)

@@ -16,7 +16,7 @@ SCHEDULES = sorted((REPO / "schedules").glob("*.json*"))
 
 def test_every_shipped_topology_has_a_schedule() -> None:
     names = {p.name.split("-allreduce")[0] for p in SCHEDULES}
-    missing = sorted(set(scheduled_topologies()) - names)
+    missing = sorted({t.name for t in scheduled_topologies()} - names)
     assert not missing, f"regenerate with `topocc compile-shipped`: missing {missing}"
 
 
