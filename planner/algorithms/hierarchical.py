@@ -19,10 +19,15 @@ block cut into slices that are small at both ends of the pipeline (its fill
 and drain), and a reduce-scatter's first ring phase is flow-controlled so that
 it works on its oldest slices first.  A reduce-scatter or all-gather keeps
 every rank's block whole in its buffer, so a part of k virtual blocks is k
-messages; where that leaves a reduce-scatter few slices (hundreds of ranks), it
-runs as an all-reduce's first half in virtual-block order instead and each rank
-then sends its sums to the ranks they belong to.  Even a 1 MiB collective gets a few
-(equal) slices: unsliced, its levels would run one after the other.  Every
+messages, and the message budget leaves few slices on hundreds of ranks.  An
+all-gather's lower levels pass each block on as it arrives, so even one slice
+keeps every level busy; a reduce-scatter's lower levels reduce first the
+blocks that the levels above pass on first, in *waves*, to the same effect.
+Where not even one slice of whole blocks fits (a thousand ranks), a
+reduce-scatter runs as an all-reduce's first half in virtual-block order
+instead, and each rank then sends its sums to the ranks they belong to.  Even
+a 1 MiB collective gets a few (equal) slices: unsliced, its levels would run
+one after the other.  Every
 phase (a level's reduce-scatter or all-gather) has channels of its own, so
 messages of different phases never queue behind each other on one connection.
 
@@ -426,7 +431,8 @@ def ownership(topology: Topology, stage: Stage, channel: int) -> dict[int, int] 
 
 def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: float, slices: int,
                   force: str | None = None, weights: Mapping[int, int] | None = None,
-                  fed: bool = False, spread: bool = False, sharing_cap: float = _DIRECT_MAX_SHARING) -> list[str]:
+                  fed: bool = False, spread: bool = False, sharing_cap: float = _DIRECT_MAX_SHARING,
+                  waved: bool = False) -> list[str]:
     """Ring, halving-doubling or direct for each level: the one :func:`_estimate` times fastest (ties: fewer
     steps; direct only where it is :data:`_DIRECT_GAIN` faster, or, with ``fed``, above the first level
     where it is no slower).
@@ -441,7 +447,9 @@ def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: floa
     dependent steps show their latency in full, which the estimate, counting
     it once, does not see (rail-8x8 at 256 MiB, cross-host ring / direct:
     96.4% / 98.3% of the bound; the estimate times direct 1% faster).
-    ``spread``: an all-reduce (see :func:`_spread_shares`).
+    ``spread``: an all-reduce (see :func:`_spread_shares`).  ``waved``: a
+    reduce-scatter of few slices in waves (see :func:`_waves`), whose levels
+    take the methods that pipeline waves, where the estimate allows.
     """
     out: list[str] = []
     part = slice_bytes
@@ -475,8 +483,36 @@ def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: floa
             # over before the others' step latencies alone (1 MiB there: 2.11x -> 1.65x of the bound).
             fits, times = fits[1:], times[1:]
         best = min(times)
-        out.append(next(m for m, t in zip(fits, times) if t <= best * (1 + 1e-9)))
+        choice = next(m for m, t in zip(fits, times) if t <= best * (1 + 1e-9))
+        if waved and si > 0:
+            # in waves the levels below work in the order this one needs their blocks, so the last level's
+            # steps set the waves' grain: a ring's n - 1 steps each need 1/n of the blocks, halving-doubling's
+            # first needs half and direct's all of them (rail-32x8 reduce-scatter at 256 MiB, one slice:
+            # 77.7% of the bound with halving-doubling across the hosts, 93.1% with a ring); a level in
+            # between runs direct where it may, its one step keeping the waves whole (fattree-256-2to1: a
+            # direct rack level 92.8%, halving-doubling 82.8%).  Unless latency rules the estimate.
+            want = "ring" if si == len(levels) - 1 else "direct"
+            if want in fits and times[fits.index(want)] <= best * _WAVE_SLACK:
+                choice = want
+        elif waved and choice == "ring" and len(fits) > 1:
+            # the first level's waves queue on a ring's one connection in the order they become ready, every
+            # wave's first step before any wave's second, so the waves mix; halving-doubling or direct sends
+            # each step to another member (fattree-128-4to1-pcie at 256 MiB, 4 slices: 79.3% of the bound with
+            # a ring in the hosts, 99.2% with halving-doubling)
+            choice = min((m for m in fits if m != "ring"), key=lambda m: times[fits.index(m)])
+        out.append(choice)
     return out
+
+
+#: A reduce-scatter in waves (see :func:`_waves`) gets at least this many slices wherever the message budget
+#: fits one, so up to this many times the budget: its waves keep few flows in contention, so they simulate
+#: fast (fattree-256-2to1 at 256 MiB: 1 / 4 slices, 95.5% / 98.8% of the bound; the 554k operations of 4
+#: built and simulated in 12 s, where 32 slices in virtual order, 147k operations, took 20 s for 79.7%).
+#: Up to this many slices pipeline mostly in waves: their levels take methods for them, and no window.
+_WAVE_SLICES = 4
+#: In waves a level above the first takes the method that pipelines them best unless the estimate times
+#: it this much slower than the fastest (latency: a 1 MiB collective's ring steps each wait out a path).
+_WAVE_SLACK = 1.25
 
 
 # --------------------------------------------------------------------------- slices of reduce-scatter, all-gather
@@ -518,14 +554,15 @@ def _stage_slices(p: int, size_bytes: int) -> int:
 
 def _budget_slices(levels: Sequence[Stage], phases: Sequence[tuple[int, bool]],
                    steps: Mapping[tuple[int, bool], list[list[Send]]], spans: Sequence[int], contiguous: bool) -> int:
-    """Slices the message budget allows (:data:`_MAX_TRANSFERS`, or :data:`_TRANSFERS_PER_RANK` per rank):
+    """Slices the message budget allows (:data:`_MAX_TRANSFERS`, or :data:`_TRANSFERS_PER_RANK` per rank; 0
+    where not even one fits):
     one message per part where the buffer is in virtual-block order (``contiguous``), else one per virtual
     block of the part."""
     p = spans[0]
     per_slice = sum(len(levels[si].groups) * sum(1 if contiguous else (e - a) * (spans[si] // levels[si].size)
                                                  for step in steps[(si, gather)] for _, _, a, e in step)
                     for si, gather in phases)
-    return max(1, max(_MAX_TRANSFERS, _TRANSFERS_PER_RANK * p) // per_slice)
+    return max(_MAX_TRANSFERS, _TRANSFERS_PER_RANK * p) // per_slice
 
 
 def _piece_runs(buffer: str, owners: Sequence[int], units: int, offset: int, count: int) -> list[Chunk]:
@@ -583,6 +620,60 @@ def _spread_channels(topology: Topology, levels: Sequence[Stage], phases: Sequen
     return chosen
 
 
+def _waves(levels: Sequence[Stage], phases: Sequence[tuple[int, bool]],
+           steps: Mapping[tuple[int, bool], list[list[Send]]], spans: Sequence[int],
+           position: Sequence[Mapping[int, int]], block: Mapping[int, int],
+           in_turn: bool) -> dict[tuple[int, int], list[set[int]]]:
+    """The virtual blocks of each group of a reduce-scatter's phases below the last, in *waves*: ``(phase,
+    group's first rank) -> sets of virtual blocks``, in the order the phases above need them.
+
+    A block's need is the step at which the last phase sends it on from where
+    the phases below leave it (its send step there, or after the last step if
+    its holder keeps it), then the same for the phase before, and so on down:
+    so a host reduces first what its rack must pass on across the cluster
+    first.  Reduced all at once, every block of a phase is final at its end,
+    and the phases run one after the other; in waves the phase above starts on
+    the first wave while the phase below reduces the next, as an all-gather's
+    lower phases pass blocks on as they arrive (fattree-256-2to1 at 256 MiB,
+    one slice: 51.1% of the bound at once, 95.5% in waves).  ``in_turn``: a
+    direct phase's sends, all one step, count in the order a member walks its
+    peers, so that a level below feeds that phase's first peer first (with few
+    slices; with many, a chassis-4x8-subset reduce-scatter lost 2% by it).
+    """
+    # first[(level, member)][part]: the step at which that member first sends that part (steps: never)
+    first: dict[tuple[int, int], list[int]] = {}
+    for si, gather in phases:
+        n, phase = levels[si].size, steps[(si, gather)]
+        for i in range(n):
+            at = [len(phase) * n] * n
+            for t in reversed(range(len(phase))):
+                sends = [(a, e) for src, _, a, e in phase[t] if src == i]
+                for x, (a, e) in reversed(list(enumerate(sends))):
+                    at[a:e] = [t * n + (x if in_turn else 0)] * (e - a)
+            first[(si, i)] = at
+    group_of = {(si, r): g for si, s in enumerate(levels) for g in s.groups for r in g}
+
+    def need(f: int, r: int, v: int) -> tuple[int, ...]:
+        """Block ``v``'s need from phase ``f`` up, held by rank ``r`` as that phase starts: last phase first."""
+        if f == len(phases):
+            return ()
+        si = phases[f][0]
+        sub = spans[si] // levels[si].size
+        part = (v - block[r] // spans[si] * spans[si]) // sub
+        return (*need(f + 1, group_of[(si, r)][part], v), first[(si, position[si][r])][part])
+
+    out: dict[tuple[int, int], list[set[int]]] = {}
+    for f, (si, _) in enumerate(phases[:-1]):
+        sub = spans[si] // levels[si].size
+        for g in levels[si].groups:
+            base = block[g[0]] // spans[si] * spans[si]
+            keyed: dict[tuple[int, ...], set[int]] = {}
+            for v in range(base, base + spans[si]):
+                keyed.setdefault(need(f + 1, g[(v - base) // sub], v), set()).add(v)
+            out[(f, g[0])] = [keyed[key] for key in sorted(keyed)]
+    return out
+
+
 # --------------------------------------------------------------------------- the schedule
 
 
@@ -599,7 +690,8 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     1 unless the first level is direct; all-reduce: 1 behind a ring, or
     halving-doubling on slices of 4 MiB or more; 0 turns it off);
     ``options.extra["layout"]`` (``virtual`` or ``blocks``) forces a
-    reduce-scatter's buffer order; ``options.extra["stage_method"]`` (``ring``,
+    reduce-scatter's buffer order; ``options.extra["waves"]`` (default true)
+    lets a reduce-scatter of whole blocks reduce its lower levels in waves; ``options.extra["stage_method"]`` (``ring``,
     ``halving-doubling`` or ``direct``) forces the method of every level whose
     size allows it.  An all-reduce whose direct last level splits unevenly
     (:func:`ownership`) records each virtual block's parts as ``ownership``.
@@ -681,20 +773,28 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
         raise NotApplicableError(f"hierarchical: unknown layout {layout!r} (use virtual or blocks)")
     # An all-reduce keeps its buffer in virtual-block order, so a part is one run of chunks; all-gather and
     # reduce-scatter keep each rank's block whole, so a part of k virtual blocks is k messages, p^2 a slice in
-    # all.  Where that leaves a reduce-scatter fewer slices than it wants, and its blocks are large enough
-    # for bandwidth to matter, it runs as the all-reduce's first half instead, in virtual order, and each
+    # all.  Where that leaves a reduce-scatter fewer slices than it wants, its blocks are large enough for
+    # bandwidth to matter, and not one slice fits (in waves, see _waves; without them, wherever virtual order
+    # allows more slices), it runs as the all-reduce's first half instead, in virtual order, and each
     # rank sends its sums on to the ranks they belong to at the end: 1/p of the data more on the network,
     # and one path latency, for slices (a 1024-GPU fat-tree at 256 MiB: one slice, 49.5% of the bound; in
     # virtual order, 16 slices, 92.2%; but at 1 MiB on 256 GPUs, where latency rules, 2.9x the bound where
     # whole blocks take 1.8x).
+    waved = collective == "reducescatter" and len(levels) > 1 and bool(options.extra.get("waves", True))
+    # Few slices run in waves' own way (methods, no window, one wave at a time) only where bandwidth rules;
+    # below, each wave's steps add their latency (rail-16x8 at 1 MiB, 4 slices: 51.1% of the bound so, 82.5%
+    # without).
+    bulk = options.size_bytes / p >= _MIN_SLICE_BYTES
     for sharing_cap in (_DIRECT_MAX_SHARING, math.inf):
         contiguous = collective == "allreduce" or layout == "virtual"
+        few = waved and bulk and options.pipeline is not None and options.pipeline <= _WAVE_SLICES
         while True:
             slices, raised = wanted(contiguous)
+            in_waves = few and not contiguous
             weights = weighted
             methods = stage_methods(topology, levels, options.size_bytes / slices, slices, force, weights,
                                     fed=collective == "reducescatter" and not contiguous, spread=contiguous,
-                                    sharing_cap=sharing_cap)
+                                    sharing_cap=sharing_cap, waved=in_waves)
             if methods[-1] != "direct":
                 weights = None
             # the flow control (below) keeps a ring's one link busy with the oldest slice; a direct first level
@@ -714,18 +814,29 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
             else:
                 gated = collective == "reducescatter" and methods[0] != "direct"
             window = int(options.extra.get("window", _WINDOW if gated else 0))
+            if in_waves:
+                window = 0  # it needs slices to work on
             if window and force is None and not contiguous:
                 methods = ["ring" if s.size > 2 and m != "direct" else m for s, m in zip(levels, methods)]
             steps = {(si, gather): _METHODS[methods[si]](levels[si].size, gather) for si, gather in phases}
             most = slices  # slices the message budget allows
             if options.pipeline is None:
-                most = _budget_slices(levels, phases, steps, spans, contiguous)
+                fit = _budget_slices(levels, phases, steps, spans, contiguous)
+                most = max(1, fit)
+                if waved and bulk and not contiguous and fit:
+                    most = max(fit, _WAVE_SLICES)
+                # in waves a few slices of whole blocks pipeline the levels (fattree-256-2to1 at 256 MiB: four,
+                # 98.8% of the bound; 32 slices in virtual order, 79.7%)
                 if (collective == "reducescatter" and layout is None and not contiguous and most < slices
-                        and options.size_bytes / p >= _MIN_SLICE_BYTES
+                        and not (waved and fit) and bulk
                         and _budget_slices(levels, phases, steps, spans, True) > most):
                     contiguous = True
                     continue
                 slices = min(slices, most)
+                if waved and bulk and not contiguous and slices <= _WAVE_SLICES and not few:
+                    # few slices pipeline mostly in waves: methods for them (see stage_methods), no window
+                    few = True
+                    continue
             break
         if (options.pipeline is not None or contiguous or most > 1
                 or all(_sharing(topology, s, si) <= _DIRECT_MAX_SHARING
@@ -756,9 +867,11 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
 
     # A direct reduce-scatter receives every peer's part into a scratch slot of its own and reduces it in
     # locally: reducing receives into one chunk would wait for each other, a path latency per peer.
+    waved = waved and not contiguous
+    slotted = [not gather and (methods[si] == "direct" or (waved and f > 0)) for f, (si, gather) in enumerate(phases)]
     slot_chunks = sum((levels[si].size - 1) * (spans[si] // levels[si].size) * units
                       * (max(weights.values()) if weights is not None and si == len(levels) - 1 else 1)
-                      for si, gather in phases if not gather and methods[si] == "direct")
+                      for f, (si, gather) in enumerate(phases) if slotted[f])
 
     # reduce-scatter works on a scratch copy of its input (and its direct levels' slots after it), all-reduce
     # in its output; all-gather puts each rank's block in place
@@ -799,10 +912,12 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     # fattree-64-4to1 at 1 MiB at 1.33x / 1.48x of the bound for all-gather / all-reduce, not 1.28x / 1.38x
     channels = _spread_channels(topology, levels, phases, steps, spans)
 
-    def send(src: int, dst: int, ref: Chunk, reduce: bool, direct: bool, step: int, channel: int,
+    def send(src: int, dst: int, ref: Chunk, reduce: bool, slotted: bool, step: int, channel: int,
              after: tuple[int, ...]) -> int:
-        """One message of a phase; returns the receiver's last operation for it."""
-        if not (reduce and direct):
+        """One message of a phase; returns the receiver's last operation for it.  ``slotted``: a reduction
+        received into a scratch slot of its own and reduced in locally, so that the transfer need not wait
+        for the receiver's own part to be final."""
+        if not (reduce and slotted):
             return b.transfer(src, dst, ref, ref, reduce=reduce, step=step, channel=channel, after=after)[1]
         slot = Chunk("s", next_slot[dst], ref.count)
         next_slot[dst] += ref.count
@@ -817,6 +932,14 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     # 256 MiB: 90.8% of the bound with halving-doubling and no window, 60% with rings and no window,
     # 95.5% with rings and a window of 1: a windowed ring keeps its one link busy with the oldest slice).
     finished: dict[tuple[int, int, int], int] = {}  # (rank, phase, slice) -> its last operation there
+    # In waves, with few slices, a rank starts on a wave of the first phase only once it has the last one's
+    # sums: all at once, a later wave's first step shares the links with the earlier waves' later steps, and
+    # the level above waits (fattree-16-2to1 at 256 MiB, one slice: 70.6% / 77.4% of the bound without / with
+    # it, the all-gather's 77.4%; fattree-256-2to1, 4 slices: 97.5% / 98.8%); with many slices, the window above
+    # keeps the order, and this would only stall it (rail-8x8: 98.6% / 91.0%).
+    order = _waves(levels, phases, steps, spans, position, block, few) if waved else {}
+    waited = waved and few
+    wave_done: dict[tuple[int, int, int], int] = {}  # (rank, slice, wave) -> its last operation of the first phase
     for rnd in range(slices + len(phases) - 1):
         for f, (si, gather) in enumerate(phases):
             j = rnd - f
@@ -824,16 +947,26 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
                 continue
             s = levels[si]
             sub = spans[si] // s.size  # virtual blocks per part
-            direct = methods[si] == "direct"
-            for t, step in enumerate(steps[(si, gather)]):
-                for g in s.groups:
-                    base = block[g[0]] // spans[si] * spans[si]
-                    for i, k, a, e in step:
-                        gate = finished.get((g[i], f, j - window), -1) if window and f == 0 else -1
-                        channel = channels[(f, g[i], g[k])]
-                        for ref in refs(j, base + a * sub, base + e * sub):
-                            finished[g[k], f, j] = send(g[i], g[k], ref, not gather, direct, first_step[f] + t,
-                                                        channel, () if gate < 0 else (gate,))
+            waves = [order.get((f, g[0]), [None]) for g in s.groups]
+            for w in range(max(map(len, waves))):
+                for t, step in enumerate(steps[(si, gather)]):
+                    for g, wave in ((g, gw[w]) for g, gw in zip(s.groups, waves) if w < len(gw)):
+                        base = block[g[0]] // spans[si] * spans[si]
+                        for i, k, a, e in step:
+                            gate = finished.get((g[i], f, j - window), -1) if window and f == 0 else -1
+                            if waited and f == 0 and w and t == 0:
+                                gate = wave_done.get((g[i], j, w - 1), -1)
+                            channel = channels[(f, g[i], g[k])]
+                            if wave is None:
+                                parts = refs(j, base + a * sub, base + e * sub)
+                            else:
+                                parts = _piece_runs(buffer, [owner[v] for v in range(base + a * sub, base + e * sub)
+                                                             if v in wave], units, offsets[j], shape[j])
+                            for ref in parts:
+                                finished[g[k], f, j] = send(g[i], g[k], ref, not gather, slotted[f],
+                                                            first_step[f] + t, channel, () if gate < 0 else (gate,))
+                                if waited and f == 0:
+                                    wave_done[g[k], j, w] = finished[g[k], f, j]
     if collective == "reducescatter" and contiguous:
         # each rank's sums to the ranks whose blocks they are, on a channel of their own, once it has its last
         # slice's: one slice's sums all belong to a few ranks, and sent at once they would swamp those ranks'
