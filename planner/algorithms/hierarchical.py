@@ -510,6 +510,9 @@ def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: floa
 #: built and simulated in 12 s, where 32 slices in virtual order, 147k operations, took 20 s for 79.7%).
 #: Up to this many slices pipeline mostly in waves: their levels take methods for them, and no window.
 _WAVE_SLICES = 4
+#: An all-reduce that may run as a reduce-scatter in waves and an all-gather takes that where it comes this
+#: near the bound, without building the other (see :func:`_allreduce_layout`).
+_BLOCKS_GOOD = 0.97
 #: In waves a level above the first takes the method that pipelines them best unless the estimate times
 #: it this much slower than the fastest (latency: a 1 MiB collective's ring steps each wait out a path).
 _WAVE_SLACK = 1.25
@@ -674,6 +677,45 @@ def _waves(levels: Sequence[Stage], phases: Sequence[tuple[int, bool]],
     return out
 
 
+def _blocks_may_win(levels: Sequence[Stage], options: Options) -> bool:
+    """Whether an all-reduce may run faster with each rank's block whole, as a reduce-scatter in waves and an
+    all-gather, than in virtual-block order: where the message budget leaves its reduce-scatter half a few
+    slices of whole blocks (hundreds of ranks), and bandwidth rules."""
+    p = len(levels[0].groups) * levels[0].size
+    if (len(levels) < 2 or options.pipeline is not None or not options.extra.get("waves", True)
+            or options.size_bytes / p < _MIN_SLICE_BYTES):
+        return False
+    halves = [(si, False) for si in range(len(levels))]
+    spans = [p]
+    for s in levels[:-1]:
+        spans.append(spans[-1] // s.size)
+    # a slice of whole blocks sends one message per virtual block of a part, whatever the methods
+    steps = {phase: _ring_steps(levels[phase[0]].size, False) for phase in halves}
+    return 1 <= _budget_slices(levels, halves, steps, spans, False) <= _WAVE_SLICES
+
+
+def _allreduce_layout(topology: Topology, levels: list[Stage], options: Options) -> Schedule:
+    """The all-reduce with each rank's block whole where it comes within :data:`_BLOCKS_GOOD` of the bound,
+    else the faster of it and the all-reduce in virtual-block order, as simulated.
+
+    Neither wins everywhere (256 MiB, whole blocks / virtual order: fattree-256-2to1 98.7% / 91.0% of the
+    bound, rail-32x8 99.2% / 95.9%, fattree-128-4to1-pcie 98.4% / 96.9%; ibm-s822lc-48x4 92.2% / 98.9%),
+    and the estimates do not see the waves.
+    """
+    from planner.bounds import lower_bound
+    from planner.simulate import simulate, simulate_within
+
+    def build(layout: str) -> Schedule:
+        return _hierarchical(topology, "allreduce", options, levels, layout)
+
+    blocks = build("blocks")
+    taken = simulate(topology, blocks, options.size_bytes).time_s
+    if lower_bound(topology, "allreduce", options.size_bytes).time_s >= _BLOCKS_GOOD * taken:
+        return blocks
+    virtual = build("virtual")
+    return virtual if simulate_within(topology, virtual, options.size_bytes, taken) is not None else blocks
+
+
 # --------------------------------------------------------------------------- the schedule
 
 
@@ -690,8 +732,11 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     1 unless the first level is direct; all-reduce: 1 behind a ring, or
     halving-doubling on slices of 4 MiB or more; 0 turns it off);
     ``options.extra["layout"]`` (``virtual`` or ``blocks``) forces a
-    reduce-scatter's buffer order; ``options.extra["waves"]`` (default true)
-    lets a reduce-scatter of whole blocks reduce its lower levels in waves; ``options.extra["stage_method"]`` (``ring``,
+    reduce-scatter's or all-reduce's buffer order (an all-reduce of whole
+    blocks is a reduce-scatter in waves and an all-gather; by default only
+    where :func:`_blocks_may_win`, see :func:`_allreduce_layout`);
+    ``options.extra["waves"]`` (default true) lets a reduce-scatter of whole
+    blocks reduce its lower levels in waves; ``options.extra["stage_method"]`` (``ring``,
     ``halving-doubling`` or ``direct``) forces the method of every level whose
     size allows it.  An all-reduce whose direct last level splits unevenly
     (:func:`ownership`) records each virtual block's parts as ``ownership``.
@@ -706,6 +751,16 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     if p == 1:
         return single_rank(collective, 1, 1, "hierarchical", meta)
     levels = stages(topology)
+    if collective == "allreduce" and "layout" not in options.extra and _blocks_may_win(levels, options):
+        return _allreduce_layout(topology, levels, options)
+    return _hierarchical(topology, collective, options, levels, options.extra.get("layout"))
+
+
+def _hierarchical(topology: Topology, collective: str, options: Options, levels: list[Stage],
+                  layout: str | None) -> Schedule:
+    """:func:`hierarchical` on ``levels``, ``layout`` forced where not None (``virtual`` or ``blocks``)."""
+    p = topology.size
+    meta = options.as_dict()
     relay = relays(topology)  # a stage's pairs without a GPU-free route go through other GPUs
     meta["levels"] = [f"{s.level}:{s.size}" for s in levels]
 
@@ -768,7 +823,7 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     # without it (fattree-256-2to1 all-gather at 1 MiB, 37 on a spine link: 2.11x -> 1.65x of the bound
     # with a direct cross-leaf level, 6 s of CPU to time; an all-reduce keeps its slices and the cap).
     weighted = weights
-    layout = options.extra.get("layout") if collective == "reducescatter" else None
+    layout = layout if collective != "allgather" else None
     if layout not in (None, "virtual", "blocks"):
         raise NotApplicableError(f"hierarchical: unknown layout {layout!r} (use virtual or blocks)")
     # An all-reduce keeps its buffer in virtual-block order, so a part is one run of chunks; all-gather and
@@ -780,20 +835,20 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     # and one path latency, for slices (a 1024-GPU fat-tree at 256 MiB: one slice, 49.5% of the bound; in
     # virtual order, 16 slices, 92.2%; but at 1 MiB on 256 GPUs, where latency rules, 2.9x the bound where
     # whole blocks take 1.8x).
-    waved = collective == "reducescatter" and len(levels) > 1 and bool(options.extra.get("waves", True))
+    waved = collective != "allgather" and len(levels) > 1 and bool(options.extra.get("waves", True))
     # Few slices run in waves' own way (methods, no window, one wave at a time) only where bandwidth rules;
     # below, each wave's steps add their latency (rail-16x8 at 1 MiB, 4 slices: 51.1% of the bound so, 82.5%
     # without).
     bulk = options.size_bytes / p >= _MIN_SLICE_BYTES
     for sharing_cap in (_DIRECT_MAX_SHARING, math.inf):
-        contiguous = collective == "allreduce" or layout == "virtual"
+        contiguous = (collective == "allreduce" and layout != "blocks") or layout == "virtual"
         few = waved and bulk and options.pipeline is not None and options.pipeline <= _WAVE_SLICES
         while True:
             slices, raised = wanted(contiguous)
             in_waves = few and not contiguous
-            weights = weighted
+            weights = weighted if contiguous else None
             methods = stage_methods(topology, levels, options.size_bytes / slices, slices, force, weights,
-                                    fed=collective == "reducescatter" and not contiguous, spread=contiguous,
+                                    fed=collective != "allgather" and not contiguous, spread=contiguous,
                                     sharing_cap=sharing_cap, waved=in_waves)
             if methods[-1] != "direct":
                 weights = None
@@ -808,11 +863,11 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
             # dependent steps each wait out a latency before the next slice may start (two 8-GPU hosts at
             # 64 MiB, 1 MiB slices: 98.6% / 83.0%; 256 GPUs at 256 MiB, 16 MiB slices: 95.3% / 96.1%; 1024 at
             # 64 MiB, 8 MiB slices: 90.8% / 92.1%; 4096 at 256 MiB: 89.2% / 90.9%)
-            if collective == "allreduce":
+            if collective == "allreduce" and contiguous:
                 gated = methods[0] == "ring" or (methods[0] == "halving-doubling"
                                                  and options.size_bytes / slices >= _WINDOW_BYTES)
             else:
-                gated = collective == "reducescatter" and methods[0] != "direct"
+                gated = collective != "allgather" and methods[0] != "direct"
             window = int(options.extra.get("window", _WINDOW if gated else 0))
             if in_waves:
                 window = 0  # it needs slices to work on
@@ -823,7 +878,8 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
             if options.pipeline is None:
                 fit = _budget_slices(levels, phases, steps, spans, contiguous)
                 most = max(1, fit)
-                if waved and bulk and not contiguous and fit:
+                if waved and bulk and not contiguous and _budget_slices(levels, phases[:len(levels)], steps, spans,
+                                                                        False):
                     most = max(fit, _WAVE_SLICES)
                 # in waves a few slices of whole blocks pipeline the levels (fattree-256-2to1 at 256 MiB: four,
                 # 98.8% of the bound; 32 slices in virtual order, 79.7%)
@@ -864,6 +920,8 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     slices, units = len(shape), sum(shape)
     offsets = [sum(shape[:j]) for j in range(slices)]
     meta.update(pipeline=slices, slice_shape=":".join(map(str, shape)), methods=methods)
+    if collective == "allreduce" and not contiguous:
+        meta["layout"] = "blocks"
 
     # A direct reduce-scatter receives every peer's part into a scratch slot of its own and reduces it in
     # locally: reducing receives into one chunk would wait for each other, a path latency per peer.
@@ -937,7 +995,7 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     # the level above waits (fattree-16-2to1 at 256 MiB, one slice: 70.6% / 77.4% of the bound without / with
     # it, the all-gather's 77.4%; fattree-256-2to1, 4 slices: 97.5% / 98.8%); with many slices, the window above
     # keeps the order, and this would only stall it (rail-8x8: 98.6% / 91.0%).
-    order = _waves(levels, phases, steps, spans, position, block, few) if waved else {}
+    order = _waves(levels, phases[:len(levels)], steps, spans, position, block, few) if waved else {}
     waited = waved and few
     wave_done: dict[tuple[int, int, int], int] = {}  # (rank, slice, wave) -> its last operation of the first phase
     for rnd in range(slices + len(phases) - 1):

@@ -291,6 +291,43 @@ def test_reduce_scatter_in_waves_mirrors_the_all_gather() -> None:
     assert times[("reducescatter", True)] > 1.1 * times[("allgather", False)]
 
 
+@pytest.mark.parametrize("pipeline", [None, 1, 3])
+@pytest.mark.parametrize("topology", [cluster([4] * 3), cluster([2] * 4, racks=2)], ids=["hosts", "racks"])
+def test_all_reduce_of_whole_blocks_verifies(topology: Topology, pipeline: int | None) -> None:
+    """An all-reduce with each rank's block whole: a reduce-scatter in waves, then an all-gather, in place."""
+    for size in (1 << 20, 256 << 20):
+        schedule = hierarchical(topology, "allreduce", Options(size_bytes=size, pipeline=pipeline,
+                                                               extra={"layout": "blocks"}))
+        assert schedule.metadata.options["layout"] == "blocks"
+        check_schedule(topology, schedule, "allreduce", "hierarchical")
+        assert simulate(topology, schedule, size).time_s >= lower_bound(topology, "allreduce", size).time_s * (
+            1 - 1e-9)
+
+
+def test_all_reduce_takes_whole_blocks_where_they_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #11: on 128 GPUs at 256 MiB the all-reduce of whole blocks (a reduce-scatter in waves and an
+    all-gather) comes within 97% of the bound and is taken unbuilt the other way (98.4%; virtual order:
+    97.9%); asked to compare, hierarchical keeps the faster as simulated; on 32 GPUs it is not tried."""
+    from planner.algorithms import hierarchical as module
+    from planner.fabrics import rail_optimized
+
+    size = 256 << 20
+    topology = rail_optimized(16).topology()
+    times = {}
+    for layout in ("blocks", "virtual"):
+        built = hierarchical(topology, "allreduce", Options(size_bytes=size, extra={"layout": layout}))
+        times[layout] = simulate(topology, built, size).time_s
+    bound = lower_bound(topology, "allreduce", size).time_s
+    assert bound >= 0.97 * times["blocks"]
+    chosen = hierarchical(topology, "allreduce", Options(size_bytes=size))
+    assert chosen.metadata.options["layout"] == "blocks"
+    monkeypatch.setattr(module, "_BLOCKS_GOOD", 1.01)  # never near enough: both built, the faster kept
+    chosen = hierarchical(topology, "allreduce", Options(size_bytes=size))
+    assert simulate(topology, chosen, size).time_s == pytest.approx(min(times.values()))
+    small = rail_optimized(4).topology()
+    assert "layout" not in hierarchical(small, "allreduce", Options(size_bytes=size)).metadata.options
+
+
 def test_reduce_scatter_reaches_the_target_across_rails() -> None:
     """Issue #11: on 4 DGX A100 hosts the reduce-scatter's cross-host level runs direct (the windowed pipeline
     feeds it a slice at a time) and the slices ramp up slowly: 97.5% of the bound at 256 MiB (95.6% before,
