@@ -677,11 +677,13 @@ def _waves(levels: Sequence[Stage], phases: Sequence[tuple[int, bool]],
     return out
 
 
-def _blocks_may_win(levels: Sequence[Stage], options: Options) -> bool:
+def _blocks_may_win(topology: Topology, levels: Sequence[Stage], options: Options) -> bool:
     """Whether an all-reduce may run faster with each rank's block whole, as a reduce-scatter in waves and an
     all-gather, than in virtual-block order: where the message budget leaves its reduce-scatter half a few
-    slices of whole blocks (hundreds of ranks), and bandwidth rules."""
-    p = len(levels[0].groups) * levels[0].size
+    slices of whole blocks (hundreds of ranks), bandwidth rules, and the levels between the first and the
+    last run direct in waves, so that the waves stay fine (ibm-s822lc-48x4, halving-doubling among 16 hosts
+    of a rack: 92.2% of the bound in whole blocks, 98.9% in virtual order)."""
+    p = topology.size
     if (len(levels) < 2 or options.pipeline is not None or not options.extra.get("waves", True)
             or options.size_bytes / p < _MIN_SLICE_BYTES):
         return False
@@ -691,7 +693,11 @@ def _blocks_may_win(levels: Sequence[Stage], options: Options) -> bool:
         spans.append(spans[-1] // s.size)
     # a slice of whole blocks sends one message per virtual block of a part, whatever the methods
     steps = {phase: _ring_steps(levels[phase[0]].size, False) for phase in halves}
-    return 1 <= _budget_slices(levels, halves, steps, spans, False) <= _WAVE_SLICES
+    if not 1 <= _budget_slices(levels, halves, steps, spans, False) <= _WAVE_SLICES:
+        return False
+    methods = stage_methods(topology, levels, options.size_bytes / _WAVE_SLICES, _WAVE_SLICES, fed=True,
+                            waved=True)
+    return all(m == "direct" or s.size == 2 for s, m in zip(levels[1:-1], methods[1:-1]))
 
 
 def _allreduce_layout(topology: Topology, levels: list[Stage], options: Options) -> Schedule:
@@ -751,7 +757,7 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     if p == 1:
         return single_rank(collective, 1, 1, "hierarchical", meta)
     levels = stages(topology)
-    if collective == "allreduce" and "layout" not in options.extra and _blocks_may_win(levels, options):
+    if collective == "allreduce" and "layout" not in options.extra and _blocks_may_win(topology, levels, options):
         return _allreduce_layout(topology, levels, options)
     return _hierarchical(topology, collective, options, levels, options.extra.get("layout"))
 
