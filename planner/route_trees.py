@@ -46,6 +46,10 @@ class Search:
     first: MutableMapping[int, int]
     extra: dict[int, list[int]]
 
+    def frozen_extra(self) -> dict[int, tuple[int, ...]]:
+        """:attr:`extra` with each device's further parents as a tuple, to keep."""
+        return {k: tuple(v) for k, v in self.extra.items()}
+
 
 class _Costs(dict[int, float]):
     """Costs of the devices a local search reached; inf for the others."""
@@ -89,7 +93,7 @@ def search(adjacency: Adjacency, blocked: bytearray, start: int, *, local: bool 
 def route_tree(found: Search, rank_device: Sequence[int]) -> RouteTree:
     """A full search from a rank, kept compactly: about 5 bytes per device."""
     dist = found.dist
-    return RouteTree(array("i", found.first), {k: tuple(v) for k, v in found.extra.items()},
+    return RouteTree(array("i", found.first), found.frozen_extra(),
                      array("d", [dist[i] for i in rank_device]))
 
 
@@ -113,7 +117,7 @@ class _Hub:
         self.device = device
         self.dist = array("d", found.dist)
         self.first = array("i", found.first)
-        self.extra = {k: tuple(v) for k, v in found.extra.items()}
+        self.extra = found.frozen_extra()
 
 
 class SharedTree:

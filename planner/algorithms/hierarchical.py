@@ -448,8 +448,9 @@ def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: floa
     it once, does not see (rail-8x8 at 256 MiB, cross-host ring / direct:
     96.4% / 98.3% of the bound; the estimate times direct 1% faster).
     ``spread``: an all-reduce (see :func:`_spread_shares`).  ``waved``: a
-    reduce-scatter of few slices in waves (see :func:`_waves`), whose levels
-    take the methods that pipeline waves, where the estimate allows.
+    reduce-scatter (or an all-reduce's first half) of few slices in waves (see
+    :func:`_waves`), whose levels take the methods that pipeline waves, where
+    the estimate allows.
     """
     out: list[str] = []
     part = slice_bytes
@@ -677,6 +678,14 @@ def _waves(levels: Sequence[Stage], phases: Sequence[tuple[int, bool]],
     return out
 
 
+def _spans(levels: Sequence[Stage], p: int) -> list[int]:
+    """The virtual blocks one group of each level covers."""
+    spans = [p]
+    for s in levels[:-1]:
+        spans.append(spans[-1] // s.size)
+    return spans
+
+
 def _blocks_may_win(topology: Topology, levels: Sequence[Stage], options: Options) -> bool:
     """Whether an all-reduce may run faster with each rank's block whole, as a reduce-scatter in waves and an
     all-gather, than in virtual-block order: where the message budget leaves its reduce-scatter half a few
@@ -688,9 +697,7 @@ def _blocks_may_win(topology: Topology, levels: Sequence[Stage], options: Option
             or options.size_bytes / p < _MIN_SLICE_BYTES):
         return False
     halves = [(si, False) for si in range(len(levels))]
-    spans = [p]
-    for s in levels[:-1]:
-        spans.append(spans[-1] // s.size)
+    spans = _spans(levels, p)
     # a slice of whole blocks sends one message per virtual block of a part, whatever the methods
     steps = {phase: _ring_steps(levels[phase[0]].size, False) for phase in halves}
     if not 1 <= _budget_slices(levels, halves, steps, spans, False) <= _WAVE_SLICES:
@@ -752,10 +759,8 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
         raise NotApplicableError(
             f"hierarchical does not implement {collective} (it builds allreduce, reducescatter, allgather)"
         )
-    p = topology.size
-    meta = options.as_dict()
-    if p == 1:
-        return single_rank(collective, 1, 1, "hierarchical", meta)
+    if topology.size == 1:
+        return single_rank(collective, 1, 1, "hierarchical", options.as_dict())
     levels = stages(topology)
     if collective == "allreduce" and "layout" not in options.extra and _blocks_may_win(topology, levels, options):
         return _allreduce_layout(topology, levels, options)
@@ -810,11 +815,7 @@ def _hierarchical(topology: Topology, collective: str, options: Options, levels:
         raise NotApplicableError(f"hierarchical: unknown stage_method {force!r} (use {', '.join(_METHODS)})")
     # all-reduce may let the ranks of fast hosts reduce more of the last level (where that runs direct)
     weights = ownership(topology, levels[-1], len(levels) - 1) if collective == "allreduce" else None
-    spans = []  # virtual blocks covered by one group of each level
-    span = p
-    for s in levels:
-        spans.append(span)
-        span //= s.size
+    spans = _spans(levels, p)
 
     # phases in pipeline order: reduce-scatter up the levels, all-gather back down
     phases: list[tuple[int, bool]] = []
