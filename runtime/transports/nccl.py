@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -58,7 +59,7 @@ from runtime.errors import CommunicatorError
 from runtime.transports import PeerFailure, PeerTimeout
 from runtime.transports.torch_ops import TORCH_DTYPES, TorchOps
 
-__all__ = ["NCCL_TYPES", "NCCLTransport"]
+__all__ = ["NCCL_TYPES", "P2P_TUNING", "NCCLTransport"]
 
 #: ``ncclDataType_t`` values (NCCL's stable ABI) by the runtime's dtype names; messages move as ncclUint8.
 NCCL_TYPES = {"int8": 0, "uint8": 1, "int32": 2, "int64": 4, "float16": 6, "float32": 7, "float64": 8,
@@ -66,6 +67,10 @@ NCCL_TYPES = {"int8": 0, "uint8": 1, "int32": 2, "int64": 4, "float16": 6, "floa
 #: ``ncclRedOp_t`` values, for the native collectives the benchmarks compare with.
 _NCCL_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
 _UINT8 = NCCL_TYPES["uint8"]
+#: NCCL's point-to-point tuning over the network, set unless the user set it (or ``TOPOCC_NCCL_TUNE=0``): a
+#: replay moves everything as sends and receives, which NCCL gives fewer channels per peer than its own
+#: collectives (the usual advice for send/recv over sockets and RoCE: 4 channels per net peer, larger chunks)
+P2P_TUNING = {"NCCL_NCHANNELS_PER_NET_PEER": "4", "NCCL_P2P_NET_CHUNKSIZE": str(512 << 10)}
 #: bytes of an NCCL unique id (``NCCL_UNIQUE_ID_BYTES``)
 _UNIQUE_ID_BYTES = 128
 #: the watchdog polls the oldest pending group this often, and NCCL's asynchronous error this often
@@ -151,6 +156,9 @@ class NCCLTransport:
         self.timeout = float(timeout)
         self.array_ops = TorchOps(self.device)
         self._nccl = nccl
+        if os.environ.get("TOPOCC_NCCL_TUNE", "1") != "0":
+            for key, value in P2P_TUNING.items():  # NCCL reads them when its first communicator starts
+                os.environ.setdefault(key, value)
         mine = list(nccl.get_unique_id()) if self.rank == 0 else [0] * _UNIQUE_ID_BYTES
         rows = control.allgather_ints(mine, self.timeout)
         if rows is None:
@@ -178,7 +186,12 @@ class NCCLTransport:
         def init() -> None:
             try:
                 with torch.cuda.device(self.device):
-                    made["comm"] = self._nccl.NcclCommunicator(self.size, unique_id, self.rank)
+                    try:  # CuPy 14 takes the id as bytes, earlier versions as a tuple of C chars
+                        made["comm"] = self._nccl.NcclCommunicator(self.size, bytes(v & 0xFF for v in unique_id),
+                                                                   self.rank)
+                    except TypeError:
+                        made["comm"] = self._nccl.NcclCommunicator(
+                            self.size, tuple(v - 256 if v > 127 else v for v in unique_id), self.rank)
             except Exception as exc:  # reported by the constructing thread
                 made["error"] = exc
 

@@ -3,8 +3,9 @@
 ``python nccl_check.py run MODE WORLD [ARGS]`` starts WORLD copies of this script (``... rank R WORLD STORE
 MODE [ARGS]``), all on the current GPU, each with its own ``NCCL_HOSTID`` (NCCL then treats them as hosts
 and connects them through sockets), their control plane a ``torch.distributed.FileStore`` (no ``mpiexec``);
-it prints the verdict and exits non-zero on any problem.  ``python nccl_check.py suite`` runs every case of
-:data:`SUITE`: tests/runtime/test_nccl.py runs the same cases under pytest, benchmarks/gpu_check.sh without.
+it prints the verdict and exits non-zero on any problem.  ``python nccl_check.py suite [--jobs N]`` runs every
+case of :data:`SUITE` (N at a time): tests/runtime/test_nccl.py runs the same cases under pytest,
+benchmarks/gpu_check.sh without.
 
 Modes:
 
@@ -22,6 +23,7 @@ Rank 0 prints one ``RESULT {json}`` line.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import importlib.util
 import json
@@ -34,6 +36,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 #: the failure modes' communicator timeout
 FAIL_TIMEOUT_S = 3.0
 _DTYPES = "float32,bfloat16,float16,int32"
@@ -267,17 +271,27 @@ def main(argv: list[str]) -> int:
             os.write(2, f"topocc: {err.one_line()}\n".encode())
             return err.exit_code
     if argv[0] in ("run", "suite"):
+        jobs = 1
+        if argv[0] == "suite" and len(argv) == 3 and argv[1] == "--jobs":
+            jobs = max(1, int(argv[2]))
         cases = [(argv[1], int(argv[2]), tuple(argv[3:]))] if argv[0] == "run" else list(SUITE)
-        failed = 0
-        for mode, world, args in cases:
+        limit = float(os.environ.get("TOPOCC_CHECK_LIMIT_S", 300))
+
+        def one(case: tuple[str, int, tuple[str, ...]]) -> bool:
+            mode, world, args = case
             start = time.monotonic()
-            problems = verdict(mode, launch(mode, world, *args))
-            status = "ok" if not problems else "FAILED"
-            print(f"nccl {mode} on {world} ranks {' '.join(args)}: {status} ({time.monotonic() - start:.0f} s)",
-                  flush=True)
-            for p in problems:
-                print(f"  {p}", flush=True)
-            failed += bool(problems)
+            problems = verdict(mode, launch(mode, world, *args, limit=limit))
+            lines = [f"nccl {mode} on {world} ranks {' '.join(args)}: {'FAILED' if problems else 'ok'} "
+                     f"({time.monotonic() - start:.0f} s)", *(f"  {p}" for p in problems)]
+            print("\n".join(lines), flush=True)
+            return bool(problems)
+
+        # cases may run at once (each rank has its own NCCL host id and ports), except those that kill a
+        # rank: under MPS a fault of one process reaches every process on the GPU, so they run last, alone
+        killing = [c for c in cases if c[0] in ("hang", "die")]
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            failed = sum(pool.map(one, [c for c in cases if c not in killing]))
+        failed += sum(map(one, killing))
         return 1 if failed else 0
     print(__doc__, file=sys.stderr)
     return 2
