@@ -551,11 +551,13 @@ class Binding:
     """Views of one set of buffers and the persistent requests on them (made once, started every call).
 
     ``tags`` replaces the program's message tags (a group transport names messages by operation index);
-    with ``skip_empty``, messages of no elements get no request (both ends know the sizes).
+    with ``skip_empty``, messages of no elements get no request (both ends know the sizes).  Without
+    ``requests`` no request is made: ``buffers[k]`` is what message ``k`` moves, for a caller that posts
+    messages of its own (the lowered replay's bundles).
     """
 
     def __init__(self, program: Program, transport: Transport | GroupTransport, buffers: Mapping[str, Any], *,
-                 tags: Sequence[int] | None = None, skip_empty: bool = False) -> None:
+                 tags: Sequence[int] | None = None, skip_empty: bool = False, requests: bool = True) -> None:
         self.transport = transport
         tags = program.tags if tags is None else tags
 
@@ -566,6 +568,7 @@ class Binding:
             if buffers.get(name) is None:
                 raise CommunicatorError(f"the schedule uses buffer {name!r} but none was given")
         self.requests: dict[int, Any] = {}
+        self.buffers: dict[int, Any] = {}
         self.local: dict[int, list[tuple[Any, Any]]] = {}
         self.packs: dict[int, list[tuple[Any, Any]]] = {}
         self.unpacks: dict[int, list[tuple[Any, Any]]] = {}
@@ -587,20 +590,22 @@ class Binding:
                 else:
                     buf = stage
                     self.packs[k] = [(stage[b[1]:b[1] + b[2]], view(a)) for a, b in pair_pieces(src, staged)]
-                self.requests[k] = transport.send_init(buf, peer, tag)
             elif kind == RECV:
                 if stage is None:
                     buf = view(dst[0]) if dst else program.ops.empty(0, program.dtype)
                 else:
                     buf = stage
                     self.unpacks[k] = [(view(a), stage[b[1]:b[1] + b[2]]) for a, b in pair_pieces(dst, staged)]
-                self.requests[k] = transport.recv_init(buf, peer, tag)
             else:
                 assert stage is not None
                 left = src if src else dst
                 self.folds[k] = [(view(d), view(a), stage[s[1]:s[1] + s[2]])
                                  for d, a, s in pair_pieces(dst, left, staged)]
-                self.requests[k] = transport.recv_init(stage, peer, tag)
+                buf = stage
+            self.buffers[k] = buf
+            if requests:
+                init = transport.send_init if kind == SEND else transport.recv_init
+                self.requests[k] = init(buf, peer, tag)
 
     def free(self) -> None:
         self.transport.free(list(self.requests.values()))

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.errors import CommunicatorError
-from runtime.executor import REDUCE, Binding, Program
+from runtime.executor import REDUCE, SEND, Binding, Program
 from runtime.lowering import RankLowering
 from runtime.transports import GroupTransport, PeerFailure, PeerTimeout
 
-__all__ = ["GroupBinding", "GroupProgram", "Work"]
+__all__ = ["Bundles", "GroupBinding", "GroupProgram", "Work", "bundle"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,28 +41,112 @@ class _Step:
     local: tuple[tuple[bool, tuple[tuple[Any, Any], ...]], ...]  # (is a reduction, [(dst, src), ...]) in order
 
 
-class GroupBinding:
-    """One set of buffers bound to a lowered program: views and persistent messages, group by group."""
+@dataclass(frozen=True, slots=True)
+class Bundles:
+    """A rank's messages joined per group, peer and direction, and the buffer each bundle moves.
 
-    def __init__(self, program: Program, lowering: RankLowering, transport: GroupTransport,
-                 buffers: Mapping[str, Any]) -> None:
+    Both ends of a message sit in groups of the same round (:mod:`runtime.lowering`) and a rank issues a
+    pair's messages in the schedule's (channel, sequence) order, so the sends of a rank to a peer in one
+    group are exactly the receives the peer posts from it in its group of that round, in the same order:
+    each end joins them into one message of the same length on its own.  NCCL's cost is per message and
+    group (a handshake through its proxy), not per byte, so a pipelined schedule's many chunks of one step
+    then cost one message, not one each.
+
+    A bundle of several messages moves the pieces it covers where they lie end to end in one buffer
+    unstaged (``spans``: a pipelined step's chunks of a block), else a staging buffer of its own
+    (``shared``), of which each message's staging is a slice (packed before the group, unpacked or
+    folded after it).  Both are made once per program, so every binding, and every call in flight on
+    the stream, uses the same staging, as with the program's own.
+    """
+
+    groups: tuple[tuple[tuple[int, ...], ...], ...]  # per group, its bundles (operation indices, issue order)
+    spans: Mapping[int, tuple[str, int, int]]  # by first operation: (buffer, element offset, element count)
+    shared: Mapping[int, Any]  # by first operation: the bundle's staging buffer
+
+
+def bundle(program: Program, lowering: RankLowering) -> Bundles:
+    """Join ``program``'s messages as :class:`Bundles` says; gives their operations staging where needed.
+
+    Empty messages are left out (both ends know the sizes).  The staging of a message in a shared
+    bundle becomes a slice of the bundle's buffer (``program.staging``).
+    """
+    groups = []
+    spans: dict[int, tuple[str, int, int]] = {}
+    shared: dict[int, Any] = {}
+    for group in lowering.groups:
+        by: dict[tuple[Any, bool], list[int]] = {}
+        for k in group.p2p:
+            if program.msg_len[k]:
+                by.setdefault((program.peers[k], program.kinds[k] == SEND), []).append(k)
+        groups.append(tuple(tuple(ks) for ks in by.values()))
+        for ks in by.values():
+            if len(ks) < 2:
+                continue
+            span = _span(program, ks)
+            if span is not None:
+                spans[ks[0]] = span
+                continue
+            buf = shared[ks[0]] = program.ops.empty(sum(program.msg_len[k] for k in ks), program.dtype)
+            at = 0
+            for k in ks:
+                program.staging[k] = buf[at:at + program.msg_len[k]]
+                at += program.msg_len[k]
+    return Bundles(tuple(groups), spans, shared)
+
+
+def _span(program: Program, ks: list[int]) -> tuple[str, int, int] | None:
+    """(buffer, offset, count) where messages ``ks`` lie end to end in one buffer unstaged, else None."""
+    name, start, end = None, 0, 0
+    for k in ks:
+        if k in program.staging:
+            return None
+        pieces = program.src_pieces[k] if program.kinds[k] == SEND else program.dst_pieces[k]
+        (buf, off, count), = pieces  # unstaged: one contiguous piece
+        if name is None:
+            name, start, end = buf, off, off + count
+        elif buf != name or off != end:
+            return None
+        else:
+            end += count
+    assert name is not None
+    return name, start, end - start
+
+
+class GroupBinding:
+    """One set of buffers bound to a lowered program: views and one persistent message per bundle, by group."""
+
+    def __init__(self, grouped: GroupProgram, transport: GroupTransport, buffers: Mapping[str, Any]) -> None:
+        program, lowering, bundles = grouped.program, grouped.lowering, grouped.bundles
         self.transport = transport
-        # the messages are named by operation index; empty ones are not posted at either end
-        self._base = base = Binding(program, transport, buffers, tags=range(program.n), skip_empty=True)
+        self._base = base = Binding(program, transport, buffers, skip_empty=True, requests=False)
         steps = []
-        for group in lowering.groups:
-            posted = group.p2p
+        messages: list[Any] = []
+        for group, posted in zip(lowering.groups, bundles.groups):
+            mine = []
+            for ks in posted:
+                k = ks[0]
+                if k in bundles.spans:
+                    name, off, count = bundles.spans[k]
+                    buf = buffers[name][off:off + count]
+                else:
+                    buf = bundles.shared.get(k, base.buffers[k])
+                init = transport.send_init if program.kinds[k] == SEND else transport.recv_init
+                mine.append(init(buf, program.peers[k], k))  # named by its first operation
+            messages += mine
+            p2p = group.p2p
             steps.append(_Step(
-                packs=tuple(p for k in posted for p in base.packs.get(k, ())),
-                messages=tuple(base.requests[k] for k in posted if k in base.requests),
-                unpacks=tuple(u for k in posted for u in base.unpacks.get(k, ())),
-                folds=tuple(f for k in posted for f in base.folds.get(k, ())),
+                packs=tuple(p for k in p2p for p in base.packs.get(k, ())),
+                messages=tuple(mine),
+                unpacks=tuple(u for k in p2p for u in base.unpacks.get(k, ())),
+                folds=tuple(f for k in p2p for f in base.folds.get(k, ())),
                 local=tuple((program.kinds[k] == REDUCE, tuple(base.local[k])) for k in group.local),
             ))
         self.steps = tuple(steps)
+        self._messages = messages
 
     def free(self) -> None:
-        self._base.free()
+        self.transport.free(self._messages)
+        self._messages = []
 
 
 class GroupProgram:
@@ -77,6 +161,7 @@ class GroupProgram:
     def __init__(self, program: Program, lowering: RankLowering) -> None:
         self.program = program
         self.lowering = lowering
+        self.bundles = bundle(program, lowering)
         self.schedule = program.schedule
         self.dtype = program.dtype
         self.writes = program.writes
@@ -88,7 +173,7 @@ class GroupProgram:
     def bind(self, transport: GroupTransport, buffers: Mapping[str, Any]) -> GroupBinding:
         """Views and persistent messages for these buffers, cached as the program caches its bindings."""
         binding: GroupBinding = self.program.bind(
-            transport, buffers, make=lambda program, t, full: GroupBinding(program, self.lowering, t, full))
+            transport, buffers, make=lambda _, t, full: GroupBinding(self, t, full))
         return binding
 
     def free(self) -> None:
