@@ -21,14 +21,18 @@ Before launching, the schedule and its lowering at every size are proved (``plan
 ``--backend gloo`` runs the same on CPU tensors (the dataflow replay over gloo against gloo's all-reduce):
 that is how the tests exercise this script without a GPU.  ``--probe`` first times one group of sends and
 receives through CuPy's NCCL bindings and through ``torch.distributed.batch_isend_irecv``, the measurement
-behind the transport's choice of library.
+behind the transport's choice of library.  ``--profile`` times one more call per size with an event
+around every NCCL group and prints where it went: the host's enqueueing, the time inside groups (waiting
+for peers and moving data) and between them (the reductions and copies), and the slowest groups.
 
     python benchmarks/gpu_bench.py [--configs plain emu-uniform emu-racks] [--sizes 1 16 64 256] [--probe]
+                                   [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -77,6 +81,7 @@ class Row:
     predicted_s: float | None
     max_error: float
     iters: int
+    profile: dict[str, Any] | None = None
 
     @property
     def ratio(self) -> float:
@@ -97,6 +102,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--group-bytes", type=int, default=None, help="bytes per stream and group (the lowering's)")
     p.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
     p.add_argument("--probe", action="store_true", help="first time one NCCL group via CuPy and via torch")
+    p.add_argument("--profile", action="store_true",
+                   help="time one more call group by group on the GPU (NCCL): where the time goes")
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args(argv)
     if args.ranks < 2 or any(s < 1 for s in args.sizes) or not args.scale > 0 or args.max_iters < 1:
@@ -139,9 +146,10 @@ def predicted(topology: Any, schedule: Any, size: int, scale: float) -> float:
 
 
 def rank_command(rank: int, world: int, store: str, backend: str, schedule: str, sizes: Sequence[int],
-                 budget: float, max_iters: int, group_bytes: int, probe: bool) -> list[str]:
+                 budget: float, max_iters: int, group_bytes: int, probe: bool, profile: bool = False) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), "rank", str(rank), str(world), store, backend, schedule,
-            ",".join(map(str, sizes)), str(budget), str(max_iters), str(group_bytes), "probe" if probe else "-"]
+            ",".join(map(str, sizes)), str(budget), str(max_iters), str(group_bytes), "probe" if probe else "-",
+            "profile" if profile else "-"]
 
 
 def rank_env(rank: int, interface: str | None) -> dict[str, str]:
@@ -190,7 +198,7 @@ def run_config(config: str, args: argparse.Namespace) -> list[Row]:
 
         def command(rank: int) -> list[str]:
             return rank_command(rank, world, store, args.backend, path, sizes, args.budget, args.max_iters,
-                                group_bytes, args.probe and config == "plain")
+                                group_bytes, args.probe and config == "plain", args.profile)
 
         limit = 120.0 + len(sizes) * (4 * args.budget + 6 * TIMEOUT_S / 4)
         if emulated:
@@ -204,7 +212,7 @@ def run_config(config: str, args: argparse.Namespace) -> list[Row]:
         print(format_probe(report["probe"]), flush=True)
     return [Row(config, m["size"], schedule.metadata.algorithm, groups[m["size"]], m["time_s"], m["native_s"],
                 predicted(topology, schedule, m["size"], args.scale) if emulated else None, m["max_error"],
-                m["iters"]) for m in report["rows"]]
+                m["iters"], m.get("profile")) for m in report["rows"]]
 
 
 def format_table(rows: Sequence[Row], title: str) -> str:
@@ -219,7 +227,19 @@ def format_table(rows: Sequence[Row], title: str) -> str:
             pred = f"{'n/a':>13} {'':>7}"
         lines.append(f" {r.size // MIB:>5} MiB {r.algorithm:>13} {r.groups:>6} | {r.time_s * 1e3:11.1f} "
                      f"{r.native_s * 1e3:10.1f} {r.ratio:6.2f} | {pred} | {r.max_error:9.2g} {r.iters:>5}")
+    lines += [format_profile(r) for r in rows if r.profile]
     return "\n".join(lines)
+
+
+def format_profile(row: Row) -> str:
+    """Where one call's time went (rank 0's stream; host figures are the slowest rank's)."""
+    p = row.profile or {}
+    if "error" in p:
+        return f"#   profile {row.size // MIB} MiB: {p['error']}"
+    slowest = ", ".join(f"#{i} {ms:.1f} ms (peers {peers}, {size >> 10} KiB)" for i, ms, peers, size in p["slowest"])
+    return (f"#   profile {row.size // MIB} MiB: host enqueue {p['enqueue_ms']:.1f} ms, call {p['wall_ms']:.1f} ms; "
+            f"GPU {p['gpu_ms']:.1f} ms = {p['groups']} groups {p['in_groups_ms']:.1f} ms + between them "
+            f"{p['between_ms']:.1f} ms; slowest groups: {slowest}")
 
 
 def format_probe(probe: Sequence[dict[str, Any]]) -> str:
@@ -271,6 +291,7 @@ def rank_main(argv: Sequence[str]) -> int:
     rank, world, store_path, backend, schedule = int(argv[0]), int(argv[1]), argv[2], argv[3], argv[4]
     sizes = [int(s) for s in argv[5].split(",")]
     budget, max_iters, group_bytes, probe = float(argv[6]), int(argv[7]), int(argv[8]), argv[9] == "probe"
+    profile = argv[10] == "profile" and backend == "nccl"
     store = dist.FileStore(store_path, world)
     try:
         if backend == "nccl":
@@ -288,7 +309,7 @@ def rank_main(argv: Sequence[str]) -> int:
                                     timeout=timedelta(seconds=4 * TIMEOUT_S))
             transport, device = GlooTransport(timeout=TIMEOUT_S), torch.device("cpu")
         comm = Communicator(schedule, transport=transport, timeout=TIMEOUT_S, group_bytes=group_bytes)
-        report: dict[str, Any] = {"rows": [_measure(comm, transport, device, size, budget, max_iters)
+        report: dict[str, Any] = {"rows": [_measure(comm, transport, device, size, budget, max_iters, profile)
                                            for size in sizes]}
         if probe and backend == "nccl":
             report["probe"] = _probe(transport, store, rank, world, device)
@@ -301,7 +322,8 @@ def rank_main(argv: Sequence[str]) -> int:
     return 0
 
 
-def _measure(comm: Any, transport: Any, device: Any, size: int, budget: float, max_iters: int) -> dict[str, Any]:
+def _measure(comm: Any, transport: Any, device: Any, size: int, budget: float, max_iters: int,
+             profile: bool = False) -> dict[str, Any]:
     import torch
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -334,7 +356,36 @@ def _measure(comm: Any, transport: Any, device: Any, size: int, budget: float, m
     first = (timed(ours, 1), timed(native, 1))
     iters = max(1, min(max_iters, int(budget / max(first))))  # every rank computes it from the same maxima
     mine, theirs = first if iters == 1 else (timed(ours, iters), timed(native, iters))
-    return {"size": size, "time_s": mine, "native_s": theirs, "max_error": error, "iters": iters}
+    row = {"size": size, "time_s": mine, "native_s": theirs, "max_error": error, "iters": iters}
+    if profile:
+        buf.copy_(x)
+        row["profile"] = _profile(comm, transport, buf)
+    return row
+
+
+def _profile(comm: Any, transport: Any, buf: Any) -> dict[str, Any]:
+    """One more call with an event around every NCCL group: host enqueue time, time in and between groups."""
+    import torch
+
+    torch.cuda.synchronize()
+    transport.barrier(TIMEOUT_S)
+    transport.group_events = []
+    start = time.perf_counter()
+    comm.allreduce(buf)
+    enqueue = time.perf_counter() - start
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    events, transport.group_events = transport.group_events, None
+    enqueue_ms, wall_ms = transport.max_float(enqueue * 1e3), transport.max_float(wall * 1e3)
+    if not events:
+        return {"error": "no NCCL groups were posted"}
+    inside = [before.elapsed_time(after) for before, after, _ in events]
+    between = [a[1].elapsed_time(b[0]) for a, b in itertools.pairwise(events)]
+    slowest = sorted(range(len(inside)), key=lambda i: -inside[i])[:5]
+    return {"enqueue_ms": enqueue_ms, "wall_ms": wall_ms, "gpu_ms": events[0][0].elapsed_time(events[-1][1]),
+            "groups": len(events), "in_groups_ms": sum(inside), "between_ms": sum(between),
+            "slowest": [(i, inside[i], sorted({m.peer for m in events[i][2]}),
+                         sum(m.nbytes for m in events[i][2])) for i in slowest]}
 
 
 #: groups per probe measurement

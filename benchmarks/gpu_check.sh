@@ -19,8 +19,9 @@
 # ranks' processes and every NCCL kernel that waits for a peer holds the GPU for a slice (one group of
 # sends and receives took 2.25 ms without MPS, 86 us with it, on the H100 machine), which no cluster of
 # one GPU per rank has.  Steps (about 4 minutes on an H100 machine):
-#   1. benchmarks/gpu_bench.py --probe: CuPy's NCCL vs torch's batch_isend_irecv per group, then
-#      topocc vs NCCL all-reduce at 1, 16, 64, 256 MiB: plain (4 ranks, loopback), emu-uniform, emu-racks;
+#   1. benchmarks/gpu_bench.py --probe --profile: CuPy's NCCL vs torch's batch_isend_irecv per group, then
+#      topocc vs NCCL all-reduce at 1, 16, 64, 256 MiB: plain (4 ranks, loopback), emu-uniform, emu-racks,
+#      each size with where one call's time went (enqueueing, inside and between NCCL groups);
 #   2. tests/runtime/mpi_scripts/nccl_check.py suite --jobs 3: every collective x float32/bfloat16/float16/
 #      int32 x every op on 2, 3 and 4 ranks sharing the GPU (odd sizes, smallest and default groups),
 #      async_op, NCCL's own allreduce on the same data, the planner's algorithms, the DDP hook against
@@ -71,7 +72,7 @@ status=0
 echo "== 1. benchmark (benchmarks/gpu_bench.py)"
 start=$(date +%s)
 # shellcheck disable=SC2086
-timeout 420 "$PY" benchmarks/gpu_bench.py --probe --json "${OUT:-/tmp}/gpu_bench.json" ${GPU_BENCH_ARGS:-} || status=1
+timeout 420 "$PY" benchmarks/gpu_bench.py --probe --profile --json "${OUT:-/tmp}/gpu_bench.json" ${GPU_BENCH_ARGS:-} || status=1
 echo "(benchmark: $(( $(date +%s) - start )) s; rows in ${OUT:-/tmp}/gpu_bench.json)"
 echo "== 2. correctness (tests/runtime/mpi_scripts/nccl_check.py suite --jobs 3)"
 start=$(date +%s)

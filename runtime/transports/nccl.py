@@ -176,6 +176,8 @@ class NCCLTransport:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = False
+        #: a list to profile groups: each appends (event before, event after, its messages)
+        self.group_events: list[tuple[Any, Any, tuple[_Message, ...]]] | None = None
         self._watchdog = threading.Thread(target=self._watch_groups, name="topocc-nccl-watchdog", daemon=True)
         self._watchdog.start()
 
@@ -225,6 +227,10 @@ class NCCLTransport:
         self._raise_if_failed()
         nccl, comm, stream = self._nccl, self.comm, self._stream_ptr
         posted = _Posted(None, tuple(messages), time.monotonic())
+        timed = self.group_events is not None
+        if timed:
+            before = torch.cuda.Event(enable_timing=True)
+            before.record(self.stream)
         with self._enqueue:
             self._enqueuing = posted
             try:
@@ -243,8 +249,10 @@ class NCCLTransport:
                                   [m.tag for m in messages]) from None
             finally:
                 self._enqueuing = None
-        event = torch.cuda.Event()
+        event = torch.cuda.Event(enable_timing=timed)
         event.record(self.stream)
+        if self.group_events is not None:
+            self.group_events.append((before, event, posted.messages))
         self._posted.append(_Posted(event, posted.messages, posted.at))
         self._wake.set()
 

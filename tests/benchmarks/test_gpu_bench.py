@@ -68,3 +68,48 @@ def test_a_plain_run_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 def test_an_emulated_run_on_cpu(tmp_path: Path) -> None:
     rows = run(tmp_path, "emu-uniform", 2)
     assert rows[0]["algorithm"] == "hierarchical" and rows[0]["predicted_s"] > 0 and rows[0]["max_error"] < 1e-5
+
+
+def test_profile_splits_a_call_into_its_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--profile's arithmetic on stand-in events: time in groups, between them, and the slowest named."""
+    import torch
+
+    class Event:
+        def __init__(self, t: float) -> None:
+            self.t = t
+
+        def elapsed_time(self, other: Event) -> float:
+            return other.t - self.t
+
+    class Message:
+        def __init__(self, peer: int, nbytes: int) -> None:
+            self.peer, self.nbytes = peer, nbytes
+
+    class Transport:
+        group_events: list | None = None
+
+        def barrier(self, timeout: float) -> bool:
+            return True
+
+        def max_float(self, value: float) -> float:
+            return value
+
+    transport = Transport()
+
+    class Comm:
+        def allreduce(self, buf: object) -> None:  # three groups: 1 ms, 5 ms, 2 ms, with 0.5 ms between
+            at = 0.0
+            for ms, peer in ((1.0, 1), (5.0, 2), (2.0, 1)):
+                assert transport.group_events is not None
+                transport.group_events.append((Event(at), Event(at + ms), (Message(peer, 1 << 20),)))
+                at += ms + 0.5
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    p = B._profile(Comm(), transport, None)
+    assert transport.group_events is None  # profiling is off again
+    assert p["groups"] == 3 and p["in_groups_ms"] == pytest.approx(8.0) and p["between_ms"] == pytest.approx(1.0)
+    assert p["gpu_ms"] == pytest.approx(9.0) and p["slowest"][0] == (1, 5.0, [2], 1 << 20)
+    row = B.Row("emu-racks", 1 << 20, "hierarchical", 3, 0.01, 0.02, None, 0.0, 1, p)
+    line = B.format_table([row], "t").splitlines()[-1]
+    assert line.startswith("#   profile 1 MiB") and "3 groups 8.0 ms" in line
+    assert "#1 5.0 ms (peers [2], 1024 KiB)" in line
