@@ -514,6 +514,9 @@ _WAVE_SLICES = 4
 #: An all-reduce that may run as a reduce-scatter in waves and an all-gather takes that where it comes this
 #: near the bound, without building the other (see :func:`_allreduce_layout`).
 _BLOCKS_GOOD = 0.97
+#: Up to this many ranks an all-reduce short of :data:`_BLOCKS_GOOD` in virtual order also tries whole
+#: blocks: two builds and simulations of at most seconds there.
+_BLOCKS_TRIED_RANKS = 64
 #: In waves a level above the first takes the method that pipelines them best unless the estimate times
 #: it this much slower than the fastest (latency: a 1 MiB collective's ring steps each wait out a path).
 _WAVE_SLACK = 1.25
@@ -707,13 +710,23 @@ def _blocks_may_win(topology: Topology, levels: Sequence[Stage], options: Option
     return all(m == "direct" or s.size == 2 for s, m in zip(levels[1:-1], methods[1:-1]))
 
 
-def _allreduce_layout(topology: Topology, levels: list[Stage], options: Options) -> Schedule:
-    """The all-reduce with each rank's block whole where it comes within :data:`_BLOCKS_GOOD` of the bound,
-    else the faster of it and the all-reduce in virtual-block order, as simulated.
+def _blocks_may_help(topology: Topology, levels: Sequence[Stage], options: Options) -> bool:
+    """Whether an all-reduce of up to :data:`_BLOCKS_TRIED_RANKS` ranks should also try whole blocks where
+    its virtual-block order falls short (chassis-4x8-subset at 256 MiB: 90.5% of the bound in virtual order,
+    99.2% in whole blocks; where virtual order is short for want of bandwidth, whole blocks are no better)."""
+    return (len(levels) >= 2 and topology.size <= _BLOCKS_TRIED_RANKS and options.pipeline is None
+            and bool(options.extra.get("waves", True)) and options.size_bytes / topology.size >= _MIN_SLICE_BYTES)
 
-    Neither wins everywhere (256 MiB, whole blocks / virtual order: fattree-256-2to1 98.7% / 91.0% of the
-    bound, rail-32x8 99.2% / 95.9%, fattree-128-4to1-pcie 98.4% / 96.9%; ibm-s822lc-48x4 92.2% / 98.9%),
-    and the estimates do not see the waves.
+
+def _allreduce_layout(topology: Topology, levels: list[Stage], options: Options, first: str,
+                      second: str) -> Schedule:
+    """The all-reduce in layout ``first`` where it comes within :data:`_BLOCKS_GOOD` of the bound, else the
+    faster of it and the all-reduce in layout ``second`` (``virtual`` or ``blocks``), as simulated.
+
+    Neither layout wins everywhere (256 MiB, whole blocks / virtual order: fattree-256-2to1 98.7% / 91.0% of
+    the bound, rail-32x8 99.2% / 95.9%, chassis-4x8-subset 99.2% / 90.5%; ibm-s822lc-48x4 92.2% / 98.9%,
+    hetero-nics-8x8 57.0% / 97.7%), and the estimates do not see the waves.  The simulation that chose a
+    schedule is kept (:func:`planner.simulate.simulate`), so ``auto`` timing it again costs nothing.
     """
     from planner.bounds import lower_bound
     from planner.simulate import simulate, simulate_within
@@ -721,12 +734,12 @@ def _allreduce_layout(topology: Topology, levels: list[Stage], options: Options)
     def build(layout: str) -> Schedule:
         return _hierarchical(topology, "allreduce", options, levels, layout)
 
-    blocks = build("blocks")
-    taken = simulate(topology, blocks, options.size_bytes).time_s
-    if lower_bound(topology, "allreduce", options.size_bytes).time_s >= _BLOCKS_GOOD * taken:
-        return blocks
-    virtual = build("virtual")
-    return virtual if simulate_within(topology, virtual, options.size_bytes, taken) is not None else blocks
+    taken = build(first)
+    time_s = simulate(topology, taken, options.size_bytes).time_s
+    if lower_bound(topology, "allreduce", options.size_bytes).time_s >= _BLOCKS_GOOD * time_s:
+        return taken
+    other = build(second)
+    return other if simulate_within(topology, other, options.size_bytes, time_s) is not None else taken
 
 
 # --------------------------------------------------------------------------- the schedule
@@ -747,7 +760,7 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     ``options.extra["layout"]`` (``virtual`` or ``blocks``) forces a
     reduce-scatter's or all-reduce's buffer order (an all-reduce of whole
     blocks is a reduce-scatter in waves and an all-gather; by default only
-    where :func:`_blocks_may_win`, see :func:`_allreduce_layout`);
+    where :func:`_blocks_may_win` or :func:`_blocks_may_help`, see :func:`_allreduce_layout`);
     ``options.extra["waves"]`` (default true) lets a reduce-scatter of whole
     blocks reduce its lower levels in waves; ``options.extra["stage_method"]`` (``ring``,
     ``halving-doubling`` or ``direct``) forces the method of every level whose
@@ -762,8 +775,11 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     if topology.size == 1:
         return single_rank(collective, 1, 1, "hierarchical", options.as_dict())
     levels = stages(topology)
-    if collective == "allreduce" and "layout" not in options.extra and _blocks_may_win(topology, levels, options):
-        return _allreduce_layout(topology, levels, options)
+    if collective == "allreduce" and "layout" not in options.extra:
+        if _blocks_may_win(topology, levels, options):
+            return _allreduce_layout(topology, levels, options, "blocks", "virtual")
+        if _blocks_may_help(topology, levels, options):
+            return _allreduce_layout(topology, levels, options, "virtual", "blocks")
     return _hierarchical(topology, collective, options, levels, options.extra.get("layout"))
 
 

@@ -499,3 +499,18 @@ def test_link_time_is_the_simulated_time_of_one_message(routing: str) -> None:
     simulated = simulate(topology, schedule, size)
     latency = max(sum(ln.latency for ln in path) for path in topology.connection_paths(0, 3))
     assert link_time(topology, schedule, size) == pytest.approx(simulated.time_s - latency, rel=1e-9)
+
+
+def test_the_latest_results_are_kept_for_the_same_schedule_object() -> None:
+    """A builder that simulates a candidate to choose it, then auto timing it again: simulated once."""
+    topo, schedule = ring_topology(4), ring_allreduce(4)
+    first = simulate(topo, schedule, 1 << 20)
+    assert simulate(topo, schedule, 1 << 20) is first  # kept
+    assert simulate_within(topo, schedule, 1 << 20, first.time_s * 1.01) is first
+    assert simulate_within(topo, schedule, 1 << 20, first.time_s * 0.99) is None  # longer than the deadline
+    other = simulate(topo, schedule, 1 << 21)
+    assert other is not first and other.time_s > first.time_s
+    copy = ring_allreduce(4)  # equal, but another object: simulated anew
+    assert simulate(topo, copy, 1 << 20) is not first
+    assert simulate(topo, copy, 1 << 20, record=True).op_events  # a recorded run is never taken from the kept
+    assert simulate(ring_topology(4), schedule, 1 << 20) is not first  # kept per topology
