@@ -102,6 +102,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--group-bytes", type=int, default=None, help="bytes per stream and group (the lowering's)")
     p.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
     p.add_argument("--probe", action="store_true", help="first time one NCCL group via CuPy and via torch")
+    p.add_argument("--wait", choices=("poll", "cuda"), default="poll",
+                   help="how ranks wait for the GPU: poll an event with short sleeps (default), or "
+                        "torch.cuda.synchronize (spins a core per rank)")
     p.add_argument("--profile", action="store_true",
                    help="time one more call group by group on the GPU (NCCL): where the time goes")
     p.add_argument("--json", default=None, help="also write the rows here")
@@ -146,10 +149,11 @@ def predicted(topology: Any, schedule: Any, size: int, scale: float) -> float:
 
 
 def rank_command(rank: int, world: int, store: str, backend: str, schedule: str, sizes: Sequence[int],
-                 budget: float, max_iters: int, group_bytes: int, probe: bool, profile: bool = False) -> list[str]:
+                 budget: float, max_iters: int, group_bytes: int, probe: bool, profile: bool = False,
+                 wait: str = "poll") -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), "rank", str(rank), str(world), store, backend, schedule,
             ",".join(map(str, sizes)), str(budget), str(max_iters), str(group_bytes), "probe" if probe else "-",
-            "profile" if profile else "-"]
+            "profile" if profile else "-", wait]
 
 
 def rank_env(rank: int, interface: str | None) -> dict[str, str]:
@@ -198,7 +202,7 @@ def run_config(config: str, args: argparse.Namespace) -> list[Row]:
 
         def command(rank: int) -> list[str]:
             return rank_command(rank, world, store, args.backend, path, sizes, args.budget, args.max_iters,
-                                group_bytes, args.probe and config == "plain", args.profile)
+                                group_bytes, args.probe and config == "plain", args.profile, args.wait)
 
         limit = 120.0 + len(sizes) * (4 * args.budget + 6 * TIMEOUT_S / 4)
         if emulated:
@@ -291,7 +295,7 @@ def rank_main(argv: Sequence[str]) -> int:
     rank, world, store_path, backend, schedule = int(argv[0]), int(argv[1]), argv[2], argv[3], argv[4]
     sizes = [int(s) for s in argv[5].split(",")]
     budget, max_iters, group_bytes, probe = float(argv[6]), int(argv[7]), int(argv[8]), argv[9] == "probe"
-    profile = argv[10] == "profile" and backend == "nccl"
+    profile, wait = argv[10] == "profile" and backend == "nccl", argv[11]
     store = dist.FileStore(store_path, world)
     try:
         if backend == "nccl":
@@ -309,8 +313,8 @@ def rank_main(argv: Sequence[str]) -> int:
                                     timeout=timedelta(seconds=4 * TIMEOUT_S))
             transport, device = GlooTransport(timeout=TIMEOUT_S), torch.device("cpu")
         comm = Communicator(schedule, transport=transport, timeout=TIMEOUT_S, group_bytes=group_bytes)
-        report: dict[str, Any] = {"rows": [_measure(comm, transport, device, size, budget, max_iters, profile)
-                                           for size in sizes]}
+        report: dict[str, Any] = {"rows": [_measure(comm, transport, device, size, budget, max_iters, profile,
+                                                    wait) for size in sizes]}
         if probe and backend == "nccl":
             report["probe"] = _probe(transport, store, rank, world, device)
         comm.close()
@@ -322,11 +326,30 @@ def rank_main(argv: Sequence[str]) -> int:
     return 0
 
 
-def _measure(comm: Any, transport: Any, device: Any, size: int, budget: float, max_iters: int,
-             profile: bool = False) -> dict[str, Any]:
+def _waiter(how: str) -> Any:
+    """How a rank waits for its GPU work: ``cuda`` (``torch.cuda.synchronize``, which spins a core) or
+    ``poll`` (an event queried with short sleeps: twelve ranks spinning beside NCCL's busy proxy threads
+    would take more than the machine's 16 cores, and descheduled proxies stall every handshake)."""
     import torch
 
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    if how == "cuda":
+        return torch.cuda.synchronize
+
+    def poll() -> None:
+        done = torch.cuda.Event()
+        done.record()
+        pause = 1e-5
+        while not done.query():
+            time.sleep(pause)
+            pause = min(2 * pause, 2e-4)
+    return poll
+
+
+def _measure(comm: Any, transport: Any, device: Any, size: int, budget: float, max_iters: int,
+             profile: bool = False, wait: str = "poll") -> dict[str, Any]:
+    import torch
+
+    sync = _waiter(wait) if device.type == "cuda" else (lambda: None)
     g = torch.Generator().manual_seed(1000 * comm.rank + size % 997)
     x = torch.randn(size // 4, generator=g).to(device)
     ref = x.clone()

@@ -384,7 +384,11 @@ class NCCLTransport:
         return float(self.control.max_float(value))
 
     def native(self, collective: str, send: Any, recv: Any, op: str, root: int) -> None:
-        """NCCL's own collective of the same kind on the same communicator (benchmark baseline): blocking."""
+        """NCCL's own collective of the same kind on the same communicator (benchmark baseline).
+
+        Enqueued as the replay is (the caller's current stream waits for it; the watchdog bounds it), so
+        that both are timed by the caller's one wait, not this one's polling.
+        """
         code = NCCL_TYPES[TORCH_DTYPES[recv.dtype]]
         red = _NCCL_OPS["sum" if op == "avg" and not recv.dtype.is_floating_point else op]
         comm, s = self.comm, self._stream_ptr
@@ -401,7 +405,8 @@ class NCCLTransport:
                 comm.reduceScatter(send.data_ptr(), recv.data_ptr(), recv.numel(), code, red, s)
             else:
                 raise CommunicatorError(f"NCCL has no native {collective}")
-        self.wait(self.fence(), time.monotonic() + self.timeout)
+        self._posted.append(_Posted(self.fence(), (), time.monotonic()))
+        self._wake.set()
 
     def close(self) -> None:
         """Finish what is enqueued and destroy the communicator (every rank, while healthy); stop the watchdog."""
