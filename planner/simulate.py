@@ -237,7 +237,8 @@ def simulate(topology: Topology, schedule: Schedule, size_bytes: int, *, record:
 
 #: Complete results kept per topology, the latest first: a builder that simulates a candidate to choose it
 #: (hierarchical's all-reduce layouts) and ``auto``, which then times the same schedule object, pay once.
-_RECALLED = 2
+#: One: the kept schedule is the one just chosen, so it costs no memory that the caller does not hold.
+_RECALLED = 1
 
 
 def _recent(topology: Topology) -> deque[tuple[Schedule, int, SimResult]]:

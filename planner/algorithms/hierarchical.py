@@ -726,7 +726,8 @@ def _allreduce_layout(topology: Topology, levels: list[Stage], options: Options,
     Neither layout wins everywhere (256 MiB, whole blocks / virtual order: fattree-256-2to1 98.7% / 91.0% of
     the bound, rail-32x8 99.2% / 95.9%, chassis-4x8-subset 99.2% / 90.5%; ibm-s822lc-48x4 92.2% / 98.9%,
     hetero-nics-8x8 57.0% / 97.7%), and the estimates do not see the waves.  The simulation that chose a
-    schedule is kept (:func:`planner.simulate.simulate`), so ``auto`` timing it again costs nothing.
+    schedule is kept (:func:`planner.simulate.simulate`), so ``auto`` timing it again costs nothing (unless
+    the compiler's channel spreading replaces it).
     """
     from planner.bounds import lower_bound
     from planner.simulate import simulate, simulate_within

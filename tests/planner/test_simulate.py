@@ -502,7 +502,8 @@ def test_link_time_is_the_simulated_time_of_one_message(routing: str) -> None:
 
 
 def test_the_latest_results_are_kept_for_the_same_schedule_object() -> None:
-    """A builder that simulates a candidate to choose it, then auto timing it again: simulated once."""
+    """A builder that simulates a candidate to choose it, then auto timing it again: simulated once (the
+    latest result per topology is kept)."""
     topo, schedule = ring_topology(4), ring_allreduce(4)
     first = simulate(topo, schedule, 1 << 20)
     assert simulate(topo, schedule, 1 << 20) is first  # kept
