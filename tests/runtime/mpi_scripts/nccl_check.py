@@ -4,8 +4,8 @@
 MODE [ARGS]``), all on the current GPU, each with its own ``NCCL_HOSTID`` (NCCL then treats them as hosts
 and connects them through sockets), their control plane a ``torch.distributed.FileStore`` (no ``mpiexec``);
 it prints the verdict and exits non-zero on any problem.  ``python nccl_check.py suite [--jobs N]`` runs every
-case of :data:`SUITE` (N at a time): tests/runtime/test_nccl.py runs the same cases under pytest,
-benchmarks/gpu_check.sh without.
+case of :data:`SUITE` (N at a time; ``TOPOCC_CHECK_LIMIT_S`` bounds each, 300 s by default):
+tests/runtime/test_nccl.py runs the same cases under pytest, benchmarks/gpu_check.sh without.
 
 Modes:
 
