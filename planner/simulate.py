@@ -226,12 +226,11 @@ def simulate(topology: Topology, schedule: Schedule, size_bytes: int, *, record:
     >>> result = simulate(topology, schedule, 1 << 26)  # doctest: +SKIP
     >>> result.busbw_GBps, result.bottlenecks(3)  # doctest: +SKIP
     """
-    if not record and on_message is None and (known := _recalled(topology, schedule, size_bytes)) is not None:
-        return known
-    result = _paused_collector(topology, schedule, size_bytes, record, on_message, math.inf)
+    if record or on_message is not None:
+        result = _paused_collector(topology, schedule, size_bytes, record, on_message, math.inf)
+    else:
+        result = simulate_within(topology, schedule, size_bytes, math.inf)
     assert result is not None  # no deadline
-    if not record and on_message is None:
-        _remember(topology, schedule, size_bytes, result)
     return result
 
 

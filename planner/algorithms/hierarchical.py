@@ -699,8 +699,7 @@ def _blocks_may_win(topology: Topology, levels: Sequence[Stage], options: Option
     last run direct in waves, so that the waves stay fine (ibm-s822lc-48x4, halving-doubling among 16 hosts
     of a rack: 92.2% of the bound in whole blocks, 98.9% in virtual order)."""
     p = topology.size
-    if (len(levels) < 2 or options.pipeline is not None or not options.extra.get("waves", True)
-            or options.size_bytes / p < _MIN_SLICE_BYTES):
+    if not _layouts_apply(topology, levels, options):
         return False
     halves = [(si, False) for si in range(len(levels))]
     spans = _spans(levels, p)
@@ -717,8 +716,14 @@ def _blocks_may_help(topology: Topology, levels: Sequence[Stage], options: Optio
     """Whether an all-reduce of up to :data:`_BLOCKS_TRIED_RANKS` ranks should also try whole blocks where
     its virtual-block order falls short (chassis-4x8-subset at 256 MiB: 90.5% of the bound in virtual order,
     99.2% in whole blocks; where virtual order is short for want of bandwidth, whole blocks are no better)."""
-    return (len(levels) >= 2 and topology.size <= _BLOCKS_TRIED_RANKS and options.pipeline is None
-            and bool(options.extra.get("waves", True)) and options.size_bytes / topology.size >= _MIN_SLICE_BYTES)
+    return topology.size <= _BLOCKS_TRIED_RANKS and _layouts_apply(topology, levels, options)
+
+
+def _layouts_apply(topology: Topology, levels: Sequence[Stage], options: Options) -> bool:
+    """Whether an all-reduce may take either layout by default: two levels or more, slices not forced, waves
+    allowed, and blocks where bandwidth rules."""
+    return (len(levels) >= 2 and options.pipeline is None and bool(options.extra.get("waves", True))
+            and options.size_bytes / topology.size >= _MIN_SLICE_BYTES)
 
 
 def _allreduce_layout(topology: Topology, levels: list[Stage], options: Options, first: str,
@@ -749,7 +754,7 @@ def _allreduce_layout(topology: Topology, levels: list[Stage], options: Options,
         # (chassis-2x16-subset at 256 MiB: 55.4% of the bound, the busiest link 97.0% of the time)
         return taken
     other = build(second)
-    return other if simulate_within(topology, other, options.size_bytes, time_s) is not None else taken
+    return other if simulate_within(topology, other, size, time_s) is not None else taken
 
 
 # --------------------------------------------------------------------------- the schedule
