@@ -25,6 +25,7 @@ from runtime.schedule import Chunk, Schedule
 __all__ = [
     "PIECE_BYTES",
     "LinkLoads",
+    "Send",
     "chunk_runs",
     "find_cycle",
     "find_rings",
@@ -32,6 +33,7 @@ __all__ = [
     "ring_all_gather",
     "ring_order",
     "ring_reduce_scatter",
+    "ring_steps",
     "single_rank",
     "split",
 ]
@@ -43,6 +45,9 @@ _SORT_LIMIT = 64
 _EPS = 1e-9
 
 Weight = Callable[[int, int], float]
+#: One message of a phase step: (sending member, receiving member, first part, end part), members
+#: and parts as positions in the group.
+Send = tuple[int, int, int, int]
 
 
 def pieces(requested: int | None, piece_source_bytes: float, cap: int, piece_bytes: int = PIECE_BYTES) -> int:
@@ -404,6 +409,18 @@ def _find_rings(topology: Topology, channels: int | None, cap: int) -> tuple[tup
 
 
 # --------------------------------------------------------------------------- ring phases
+
+
+def ring_steps(n: int, gather: bool) -> list[list[Send]]:
+    """Ring reduce-scatter (Patarasuk & Yuan 2009) or all-gather among ``n`` members, step by step.
+
+    Reduce-scatter: at step ``t`` member ``i`` passes part ``i-t-1`` on to
+    member ``i+1``, which reduces it in, so member ``i`` ends owning part ``i``;
+    the all-gather passes part ``i-t`` on.
+    """
+    shift = 0 if gather else 1
+    return [[(i, (i + 1) % n, (i - t - shift) % n, (i - t - shift) % n + 1) for i in range(n)]
+            for t in range(n - 1)]
 
 
 def ring_reduce_scatter(b: ScheduleBuilder, ring: Sequence[int], parts: Sequence[Sequence[Chunk]], *,

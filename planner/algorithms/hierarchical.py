@@ -55,7 +55,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from planner.algorithms import Options
-from planner.algorithms._order import PIECE_BYTES, chunk_runs, find_cycle, single_rank
+from planner.algorithms._order import PIECE_BYTES, Send, chunk_runs, find_cycle, ring_steps, single_rank
 from planner.builder import ScheduleBuilder
 from planner.collectives import canonical_collective
 from planner.errors import NotApplicableError
@@ -94,9 +94,6 @@ _MIN_SLICE_BYTES = 64 << 10
 #: other, the fast intra-host fabric idle while the NICs work (emu-racks all-gather: 1.64x the bound).
 _MIN_SLICES = 8
 
-#: One message of a phase step: (sending member, receiving member, first part, end part), members
-#: and parts as positions in the group.
-Send = tuple[int, int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,18 +168,6 @@ def stages(topology: Topology) -> list[Stage]:
 # --------------------------------------------------------------------------- phase steps
 
 
-def _ring_steps(n: int, gather: bool) -> list[list[Send]]:
-    """Ring reduce-scatter (Patarasuk & Yuan 2009) or all-gather among ``n`` members, step by step.
-
-    Reduce-scatter: at step ``t`` member ``i`` passes part ``i-t-1`` on to
-    member ``i+1``, which reduces it in, so member ``i`` ends owning part ``i``;
-    the all-gather passes part ``i-t`` on.
-    """
-    shift = 0 if gather else 1
-    return [[(i, (i + 1) % n, (i - t - shift) % n, (i - t - shift) % n + 1) for i in range(n)]
-            for t in range(n - 1)]
-
-
 def _halving_doubling_steps(n: int, gather: bool) -> list[list[Send]]:
     """Recursive halving (reduce-scatter) or doubling (all-gather) among ``n`` (a power of two) members.
 
@@ -218,7 +203,7 @@ def _direct_steps(n: int, gather: bool) -> list[list[Send]]:
 
 
 _METHODS: dict[str, Callable[[int, bool], list[list[Send]]]] = {
-    "ring": _ring_steps,
+    "ring": ring_steps,
     "halving-doubling": _halving_doubling_steps,
     "direct": _direct_steps,
 }
@@ -331,6 +316,19 @@ def _round_trip(topology: Topology, stage: Stage, method: str, part_bytes: float
     return latency + slices * part_bytes * busiest
 
 
+def _relayed(topology: Topology, stage: Stage) -> bool:
+    """Whether some halving-doubling partners of ``stage`` have no GPU-free route (their messages relay).
+
+    Such a level runs a ring or direct instead: a relayed partner changes with
+    every step, so the gateways' queues change with it, where the estimate
+    times all three alike (4 chassis of 16 GPUs, NICs on every fourth: the
+    all-reduce across the chassis at 91.5% of the bound with halving-doubling,
+    97.5% with a ring, 98.1% direct; 4 chassis of 8, all-gather, 92.5% -> 99.7%).
+    """
+    return any(not topology.has_route(g[i], g[j]) for g in stage.groups
+               for step in _halving_doubling_steps(stage.size, False) for i, j, _, _ in step)
+
+
 def _direct_fits(stage: Stage) -> bool:
     """Whether ``stage`` is small enough to run direct at all (:data:`_DIRECT_MAX_MEMBERS`,
     :data:`_DIRECT_MAX_SENDS`)."""
@@ -438,8 +436,9 @@ def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: floa
     where it is no slower).
 
     ``force`` (``Options.extra["stage_method"]``) picks one for every level it
-    fits; halving-doubling fits a level whose size is a power of two, direct one
-    of at most :data:`_DIRECT_MAX_MEMBERS` members.  A level of two members has
+    fits; halving-doubling fits a level whose size is a power of two and whose
+    partners have routes (:func:`_relayed`), direct one of at most
+    :data:`_DIRECT_MAX_MEMBERS` members.  A level of two members has
     one step whatever the method.  ``weights`` (:func:`ownership`) times a direct
     last level with that ownership.  ``fed``: a reduce-scatter, whose levels
     above the first get their slices one at a time from its flow-controlled
@@ -463,7 +462,8 @@ def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: floa
         sharing = _sharing(topology, s, si) if _direct_fits(s) else math.inf
         direct = sharing <= sharing_cap
         fits = [m for m, ok in (("direct", direct),
-                                ("halving-doubling", _power_of_two(s.size)), ("ring", True)) if ok]
+                                ("halving-doubling", _power_of_two(s.size) and not _relayed(topology, s)),
+                                ("ring", True)) if ok]
         if force is not None and force in fits:
             out.append(force)
             continue
@@ -517,9 +517,6 @@ _BLOCKS_GOOD = 0.97
 #: Up to this many ranks an all-reduce short of :data:`_BLOCKS_GOOD` in virtual order also tries whole
 #: blocks: two builds and simulations of at most seconds there.
 _BLOCKS_TRIED_RANKS = 64
-#: ... unless its own busiest link takes this share of its time (the time is lost to how the levels share
-#: links, not to how they pipeline: chassis-4x8-subset, 90.5% of the bound, its busiest link 90.5%).
-_LINK_BOUND = 0.95
 #: In waves a level above the first takes the method that pipelines them best unless the estimate times
 #: it this much slower than the fastest (latency: a 1 MiB collective's ring steps each wait out a path).
 _WAVE_SLACK = 1.25
@@ -704,7 +701,7 @@ def _blocks_may_win(topology: Topology, levels: Sequence[Stage], options: Option
     halves = [(si, False) for si in range(len(levels))]
     spans = _spans(levels, p)
     # a slice of whole blocks sends one message per virtual block of a part, whatever the methods
-    steps = {phase: _ring_steps(levels[phase[0]].size, False) for phase in halves}
+    steps = {phase: ring_steps(levels[phase[0]].size, False) for phase in halves}
     if not 1 <= _budget_slices(levels, halves, steps, spans, False) <= _WAVE_SLICES:
         return False
     methods = stage_methods(topology, levels, options.size_bytes / _WAVE_SLICES, _WAVE_SLICES, fed=True,
@@ -714,8 +711,8 @@ def _blocks_may_win(topology: Topology, levels: Sequence[Stage], options: Option
 
 def _blocks_may_help(topology: Topology, levels: Sequence[Stage], options: Options) -> bool:
     """Whether an all-reduce of up to :data:`_BLOCKS_TRIED_RANKS` ranks should also try whole blocks where
-    its virtual-block order falls short (chassis-4x8-subset at 256 MiB: 90.5% of the bound in virtual order,
-    99.2% in whole blocks; where virtual order is short for want of bandwidth, whole blocks are no better)."""
+    its virtual-block order falls short (4 MiB: emu-racks 88.4% of the bound in virtual order, 93.8% in whole
+    blocks; chassis-2x16-subset 89.2% / 92.6%; at 16 MiB it 92.0% / 89.0%, and the faster is kept)."""
     return topology.size <= _BLOCKS_TRIED_RANKS and _layouts_apply(topology, levels, options)
 
 
@@ -732,13 +729,12 @@ def _allreduce_layout(topology: Topology, levels: list[Stage], options: Options,
     faster of it and the all-reduce in layout ``second`` (``virtual`` or ``blocks``), as simulated.
 
     Neither layout wins everywhere (256 MiB, whole blocks / virtual order: fattree-256-2to1 98.7% / 91.0% of
-    the bound, rail-32x8 99.2% / 95.9%, chassis-4x8-subset 99.2% / 90.5%; ibm-s822lc-48x4 92.2% / 98.9%,
+    the bound, rail-32x8 99.2% / 95.9%, emu-racks at 4 MiB 93.8% / 88.4%; ibm-s822lc-48x4 92.2% / 98.9%,
     hetero-nics-8x8 57.0% / 97.7%), and the estimates do not see the waves.  The simulation that chose a
     schedule is kept (:func:`planner.simulate.simulate`), so ``auto`` timing it again costs nothing (unless
     the compiler's channel spreading replaces it).
     """
     from planner.bounds import lower_bound
-    from planner.compile import link_time
     from planner.simulate import simulate, simulate_within
 
     def build(layout: str) -> Schedule:
@@ -748,10 +744,6 @@ def _allreduce_layout(topology: Topology, levels: list[Stage], options: Options,
     taken = build(first)
     time_s = simulate(topology, taken, size).time_s
     if lower_bound(topology, "allreduce", size).time_s >= _BLOCKS_GOOD * time_s:
-        return taken
-    if first == "virtual" and link_time(topology, taken, size) >= _LINK_BOUND * time_s:
-        # its busiest link alone takes that long: whole blocks, over the same levels, lose the same
-        # (chassis-2x16-subset at 256 MiB: 55.4% of the bound, the busiest link 97.0% of the time)
         return taken
     other = build(second)
     return other if simulate_within(topology, other, size, time_s) is not None else taken

@@ -308,6 +308,32 @@ def test_relay_buffers_grow_for_larger_messages_and_are_kept_per_channel() -> No
     verify(schedule)
 
 
+def test_relay_buffers_are_kept_per_onward_rank() -> None:
+    # rank 1 relays rank 0's pieces to ranks 2 and 3: a piece for 3 never waits for a slot a piece for 2 holds
+    def hub(a: int, b: int) -> tuple[int, ...]:
+        return () if 1 in (a, b) else (1,)
+
+    pieces = RELAY_SLOTS + 2
+    b = ScheduleBuilder("broadcast", 4, pieces, pieces, relay=hub)
+    b.copy(0, Chunk("i", 0, pieces), Chunk("o", 0, pieces))
+    for j in range(pieces):
+        for dst in (2, 3):
+            b.transfer(0, dst, Chunk("o", j), Chunk("o", j))
+    b.transfer(0, 1, Chunk("o", 0, pieces), Chunk("o", 0, pieces))
+    relay = b.programs[1]
+    recvs = {dst: [k for k, op in enumerate(relay) if op.kind == "recv" and op.dst.buffer == "s"  # type: ignore[union-attr]
+                  and relay[k + 1].peer == dst]
+             for dst in (2, 3)}
+    slots = {dst: [relay[k].dst.index for k in ks] for dst, ks in recvs.items()}  # type: ignore[union-attr]
+    assert set(slots[2]) == set(range(RELAY_SLOTS))
+    assert set(slots[3]) == set(range(RELAY_SLOTS, 2 * RELAY_SLOTS))
+    for ks in recvs.values():
+        for j, k in enumerate(ks):
+            before = ks[j - RELAY_SLOTS] if j >= RELAY_SLOTS else None
+            assert relay[k].deps == (() if before is None else (before, before + 1))
+    verify(b.build("test"))
+
+
 def test_build_records_metadata_and_defaults_root() -> None:
     b = ScheduleBuilder("Broadcast", 3, 1, 1)
     schedule = b.build("chain", {"pipeline": 2}, topology="t.yaml", size_bytes=64)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from planner.builder import ScheduleBuilder
+from planner.fabrics import multi_chassis
 from planner.relay import hops, path_latency, path_shares, relay_path, relays
 from planner.simulate import simulate
 from planner.topology import Topology, parse_topology_text
@@ -65,6 +66,30 @@ def test_equally_cheap_relays_share_the_pairs() -> None:
     assert set(crossings) == {0, 1}
     assert min(crossings.count(0), crossings.count(1)) >= len(crossings) // 3
     assert relay_path(topology, 3, 12) == relay_path(topology, 3, 12)  # the same every time
+
+
+def test_gateways_share_their_hosts_ranks_evenly() -> None:
+    # 2 chassis of 16 GPUs, NICs on GPUs 0, 4, 8 and 12 of each: the 12 others of a chassis use each NIC alike
+    topology = multi_chassis(2, 16, "subset").topology()
+    nics = {0, 4, 8, 12}
+    others = [g for g in range(16) if g not in nics]
+    for a_host, b_host in ((0, 1), (1, 0)):
+        pairs = [(16 * a_host + a, 16 * b_host + b) for a in others for b in others]
+        first = [relay_path(topology, a, b)[0] for a, b in pairs]
+        last = [relay_path(topology, a, b)[-1] for a, b in pairs]
+        assert sorted(first.count(16 * a_host + n) for n in nics) == [len(pairs) // 4] * 4
+        assert sorted(last.count(16 * b_host + n) for n in nics) == [len(pairs) // 4] * 4
+        # one rank to its counterpart in the other chassis (a hierarchical level): one pair per NIC link each way
+        same = [relay_path(topology, 16 * a_host + g, 16 * b_host + g) for g in others]
+        assert sorted(path[0] for path in same) == sorted(16 * a_host + n for n in nics for _ in range(3))
+        assert sorted(path[-1] for path in same) == sorted(16 * b_host + n for n in nics for _ in range(3))
+
+
+def test_a_ranks_messages_to_different_hosts_leave_by_different_gateways() -> None:
+    # 4 chassis: rank 1 of chassis 0 reaches rank 1 of each other chassis through a NIC of its own
+    topology = multi_chassis(4, 16, "subset").topology()
+    assert len({relay_path(topology, 1, 16 * c + 1)[0] for c in (1, 2, 3)}) == 3
+    assert len({relay_path(topology, 16 * c + 1, 1)[-1] for c in (1, 2, 3)}) == 3
 
 
 def test_path_shares_load_every_hop() -> None:

@@ -331,15 +331,14 @@ def test_all_reduce_takes_whole_blocks_where_they_win(monkeypatch: pytest.Monkey
 
 
 def test_all_reduce_tries_whole_blocks_where_virtual_order_falls_short(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue #11: on four 8-GPU chassis joined through some of their GPUs, the all-reduce in virtual-block
-    order is short of 97% of the bound (16 MiB: 89.3%), so whole blocks are tried too and kept where faster
-    (93.9%); up to 64 ranks only; where virtual order comes near the bound, or its busiest link alone takes
-    nearly all its time, nothing else is built."""
+    """Issue #11: on two 16-GPU chassis joined through some of their GPUs, the all-reduce in virtual-block
+    order is short of 97% of the bound (4 MiB: 89.2%), so whole blocks are tried too and kept where faster
+    (92.6%); up to 64 ranks only; where virtual order comes near the bound, nothing else is built."""
     from planner.algorithms import hierarchical as module
     from planner.fabrics import multi_chassis, rail_optimized
 
-    size = 16 << 20
-    topology = multi_chassis(4, 8, "subset").topology()
+    size = 4 << 20
+    topology = multi_chassis(2, 16, "subset").topology()
     times = {layout: simulate(topology, hierarchical(topology, "allreduce", Options(
         size_bytes=size, extra={"layout": layout})), size).time_s for layout in ("blocks", "virtual")}
     assert lower_bound(topology, "allreduce", size).time_s < 0.97 * times["virtual"]
@@ -355,9 +354,6 @@ def test_all_reduce_tries_whole_blocks_where_virtual_order_falls_short(monkeypat
     monkeypatch.setattr(module, "_hierarchical", lambda *a: built.append(a[-1]) or real(*a))
     near = rail_optimized(4).topology()  # 98.6% in virtual order at 256 MiB
     hierarchical(near, "allreduce", Options(size_bytes=256 << 20))
-    assert built == ["virtual"]
-    built.clear()  # 55.4% in virtual order, but its busiest link alone takes 97% of that time
-    hierarchical(multi_chassis(2, 16, "subset").topology(), "allreduce", Options(size_bytes=256 << 20))
     assert built == ["virtual"]
 
 
