@@ -114,6 +114,8 @@ ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("hierarchical", "planner.algorithms.hierarchical", "hierarchical",
                   ("allreduce", "reducescatter", "allgather"),
                   "BlueConnect: reduce-scatter level by level up the hierarchy, all-gather back down"),
+        Algorithm("bucket", "planner.algorithms.bucket", "bucket", ("allreduce", "reducescatter", "allgather"),
+                  "bucket algorithm on a torus or mesh: rotated dimension orders keep every link busy"),
         Algorithm("multitree", "planner.algorithms.multitree", "multitree",
                   ("allreduce", "reducescatter", "allgather", "broadcast"),
                   "MultiTree: one contention-free spanning tree per root, grown in lock-step", auto_max_ranks=64,

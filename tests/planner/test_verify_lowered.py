@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from planner.algorithms import ALGORITHMS, Options
 from planner.builder import ScheduleBuilder
 from planner.errors import NotApplicableError, VerificationError
+from planner.fabrics import grid
 from planner.topology import Topology
 from planner.verify import verify
 from planner.verify_lowered import verify_lowering
@@ -51,7 +52,7 @@ def test_the_runtime_test_schedules(ranks: int) -> None:
 
 
 def small_topologies() -> list[Topology]:
-    return [switch_cluster(3), switch_cluster(2, hosts=2)]
+    return [switch_cluster(3), switch_cluster(2, hosts=2), grid("torus", (3, 2)).topology()]
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))

@@ -51,8 +51,8 @@ def test_every_collective_on_more_ranks(tmp_path: Path, ranks: int, dtypes: list
 
 
 def test_planner_algorithms_lowered(tmp_path: Path) -> None:
-    schedules = S.planner_schedules(("ring", "tree", "halving-doubling", "direct", "hierarchical", "multitree",
-                                   "treepack"))
+    schedules = {**S.planner_schedules(("ring", "tree", "halving-doubling", "direct", "hierarchical", "multitree",
+                                      "treepack")), **S.grid_schedules()}
     assert {"multitree-allreduce", "treepack-broadcast", "hierarchical-reducescatter"} <= set(schedules)
     rows = check_all(save_verified(schedules, tmp_path), 4, ["float32", "int32"], ["sum", "max"], [1, 7, 1001],
                      limit=150, extra=LOWERED)

@@ -96,9 +96,10 @@ def test_eight_ranks(tmp_path: Path) -> None:
 
 
 def test_planner_algorithms_replay(tmp_path: Path) -> None:
-    """Schedules from planner.algorithms (ring, tree, halving-doubling, direct, hierarchical) on 4 ranks."""
-    schedules = S.planner_schedules()
-    assert "ring-allreduce" in schedules and "direct-alltoall" in schedules
+    """Schedules from planner.algorithms (ring, tree, halving-doubling, direct, hierarchical; bucket on grids)
+    on 4 ranks."""
+    schedules = {**S.planner_schedules(), **S.grid_schedules()}
+    assert "ring-allreduce" in schedules and "direct-alltoall" in schedules and "bucket-allreduce-torus-4" in schedules
     ranks = next(iter(schedules.values())).ranks
     rows = check_all(save_verified(schedules, tmp_path), ranks, ["float32", "int32"], ["sum", "max"], [1, 7, 1001])
     assert_exact(rows, expected(schedules, ["float32", "int32"], ["sum", "max"], [1, 7, 1001]))

@@ -2,7 +2,8 @@
 
 Built with :class:`planner.builder.ScheduleBuilder` (which adds the data
 dependencies), so each is checked by ``planner.verify`` before the runtime sees it;
-:func:`planner_schedules` adds the planner's own algorithms on a 4-rank topology.
+:func:`planner_schedules` adds the planner's own algorithms on a 4-rank topology, and
+:func:`grid_schedules` the bucket all-reduce on 4-rank grids.
 """
 
 from __future__ import annotations
@@ -192,3 +193,14 @@ def planner_schedules(algorithms: Sequence[str] = ("ring", "tree", "halving-doub
                 schedules[f"{name}-{collective}"] = ALGORITHMS[name].load()(
                     topology, collective, Options(size_bytes=size_bytes, pipeline=2))
     return schedules
+
+
+def grid_schedules(size_bytes: int = 1 << 16) -> dict[str, Schedule]:
+    """The bucket all-reduce on a ring of 4 (both ways round) and a 2x2 mesh (lines of two), by name."""
+    from planner.algorithms import Options
+    from planner.algorithms.bucket import bucket
+    from planner.fabrics import grid
+
+    return {f"bucket-allreduce-{kind}-{'x'.join(map(str, dims))}": bucket(
+        grid(kind, dims).topology(), "allreduce", Options(size_bytes=size_bytes))
+        for kind, dims in (("torus", (4,)), ("mesh", (2, 2)))}
