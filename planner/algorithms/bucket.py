@@ -40,6 +40,7 @@ from runtime.schedule import Chunk, Schedule
 
 __all__ = ["Grid", "bucket", "grid_of"]
 
+
 @dataclass(frozen=True, slots=True)
 class Grid:
     """The ranks of a torus or mesh: each rank's coordinates, and per dimension its size and whether it wraps."""
