@@ -95,7 +95,6 @@ _MIN_SLICE_BYTES = 64 << 10
 _MIN_SLICES = 8
 
 
-
 @dataclass(frozen=True, slots=True)
 class Stage:
     """One level of the decomposition: its name and its groups, each a ring of ranks.
