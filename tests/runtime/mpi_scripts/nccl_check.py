@@ -12,7 +12,7 @@ Modes:
 * ``check DTYPES COUNTS GROUP_BYTES``: every collective of ``schedules.py`` (their lowerings are proved on
   CPU by tests/planner/test_verify_lowered.py), every op, twice per case (the second reuses the binding),
   plus ``async_op=True`` and NCCL's own allreduce on the same communicator, against torch references;
-* ``planner``: the planner's algorithms on a 4-rank topology, float32 and bfloat16;
+* ``planner``: the planner's algorithms on a 4-rank topology (bucket on a ring and a 2x2 mesh), float32 and bfloat16;
 * ``ddp`` (4 ranks): DDP with the hook over our NCCL transport (the planner's hierarchical all-reduce on a
   2 x 2 topology, built identically by every rank) against plain DDP over torch's NCCL;
 * ``hang`` / ``die`` (2 ranks): rank 1 stops answering (sleeps, or exits) before the second allreduce;
@@ -165,8 +165,8 @@ def _rank_main(rank: int, world: int, path: str, mode: str, args: list[str]) -> 
             schedules, dtypes = S.every_collective(world), args[0].split(",")
             counts, group_bytes = [int(c) for c in args[1].split(",")], int(args[2])
         else:
-            schedules = S.planner_schedules(("ring", "tree", "halving-doubling", "direct", "hierarchical",
-                                             "multitree", "treepack"), 1 << 20)
+            schedules = {**S.planner_schedules(("ring", "tree", "halving-doubling", "direct", "hierarchical",
+                                                "multitree", "treepack"), 1 << 20), **S.grid_schedules(1 << 20)}
             dtypes, counts, group_bytes = ["float32", "bfloat16"], [7, 65537], 512 << 10
         res = _check_schedules(rank, world, device, schedules, dtypes, counts, group_bytes, transport)
         totals = control.allgather_ints([res["wrong_count"]], 120.0) or []
