@@ -196,8 +196,7 @@ def bucket(topology: Topology, collective: str, options: Options) -> Schedule:
     n = len(streams)
     whole = collective != "allreduce"  # each rank's block stays whole: a message per block
     if whole:
-        sends = n * p * sum((grid.sizes[d] - 1) * p // math.prod(grid.sizes[e] for e in dims[:k + 1])
-                            for k, d in enumerate(dims))
+        sends = n * p * (p - 1)  # each stream sends every rank's p - 1 other blocks once, level by level
         if 2 * sends > MAX_OPERATIONS:
             raise NotApplicableError(f"bucket's {collective} on {p} ranks sends a message per block: "
                                      f"{2 * sends:,} sends and receives, more than {MAX_OPERATIONS:,}",
