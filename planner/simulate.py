@@ -234,23 +234,20 @@ def simulate(topology: Topology, schedule: Schedule, size_bytes: int, *, record:
     return result
 
 
-#: Complete results kept per topology, the latest first: a builder that simulates a candidate to choose it
-#: (hierarchical's all-reduce layouts) and ``auto``, which then times the same schedule object, pay once.
-#: One: the kept schedule is the one just chosen, so it costs no memory that the caller does not hold.
-_RECALLED = 1
-
-
-def _recent(topology: Topology) -> deque[tuple[Schedule, int, SimResult]]:
-    return topology.derived("simulate.recent", lambda: deque(maxlen=_RECALLED))
+def _kept(topology: Topology) -> list[tuple[Schedule, int, SimResult]]:
+    """The latest complete result on ``topology`` (at most one: the schedule just chosen, which the caller holds
+    anyway), so that a builder that simulates a candidate to choose it (hierarchical's all-reduce layouts) and
+    ``auto``, which then times the same schedule object, pay once."""
+    return topology.derived("simulate.kept", list)
 
 
 def _recalled(topology: Topology, schedule: Schedule, size_bytes: int) -> SimResult | None:
     """The result of simulating this very schedule object at this size on this topology, if kept."""
-    return next((r for s, z, r in _recent(topology) if s is schedule and z == size_bytes), None)
+    return next((r for s, z, r in _kept(topology) if s is schedule and z == size_bytes), None)
 
 
 def _remember(topology: Topology, schedule: Schedule, size_bytes: int, result: SimResult) -> None:
-    _recent(topology).appendleft((schedule, size_bytes, result))
+    _kept(topology)[:] = [(schedule, size_bytes, result)]
 
 
 def simulate_within(topology: Topology, schedule: Schedule, size_bytes: int, deadline_s: float) -> SimResult | None:
