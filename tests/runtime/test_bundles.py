@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,11 +11,7 @@ import pytest
 from runtime.executor import NUMPY_OPS, SEND, Program, message_tag_space
 from runtime.group_executor import GroupProgram
 from runtime.lowering import lower
-
-HERE = Path(__file__).parent
-_spec = importlib.util.spec_from_file_location("runtime_test_schedules", HERE / "mpi_scripts" / "schedules.py")
-S = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(S)  # type: ignore[union-attr]
+from tests.runtime.test_mpi import S
 
 
 def grouped(schedule: Any, block: int, cap: int) -> list[GroupProgram]:
