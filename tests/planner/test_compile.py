@@ -186,6 +186,20 @@ def test_auto_stops_simulating_a_tier_once_it_is_near_the_bound() -> None:
     assert all((c.reason or "").startswith(f"not tried: {winner} is already at") for c in skipped)
 
 
+def test_auto_simulates_the_finest_of_equally_loaded_candidates_first() -> None:
+    """Halving-doubling and hierarchical load a fat-tree's NICs alike; hierarchical's pipeline, many more
+    operations, wins, so it is simulated first and halving-doubling, which can no longer gain 3%, is not
+    simulated at all (before: simulated to its end, 3.18 ms against 2.70 ms)."""
+    from planner.fabrics import fat_tree
+
+    compiled = compile_schedule(fat_tree(2, 1, 2, 2).topology(), "allreduce", "auto", Options(size_bytes=256 << 20))
+    by_name = {c.algorithm: c for c in compiled.candidates}
+    assert compiled.schedule.metadata.algorithm == "hierarchical"
+    hd = by_name["halving-doubling"]
+    assert hd.time_s is None and hd.link_time_s <= compiled.sim.time_s * 1.01
+    assert (hd.reason or "").startswith("not tried: hierarchical is already at")
+
+
 @pytest.mark.parametrize("name", ["dgx1-v100", "emu-racks", "pcie-4x4-10gbe", "ndv2-2chassis", "torus-4x4"])
 @pytest.mark.parametrize("collective", ["allgather", "allreduce", "broadcast"])
 def test_ring_never_beats_its_chain_of_least_latencies(name: str, collective: str) -> None:
