@@ -440,19 +440,21 @@ def _time_candidates(topology: Topology, collective: str, options: Options, memb
                       time.perf_counter() - started))
 
     built.sort(key=lambda item: item[0])
-    # the likeliest winner among the costly proofs: the least link time, and of those within 1% of it the most
-    # operations, the finest pipeline (fattree-1024: halving-doubling's 41,984 and hierarchical's 328,704
-    # operations load the busiest link alike; hierarchical wins at 58% of the other's time)
-    large = [(floor, name, schedule) for floor, name, schedule, _ in built if schedule.op_count >= PARALLEL_VERIFY_OPS]
-    if large and not proofs:
-        least = large[0][0]
-        _, name, schedule = max((c for c in large if c[0] <= least * 1.01), key=lambda c: c[2].op_count)
+
+    def likeliest(found: list[tuple[float, str, Schedule, float]]) -> tuple[float, str, Schedule, float]:
+        """The likeliest winner: the least link time, and of those within 1% of it the most operations, the
+        finest pipeline (fattree-1024: halving-doubling's 41,984 and hierarchical's 328,704 operations load
+        the busiest link alike; hierarchical wins at 56% of the other's time)."""
+        return max((c for c in found if c[0] <= found[0][0] * 1.01), key=lambda c: c[2].op_count)
+
+    large = [c for c in built if c[2].op_count >= PARALLEL_VERIFY_OPS]
+    if large and not proofs:  # the costly proof that runs beside the simulations
+        _, name, schedule, _ = likeliest(large)
         proofs[name] = _Verification(schedule)
     if built:
-        # that likeliest winner is simulated first, so that the others are given up once they pass it
-        # (fattree-1024 at 256 MiB: halving-doubling stopped at hierarchical's 2.76 ms, not run to its 4.92 ms)
-        least = built[0][0]
-        first = max((c for c in built if c[0] <= least * 1.01), key=lambda c: c[2].op_count)
+        # simulated first, so that the others are given up once they pass it (fattree-1024 at 256 MiB:
+        # halving-doubling stopped at hierarchical's 2.76 ms, not run to its 4.92 ms)
+        first = likeliest(built)
         built.remove(first)
         built.insert(0, first)
     for floor, name, schedule, build_s in built:
