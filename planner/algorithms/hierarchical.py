@@ -86,7 +86,7 @@ _WINDOW_BYTES = 4 << 20
 #: Largest slice of a reduce-scatter or all-gather, relative to its first (see :func:`_slice_shape`).
 _PLATEAU = 8
 #: An all-reduce that the message budget leaves this few slices shapes them by doubling (1, 2, 4, 8, 8, 4,
-#: 2, 1; see :func:`_few_shape`), where its smallest is still :data:`_WINDOW_BYTES`: equal slices leave
+#: 2, 1; see :data:`_DOUBLING`), where its smallest is still :data:`_WINDOW_BYTES`: equal slices leave
 #: the network idle while the first slice's intra-host reduce-scatter fills the pipeline and the last one's
 #: all-gather drains it (a 1024-GPU fat-tree at 256 MiB: 8 slices, the NICs 13% busy over the first and
 #: last 4% of the time; 92.9% of the bound equal, 96.7% shaped).  Not where faster hosts own more of the
@@ -100,6 +100,10 @@ _FEW_SLICES = 16
 _MIDDLE_AHEAD = 2
 #: Sizes of the first slices of a reduce-scatter or all-gather, relative to the first (then the plateau).
 _RAMP = (1, 2, 3, 4, 6, 8)
+#: The ramp of an all-reduce left few slices (see :data:`_FEW_SLICES`): doubling.  The slower :data:`_RAMP`
+#: loses there (the 1024-GPU fat-tree at 256 MiB, 10 slices 1, 2, 3, 4, 6, 8, 8, 4, 2, 1: 95.7% of the bound;
+#: 8 doubling: 96.7%).
+_DOUBLING = (1, 2, 4, 8)
 #: Reduce-scatter and all-gather slices average at least this much of a rank's block.
 _MIN_SLICE_BYTES = 64 << 10
 #: At least this many slices where there are two or more levels (within the message budget): below
@@ -537,28 +541,23 @@ _WAVE_SLACK = 1.25
 # --------------------------------------------------------------------------- slices of reduce-scatter, all-gather
 
 
-def _slice_shape(slices: int) -> tuple[int, ...]:
+def _slice_shape(slices: int, ramp: tuple[int, ...] = _RAMP) -> tuple[int, ...]:
     """Relative sizes of the ``slices`` slices of a reduce-scatter or all-gather: small at both ends.
 
     The first slice's first stage is the pipeline's fill and the last slice's
     last stage its drain; the slices in between keep every level busy.  Sizes
-    grow from 1 up to :data:`_PLATEAU` by :data:`_RAMP` and halve again towards
-    the end, so fill and drain cost a small fraction of a slice (1, 2, 3, 4, 6,
-    8, 8, ..., 4, 2, 1).  The ramp grows by about 1.5, not 2: the stage that
-    binds is fed by the one before it, which on small slices runs at its
-    latency, and a slice twice the last one leaves the binding stage waiting
-    for it (rail-8x8 reduce-scatter at 256 MiB, 12 slices: 94.6% of the bound
-    doubling, 96.2% by 1.5; fattree-64-4to1: 96.5%, 98.1%).  Halving at the
-    end costs nothing measurable, and all-gathers keep 99.4% either way.
+    grow from 1 up to :data:`_PLATEAU` by ``ramp`` and halve again towards the
+    end, so fill and drain cost a small fraction of a slice (1, 2, 3, 4, 6, 8,
+    8, ..., 4, 2, 1).  The ramp grows by about 1.5,
+    not 2: the stage that binds is fed by the one before it, which on small
+    slices runs at its latency, and a slice twice the last one leaves the
+    binding stage waiting for it (rail-8x8 reduce-scatter at 256 MiB, 12
+    slices: 94.6% of the bound doubling, 96.2% by 1.5; fattree-64-4to1: 96.5%,
+    98.1%).  Halving at the end costs nothing measurable, and all-gathers keep
+    99.4% either way.  An all-reduce left few slices doubles instead
+    (:data:`_DOUBLING`, see :data:`_FEW_SLICES`).
     """
-    return tuple(min(_RAMP[min(j, len(_RAMP) - 1)], 2 ** (slices - 1 - j), _PLATEAU) for j in range(slices))
-
-
-def _few_shape(slices: int) -> tuple[int, ...]:
-    """Relative sizes of an all-reduce's ``slices`` when the budget leaves few (see :data:`_FEW_SLICES`):
-    doubling from both ends up to :data:`_PLATEAU`.  The slower ramp of :func:`_slice_shape` loses here
-    (the 1024-GPU fat-tree at 256 MiB, 10 slices 1, 2, 3, 4, 6, 8, 8, 4, 2, 1: 95.7% of the bound; 8: 96.7%)."""
-    return tuple(min(2 ** j, 2 ** (slices - 1 - j), _PLATEAU) for j in range(slices))
+    return tuple(min(ramp[min(j, len(ramp) - 1)], 2 ** (slices - 1 - j), _PLATEAU) for j in range(slices))
 
 
 def _chunk_budget(p: int, size_bytes: int) -> int:
@@ -959,9 +958,10 @@ def _hierarchical(topology: Topology, collective: str, options: Options, levels:
         # fast within a point, with a fraction of the slices, so of the operations (dgx-a100-4node at 256 MiB:
         # 98.6% of the bound with 44k operations; 128 equal slices: 99.2% with 164k)
         shape = (1,) * slices
+        doubled = _slice_shape(slices, _DOUBLING)
         if (options.pipeline is None and not raised and len(levels) > 1 and 3 <= slices <= _FEW_SLICES
-                and weights is None and options.size_bytes / sum(_few_shape(slices)) >= _WINDOW_BYTES):
-            shape, ahead = _few_shape(slices), _MIDDLE_AHEAD
+                and weights is None and options.size_bytes / sum(doubled) >= _WINDOW_BYTES):
+            shape, ahead = doubled, _MIDDLE_AHEAD
         elif options.pipeline is None and not raised and slices > _EQUAL_SLICES:
             n = 1
             while n < most and sum(_slice_shape(n + 1)) <= 2 * slices:

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from planner.algorithms import Options
 from planner.algorithms.hierarchical import (
     _DIRECT_MAX_MEMBERS,
+    _DOUBLING,
     _METHODS,
-    _few_shape,
     _slice_shape,
     hierarchical,
     ownership,
@@ -204,10 +204,10 @@ def test_slice_shape_is_small_at_both_ends() -> None:
     assert _slice_shape(11) == (1, 2, 3, 4, 6, 8, 8, 8, 4, 2, 1)
 
 
-def test_few_shape_doubles_from_both_ends() -> None:
-    assert _few_shape(4) == (1, 2, 2, 1)
-    assert _few_shape(8) == (1, 2, 4, 8, 8, 4, 2, 1)
-    assert _few_shape(11) == (1, 2, 4, 8, 8, 8, 8, 8, 4, 2, 1)
+def test_few_slices_double_from_both_ends() -> None:
+    assert _slice_shape(4, _DOUBLING) == (1, 2, 2, 1)
+    assert _slice_shape(8, _DOUBLING) == (1, 2, 4, 8, 8, 4, 2, 1)
+    assert _slice_shape(11, _DOUBLING) == (1, 2, 4, 8, 8, 8, 8, 8, 4, 2, 1)
 
 
 @pytest.mark.parametrize("name", ["fattree-16-2to1", "emu-racks", "ndv2-2chassis", "rail-8x8"])
@@ -224,7 +224,7 @@ def test_all_reduce_shapes_few_slices_and_keeps_them_in_order(monkeypatch: pytes
     size = 256 << 20
     shaped = hierarchical(topology, "allreduce", Options(size_bytes=size))
     slices = shaped.metadata.options["pipeline"]
-    assert shaped.metadata.options["slice_shape"] == ":".join(map(str, _few_shape(slices)))
+    assert shaped.metadata.options["slice_shape"] == ":".join(map(str, _slice_shape(slices, _DOUBLING)))
     check_schedule(topology, shaped, "allreduce", "hierarchical")
     equal = hierarchical(topology, "allreduce", Options(size_bytes=size, pipeline=slices))
     assert set(equal.metadata.options["slice_shape"].split(":")) == {"1"}
