@@ -29,6 +29,7 @@ k blocks is k messages, within :data:`MAX_OPERATIONS`.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -259,7 +260,7 @@ def bucket(topology: Topology, collective: str, options: Options) -> Schedule:
     # had their first level to send there (4x4x4 torus at 256 MiB: 90.2% of the bound so, 100% gated).
     done: dict[tuple[int, int], list[int]] = {}  # (rank, stream) -> receives of its last level
     at = 0
-    for piece, (level, gather) in ((piece, phase) for piece in range(slices) for phase in phases):
+    for piece, (level, gather) in itertools.product(range(slices), phases):
         width = max(grid.sizes[order[level]] for order in orders) - 1
         barrier, done = (done if whole and not gather else {}), {}
         for t in range(width):
