@@ -263,6 +263,11 @@ class _CutFamily:
             groups[r].add(dev)
         if any(len(g) > 1 for g in groups):
             self._add_partition(f"each of the {p} ranks with the devices nearest to it alone", groups, topo)
+            # one such group alone: a mesh corner's three router links, found without the per-host max-flow
+            # cuts that large fabrics skip (mesh-8x8x8: 75 GB/s into a corner, where its GPU's port gave 100)
+            for r, g in enumerate(groups):
+                if len(g) > 1:
+                    self._add(f"rank {r} ({devices[self.rank_dev[r]].name}) with the devices nearest to it", g)
 
         # hosts: every device naming the host, plus ranks that have no host (their own host)
         host_members: dict[str, set[int]] = {h: set() for h in topo.hosts}

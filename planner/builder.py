@@ -186,13 +186,15 @@ class ScheduleBuilder:
         return self._emit(rank, "reduce", None, src, dst, step, 0, (src, dst), dst, after)
 
     def transfer(self, src_rank: int, dst_rank: int, src: Chunk, dst: Chunk, *, reduce: bool = False,
-                 step: int = 0, channel: int = 0, after: Iterable[int] = ()) -> tuple[int, int]:
+                 step: int = 0, channel: int = 0, after: Iterable[int] = (),
+                 recv_after: Iterable[int] = ()) -> tuple[int, int]:
         """A send on ``src_rank`` and its matching receive (or receive-and-reduce) on ``dst_rank``.
 
         Relayed when the builder's ``relay`` names ranks to pass through: each
         receives into a scratch slot and sends on, on the same channel.  Returns
         the indices of the send on ``src_rank`` and of the receive on ``dst_rank``.
-        ``after`` are operations of ``src_rank`` the send also waits for (flow control).
+        ``after`` are operations of ``src_rank`` the send also waits for (flow control),
+        ``recv_after`` those of ``dst_rank`` the receive waits for.
         """
         via = self._relay(src_rank, dst_rank) if self._relay is not None else ()
         chain = (src_rank, *via, dst_rank)
@@ -202,7 +204,7 @@ class ScheduleBuilder:
         for i in range(1, len(chain) - 1):  # the relays: receive into a slot, send on from it
             self.recv(chain[i], chain[i - 1], refs[i], step=step, channel=channel)
             self.send(chain[i], chain[i + 1], refs[i], step=step, channel=channel)
-        last = self.recv(dst_rank, chain[-2], dst, reduce=reduce, step=step, channel=channel)
+        last = self.recv(dst_rank, chain[-2], dst, reduce=reduce, step=step, channel=channel, after=recv_after)
         return first, last
 
     def _slot(self, rank: int, channel: int, onward: int, count: int) -> int:

@@ -22,9 +22,11 @@ Hierarchical and halving-doubling see a grid as one level: a single ring or
 exchange over all ranks, a third of the bound or less on a 3D torus (routes
 run in dimension order, so one ring's long hops collide).  Each rank owns one
 router here; the grid is read off the links' ``dim`` labels.  An all-reduce
-keeps each stream's data in its own order, a part one run; reduce-scatter and
-all-gather keep every rank's block where the collective puts it, so a part of
-k blocks is k messages, within :data:`MAX_OPERATIONS`.
+keeps each stream's data in its own order, a part one run.  Reduce-scatter and
+all-gather must keep every rank's block where the collective puts it, where a
+stream's share of k blocks lies in k places; they work in scratch instead,
+each stream's share in its own order, and copy every share of every block
+between scratch and the buffer on its own, within :data:`MAX_OPERATIONS`.
 """
 
 from __future__ import annotations
@@ -175,9 +177,9 @@ def _line(n: int, gather: bool) -> list[list[Send]]:
     return [[(j, i, a, b) for i, j, a, b in step] for step in reversed(steps)]
 
 
-#: Operations a reduce-scatter or all-gather may take: they keep each rank's block whole, so a part of k
-#: blocks is k messages (4x4x4 torus: 48k operations; 8x8x8: 3.1M, which it declines: built and simulated
-#: they reach 100% of the bound, but in 90 s on 2 cores, over issue #11's 60 s at 512 ranks).
+#: Operations a reduce-scatter or all-gather may take, a copy of every part of every block included (8x8x8
+#: torus: 0.9M with a part per order, 99.2% of the bound at 256 MiB, compiled by ``auto`` in 36-42 s; a part
+#: per stream would take 1.6M copies, and the messages of the blocks kept in place 3.1M, 90 s).
 MAX_OPERATIONS = 1 << 20
 #: A mesh all-reduce's slices (see the module docstring): at most this many, within this many operations,
 #: each at least this large (mesh-4x4: 16 slices 92.2% of the bound at 64 MiB, 64 slices 98.4%; at 1 MiB,
@@ -204,20 +206,32 @@ def bucket(topology: Topology, collective: str, options: Options) -> Schedule:
     ways = (1, -1) if any(grid.rings[d] for d in dims) else (1,)
     streams = [(order, way) for order in orders for way in ways]
     n = len(streams)
-    whole = collective != "allreduce"  # each rank's block stays whole: a message per block
+    whole = collective != "allreduce"  # each rank's block stays where the collective puts it
+    lined = collective != "allgather" and not all(grid.rings[d] for d in dims)  # sums flow along lines
+    parts = n
+    itemwise = False
     if whole:
-        sends = n * p * (p - 1)  # each stream sends every rank's p - 1 other blocks once, level by level
-        if 2 * sends > MAX_OPERATIONS:
-            raise NotApplicableError(f"bucket's {collective} on {p} ranks sends a message per block: "
-                                     f"{2 * sends:,} sends and receives, more than {MAX_OPERATIONS:,}",
+        def operations(parts: int, itemwise: bool) -> int:
+            """Copies to or from scratch, a part of every block each, then sends and receives."""
+            sends = parts * p * (p - 1) if itemwise else n * p * sum(grid.sizes[d] - 1 for d in dims)
+            return parts * p * p + 2 * sends
+
+        # a part per stream where that fits the budget, else a part per order; items go one by one where that
+        # fits too, but for a mesh's reduce-scatter (mesh-4x4 at 256 MiB: 83.3% of the bound so, 100% in runs;
+        # torus-4x4x4 at 1 MiB: 80.4% so, 69.6% in runs)
+        parts = n if operations(n, False) <= MAX_OPERATIONS else len(orders)
+        if operations(parts, False) > MAX_OPERATIONS:
+            raise NotApplicableError(f"bucket's {collective} on {p} ranks copies every part of every block on its "
+                                     f"own: {operations(parts, False):,} operations, more than {MAX_OPERATIONS:,}",
                                      fix="use hierarchical or halving-doubling at this scale")
+        itemwise = not lined and operations(parts, True) <= MAX_OPERATIONS
+        meta["parts"] = parts
     meta["streams"] = n
     meta["grid"] = "x".join(f"{grid.sizes[d]}{'' if grid.rings[d] else 'm'}" for d in dims)
 
-    # Stream s takes chunk s of every rank's block (all-reduce: of every virtual block).  A virtual
-    # block is a rank's coordinates read as a mixed-radix number, the stream's first dimension most
-    # significant, so that at every level a rank holds one run of virtual blocks and sends each part as
-    # one run (all-reduce) or as a message per rank block in it.
+    # All-reduce: stream s takes chunk s of every virtual block.  A virtual block is a rank's coordinates
+    # read as a mixed-radix number, the stream's first dimension most significant, so that at every level
+    # a rank holds one run of virtual blocks and sends each part as one run.
     def virtual(order: list[int], r: int) -> int:
         v = 0
         for e in order:
@@ -228,7 +242,23 @@ def bucket(topology: Topology, collective: str, options: Options) -> Schedule:
     for o, order in enumerate(orders):
         for r in range(p):
             owner[o][virtual(order, r)] = r
-    lined = collective != "allgather" and not all(grid.rings[d] for d in dims)
+    # Reduce-scatter and all-gather: rank r's block is cut into ``parts``, one per stream, or (with fewer
+    # parts than streams) one per order, the way round the rings taken by the parity of r's coordinates'
+    # sum, so that every line holds as many of each stream's as of the other's (rings of even length).
+    # A stream's items lie in scratch in its virtual order, so a part is one run (or, one by one, each item
+    # goes on as soon as it arrives, where a run waits for its last: all-gather on mesh-4x4, 100% of the
+    # bound against 93.7%).
+    first_item: list[list[int]] = []  # stream -> scratch index of its first item at or after each virtual block
+    item: list[tuple[int, int]] = []  # scratch index -> (rank, part)
+    if whole:
+        stream_of = [[k if parts == n else k * len(ways) + sum(c) % len(ways) for k in range(parts)]
+                     for c in grid.coords]
+        for s in range(n):
+            first_item.append([len(item)])
+            for r in owner[s // len(ways)]:
+                item.extend((r, k) for k in range(parts) if stream_of[r][k] == s)
+                first_item[s].append(len(item))
+    slot = {(r, k): i for i, (r, k) in enumerate(item)}
     slices = 1
     if collective == "allreduce" and lined:
         per_slice = 4 * n * p * sum(grid.sizes[d] - 1 for d in dims)  # sends and receives, all levels both ways
@@ -236,18 +266,24 @@ def bucket(topology: Topology, collective: str, options: Options) -> Schedule:
                                                 options.size_bytes // MIN_SLICE_BYTES))
         meta["slices"] = slices
     # all-reduce: slice l's stream s holds chunks (l n + s) p ... of the buffer, one per virtual block
-    in_chunks, out_chunks = ((n * p, n) if collective == "reducescatter" else (n, n * p) if whole
-                             else (slices * n * p,) * 2)
-    # scratch: a reduce-scatter's working copy of its input, then (meshes) where a line's owner receives aside
-    spare = n * p if collective == "reducescatter" else 0
-    b = ScheduleBuilder(collective, p, in_chunks, out_chunks,
-                        scratch_chunks=spare + (slices * n * p if lined else 0))
-    buffer = "s" if collective == "reducescatter" else "o"
+    in_chunks, out_chunks = ((parts * p, parts) if collective == "reducescatter" else (parts, parts * p)
+                             if whole else (slices * n * p,) * 2)
+    # scratch: the items, then (meshes) where a line's owner receives aside
+    spare = len(item)
+    b = ScheduleBuilder(collective, p, in_chunks, out_chunks, scratch_chunks=spare + (spare or slices * n * p) * lined)
     for r in range(p):
         if collective == "allgather":
-            b.copy(r, Chunk("i", 0, n), Chunk("o", r * n, n))
+            b.copy(r, Chunk("i", 0, parts), Chunk("o", r * parts, parts))
+            for k in range(parts):
+                b.copy(r, Chunk("i", k), Chunk("s", slot[r, k]))
+        elif collective == "reducescatter":
+            for (owned, k), i in slot.items():
+                b.copy(r, Chunk("i", owned * parts + k), Chunk("s", i))
         else:
-            b.copy(r, Chunk("i", 0, in_chunks), Chunk(buffer, 0, in_chunks))
+            b.copy(r, Chunk("i", 0, in_chunks), Chunk("o", 0, in_chunks))
+    # the first level's sends and receives wait for all of a rank's copies, so that they become ready together,
+    # in program order: a connection sends in the order its messages became ready (a line's far parts first)
+    copied = [[len(program) - 1] for program in b.programs]
 
     lines = {d: grid.lines(d) for d in dims}
     phases = [(level, True) for level in reversed(range(len(dims)))]
@@ -277,23 +313,31 @@ def bucket(topology: Topology, collective: str, options: Options) -> Schedule:
                     for i, j, lo, hi in plan[t]:
                         first = held + grid.coords[members[lo]][d] * span
                         if whole:
-                            refs = [Chunk(buffer, owner[s // len(ways)][v] * n + s)
-                                    for v in range(first, first + span * (hi - lo))]
+                            a, z = first_item[s][first], first_item[s][first + span * (hi - lo)]
+                            refs = ([Chunk("s", x) for x in range(a, z)] if itemwise
+                                    else [Chunk("s", a, z - a)] * (a < z))
                         else:
                             refs = [Chunk("o", (piece * n + s) * p + first, span * (hi - lo))]
-                        gate = barrier.get((members[i], s), ())
+                        gate = copied[members[i]] if not at else barrier.get((members[i], s), ())
                         # a line's owner gets its part from both ends at the last step: one of the two lands
                         # in scratch and is added locally, or the second would wait for the first to finish
                         aside = not gather and not grid.rings[d] and j == lo < i
                         for ref in refs:
                             into = Chunk("s", spare + ref.index, ref.count) if aside else ref
                             _, recv = b.transfer(members[i], members[j], ref, into, reduce=not gather and not aside,
-                                                 step=at + t, channel=s, after=gate)
+                                                 step=at + t, channel=s, after=gate,
+                                                 recv_after=() if at else copied[members[j]])
                             if aside:
                                 recv = b.reduce(members[j], into, ref, step=at + t)
                             done.setdefault((members[j], s), []).append(recv)
         at += width
-    if collective == "reducescatter":
-        for r in range(p):
-            b.copy(r, Chunk("s", r * n, n), Chunk("o", 0, n), step=at)
+    # last, so that the transfers find each run of scratch whole (a copy an item splits it)
+    for r in range(p):
+        if collective == "reducescatter":
+            for k in range(parts):
+                b.copy(r, Chunk("s", slot[r, k]), Chunk("o", k), step=at)
+        elif collective == "allgather":
+            for x, (owned, k) in enumerate(item):
+                if owned != r:
+                    b.copy(r, Chunk("s", x), Chunk("o", owned * parts + k), step=at)
     return b.build("bucket", meta)

@@ -13,6 +13,7 @@ from planner.algorithms import ALGORITHMS, Options
 from planner.bounds import Bound, lower_bound
 from planner.builder import ScheduleBuilder
 from planner.errors import NotApplicableError, UsageError
+from planner.fabrics import grid
 from planner.simulate import simulate
 from planner.topology import Device, Link, Topology, build_topology, load_topology, parse_topology_text
 from planner.verify import verify
@@ -306,6 +307,17 @@ def test_a_rank_private_router_joins_its_group() -> None:
     size = 1 << 30
     bound = lower_bound(build_topology("square", devices, links), "allreduce", size)
     assert bound.bandwidth_s == pytest.approx(6 * size / (8 * 25 * GB))
+    assert "nearest" in bound.cut
+
+
+@pytest.mark.parametrize("collective", ["allgather", "reducescatter"])
+def test_a_mesh_corner_binds_without_the_per_host_max_flow(collective: str) -> None:
+    """A rank with its private router is one cut too: on mesh-8x8x8, too large for the per-host max-flow
+    cuts, a corner's three 25 GB/s router links bound an all-gather, not its GPU's 100 GB/s port."""
+    topology = grid("mesh", (8, 8, 8)).topology()
+    size = 256 << 20
+    bound = lower_bound(topology, collective, size)
+    assert bound.bandwidth_s == pytest.approx(size * 511 / 512 / (75 * GB))
     assert "nearest" in bound.cut
 
 

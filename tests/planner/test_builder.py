@@ -220,6 +220,13 @@ def test_after_adds_explicit_dependencies() -> None:
     assert b.programs[0][k].deps == (a,)
 
 
+def test_a_receive_waits_for_recv_after() -> None:
+    b = ScheduleBuilder("allreduce", 2, 2, 2)
+    a = b.copy(1, Chunk("i", 1), Chunk("o", 1))
+    _, recv = b.transfer(0, 1, Chunk("i", 0), Chunk("o", 0), recv_after=[a])
+    assert b.programs[1][recv].deps == (a,)
+
+
 def test_inplace_aliasing_creates_dependencies_across_buffer_names() -> None:
     # in-place allgather on rank 1 with 2 chunks per rank: i[j] is o[2 + j]
     b = ScheduleBuilder("allgather", 2, 2, 4, inplace=True)
