@@ -211,10 +211,10 @@ def bucket(topology: Topology, collective: str, options: Options) -> Schedule:
     parts = n
     itemwise = False
     if whole:
-        def operations(parts: int, itemwise: bool) -> int:
-            """Copies to or from scratch, a part of every block each, then sends and receives."""
-            sends = parts * p * (p - 1) if itemwise else n * p * sum(grid.sizes[d] - 1 for d in dims)
-            return parts * p * p + 2 * sends
+        def operations(cut: int, one_by_one: bool) -> int:
+            """Copies to or from scratch (blocks cut in ``cut`` parts, each copied on its own), sends, receives."""
+            sends = cut * p * (p - 1) if one_by_one else n * p * sum(grid.sizes[d] - 1 for d in dims)
+            return cut * p * p + 2 * sends
 
         # a part per stream where that fits the budget, else a part per order; items go one by one where that
         # fits too, but for a mesh's reduce-scatter (mesh-4x4 at 256 MiB: 83.3% of the bound so, 100% in runs;
