@@ -156,7 +156,7 @@ def test_source_routed_fabrics_get_their_paths_chosen_and_kept(tmp_path: Path) -
 def test_auto_skips_the_costly_tiers_once_it_is_near_the_bound() -> None:
     """Issue #11: on emu-racks sliced hierarchical all-gather reaches 99.8% of the bound, so auto never builds
     tree packing, MultiTree or the flow LP (seconds to minutes at scale); where the cheap tier falls short
-    (a 3x2 torus, 83% with the bucket algorithm) it goes on to them."""
+    (a 3x2 mesh, 90.9% with the bucket algorithm) it goes on to them."""
     from planner.algorithms import ALGORITHMS
     from planner.compile import GOOD_ENOUGH, resolve_topology
     from planner.fabrics import grid
@@ -167,8 +167,8 @@ def test_auto_skips_the_costly_tiers_once_it_is_near_the_bound() -> None:
     for c in compiled.candidates:
         if ALGORITHMS[c.algorithm].auto_tier > 0:
             assert c.time_s is None and c.reason is not None and c.reason.startswith("not tried"), c
-    torus = compile_schedule(grid("torus", (3, 2)).topology(), "allgather", "auto", Options(size_bytes=256 << 20))
-    assert any(c.time_s is not None for c in torus.candidates if ALGORITHMS[c.algorithm].auto_tier > 0)
+    mesh = compile_schedule(grid("mesh", (3, 2)).topology(), "allgather", "auto", Options(size_bytes=256 << 20))
+    assert any(c.time_s is not None for c in mesh.candidates if ALGORITHMS[c.algorithm].auto_tier > 0)
 
 
 def test_auto_stops_simulating_a_tier_once_it_is_near_the_bound() -> None:
