@@ -16,7 +16,10 @@ link allows.  That loads an end's link one way in the reduce-scatter and the
 other way in the all-gather, so a mesh all-reduce runs in slices, one slice's
 reduce-scatter beside an earlier one's all-gather (mesh-4x4 at 64 MiB: 64.5%
 of the bound in one slice, 98.4% in 64).  On a 3D mesh the later levels' sums
-cross the end links too, which caps it near 77% (4x4x4).
+cross the end links too, which caps it near 77% (4x4x4).  On unequal
+dimensions the order that starts on the longest loads it most, so the orders
+share the data unequally, in as many streams each (:func:`_order_parts`; a
+torus all-reduce then runs in slices too).
 
 Hierarchical and halving-doubling see a grid as one level: a single ring or
 exchange over all ranks, a third of the bound or less on a 3D torus (routes
@@ -234,6 +237,11 @@ def _order_parts(grid: Grid, orders: list[list[int]], ways: int, bandwidth: dict
     return best[1]
 
 
+def _slice_operations(grid: Grid, dims: list[int], ranks: int, streams: int) -> int:
+    """Sends and receives of one slice of an all-reduce: every stream's levels, both phases."""
+    return 4 * streams * ranks * sum(grid.sizes[d] - 1 for d in dims)
+
+
 def bucket(topology: Topology, collective: str, options: Options) -> Schedule:
     """Bucket all-reduce, reduce-scatter or all-gather over the grid of ``topology`` (see the module docstring)."""
     collective = canonical_collective(collective)
@@ -246,47 +254,54 @@ def bucket(topology: Topology, collective: str, options: Options) -> Schedule:
         return single_rank(collective, 1, 1, "bucket", meta)
     grid = grid_of(topology)
     dims = [d for d, n in enumerate(grid.sizes) if n > 1]
-    # streams: each dimension first once, each way round its rings
+    # streams: each dimension first once (some orders more than once, see _order_parts), each way round its rings
     orders = [dims[s:] + dims[:s] for s in range(len(dims))]
     ways = (1, -1) if any(grid.rings[d] for d in dims) else (1,)
-    streams = [(order, way) for order in orders for way in ways]
+    bandwidth: dict[int, float] = {}  # the slowest link of each dimension
+    sends: dict[str, float] = {}  # each device's links out
+    for link in topology.links:
+        sends[link.src] = sends.get(link.src, 0.0) + link.bandwidth
+        if link.dim is not None:
+            bandwidth[link.dim] = min(bandwidth.get(link.dim, math.inf), link.bandwidth)
+    port = min(sends[name] for name in topology.ranks)
+    per_order = _order_parts(grid, orders, len(ways), bandwidth, port, len(dims))
+    if len(set(per_order)) > 1 and collective == "reducescatter":  # the links bind, not the ports
+        per_order = _order_parts(grid, orders, len(ways), bandwidth, port, 1)
+    # an all-reduce weighs its orders on a torus only (a dimension of 2 is a line of one link), only in slices
+    # (the next one's reduce-scatter beside one's all-gather; 8x4 torus at 256 MiB: 69.2% of the bound in one
+    # slice, 99.3% in 5, 88.4% unweighted): a mesh line's load differs by phase (mesh-8x4: 83.3% weighted in
+    # 10 slices, 90.4% not)
+    if collective == "allreduce" and (any(not grid.rings[d] and grid.sizes[d] > 2 for d in dims) or
+                                      4 * _slice_operations(grid, dims, p, sum(per_order) * len(ways))
+                                      > SLICED_OPERATIONS):
+        per_order = (1,) * len(orders)
+    weighted = len(set(per_order)) > 1
+    order_of = [o for o, k in enumerate(per_order) for _ in range(k) for _ in ways]  # each stream's order
+    streams = [(orders[o], ways[s % len(ways)]) for s, o in enumerate(order_of)]
     n = len(streams)
+    meta["order_parts"] = ":".join(map(str, per_order))
     whole = collective != "allreduce"  # each rank's block stays where the collective puts it
     lined = collective != "allgather" and not all(grid.rings[d] for d in dims)  # sums flow along lines
     parts = n
-    itemwise = False
+    itemwise = by_parity = False
     if whole:
         def operations(cut: int, one_by_one: bool) -> int:
             """Copies to or from scratch (blocks cut in ``cut`` parts, each copied on its own), sends, receives."""
-            sends = cut * p * (p - 1) if one_by_one else n * p * sum(grid.sizes[d] - 1 for d in dims)
-            return cut * p * p + 2 * sends
+            messages = cut * p * (p - 1) if one_by_one else n * p * sum(grid.sizes[d] - 1 for d in dims)
+            return cut * p * p + 2 * messages
 
-        # parts per order (see _order_parts), each taken both ways round the rings where that fits the budget,
-        # else one way or the other by the parity of the rank's coordinates' sum (so every line holds as many
-        # of each way's, on rings of even length); items go one by one where that fits too, but for a mesh's
-        # reduce-scatter (mesh-4x4 at 256 MiB: 83.3% of the bound so, 100% in runs; torus-4x4x4 at 1 MiB: 80.4%
-        # so, 69.6% in runs)
-        bandwidth: dict[int, float] = {}  # the slowest link of each dimension
-        sends: dict[str, float] = {}  # each device's links out
-        for link in topology.links:
-            sends[link.src] = sends.get(link.src, 0.0) + link.bandwidth
-            if link.dim is not None:
-                bandwidth[link.dim] = min(bandwidth.get(link.dim, math.inf), link.bandwidth)
-        port = min(sends[name] for name in topology.ranks)
-        per_order = _order_parts(grid, orders, len(ways), bandwidth, port, len(dims))
-        if collective == "reducescatter" and len(set(per_order)) > 1:  # the links bind, not the ports
-            per_order = _order_parts(grid, orders, len(ways), bandwidth, port, 1)
-        parts = sum(per_order) * len(ways)
-        by_parity = operations(parts, False) > MAX_OPERATIONS
-        if by_parity:
-            parts = sum(per_order)
+        # a part per stream where that fits the budget, else the ways of an order's stream take one part, one way
+        # or the other by the parity of the rank's coordinates' sum (so every line holds as many of each way's,
+        # on rings of even length); items go one by one where that fits too, but for a mesh's reduce-scatter
+        # (mesh-4x4 at 256 MiB: 83.3% of the bound so, 100% in runs; torus-4x4x4 at 1 MiB: 80.4% so, 69.6% in runs)
+        by_parity = operations(n, False) > MAX_OPERATIONS
+        parts = n // len(ways) if by_parity else n
         if operations(parts, False) > MAX_OPERATIONS:
             raise NotApplicableError(f"bucket's {collective} on {p} ranks copies every part of every block on its "
                                      f"own: {operations(parts, False):,} operations, more than {MAX_OPERATIONS:,}",
                                      fix="use hierarchical or halving-doubling at this scale")
         itemwise = not lined and operations(parts, True) <= MAX_OPERATIONS
         meta["parts"] = parts
-        meta["order_parts"] = ":".join(map(str, per_order))
     meta["streams"] = n
     meta["grid"] = "x".join(f"{grid.sizes[d]}{'' if grid.rings[d] else 'm'}" for d in dims)
 
@@ -310,20 +325,17 @@ def bucket(topology: Topology, collective: str, options: Options) -> Schedule:
     first_item: list[list[int]] = []  # stream -> scratch index of its first item at or after each virtual block
     item: list[tuple[int, int]] = []  # scratch index -> (rank, part)
     if whole:
-        order_of = [o for o, k in enumerate(per_order) for _ in range(k)]
-        stream_of = [[order_of[k] * len(ways) + sum(c) % len(ways) for k in range(parts)] if by_parity else
-                     [order_of[k // len(ways)] * len(ways) + k % len(ways) for k in range(parts)]
+        stream_of = [[k * len(ways) + sum(c) % len(ways) if by_parity else k for k in range(parts)]
                      for c in grid.coords]
         for s in range(n):
             first_item.append([len(item)])
-            for r in owner[s // len(ways)]:
+            for r in owner[order_of[s]]:
                 item.extend((r, k) for k in range(parts) if stream_of[r][k] == s)
                 first_item[s].append(len(item))
     slot = {(r, k): i for i, (r, k) in enumerate(item)}
     slices = 1
-    if collective == "allreduce" and lined:
-        per_slice = 4 * n * p * sum(grid.sizes[d] - 1 for d in dims)  # sends and receives, all levels both ways
-        slices = options.pipeline or max(1, min(MESH_SLICES, SLICED_OPERATIONS // per_slice,
+    if collective == "allreduce" and (lined or weighted):
+        slices = options.pipeline or max(1, min(MESH_SLICES, SLICED_OPERATIONS // _slice_operations(grid, dims, p, n),
                                                 options.size_bytes // MIN_SLICE_BYTES))
         meta["slices"] = slices
     # all-reduce: slice l's stream s holds chunks (l n + s) p ... of the buffer, one per virtual block
