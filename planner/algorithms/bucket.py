@@ -354,8 +354,9 @@ def bucket(topology: Topology, collective: str, options: Options) -> Schedule:
                 b.copy(r, Chunk("i", owned * parts + k), Chunk("s", i))
         else:
             b.copy(r, Chunk("i", 0, in_chunks), Chunk("o", 0, in_chunks))
-    # the first level's sends and receives wait for all of a rank's copies, so that they become ready together,
-    # in program order: a connection sends in the order its messages became ready (a line's far parts first)
+    # the first level's sends and receives wait for all of a rank's copies into scratch, so that they become
+    # ready together, in program order: a connection sends in the order its messages became ready (a line's far
+    # parts first)
     copied = [[len(program) - 1] for program in b.programs]
 
     lines = {d: grid.lines(d) for d in dims}
@@ -391,7 +392,8 @@ def bucket(topology: Topology, collective: str, options: Options) -> Schedule:
                                     else [Chunk("s", a, z - a)] * (a < z))
                         else:
                             refs = [Chunk("o", (piece * n + s) * p + first, span * (hi - lo))]
-                        gate = copied[members[i]] if not at else barrier.get((members[i], s), ())
+                        first_level = whole and not at
+                        gate = copied[members[i]] if first_level else barrier.get((members[i], s), ())
                         # a line's owner gets its part from both ends at the last step: one of the two lands
                         # in scratch and is added locally, or the second would wait for the first to finish
                         aside = not gather and not grid.rings[d] and j == lo < i
@@ -399,7 +401,7 @@ def bucket(topology: Topology, collective: str, options: Options) -> Schedule:
                             into = Chunk("s", spare + ref.index, ref.count) if aside else ref
                             _, recv = b.transfer(members[i], members[j], ref, into, reduce=not gather and not aside,
                                                  step=at + t, channel=s, after=gate,
-                                                 recv_after=() if at else copied[members[j]])
+                                                 recv_after=copied[members[j]] if first_level else ())
                             if aside:
                                 recv = b.reduce(members[j], into, ref, step=at + t)
                             done.setdefault((members[j], s), []).append(recv)
