@@ -181,7 +181,7 @@ def _line(n: int, gather: bool) -> list[list[Send]]:
 
 
 #: Operations a reduce-scatter or all-gather may take, a copy of every part of every block included (8x8x8
-#: torus: 0.9M with a part per order, 99.2% of the bound at 256 MiB, compiled by ``auto`` in 36-42 s; a part
+#: torus: 0.9M with a part per order, 99.2% of the bound at 256 MiB, compiled by ``auto`` in 30-36 s; a part
 #: per stream would take 1.6M copies, and the messages of the blocks kept in place 3.1M, 90 s).
 MAX_OPERATIONS = 1 << 20
 #: A mesh all-reduce's slices (see the module docstring): at most this many, within this many operations,
@@ -406,7 +406,7 @@ def bucket(topology: Topology, collective: str, options: Options) -> Schedule:
                                 recv = b.reduce(members[j], into, ref, step=at + t)
                             done.setdefault((members[j], s), []).append(recv)
         at += width
-    # last, so that the transfers find each run of scratch whole (a copy an item splits it)
+    # last, so that the transfers find each run of scratch whole (copying an item splits it)
     for r in range(p):
         if collective == "reducescatter":
             for k in range(parts):
