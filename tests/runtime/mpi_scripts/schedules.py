@@ -3,7 +3,7 @@
 Built with :class:`planner.builder.ScheduleBuilder` (which adds the data
 dependencies), so each is checked by ``planner.verify`` before the runtime sees it;
 :func:`planner_schedules` adds the planner's own algorithms on a 4-rank topology, and
-:func:`grid_schedules` the bucket all-reduce on 4-rank grids.
+:func:`grid_schedules` the bucket all-reduce, reduce-scatter and all-gather on 4-rank grids.
 """
 
 from __future__ import annotations
@@ -196,11 +196,13 @@ def planner_schedules(algorithms: Sequence[str] = ("ring", "tree", "halving-doub
 
 
 def grid_schedules(size_bytes: int = 1 << 16) -> dict[str, Schedule]:
-    """The bucket all-reduce on a ring of 4 (both ways round) and a 2x2 mesh (lines of two), by name."""
+    """The bucket all-reduce, reduce-scatter and all-gather (in scratch, copied to and from the buffers) on a ring
+    of 4 (both ways round) and a 2x2 mesh (lines of two), by name."""
     from planner.algorithms import Options
     from planner.algorithms.bucket import bucket
     from planner.fabrics import grid
 
-    return {f"bucket-allreduce-{kind}-{'x'.join(map(str, dims))}": bucket(
-        grid(kind, dims).topology(), "allreduce", Options(size_bytes=size_bytes))
-        for kind, dims in (("torus", (4,)), ("mesh", (2, 2)))}
+    return {f"bucket-{collective}-{kind}-{'x'.join(map(str, dims))}": bucket(
+        grid(kind, dims).topology(), collective, Options(size_bytes=size_bytes))
+        for kind, dims in (("torus", (4,)), ("mesh", (2, 2))) for collective in ("allreduce", "reducescatter",
+                                                                                   "allgather")}
