@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -30,8 +31,9 @@ cluster:
 
 
 def _namespaces() -> set[str]:
+    """This process's emulation namespaces (named ``tcc<pid>x...``): another test run beside it has its own."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10, check=True).stdout
-    return {line.split()[0] for line in out.splitlines() if line.strip()}
+    return {line.split()[0] for line in out.splitlines() if line.startswith(f"tcc{os.getpid()}x")}
 
 
 def test_regime_and_iterations() -> None:
