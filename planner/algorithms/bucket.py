@@ -237,9 +237,14 @@ def _order_parts(grid: Grid, orders: list[list[int]], ways: int, bandwidth: dict
     return best[1]
 
 
-def _slice_operations(grid: Grid, dims: list[int], ranks: int, streams: int) -> int:
-    """Sends and receives of one slice of an all-reduce: every stream's levels, both phases."""
-    return 4 * streams * ranks * sum(grid.sizes[d] - 1 for d in dims)
+#: A torus all-reduce weighs its orders only where the slice budget leaves it at least this many slices
+#: (see :func:`bucket`).
+MIN_WEIGHTED_SLICES = 4
+
+
+def _sends(grid: Grid, dims: list[int], ranks: int, streams: int) -> int:
+    """Messages of one phase (a reduce-scatter or an all-gather) whose parts go as runs: every stream's levels."""
+    return streams * ranks * sum(grid.sizes[d] - 1 for d in dims)
 
 
 def bucket(topology: Topology, collective: str, options: Options) -> Schedule:
@@ -272,7 +277,7 @@ def bucket(topology: Topology, collective: str, options: Options) -> Schedule:
     # slice, 99.3% in 5, 88.4% unweighted): a mesh line's load differs by phase (mesh-8x4: 83.3% weighted in
     # 10 slices, 90.4% not)
     if collective == "allreduce" and (any(not grid.rings[d] and grid.sizes[d] > 2 for d in dims) or
-                                      4 * _slice_operations(grid, dims, p, sum(per_order) * len(ways))
+                                      MIN_WEIGHTED_SLICES * 4 * _sends(grid, dims, p, sum(per_order) * len(ways))
                                       > SLICED_OPERATIONS):
         per_order = (1,) * len(orders)
     weighted = len(set(per_order)) > 1
@@ -287,8 +292,7 @@ def bucket(topology: Topology, collective: str, options: Options) -> Schedule:
     if whole:
         def operations(cut: int, one_by_one: bool) -> int:
             """Copies to or from scratch (blocks cut in ``cut`` parts, each copied on its own), sends, receives."""
-            messages = cut * p * (p - 1) if one_by_one else n * p * sum(grid.sizes[d] - 1 for d in dims)
-            return cut * p * p + 2 * messages
+            return cut * p * p + 2 * (cut * p * (p - 1) if one_by_one else _sends(grid, dims, p, n))
 
         # a part per stream where that fits the budget, else the ways of an order's stream take one part, one way
         # or the other by the parity of the rank's coordinates' sum (so every line holds as many of each way's,
@@ -335,7 +339,8 @@ def bucket(topology: Topology, collective: str, options: Options) -> Schedule:
     slot = {(r, k): i for i, (r, k) in enumerate(item)}
     slices = 1
     if collective == "allreduce" and (lined or weighted):
-        slices = options.pipeline or max(1, min(MESH_SLICES, SLICED_OPERATIONS // _slice_operations(grid, dims, p, n),
+        # sends and receives of both phases per slice
+        slices = options.pipeline or max(1, min(MESH_SLICES, SLICED_OPERATIONS // (4 * _sends(grid, dims, p, n)),
                                                 options.size_bytes // MIN_SLICE_BYTES))
         meta["slices"] = slices
     # all-reduce: slice l's stream s holds chunks (l n + s) p ... of the buffer, one per virtual block

@@ -548,14 +548,14 @@ def _slice_shape(slices: int, ramp: tuple[int, ...] = _RAMP) -> tuple[int, ...]:
     last stage its drain; the slices in between keep every level busy.  Sizes
     grow from 1 up to :data:`_PLATEAU` by ``ramp`` and halve again towards the
     end, so fill and drain cost a small fraction of a slice (1, 2, 3, 4, 6, 8,
-    8, ..., 4, 2, 1).  The ramp grows by about 1.5,
-    not 2: the stage that binds is fed by the one before it, which on small
-    slices runs at its latency, and a slice twice the last one leaves the
-    binding stage waiting for it (rail-8x8 reduce-scatter at 256 MiB, 12
-    slices: 94.6% of the bound doubling, 96.2% by 1.5; fattree-64-4to1: 96.5%,
-    98.1%).  Halving at the end costs nothing measurable, and all-gathers keep
-    99.4% either way.  An all-reduce left few slices doubles instead
-    (:data:`_DOUBLING`, see :data:`_FEW_SLICES`).
+    8, ..., 4, 2, 1).  The ramp grows by about 1.5, not 2: the stage that binds
+    is fed by the one before it, which on small slices runs at its latency, and
+    a slice twice the last one leaves the binding stage waiting for it
+    (rail-8x8 reduce-scatter at 256 MiB, 12 slices: 94.6% of the bound
+    doubling, 96.2% by 1.5; fattree-64-4to1: 96.5%, 98.1%).  Halving at the end
+    costs nothing measurable, and all-gathers keep 99.4% either way.  An
+    all-reduce left few slices doubles instead (:data:`_DOUBLING`, see
+    :data:`_FEW_SLICES`).
     """
     return tuple(min(ramp[min(j, len(ramp) - 1)], 2 ** (slices - 1 - j), _PLATEAU) for j in range(slices))
 
@@ -958,15 +958,16 @@ def _hierarchical(topology: Topology, collective: str, options: Options, levels:
         # fast within a point, with a fraction of the slices, so of the operations (dgx-a100-4node at 256 MiB:
         # 98.6% of the bound with 44k operations; 128 equal slices: 99.2% with 164k)
         shape = (1,) * slices
-        doubled = _slice_shape(slices, _DOUBLING)
-        if (options.pipeline is None and not raised and len(levels) > 1 and 3 <= slices <= _FEW_SLICES
-                and weights is None and options.size_bytes / sum(doubled) >= _WINDOW_BYTES):
-            shape, ahead = doubled, _MIDDLE_AHEAD
-        elif options.pipeline is None and not raised and slices > _EQUAL_SLICES:
-            n = 1
-            while n < most and sum(_slice_shape(n + 1)) <= 2 * slices:
-                n += 1
-            shape = _slice_shape(n)
+        if options.pipeline is None and not raised:
+            doubled = _slice_shape(slices, _DOUBLING)
+            if (len(levels) > 1 and 3 <= slices <= _FEW_SLICES and weights is None
+                    and options.size_bytes / sum(doubled) >= _WINDOW_BYTES):
+                shape, ahead = doubled, _MIDDLE_AHEAD
+            elif slices > _EQUAL_SLICES:
+                n = 1
+                while n < most and sum(_slice_shape(n + 1)) <= 2 * slices:
+                    n += 1
+                shape = _slice_shape(n)
     else:
         # every rank's block is cut into the slices of ``shape`` (in chunks)
         shape = (1,) * slices if raised else _slice_shape(slices)
