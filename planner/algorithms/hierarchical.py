@@ -541,6 +541,28 @@ _WAVE_SLACK = 1.25
 # --------------------------------------------------------------------------- slices of reduce-scatter, all-gather
 
 
+def _windowed(topology: Topology, levels: Sequence[Stage], methods: Sequence[str], slice_bytes: float,
+              slices: int) -> list[str]:
+    """The methods of a flow-controlled reduce-scatter: a ring on every level of more than two members that
+    does not run direct, since a windowed ring keeps its one link busy with the oldest slice; but a level
+    keeps the method it was timed fastest with where a ring's step latencies alone take longer than that
+    method's whole :func:`_estimate`, as on small messages.
+
+    A ring's ``n - 1`` dependent steps each wait out a path latency (at 1 MiB: fattree-1024, a ring among
+    its 32 racks, 14.2x the bound, halving-doubling 3.0x; 32 hosts of 2 GPUs on one fat-tree, 27.8% and
+    68.2%), while elsewhere the estimate may time a ring too slow (ibm-s822lc-48x4 at 1 MiB: a ring among
+    16 hosts 1.30x, halving-doubling, timed a third faster, 1.46x), so the rule asks for the latencies alone.
+    """
+    out: list[str] = []
+    part = slice_bytes
+    for si, (s, m) in enumerate(zip(levels, methods)):
+        part /= s.size
+        keep = (s.size <= 2 or m in ("direct", "ring")
+                or _estimate(topology, s, "ring", 0.0, 1, si) > _estimate(topology, s, m, part, slices, si))
+        out.append(m if keep else "ring")
+    return out
+
+
 def _slice_shape(slices: int, ramp: tuple[int, ...] = _RAMP) -> tuple[int, ...]:
     """Relative sizes of the ``slices`` slices of a reduce-scatter or all-gather: small at both ends.
 
@@ -920,7 +942,7 @@ def _hierarchical(topology: Topology, collective: str, options: Options, levels:
             if in_waves:
                 window = 0  # it needs slices to work on
             if window and force is None and not contiguous:
-                methods = ["ring" if s.size > 2 and m != "direct" else m for s, m in zip(levels, methods)]
+                methods = _windowed(topology, levels, methods, options.size_bytes / slices, slices)
             steps = {(si, gather): _METHODS[methods[si]](levels[si].size, gather) for si, gather in phases}
             most = slices  # slices the message budget allows
             if options.pipeline is None:

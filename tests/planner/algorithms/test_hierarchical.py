@@ -571,3 +571,21 @@ def test_all_reduce_flow_control_behind_a_ring_or_large_slices(topology_name: st
     topology = resolve_topology(topology_name) if topology_name != "two-hosts" else fat_tree(2, 2, 2, 1).topology()
     compiled = compile_schedule(topology, "allreduce", "hierarchical", Options(size_bytes=size))
     assert compiled.efficiency >= 0.98
+
+
+def test_windowed_reduce_scatter_keeps_halving_doubling_where_ring_latencies_rule() -> None:
+    """Issue #11: the flow-controlled reduce-scatter runs rings, but not where a ring's step latencies alone
+    outlast the method timed fastest: 32 hosts of 2 GPUs on one fat-tree at 1 MiB, halving-doubling across
+    the hosts, 68.2% of the bound (a ring, 27.8%); at 256 MiB the ring stays."""
+    from planner.algorithms.hierarchical import _windowed, stages
+    from planner.compile import compile_schedule
+    from planner.fabrics import fat_tree
+
+    topology = fat_tree(32, 1, 2, 1, gpus=2).topology()
+    compiled = compile_schedule(topology, "reducescatter", "hierarchical", Options(size_bytes=1 << 20))
+    assert compiled.schedule.metadata.options["methods"] == ["halving-doubling", "halving-doubling"]
+    assert compiled.efficiency >= 0.65
+    levels = stages(topology)
+    assert _windowed(topology, levels, ["halving-doubling"] * 2, (1 << 20) / 8, 8) == ["halving-doubling"] * 2
+    # a level of two members runs one step whatever the method
+    assert _windowed(topology, levels, ["halving-doubling"] * 2, (256 << 20) / 8, 8) == ["halving-doubling", "ring"]
