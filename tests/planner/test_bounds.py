@@ -367,3 +367,30 @@ def test_cut_cache_does_not_keep_a_topology_alive() -> None:
     del topo
     gc.collect()
     assert ref() is None
+
+
+def test_the_max_flow_cuts_a_host_off_both_ways() -> None:
+    """The per-host max-flow finds the cheapest device set around a host's ranks into it and out of it, each
+    on its own: host h0 of three takes 50 GB/s in (at its NIC's switch port) and sends 10 GB/s out (its
+    NVSwitch's one-way link to the NIC), which binds a reduce-scatter (the out cut was missed before)."""
+    from planner.bounds import _CutFamily
+
+    lines = ["name: narrow-out", "devices:"]
+    for h in range(3):
+        lines += [f"  - {{name: h{h}g, type: gpu, count: 2, host: h{h}}}",
+                  f"  - {{name: h{h}nvs, type: nvswitch, host: h{h}}}",
+                  f"  - {{name: h{h}nic, type: nic, host: h{h}}}"]
+    lines += ["  - {name: tor, type: switch}", "links:"]
+    for h in range(3):
+        out = "10 GB/s" if h == 0 else "100 GB/s"
+        lines += [f"  - {{ends: [h{h}g{g}, h{h}nvs], bandwidth: 100 GB/s, latency: 1 us}}" for g in range(2)]
+        lines += [f"  - {{ends: [h{h}nvs, h{h}nic], bandwidth: {out}, latency: 1 us, direction: forward}}",
+                  f"  - {{ends: [h{h}nic, h{h}nvs], bandwidth: 100 GB/s, latency: 1 us, direction: forward}}",
+                  f"  - {{ends: [h{h}nic, tor], bandwidth: 50 GB/s, latency: 1 us}}"]
+    topology = parse_topology_text("\n".join(lines) + "\n")
+    out = {c.label: c for c in _CutFamily(topology).cuts}["min cut out of host h0 (2 ranks)"]
+    assert out.ranks == frozenset({0, 1}) and out.cap_out == pytest.approx(10 * GB)
+    size = 60 << 20
+    bound = lower_bound(topology, "reducescatter", size)
+    assert bound.cut.startswith("min cut out of host h0")
+    assert bound.bandwidth_s == pytest.approx(size * 4 / 6 / (10 * GB))  # the sums of the others' 4 blocks
