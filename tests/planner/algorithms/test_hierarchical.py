@@ -589,3 +589,21 @@ def test_windowed_reduce_scatter_keeps_halving_doubling_where_ring_latencies_rul
     assert _windowed(topology, levels, ["halving-doubling"] * 2, (1 << 20) / 8, 8) == ["halving-doubling"] * 2
     # a level of two members runs one step whatever the method
     assert _windowed(topology, levels, ["halving-doubling"] * 2, (256 << 20) / 8, 8) == ["halving-doubling", "ring"]
+
+
+def test_small_all_reduces_also_try_whole_blocks() -> None:
+    """Issue #11: at 1 MiB an all-reduce also tries whole blocks (a reduce-scatter and an all-gather), up to
+    256 ranks, and keeps the faster: two chassis of 16 GPUs, 89.8% of the bound in virtual order, 91.4% so."""
+    from planner.algorithms.hierarchical import _blocks_may_help
+    from planner.compile import compile_schedule
+    from planner.fabrics import fat_tree, multi_chassis
+
+    topology = multi_chassis(2, 16, "one-way").topology()
+    compiled = compile_schedule(topology, "allreduce", "hierarchical", Options(size_bytes=1 << 20))
+    assert compiled.schedule.metadata.options["layout"] == "blocks"
+    assert compiled.efficiency >= 0.91
+    small = Options(size_bytes=1 << 20)
+    wide = fat_tree(32, 4, 8, 2).topology()  # 256 ranks
+    assert _blocks_may_help(wide, stages(wide), small)
+    assert not _blocks_may_help(wide, stages(wide), Options(size_bytes=1 << 20, pipeline=4))
+    assert not _blocks_may_help(wide, stages(wide), Options(size_bytes=256 << 20))
