@@ -47,14 +47,20 @@ def ring(p: int, bandwidth: str = "10 GB/s", latency: str = "1 us", *, directed:
     return parse_topology_text(f"name: ring{p}\ndevices:\n  - {{name: g, type: gpu, count: {p}}}\nlinks:\n{links}\n")
 
 
-def two_chassis(gpus: int = 4) -> Topology:
-    """An NDv2-like pair of hosts: NVLink inside (an NVSwitch here), one 100 Gbit/s NIC each, one switch."""
-    lines = ["name: two-chassis", "devices:"]
-    for h in range(2):
+def _switched_hosts(name: str, hosts: int, gpus: int) -> list[str]:
+    """The YAML lines up to ``links:`` of ``hosts`` hosts of ``gpus`` GPUs, each with an NVSwitch and a NIC
+    (devices ``h<i>g<j>``, ``h<i>nvs``, ``h<i>nic``), and a switch ``tor``."""
+    lines = [f"name: {name}", "devices:"]
+    for h in range(hosts):
         lines += [f"  - {{name: h{h}g, type: gpu, count: {gpus}, host: h{h}}}",
                   f"  - {{name: h{h}nvs, type: nvswitch, host: h{h}}}",
                   f"  - {{name: h{h}nic, type: nic, host: h{h}}}"]
-    lines += ["  - {name: tor, type: switch}", "links:"]
+    return [*lines, "  - {name: tor, type: switch}", "links:"]
+
+
+def two_chassis(gpus: int = 4) -> Topology:
+    """An NDv2-like pair of hosts: NVLink inside (an NVSwitch here), one 100 Gbit/s NIC each, one switch."""
+    lines = _switched_hosts("two-chassis", 2, gpus)
     for h in range(2):
         for g in range(gpus):
             lines += [f"  - {{ends: [h{h}g{g}, h{h}nvs], bandwidth: 150 GB/s, latency: 1 us}}",
@@ -375,12 +381,7 @@ def test_the_max_flow_cuts_a_host_off_both_ways() -> None:
     NVSwitch's one-way link to the NIC), which binds a reduce-scatter (the out cut was missed before)."""
     from planner.bounds import _CutFamily
 
-    lines = ["name: narrow-out", "devices:"]
-    for h in range(3):
-        lines += [f"  - {{name: h{h}g, type: gpu, count: 2, host: h{h}}}",
-                  f"  - {{name: h{h}nvs, type: nvswitch, host: h{h}}}",
-                  f"  - {{name: h{h}nic, type: nic, host: h{h}}}"]
-    lines += ["  - {name: tor, type: switch}", "links:"]
+    lines = _switched_hosts("narrow-out", 3, 2)
     for h in range(3):
         out = "10 GB/s" if h == 0 else "100 GB/s"
         lines += [f"  - {{ends: [h{h}g{g}, h{h}nvs], bandwidth: 100 GB/s, latency: 1 us}}" for g in range(2)]
