@@ -182,9 +182,9 @@ def stages(topology: Topology) -> list[Stage]:
 
 
 def _split_last(topology: Topology, levels: list[Stage], options: Options) -> list[Stage]:
-    """``levels`` of a reduce-scatter or all-gather with the last one split in two, its groups of ``n`` as
-    ``a`` consecutive members then every ``a``-th, where that is estimated faster: on small messages (under
-    :data:`_MIN_SLICE_BYTES` a rank), where the last level is too large to run direct and its
+    """``levels`` of a reduce-scatter or all-gather with the last one split in two (:func:`_split`), both
+    direct, where :func:`_estimate` times them faster than the last level's step latencies alone: on small
+    messages (under :data:`_MIN_SLICE_BYTES` a rank), where the last level is too large to run direct and its
     halving-doubling or ring steps each wait out a path latency.
 
     fattree-1024, its 32 racks as 4 x 8, direct twice, as many operations: at 1 MiB all-gather 2.85x ->
@@ -199,39 +199,31 @@ def _split_last(topology: Topology, levels: list[Stage], options: Options) -> li
     if (last is None or options.size_bytes / topology.size >= _MIN_SLICE_BYTES or options.pipeline is not None
             or "stage_method" in options.extra or _direct_fits(last)):
         return levels
-    n = last.size
-    best, chosen = _levels_estimate(topology, levels, options.size_bytes, latency_only=True), levels
+    n, si = last.size, len(levels) - 1
+    part = options.size_bytes / math.prod(s.size for s in levels)  # bytes of one part of the last level
+    best = _estimate(topology, last, stage_methods(topology, levels, options.size_bytes, 1)[-1], 0.0, 1, si)
+    chosen = None
     for a in range(2, n // 2 + 1):
         if n % a:
             continue
-        inner, outer = _split(topology, last, a)
+        inner, outer = _split(last, a)
         if not (_direct_fits(inner) and _direct_fits(outer)):
             continue
-        split = [*levels[:-1], inner, outer]
-        estimate = _levels_estimate(topology, split, options.size_bytes)
+        estimate = (_estimate(topology, inner, "direct", part * (n // a), 1, si)
+                    + _estimate(topology, outer, "direct", part, 1, si + 1))
         if estimate < best:
-            best, chosen = estimate, split
-    return chosen
+            best, chosen = estimate, (inner, outer)
+    if chosen is None:
+        return levels
+    return [*levels[:-1], *(Stage(s.level, tuple(tuple(find_cycle(topology, g)) for g in s.groups)) for s in chosen)]
 
 
-def _split(topology: Topology, stage: Stage, a: int) -> tuple[Stage, Stage]:
-    """``stage`` as two levels: each group's ``a`` consecutive members, then the members ``a`` apart."""
+def _split(stage: Stage, a: int) -> tuple[Stage, Stage]:
+    """``stage`` as two levels: each group's ``a`` consecutive members, then the members ``a`` apart (groups in
+    ``stage``'s order, not yet rings)."""
     n = stage.size
-    inner = Stage(stage.level, tuple(tuple(find_cycle(topology, g[k * a:(k + 1) * a]))
-                                     for g in stage.groups for k in range(n // a)))
-    outer = Stage(stage.level, tuple(tuple(find_cycle(topology, g[j::a])) for g in stage.groups for j in range(a)))
-    return inner, outer
-
-
-def _levels_estimate(topology: Topology, levels: Sequence[Stage], size_bytes: float,
-                     latency_only: bool = False) -> float:
-    """Seconds a reduce-scatter over ``levels`` takes in one slice by :func:`_estimate`, each level with the
-    method :func:`stage_methods` picks for it; ``latency_only``: the last level's step latencies alone."""
-    total, part = 0.0, float(size_bytes)
-    for si, (s, m) in enumerate(zip(levels, stage_methods(topology, levels, size_bytes, 1))):
-        part /= s.size
-        total += _estimate(topology, s, m, 0.0 if latency_only and si == len(levels) - 1 else part, 1, si)
-    return total
+    return (Stage(stage.level, tuple(g[k * a:(k + 1) * a] for g in stage.groups for k in range(n // a))),
+            Stage(stage.level, tuple(g[j::a] for g in stage.groups for j in range(a))))
 
 
 # --------------------------------------------------------------------------- phase steps

@@ -651,7 +651,7 @@ def test_a_split_last_level_verifies(collective: str) -> None:
     topology = fat_tree(16, 1, 2, 1, gpus=2).topology()
     levels = stages(topology)
     assert [s.size for s in levels] == [2, 16]
-    split = [levels[0], *_split(topology, levels[1], 4)]
+    split = [levels[0], *_split(levels[1], 4)]
     schedule = _hierarchical(topology, collective, Options(size_bytes=1 << 20), split, None)
     assert schedule.metadata.options["levels"] == ["host:2", "cluster:4", "cluster:4"]
     check_schedule(topology, schedule, collective, "hierarchical")
