@@ -808,17 +808,21 @@ def _blocks_may_help(topology: Topology, levels: Sequence[Stage], options: Optio
     blocks; chassis-2x16-subset 89.2% / 92.6%; at 16 MiB it 92.0% / 89.0%, and the faster is kept), and on
     small messages up to :data:`_BLOCKS_SMALL_RANKS` (1 MiB: fattree-256-2to1 2.46x / 1.74x of the bound,
     fattree-64-4to1 1.38x / 1.33x; rail-16x8 1.18x / 1.33x)."""
-    if (len(levels) >= 2 and options.pipeline is None and bool(options.extra.get("waves", True))
-            and options.size_bytes / topology.size < _MIN_SLICE_BYTES):
-        return topology.size <= _BLOCKS_SMALL_RANKS
-    return topology.size <= _BLOCKS_TRIED_RANKS and _layouts_apply(topology, levels, options)
+    if not _layouts_free(levels, options):
+        return False
+    small = options.size_bytes / topology.size < _MIN_SLICE_BYTES
+    return topology.size <= (_BLOCKS_SMALL_RANKS if small else _BLOCKS_TRIED_RANKS)
 
 
 def _layouts_apply(topology: Topology, levels: Sequence[Stage], options: Options) -> bool:
-    """Whether an all-reduce may take either layout by default: two levels or more, slices not forced, waves
-    allowed, and blocks where bandwidth rules."""
-    return (len(levels) >= 2 and options.pipeline is None and bool(options.extra.get("waves", True))
-            and options.size_bytes / topology.size >= _MIN_SLICE_BYTES)
+    """Whether an all-reduce may take either layout by default (:func:`_layouts_free`), with blocks where
+    bandwidth rules."""
+    return _layouts_free(levels, options) and options.size_bytes / topology.size >= _MIN_SLICE_BYTES
+
+
+def _layouts_free(levels: Sequence[Stage], options: Options) -> bool:
+    """Whether an all-reduce's layout is open to choice: two levels or more, slices not forced, waves allowed."""
+    return len(levels) >= 2 and options.pipeline is None and bool(options.extra.get("waves", True))
 
 
 def _allreduce_layout(topology: Topology, levels: list[Stage], options: Options, first: str,
