@@ -311,8 +311,7 @@ class _CutFamily:
 
         self._kernighan_lin()
         if len(host_names) > 1 and len(host_names) * len(topo.links) <= MAXFLOW_BUDGET:
-            for h in host_names:
-                self._min_cuts(h, topo.hosts[h])
+            self._min_cuts({h: topo.hosts[h] for h in host_names})
 
     def _nearest_rank(self) -> dict[int, int]:
         """Non-rank devices with one nearest rank (in hops, either direction): a router or NIC serving one GPU.
@@ -353,29 +352,30 @@ class _CutFamily:
             graph, weight="weight", max_iter=KL_ITERATIONS, seed=0)
         self._add("Kernighan-Lin bisection side A", side, "Kernighan-Lin bisection side B")
 
-    def _min_cuts(self, host: str, ranks: tuple[int, ...]) -> None:
-        """The cheapest device sets holding exactly ``host``'s ranks, into and out of it (max-flow min-cut).
+    def _min_cuts(self, hosts: dict[str, tuple[int, ...]]) -> None:
+        """The cheapest device sets holding exactly each host's ranks, into and out of it (max-flow min-cut).
 
         Solved by OR-Tools' push-relabel (C++; networkx's took 3 s of a 64-rank mesh's 10 s compile) on
         capacities in whole bytes/s; the sink side is the least one, the devices that still reach the sink in
         the residual graph, which every maximum flow leaves alike.
         """
-        inside = {self.rank_dev[r] for r in ranks}
         n = len(self.out_adj)
         source, sink = n, n + 1
         arcs = [(a, b, round(bw)) for a, edges in enumerate(self.out_adj) for b, bw, _ in edges]
         endless = sum(c for _, _, c in arcs) + 1  # more than any cut: the terminals' arcs never are
-        terminals = [(dev, sink) if dev in inside else (source, dev) for dev in self.rank_dev]
-        label = f"host {host} ({_plural(len(ranks), 'rank')})"
-        for reverse in (False, True):
-            flow = max_flow.SimpleMaxFlow()
-            for a, b, c in arcs:
-                flow.add_arc_with_capacity(*((b, a) if reverse else (a, b)), c)
-            for a, b in terminals:
-                flow.add_arc_with_capacity(a, b, endless)
-            if flow.solve(source, sink) != flow.OPTIMAL:
-                return
-            self._add(f"min cut {'out of' if reverse else 'into'} {label}", set(flow.get_sink_side_min_cut()) - {sink})
+        for host, ranks in hosts.items():
+            inside = {self.rank_dev[r] for r in ranks}
+            terminals = [(dev, sink) if dev in inside else (source, dev) for dev in self.rank_dev]
+            label = f"host {host} ({_plural(len(ranks), 'rank')})"
+            for reverse in (False, True):
+                flow = max_flow.SimpleMaxFlow()
+                for a, b, c in arcs:
+                    flow.add_arc_with_capacity(*((b, a) if reverse else (a, b)), c)
+                for a, b in terminals:
+                    flow.add_arc_with_capacity(a, b, endless)
+                if flow.solve(source, sink) == flow.OPTIMAL:
+                    self._add(f"min cut {'out of' if reverse else 'into'} {label}",
+                              set(flow.get_sink_side_min_cut()) - {sink})
 
     # ---- latency
 
