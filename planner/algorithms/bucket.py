@@ -263,12 +263,12 @@ def bucket(topology: Topology, collective: str, options: Options) -> Schedule:
     orders = [dims[s:] + dims[:s] for s in range(len(dims))]
     ways = (1, -1) if any(grid.rings[d] for d in dims) else (1,)
     bandwidth: dict[int, float] = {}  # the slowest link of each dimension
-    sends: dict[str, float] = {}  # each device's links out
+    egress: dict[str, float] = {}  # each device's links out, bytes/s
     for link in topology.links:
-        sends[link.src] = sends.get(link.src, 0.0) + link.bandwidth
+        egress[link.src] = egress.get(link.src, 0.0) + link.bandwidth
         if link.dim is not None:
             bandwidth[link.dim] = min(bandwidth.get(link.dim, math.inf), link.bandwidth)
-    port = min(sends[name] for name in topology.ranks)
+    port = min(egress[name] for name in topology.ranks)
     per_order = _order_parts(grid, orders, len(ways), bandwidth, port, len(dims))
     if len(set(per_order)) > 1 and collective == "reducescatter":  # the links bind, not the ports
         per_order = _order_parts(grid, orders, len(ways), bandwidth, port, 1)
