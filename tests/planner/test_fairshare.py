@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import numpy as np
@@ -130,3 +131,78 @@ def test_instants_that_keep_the_paths_on_the_wire_keep_the_rates(seed: int, monk
     assert any(taken)
     assert results[1][0] == pytest.approx(results[0][0], rel=1e-12)
     assert results[1][1] == pytest.approx(results[0][1], rel=1e-12)
+
+
+def _filled_from_scratch(self: fairshare.Fabric, paths: np.ndarray, weight: np.ndarray,
+                         delta: dict[int, int]) -> np.ndarray:
+    return fair_rates_vector(self.path_rows[paths], self.bandwidth_np, weight[paths])
+
+
+def relayed_walks(seed: int, ranks: int) -> tuple[int, list[tuple[int, int, list[int]]]]:
+    """Chunks (first, count) relayed along random walks of ranks (each hop waits for the last), so that flows
+    start as others end."""
+    rng = random.Random(seed)
+    walks, at = [], 0
+    for _ in range(rng.randint(4, 12)):
+        count = rng.randint(1, 5)
+        walks.append((at, count, rng.sample(range(ranks), rng.randint(2, min(ranks, 5)))))
+        at += count
+    return at, walks
+
+
+@pytest.mark.parametrize("routing", ["spray", "ecmp"])
+@pytest.mark.parametrize("seed", range(10))
+def test_refilling_above_the_changes_matches_filling_from_scratch(seed: int, routing: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unchanged flows below the level theta keep their rates and only the others are refilled: the same
+    times as a filling of every flow at every instant, and the shortcut is taken."""
+    from planner.builder import ScheduleBuilder
+    from runtime.schedule import Chunk
+
+    topo = random_fabric(seed, routing) if seed % 2 else random_topology(seed)
+    total, walks = relayed_walks(seed, topo.size)
+    b = ScheduleBuilder("allreduce", ranks=topo.size, input_chunks=total, output_chunks=total)
+    for at, count, hops in walks:
+        b.transfer(hops[0], hops[1], Chunk("i", at, count), Chunk("o", at, count))
+        for src, dst in itertools.pairwise(hops[1:]):
+            b.transfer(src, dst, Chunk("o", at, count), Chunk("o", at, count))
+    schedule = b.build("random")
+    monkeypatch.setattr(fairshare, "SCALAR_FLOWS", 0)  # every instant through the vector filling
+    monkeypatch.setattr(fairshare, "SEARCH_LINKS", 0)
+    rows: list[tuple[int, int]] = []
+    refill, vector = fairshare.Fabric._refill, fairshare.fair_rates_vector
+
+    def spy_refill(self: fairshare.Fabric, paths: np.ndarray, weight: np.ndarray,
+                   delta: dict[int, int]) -> np.ndarray:
+        rows.append((paths.size, -1))
+        return refill(self, paths, weight, delta)
+
+    def spy_vector(paths: np.ndarray, *args: object) -> np.ndarray:
+        rows[-1] = (rows[-1][0], paths.shape[0])
+        return vector(paths, *args)
+
+    monkeypatch.setattr(fairshare.Fabric, "_refill", spy_refill)
+    monkeypatch.setattr(fairshare, "fair_rates_vector", spy_vector)
+    warm = simulate(topo, schedule, total * 10**7, record=True)
+    monkeypatch.setattr(fairshare.Fabric, "_refill", _filled_from_scratch)
+    monkeypatch.setattr(fairshare, "fair_rates_vector", vector)
+    cold = simulate(topo, schedule, total * 10**7, record=True)
+    assert warm.time_s == pytest.approx(cold.time_s, rel=1e-9)
+    ends = [[e.end_s for e in sorted(r.op_events, key=lambda e: (e.rank, e.index))] for r in (warm, cold)]
+    assert ends[0] == pytest.approx(ends[1], rel=1e-9)
+    assert any(refilled < paths for paths, refilled in rows)  # some flows kept their rates
+
+
+@pytest.mark.parametrize(("topology", "algorithm"), [("torus-4x4", "multitree"), ("dgx1-v100", "treepack"),
+                                                     ("dgx-a100-4node", "hierarchical")])
+def test_refilling_matches_filling_from_scratch_on_shipped_schedules(topology: str, algorithm: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same on schedules the planner emits, at a size where their pieces pipeline."""
+    from planner.algorithms import ALGORITHMS, Options
+    from planner.compile import resolve_topology
+
+    topo = resolve_topology(topology)
+    schedule = ALGORITHMS[algorithm].load()(topo, "allreduce", Options(size_bytes=64 << 20))
+    warm = simulate(topo, schedule, 64 << 20)
+    monkeypatch.setattr(fairshare.Fabric, "_refill", _filled_from_scratch)
+    assert simulate(topo, schedule, 64 << 20).time_s == pytest.approx(warm.time_s, rel=1e-9)
