@@ -182,33 +182,33 @@ def stages(topology: Topology) -> list[Stage]:
 
 
 def _split_last(topology: Topology, levels: list[Stage], options: Options) -> list[Stage]:
-    """``levels`` of a reduce-scatter or all-gather with the last one split in two (:func:`_split`), both
-    direct, where :func:`_estimate` times them faster than the last level's step latencies alone: on small
-    messages (under :data:`_MIN_SLICE_BYTES` a rank), where the last level is too large to run direct and its
-    halving-doubling or ring steps each wait out a path latency.
+    """``levels`` with the last one split in two (:func:`_split`), both direct, where :func:`_estimate` times
+    them faster than the last level's step latencies alone: on small messages (under :data:`_MIN_SLICE_BYTES`
+    a rank), where the last level is too large to run direct and its halving-doubling or ring steps each
+    wait out a path latency.
 
     fattree-1024, its 32 racks as 4 x 8, direct twice, as many operations: at 1 MiB all-gather 2.85x ->
-    1.92x of the bound, reduce-scatter 3.37x -> 2.31x; at 2 MiB 1.77x -> 1.47x and 2.29x -> 1.84x.  The
-    split must beat the last level's step latencies alone, not just its estimate, which it beat where
-    bandwidth rules too (fattree-1024 at 16 MiB: all-gather 89.0% of the bound split, 92.1% not).  An
-    all-reduce keeps its levels: it builds and times two layouts, and a split's direct steps, many flows
-    contending at once, made those simulations the whole compile (64 hosts of 2 GPUs at 1 MiB, 16 x 4:
-    5.7 s -> 173 s, for 49.5% -> 71.4% of the bound).
+    1.92x of the bound, reduce-scatter 3.37x -> 2.31x, all-reduce 3.64x -> 2.27x; at 2 MiB all-gather
+    1.77x -> 1.47x, reduce-scatter 2.29x -> 1.84x.  The split must beat the last level's step latencies
+    alone, not just its estimate, which it beat where bandwidth rules too (fattree-1024 at 16 MiB:
+    all-gather 89.0% of the bound split, 92.1% not).  An all-reduce that builds and times two layouts (see
+    :func:`hierarchical`) keeps its levels: a split's direct steps, many flows contending at once, made
+    those simulations the whole compile (64 hosts of 2 GPUs at 1 MiB, 16 x 4: 5.7 s -> 173 s, for 49.5% ->
+    71.4% of the bound).
     """
     last = levels[-1] if levels else None
     if (last is None or options.size_bytes / topology.size >= _MIN_SLICE_BYTES or options.pipeline is not None
             or "stage_method" in options.extra or _direct_fits(last)):
         return levels
     n, si = last.size, len(levels) - 1
+    splits = [(a, *_split(last, a)) for a in range(2, n // 2 + 1) if not n % a]
+    splits = [(a, inner, outer) for a, inner, outer in splits if _direct_fits(inner) and _direct_fits(outer)]
+    if not splits:  # before timing the levels (fattree-16384, 64 groups of 256 racks: 40 s)
+        return levels
     part = options.size_bytes / math.prod(s.size for s in levels)  # bytes of one part of the last level
     best = _estimate(topology, last, stage_methods(topology, levels, options.size_bytes, 1)[-1], 0.0, 1, si)
     chosen = None
-    for a in range(2, n // 2 + 1):
-        if n % a:
-            continue
-        inner, outer = _split(last, a)
-        if not (_direct_fits(inner) and _direct_fits(outer)):
-            continue
+    for a, inner, outer in splits:
         estimate = (_estimate(topology, inner, "direct", part * (n // a), 1, si)
                     + _estimate(topology, outer, "direct", part, 1, si + 1))
         if estimate < best:
@@ -884,14 +884,13 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     if topology.size == 1:
         return single_rank(collective, 1, 1, "hierarchical", options.as_dict())
     levels = stages(topology)
-    if collective != "allreduce":
-        levels = _split_last(topology, levels, options)
     if collective == "allreduce" and "layout" not in options.extra:
         if _blocks_may_win(topology, levels, options):
             return _allreduce_layout(topology, levels, options, "blocks", "virtual")
         if _blocks_may_help(topology, levels, options):
             return _allreduce_layout(topology, levels, options, "virtual", "blocks")
-    return _hierarchical(topology, collective, options, levels, options.extra.get("layout"))
+    return _hierarchical(topology, collective, options, _split_last(topology, levels, options),
+                         options.extra.get("layout"))
 
 
 def _hierarchical(topology: Topology, collective: str, options: Options, levels: list[Stage],

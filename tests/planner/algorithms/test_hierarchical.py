@@ -641,7 +641,7 @@ def test_small_reduce_scatters_split_a_large_last_level() -> None:
     assert _split_last(topology, levels, Options(size_bytes=16 << 20)) == levels
 
 
-@pytest.mark.parametrize("collective", ["reducescatter", "allgather"])
+@pytest.mark.parametrize("collective", ["reducescatter", "allgather", "allreduce"])
 def test_a_split_last_level_verifies(collective: str) -> None:
     """Issue #11: a schedule over a last level split in two (16 hosts of 2 GPUs, the hosts as 4 x 4) passes
     the verifier."""
@@ -655,3 +655,27 @@ def test_a_split_last_level_verifies(collective: str) -> None:
     schedule = _hierarchical(topology, collective, Options(size_bytes=1 << 20), split, None)
     assert schedule.metadata.options["levels"] == ["host:2", "cluster:4", "cluster:4"]
     check_schedule(topology, schedule, collective, "hierarchical")
+
+
+def test_an_all_reduce_splits_its_last_level_only_where_it_builds_one_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #11: an all-reduce that builds and times both layouts (up to 256 ranks on small messages) keeps its
+    levels, as a split's direct steps made those two simulations the whole compile; with one layout
+    (fattree-1024 at 1 MiB: 3.64x -> 2.27x of the bound) it splits as a reduce-scatter does."""
+    from planner.algorithms import hierarchical as module
+    from planner.algorithms.hierarchical import _split, hierarchical
+    from planner.fabrics import fat_tree
+
+    topology = fat_tree(16, 1, 2, 1, gpus=2).topology()
+    asked: list[int] = []
+
+    def split_hosts(topology: object, levels: list, options: Options) -> list:
+        asked.append(len(levels))
+        return [levels[0], *_split(levels[1], 4)]
+
+    monkeypatch.setattr(module, "_split_last", split_hosts)
+    both = hierarchical(topology, "allreduce", Options(size_bytes=1 << 20))
+    assert not asked and both.metadata.options["levels"] == ["host:2", "cluster:16"]
+    monkeypatch.setattr(module, "_BLOCKS_SMALL_RANKS", 16)
+    one = hierarchical(topology, "allreduce", Options(size_bytes=1 << 20))
+    assert asked and one.metadata.options["levels"] == ["host:2", "cluster:4", "cluster:4"]
+    check_schedule(topology, one, "allreduce", "hierarchical")
