@@ -296,6 +296,11 @@ _MAX_TRANSFERS = 1 << 16
 #: ... or this many per rank, where that is more: a 1024-GPU fat-tree keeps 8 slices at 64 MiB (3 slices
 #: under the flat budget: 80.0% of the bound instead of about 90%).
 _TRANSFERS_PER_RANK = 160
+#: A small reduce-scatter or all-gather of whole blocks that the budget leaves one slice, so that its levels
+#: run one after the other, may send this many times the budget's messages, where no level's direct steps
+#: are held to the sharing cap (rail-32x8 at 1 MiB: 4 slices, 1.20x of the bound, 1.52x in one; at 2:1 on
+#: fattree-256-2to1 the cap would make its spine level halving-doubling, 1.88x against 1.65x in one slice).
+_SMALL_BUDGET = 4
 
 
 def _power_of_two(n: int) -> bool:
@@ -653,16 +658,17 @@ def _stage_slices(p: int, size_bytes: int) -> int:
 
 
 def _budget_slices(levels: Sequence[Stage], phases: Sequence[tuple[int, bool]],
-                   steps: Mapping[tuple[int, bool], list[list[Send]]], spans: Sequence[int], contiguous: bool) -> int:
-    """Slices the message budget allows (:data:`_MAX_TRANSFERS`, or :data:`_TRANSFERS_PER_RANK` per rank; 0
-    where not even one fits):
+                   steps: Mapping[tuple[int, bool], list[list[Send]]], spans: Sequence[int], contiguous: bool,
+                   scale: int = 1) -> int:
+    """Slices the message budget allows (:data:`_MAX_TRANSFERS`, or :data:`_TRANSFERS_PER_RANK` per rank,
+    ``scale`` times; 0 where not even one fits):
     one message per part where the buffer is in virtual-block order (``contiguous``), else one per virtual
     block of the part."""
     p = spans[0]
     per_slice = sum(len(levels[si].groups) * sum(1 if contiguous else (e - a) * (spans[si] // levels[si].size)
                                                  for step in steps[(si, gather)] for _, _, a, e in step)
                     for si, gather in phases)
-    return max(_MAX_TRANSFERS, _TRANSFERS_PER_RANK * p) // per_slice
+    return scale * max(_MAX_TRANSFERS, _TRANSFERS_PER_RANK * p) // per_slice
 
 
 def _piece_runs(buffer: str, owners: Sequence[int], units: int, offset: int, count: int) -> list[Chunk]:
@@ -973,6 +979,11 @@ def _hierarchical(topology: Topology, collective: str, options: Options, levels:
     # below, each wave's steps add their latency (rail-16x8 at 1 MiB, 4 slices: 51.1% of the bound so, 82.5%
     # without).
     bulk = options.size_bytes / p >= _MIN_SLICE_BYTES
+
+    def uncapped() -> bool:
+        """Whether the sharing cap leaves every level that may run direct free to."""
+        return all(_sharing(topology, s, si) <= _DIRECT_MAX_SHARING for si, s in enumerate(levels) if _direct_fits(s))
+
     for sharing_cap in (_DIRECT_MAX_SHARING, math.inf):
         contiguous = (collective == "allreduce" and layout != "blocks") or layout == "virtual"
         few = waved and bulk and options.pipeline is not None and options.pipeline <= _WAVE_SLICES
@@ -1011,6 +1022,8 @@ def _hierarchical(topology: Topology, collective: str, options: Options, levels:
             if options.pipeline is None:
                 fit = _budget_slices(levels, phases, steps, spans, contiguous)
                 most = max(1, fit)
+                if fit <= 1 and raised and not bulk and not contiguous and uncapped():
+                    most = max(1, _budget_slices(levels, phases, steps, spans, False, _SMALL_BUDGET))
                 if waved and bulk and not contiguous and _budget_slices(levels, phases[:len(levels)], steps, spans,
                                                                         False):
                     most = max(fit, _WAVE_SLICES)
@@ -1027,9 +1040,7 @@ def _hierarchical(topology: Topology, collective: str, options: Options, levels:
                     few = True
                     continue
             break
-        if (options.pipeline is not None or contiguous or most > 1
-                or all(_sharing(topology, s, si) <= _DIRECT_MAX_SHARING
-                       for si, s in enumerate(levels) if _direct_fits(s))):
+        if options.pipeline is not None or contiguous or most > 1 or uncapped():
             break
     first_step = []
     at = 0

@@ -679,3 +679,39 @@ def test_an_all_reduce_splits_its_last_level_only_where_it_builds_one_layout(mon
     one = hierarchical(topology, "allreduce", Options(size_bytes=1 << 20))
     assert asked and one.metadata.options["levels"] == ["host:2", "cluster:4", "cluster:4"]
     check_schedule(topology, one, "allreduce", "hierarchical")
+
+
+@pytest.mark.parametrize("collective", ["allgather", "reducescatter"])
+def test_a_small_collective_left_one_slice_by_the_budget_may_send_more(collective: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #11: where the message budget leaves a 1 MiB all-gather or reduce-scatter of whole blocks one
+    slice, its levels run one after the other; it may then send four times the budget's messages (rail-32x8:
+    1.52x -> 1.20x of the bound), here on 4 rail-optimized hosts with the budget cut to match."""
+    from planner.algorithms import hierarchical as module
+    from planner.algorithms.hierarchical import hierarchical
+    from planner.fabrics import rail_optimized
+
+    topology = rail_optimized(4).topology()
+    monkeypatch.setattr(module, "_MAX_TRANSFERS", 1024)
+    monkeypatch.setattr(module, "_TRANSFERS_PER_RANK", 0)
+    bound = lower_bound(topology, collective, 1 << 20).time_s
+    more = hierarchical(topology, collective, Options(size_bytes=1 << 20))
+    assert more.metadata.options["pipeline"] == 4
+    check_schedule(topology, more, collective, "hierarchical")
+    monkeypatch.setattr(module, "_SMALL_BUDGET", 1)
+    one = hierarchical(topology, collective, Options(size_bytes=1 << 20))
+    assert one.metadata.options["pipeline"] == 1
+    assert simulate(topology, more, 1 << 20).time_s < 1.25 * bound
+    assert simulate(topology, one, 1 << 20).time_s > 1.45 * bound
+
+
+def test_a_small_collective_held_to_the_sharing_cap_keeps_one_slice() -> None:
+    """... but not where more slices in flight would hold a direct level to the sharing cap (fattree-256-2to1's
+    2:1 spine level would turn halving-doubling: 1.88x of the bound against 1.65x in one slice)."""
+    from planner.algorithms.hierarchical import hierarchical
+    from planner.fabrics import suite
+
+    topology = {f.name: f for f in suite()}["fattree-256-2to1"].topology()
+    schedule = hierarchical(topology, "allgather", Options(size_bytes=1 << 20))
+    assert schedule.metadata.options["pipeline"] == 1
+    assert schedule.metadata.options["methods"] == ["direct"] * 3
