@@ -26,8 +26,8 @@ A filling also starts where the last one still holds: the flows that no change
 since then can have reached keep their rates, and only the others are filled,
 on what the kept ones leave of the links (:meth:`Fabric._refill`; the same
 rates as a filling from scratch but for rounding).  That halves the simulation
-of tree packing on ibm-s822lc-48x4 and cuts MultiTree's on mesh-4x4x4 by a
-third.
+of tree packing on ibm-s822lc-48x4 and cuts MultiTree's on mesh-4x4x4 by about a
+quarter.
 """
 
 from __future__ import annotations

@@ -203,7 +203,7 @@ def _split_last(topology: Topology, levels: list[Stage], options: Options) -> li
     n, si = last.size, len(levels) - 1
     splits = [(a, *_split(last, a)) for a in range(2, n // 2 + 1) if not n % a]
     splits = [(a, inner, outer) for a, inner, outer in splits if _direct_fits(inner) and _direct_fits(outer)]
-    if not splits:  # before timing the levels (fattree-16384, 64 groups of 256 racks: 40 s)
+    if not splits:  # before timing the levels (fattree-16384, a last level of 64 groups of 256: 40 s)
         return levels
     part = options.size_bytes / math.prod(s.size for s in levels)  # bytes of one part of the last level
     best = _estimate(topology, last, stage_methods(topology, levels, options.size_bytes, 1)[-1], 0.0, 1, si)
@@ -868,9 +868,10 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     of about :data:`_SLICE_BYTES`; reduce-scatter and all-gather: shaped, by
     default as many as :func:`_stage_slices` allows).  By default there are at
     least :data:`_MIN_SLICES` where there are two levels or more, at most
-    :func:`_chunk_budget` chunks and :data:`_MAX_TRANSFERS` messages.
-    ``options.extra["window"]`` sets the flow control's window (reduce-scatter:
-    1 unless the first level is direct; all-reduce: 1 behind a ring, or
+    :func:`_chunk_budget` chunks and :data:`_MAX_TRANSFERS` messages
+    (:data:`_SMALL_BUDGET` times that where it would leave a small
+    reduce-scatter or all-gather one slice).  ``options.extra["window"]``
+    sets the flow control's window (reduce-scatter: 1 unless the first level is direct; all-reduce: 1 behind a ring, or
     halving-doubling on slices of 4 MiB or more; 0 turns it off);
     ``options.extra["layout"]`` (``virtual`` or ``blocks``) forces a
     reduce-scatter's or all-reduce's buffer order (an all-reduce of whole
