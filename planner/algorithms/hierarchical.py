@@ -871,8 +871,9 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     :func:`_chunk_budget` chunks and :data:`_MAX_TRANSFERS` messages
     (:data:`_SMALL_BUDGET` times that where it would leave a small
     reduce-scatter or all-gather one slice).  ``options.extra["window"]``
-    sets the flow control's window (reduce-scatter: 1 unless the first level is direct; all-reduce: 1 behind a ring, or
-    halving-doubling on slices of 4 MiB or more; 0 turns it off);
+    sets the flow control's window (reduce-scatter: 1 unless the first level
+    is direct; all-reduce: 1 behind a ring, or halving-doubling on slices of
+    4 MiB or more; 0 turns it off);
     ``options.extra["layout"]`` (``virtual`` or ``blocks``) forces a
     reduce-scatter's or all-reduce's buffer order (an all-reduce of whole
     blocks is a reduce-scatter in waves and an all-gather; by default only
