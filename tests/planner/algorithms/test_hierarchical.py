@@ -706,8 +706,9 @@ def test_a_small_collective_left_one_slice_by_the_budget_may_send_more(collectiv
 
 
 def test_a_small_collective_held_to_the_sharing_cap_keeps_one_slice() -> None:
-    """... but not where more slices in flight would hold a direct level to the sharing cap (fattree-256-2to1's
-    2:1 spine level would turn halving-doubling: 1.88x of the bound against 1.65x in one slice)."""
+    """Issue #11: a small all-gather that the budget leaves one slice keeps it where more slices in flight would
+    hold a direct level to the sharing cap (fattree-256-2to1's 2:1 spine level would turn halving-doubling:
+    1.88x of the bound against 1.65x in one slice)."""
     from planner.algorithms.hierarchical import hierarchical
     from planner.fabrics import suite
 
