@@ -318,17 +318,22 @@ def _namespace_pids(ns: str, timeout_s: float) -> list[int]:
 
 
 def _kill_namespace_processes(namespaces: Iterable[str], timeout_s: float) -> None:
-    """SIGKILL every process left inside our namespaces (all started by us), then wait for them to go."""
+    """SIGKILL every process left inside our namespaces (all started by us), wait for them to go, and list the
+    namespaces again until none is left: a process that entered one meanwhile (an ``ip netns exec`` started
+    just before, between opening the namespace and joining it) would otherwise outlive it."""
     namespaces = list(namespaces)
-    pids = [p for ns in namespaces for p in _namespace_pids(ns, timeout_s)]
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout_s
-    while pids and time.monotonic() < deadline:
-        pids = [p for p in pids if Path(f"/proc/{p}").exists() and _state(p) != "Z"]
-        if pids:
-            time.sleep(0.02)
+    while True:
+        pids = [p for ns in namespaces for p in _namespace_pids(ns, timeout_s)]
+        if not pids or time.monotonic() >= deadline:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        while pids and time.monotonic() < deadline:
+            pids = [p for p in pids if Path(f"/proc/{p}").exists() and _state(p) != "Z"]
+            if pids:
+                time.sleep(0.02)
 
 
 def _state(pid: int) -> str:

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -281,8 +282,14 @@ def test_cleanup_after_failure_timeout_and_exception() -> None:
         pids = subprocess.run(["ip", "netns", "pids", cluster.hosts[1].namespace], capture_output=True, text=True,
                               timeout=10, check=True).stdout
         assert pids.split() == []
-        # A process left running in a namespace when the block ends is killed with it.
+        # A process left running in a namespace when the block ends is killed with it (once it is inside:
+        # under load ``ip netns exec`` may take a while to join).
         stray = subprocess.Popen(cluster.host_command(0, ["sleep", "30"]))
+        inside = time.monotonic() + 5
+        while str(stray.pid) not in subprocess.run(["ip", "netns", "pids", cluster.hosts[0].namespace],
+                                                   capture_output=True, text=True, timeout=10).stdout.split():
+            assert time.monotonic() < inside, "the stray process never joined its namespace"
+            time.sleep(0.02)
     assert stray.wait(timeout=5) != 0
     assert_gone(cluster, before)
 
