@@ -11,8 +11,9 @@ import pytest
 
 from planner.algorithms import Options
 from planner.bench import EmulatedRow, bench_emulated, format_emulated_table, iterations_for, regime
+from planner.bounds import lower_bound
 from planner.compile import compile_schedule
-from planner.emulation import emulation_available
+from planner.emulation import DEFAULT_SCALE, emulation_available, scaled_topology
 from planner.errors import UsageError
 from planner.topology import parse_topology_text
 
@@ -61,9 +62,13 @@ def test_bench_emulated_two_hosts(tmp_path: Path) -> None:
         assert isinstance(r, EmulatedRow) and r.algorithm == "ring"
         assert r.max_error < 1e-4 and r.wrong == 0
         assert r.native_time_s and r.gloo_time_s and r.predicted_time_s > 0
-        # the traffic crossed the shaped network: no method beats the network-only prediction by much
-        for t in (r.time_s, r.native_time_s, r.gloo_time_s):
-            assert t > 0.7 * r.predicted_time_s, (t, r.predicted_time_s)
+        # the traffic crossed the shaped network: the replayed ring does not beat its prediction by much, nor
+        # MPI's and gloo's own algorithms the topology's bound (they may send less over the network than the
+        # ring: MPICH's all-reduce at 256 KiB took 0.69 of the ring's predicted time in one run)
+        assert r.time_s > 0.7 * r.predicted_time_s, (r.time_s, r.predicted_time_s)
+        bound = lower_bound(scaled_topology(topology, DEFAULT_SCALE), "allreduce", r.size).time_s
+        for t in (r.native_time_s, r.gloo_time_s):
+            assert t > 0.7 * bound, (t, bound)
     assert rows[1].predicted_time_s > 2 * rows[0].predicted_time_s
     text = format_emulated_table(rows, topology, 1e-3)
     assert "ring" in text and "pred/meas" in text and "# PASS" in text
