@@ -705,6 +705,21 @@ def test_a_small_collective_left_one_slice_by_the_budget_may_send_more(collectiv
     assert simulate(topology, one, 1 << 20).time_s > 1.45 * bound
 
 
+def test_a_small_all_reduce_of_whole_blocks_keeps_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #11: a small all-reduce of whole blocks keeps the message budget, where a reduce-scatter or
+    all-gather may exceed it: on rail-32x8 more slices gained it nothing and took twice as long to build and
+    time."""
+    from planner.algorithms import hierarchical as module
+    from planner.algorithms.hierarchical import hierarchical
+    from planner.fabrics import rail_optimized
+
+    monkeypatch.setattr(module, "_MAX_TRANSFERS", 1024)
+    monkeypatch.setattr(module, "_TRANSFERS_PER_RANK", 0)
+    schedule = hierarchical(rail_optimized(4).topology(), "allreduce",
+                            Options(size_bytes=1 << 20, extra={"layout": "blocks"}))
+    assert schedule.metadata.options["pipeline"] == 1
+
+
 def test_a_small_collective_held_to_the_sharing_cap_keeps_one_slice() -> None:
     """Issue #11: a small all-gather that the budget leaves one slice keeps it where more slices in flight would
     hold a direct level to the sharing cap (fattree-256-2to1's 2:1 spine level would turn halving-doubling:
