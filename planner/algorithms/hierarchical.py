@@ -297,9 +297,9 @@ _MAX_TRANSFERS = 1 << 16
 #: under the flat budget: 80.0% of the bound instead of about 90%).
 _TRANSFERS_PER_RANK = 160
 #: A small reduce-scatter or all-gather of whole blocks that the budget leaves one slice, so that its levels
-#: run one after the other, may send this many times the budget's messages, where no level's direct steps
-#: are held to the sharing cap (rail-32x8 at 1 MiB: 4 slices, 1.20x of the bound, 1.52x in one; at 2:1 on
-#: fattree-256-2to1 the cap would make its spine level halving-doubling, 1.88x against 1.65x in one slice).
+#: run one after the other, may send this many times the budget's messages (rail-32x8 at 1 MiB: 4 slices,
+#: 1.20x of the bound, 1.52x in one; fattree-256-2to1, its direct spine level over the sharing cap, which
+#: a small one lifts: 1.38x, 1.65x in one).
 #: Not an all-reduce of whole blocks, which gained nothing by it (rail-32x8 at 1 MiB: 1.28x either way, the
 #: virtual order kept) but twice the time to build and time the blocks (8.3 s -> 18.0 s).
 _SMALL_BUDGET = 4
@@ -503,7 +503,7 @@ def ownership(topology: Topology, stage: Stage, channel: int) -> dict[int, int] 
 def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: float, slices: int,
                   force: str | None = None, weights: Mapping[int, int] | None = None,
                   fed: bool = False, spread: bool = False, sharing_cap: float = _DIRECT_MAX_SHARING,
-                  waved: bool = False) -> list[str]:
+                  waved: bool = False, contend: bool = True) -> list[str]:
     """Ring, halving-doubling or direct for each level: the one :func:`_estimate` times fastest (ties: fewer
     steps; direct only where it is :data:`_DIRECT_GAIN` faster, or, with ``fed``, above the first level
     where it is no slower).
@@ -522,7 +522,9 @@ def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: floa
     ``spread``: an all-reduce (see :func:`_spread_shares`).  ``waved``: a
     reduce-scatter (or an all-reduce's first half) of few slices in waves (see
     :func:`_waves`), whose levels take the methods that pipeline waves, where
-    the estimate allows.
+    the estimate allows.  ``contend``: a direct level over the usual sharing cap
+    must also beat the others' step latencies (see below); a small collective in
+    a few slices lifts that.
     """
     out: list[str] = []
     part = slice_bytes
@@ -557,7 +559,7 @@ def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: floa
         gain = 0.0 if fed and si > 0 else _DIRECT_GAIN
         if fits[0] == "direct" and len(fits) > 1 and times[0] > min(times[1:]) * (1 - gain):
             fits, times = fits[1:], times[1:]
-        if (fits[0] == "direct" and len(fits) > 1 and sharing > _DIRECT_MAX_SHARING
+        if (contend and fits[0] == "direct" and len(fits) > 1 and sharing > _DIRECT_MAX_SHARING
                 and _estimate(topology, s, "direct", part, slices, si, True) > min(
                     _estimate(topology, s, m, 0.0, slices, si, True) for m in fits[1:])):
             # Over the usual cap its many flows contend, which the estimate does not see, while the others'
@@ -974,7 +976,8 @@ def _hierarchical(topology: Topology, collective: str, options: Options, levels:
     # the messages that contend on a link at once, a step's per slice in flight; where the budget leaves a
     # reduce-scatter or all-gather one slice anyway, they contend once, so the methods are chosen again
     # without it (fattree-256-2to1 all-gather at 1 MiB, 37 on a spine link: 2.11x -> 1.65x of the bound
-    # with a direct cross-leaf level, 6 s of CPU to time; an all-reduce keeps its slices and the cap).
+    # with a direct cross-leaf level, 6 s of CPU to time; a small one then takes more slices, see below; an
+    # all-reduce keeps its slices and the cap).
     weighted = weights
     layout = layout if collective != "allgather" else None
     if layout not in (None, "virtual", "blocks"):
@@ -998,7 +1001,15 @@ def _hierarchical(topology: Topology, collective: str, options: Options, levels:
         """Whether the sharing cap leaves every level that may run direct free to."""
         return all(_sharing(topology, s, si) <= _DIRECT_MAX_SHARING for si, s in enumerate(levels) if _direct_fits(s))
 
+    # A small reduce-scatter or all-gather (under 64 KiB a rank) that the cap leaves one slice, its latencies
+    # ruling, runs without the cap at all: its direct levels run over it in a few slices (fattree-256-2to1 at
+    # 1 MiB, 4 slices direct / one slice: all-gather 1.38x / 1.65x of the bound, reduce-scatter 1.56x / 1.71x;
+    # at 4 MiB 1.08x / 1.22x and 1.28x / 1.33x, where 4 slices with a halving-doubling spine level take 1.05x
+    # and 1.42x).  Where the cap leaves it slices it keeps them (fattree-128-4to1-pcie reduce-scatter at 4 MiB,
+    # 4 slices: 1.07x of the bound with a halving-doubling spine level, 1.12x direct).
+    small = not bulk and collective != "allreduce"
     for sharing_cap in (_DIRECT_MAX_SHARING, math.inf):
+        lifted = small and sharing_cap == math.inf
         contiguous = (collective == "allreduce" and layout != "blocks") or layout == "virtual"
         few = waved and bulk and options.pipeline is not None and options.pipeline <= _WAVE_SLICES
         rechosen: int | None = None  # slices the methods are chosen again for, once the budget cut them
@@ -1011,7 +1022,7 @@ def _hierarchical(topology: Topology, collective: str, options: Options, levels:
             weights = weighted if contiguous else None
             methods = stage_methods(topology, levels, options.size_bytes / slices, slices, force, weights,
                                     fed=collective != "allgather" and not contiguous, spread=contiguous,
-                                    sharing_cap=sharing_cap, waved=in_waves)
+                                    sharing_cap=sharing_cap, waved=in_waves, contend=not lifted)
             if methods[-1] != "direct":
                 weights = None
             # the flow control (below) keeps a ring's one link busy with the oldest slice; a direct first level
@@ -1040,8 +1051,7 @@ def _hierarchical(topology: Topology, collective: str, options: Options, levels:
             if options.pipeline is None:
                 fit = _budget_slices(levels, phases, steps, spans, contiguous)
                 most = max(1, fit)
-                if (fit <= 1 and raised and not bulk and not contiguous and collective != "allreduce"
-                        and uncapped()):
+                if fit <= 1 and raised and small and not contiguous and (lifted or uncapped()):
                     most = max(1, _budget_slices(levels, phases, steps, spans, False, _SMALL_BUDGET))
                 if waved and bulk and not contiguous and _budget_slices(levels, phases[:len(levels)], steps, spans,
                                                                         False):
@@ -1053,7 +1063,7 @@ def _hierarchical(topology: Topology, collective: str, options: Options, levels:
                         and _budget_slices(levels, phases, steps, spans, True) > most):
                     contiguous = True
                     continue
-                if (most == 1 < slices and rechosen is None and not bulk and not contiguous
+                if (most == 1 < slices and rechosen is None and small and not contiguous
                         and collective == "reducescatter"):
                     # methods timed for slices the budget does not allow are timed again for the one it does:
                     # the first level's window penalty (see stage_methods) is for slices it cannot have
