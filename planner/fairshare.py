@@ -186,7 +186,9 @@ class Fabric:
     reallocated (:meth:`reallocate`).
     """
 
-    def __init__(self, bandwidth: list[float], messages: int, record: bool) -> None:
+    def __init__(self, bandwidth: list[float], messages: int, record: bool, alone: bool = False) -> None:
+        #: every flow at its path's narrowest link, as if alone on the wire (see :meth:`reallocate`)
+        self.alone = alone
         self.bandwidth = bandwidth
         self.bandwidth_np = np.asarray(bandwidth, dtype=np.float64)
         self.rem = np.zeros(0)  # bytes left at time ``last``
@@ -368,8 +370,20 @@ class Fabric:
         return comps
 
     def reallocate(self, now: float) -> None:
-        """Recompute the fair rates of every component in which a flow started or ended since the last call."""
+        """Recompute the fair rates of every component in which a flow started or ended since the last call.
+
+        A fabric made ``alone`` gives each new flow its path's narrowest bandwidth instead, the most any fair
+        share allows it, and never changes a rate: no contention at all.
+        """
         new = self._materialise(now) if self.pending else None
+        if self.alone:
+            self.delta.clear()
+            self.touched.clear()
+            if new is not None:
+                rows = self.path_rows[self.pid[new]]
+                narrowest = np.where(rows >= 0, self.bandwidth_np[rows], np.inf).min(axis=1)
+                self._apply(new, narrowest, now)
+            return
         same = self._same_paths()
         delta, self.delta = self.delta, {}
         if same:  # the same rates as after the last call (see ``path_rate``): new flows take their path's

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import math
 import random
 import weakref
 
@@ -515,3 +516,57 @@ def test_the_latest_results_are_kept_for_the_same_schedule_object() -> None:
     assert simulate(topo, copy, 1 << 20) is not first
     assert simulate(topo, copy, 1 << 20, record=True).op_events  # a recorded run is never taken from the kept
     assert simulate(ring_topology(4), schedule, 1 << 20) is not first  # kept per topology
+
+
+@pytest.mark.parametrize("routing", ROUTING_MODES)
+@pytest.mark.parametrize("seed", range(6))
+def test_the_run_without_contention_is_a_lower_bound_of_the_simulated_time(seed: int, routing: str) -> None:
+    """``simulate_within`` gives a schedule up when its run without contention already passes the deadline: that
+    needs the run's time <= the simulated time, for every algorithm and routing, here on random fabrics."""
+    from planner.algorithms import ALGORITHMS, Options
+    from planner.errors import NotApplicableError
+    from planner.simulate import _paused_collector
+
+    topology = random_topology(seed) if routing == "spray" else random_fabric(seed, routing)
+    size = random.Random(seed).choice([1 << 10, 1 << 20, 64 << 20])
+    checked = 0
+    for name in ("ring", "tree", "halving-doubling", "direct", "hierarchical", "treepack"):
+        try:
+            schedule = assign_paths(topology, ALGORITHMS[name].load()(topology, "allreduce", Options(size_bytes=size)))
+            simulated = simulate(topology, schedule, size).time_s
+        except (NotApplicableError, SimulationError):
+            continue
+        alone = _paused_collector(topology, schedule, size, False, None, math.inf, alone=True)
+        assert alone is not None and 0 < alone.time_s <= simulated * (1 + 1e-9)
+        checked += 1
+    assert checked
+
+
+def test_a_deadline_that_the_run_without_contention_passes_skips_the_simulation(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Against a deadline the contention-free run comes first; where it passes the deadline the simulation is not
+    run at all, elsewhere it is, with the simulation's own result."""
+    from planner import fairshare
+
+    topology = random_fabric(3, "ecmp")
+    schedule = ring_allreduce(topology.size)
+    size = 64 << 20
+    full = simulate(topology, copy_of(schedule), size)
+    runs: list[bool] = []
+    original = fairshare.Fabric.__init__
+
+    def spy(self: fairshare.Fabric, *args: object) -> None:
+        original(self, *args)  # type: ignore[arg-type]
+        runs.append(self.alone)
+
+    monkeypatch.setattr(fairshare.Fabric, "__init__", spy)
+    assert simulate_within(topology, copy_of(schedule), size, full.time_s * 1.01) == full
+    assert runs == [True, False]
+    runs.clear()
+    assert simulate_within(topology, copy_of(schedule), size, full.time_s * 1e-3) is None
+    assert runs == [True]  # the simulation itself is spared
+
+
+def copy_of(schedule: Schedule) -> Schedule:
+    """An equal schedule, another object (the simulator keeps its latest result per schedule object)."""
+    return schedule.with_metadata()
