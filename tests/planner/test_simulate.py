@@ -567,6 +567,17 @@ def test_a_deadline_that_the_run_without_contention_passes_skips_the_simulation(
     assert runs == [True]  # the simulation itself is spared
 
 
+def test_the_suffix_bound_joins_late_starts_and_link_loads() -> None:
+    """Per link, any flow's start plus the bytes of the flows that start no earlier, over the bandwidth: two
+    flows of 10 bytes at 0 and 5 on a link of 1 byte/s need 20 s (both after 0); with 1 byte at 0, 15 s (the
+    second after 5); a second, faster link counts on its own."""
+    from planner.simulate import _suffix_bound
+
+    assert _suffix_bound([(0.0, 0, 10.0), (5.0, 0, 10.0)], [1.0]) == 20.0
+    assert _suffix_bound([(5.0, 0, 10.0), (0.0, 0, 1.0)], [1.0]) == 15.0
+    assert _suffix_bound([(0.0, 1, 1.0), (9.0, 0, 2.0), (0.0, 0, 1.0)], [1.0, 2.0]) == 11.0
+
+
 def copy_of(schedule: Schedule) -> Schedule:
     """An equal schedule, another object (the simulator keeps its latest result per schedule object)."""
     return schedule.with_metadata()
