@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["SAME_INSTANT", "Fabric", "Route", "fair_rates", "fair_rates_vector", "make_route"]
+__all__ = ["SAME_INSTANT", "Fabric", "Route", "Unshared", "fair_rates", "fair_rates_vector", "make_route"]
 
 #: Events closer than this (relative) are one instant: floating-point noise must not split a step.
 SAME_INSTANT = 1e-12
@@ -186,9 +186,7 @@ class Fabric:
     reallocated (:meth:`reallocate`).
     """
 
-    def __init__(self, bandwidth: list[float], messages: int, record: bool, alone: bool = False) -> None:
-        #: every flow at its path's narrowest link, as if alone on the wire (see :meth:`reallocate`)
-        self.alone = alone
+    def __init__(self, bandwidth: list[float], messages: int, record: bool) -> None:
         self.bandwidth = bandwidth
         self.bandwidth_np = np.asarray(bandwidth, dtype=np.float64)
         self.rem = np.zeros(0)  # bytes left at time ``last``
@@ -370,20 +368,8 @@ class Fabric:
         return comps
 
     def reallocate(self, now: float) -> None:
-        """Recompute the fair rates of every component in which a flow started or ended since the last call.
-
-        A fabric made ``alone`` gives each new flow its path's narrowest bandwidth instead, the most any fair
-        share allows it, and never changes a rate: no contention at all.
-        """
+        """Recompute the fair rates of every component in which a flow started or ended since the last call."""
         new = self._materialise(now) if self.pending else None
-        if self.alone:
-            self.delta.clear()
-            self.touched.clear()
-            if new is not None:
-                rows = self.path_rows[self.pid[new]]
-                narrowest = np.where(rows >= 0, self.bandwidth_np[rows], np.inf).min(axis=1)
-                self._apply(new, narrowest, now)
-            return
         same = self._same_paths()
         delta, self.delta = self.delta, {}
         if same:  # the same rates as after the last call (see ``path_rate``): new flows take their path's
@@ -510,3 +496,52 @@ class Fabric:
         self.last[slots] = now
         self.rate[slots] = rates
         self.fin[slots] = now + left / rates
+
+
+class Unshared:
+    """:class:`Fabric`'s interface for flows that share nothing: each at its path's narrowest bandwidth, the most
+    any fair share allows it, so a message's last byte is out a fixed time after it starts (the simulator's
+    contention-free lower bound).  A heap of those times, no rates: thousands of messages at once cost no
+    more than a few."""
+
+    def __init__(self, bandwidth: list[float]) -> None:
+        self.bandwidth = bandwidth
+        self.narrowest: dict[tuple[int, ...], float] = {}  # by path
+        self.ends: list[tuple[float, int]] = []  # (when its last byte is out, send)
+        self.route: dict[int, Route] = {}  # by message
+        self.pending: list[tuple[int, Route, float]] = []  # messages added since the last reallocation
+        self.touched: set[int] = set()  # always empty: nothing to reallocate
+        self.ended: list[tuple[int, tuple[int, ...], float, float]] = []  # never recorded
+
+    def add(self, send: int, route: Route, share: float) -> None:
+        """Message ``send`` starts: a flow of ``share`` bytes per path (timed at :meth:`reallocate`)."""
+        self.pending.append((send, route, share))
+        self.route[send] = route
+
+    def reallocate(self, now: float) -> None:
+        """Time the messages added since the last call from ``now``."""
+        narrowest, bandwidth = self.narrowest, self.bandwidth
+        for send, route, share in self.pending:
+            slowest = 0.0
+            for path in route.paths:
+                rate = narrowest.get(path)
+                if rate is None:
+                    rate = narrowest[path] = min(bandwidth[link] for link in path)
+                slowest = max(slowest, share / rate)
+            heapq.heappush(self.ends, (now + slowest, send))
+        self.pending.clear()
+
+    def next_end(self) -> float:
+        """When the next message sends its last byte (inf: none is sending)."""
+        return self.ends[0][0] if self.ends else float("inf")
+
+    def finish(self, limit: float) -> list[tuple[float, int]]:
+        """The messages whose last byte is out by ``limit``, as (time, send), by time then send."""
+        ends, done = self.ends, []
+        while ends and ends[0][0] <= limit:
+            done.append(heapq.heappop(ends))
+        return done
+
+    def close(self, send: int) -> float:
+        """Forget a message whose last byte is out; returns its latency."""
+        return self.route.pop(send).latency

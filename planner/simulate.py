@@ -52,6 +52,7 @@ import bisect
 import gc
 import heapq
 import math
+from array import array
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -60,7 +61,7 @@ from types import MappingProxyType
 import numpy as np
 
 from planner.errors import SimulationError
-from planner.fairshare import SAME_INSTANT, Fabric, Route, make_route
+from planner.fairshare import SAME_INSTANT, Fabric, Route, Unshared, make_route
 from planner.paths import recorded_paths
 from planner.topology import Link, Topology
 from runtime.schedule import Op, Schedule
@@ -195,22 +196,43 @@ class _Network:
 
 # --------------------------------------------------------------------------- the simulation
 
+#: The contention-free run records at most this many (start, link, bytes) entries for :func:`_suffix_bound`
+#: (48 MiB, and three times that to sort them), and does without it beyond: fattree-1024's all-reduce at
+#: 256 MiB, sprayed over its spines, made 5.5M of them (550 MiB at the peak).
+_LOADS_MAX = 1 << 21
 
-def _suffix_bound(loads: list[tuple[float, int, float]], bandwidth: list[float]) -> float:
-    """The latest, over links and over flows' starts t, of t plus the bytes that flows starting at t or later put
-    on the link over its bandwidth, for ``loads`` given as (start, link, bytes).  Where no flow starts
-    earlier than given, this bounds the end: those bytes cross the link after t, at its bandwidth at most.
-    With the starts of a contention-free run it joins dependency chains and link loads (tree packing's
-    all-reduce on ibm-s822lc-48x4 at 1 MiB: 254.9 us, where the run ends at 206.5 us and the busiest link
-    needs 209.2 us)."""
-    data = np.array(loads, dtype=np.float64)
-    start, link, nbytes = data[:, 0], data[:, 1].astype(np.int64), data[:, 2]
+
+def _suffix_bound(start: np.ndarray, link: np.ndarray, nbytes: np.ndarray, bandwidth: list[float]) -> float:
+    """The latest, over links and over flows' starts t, of t plus the bytes that flows starting at t or later
+    put on the link over its bandwidth, for flows given by their ``start``, ``link`` and ``nbytes``.  Where no
+    flow starts earlier than given, this bounds the end: those bytes cross the link after t, at its bandwidth
+    at most.  With the starts of a contention-free run it joins dependency chains and link loads (tree
+    packing's all-reduce on ibm-s822lc-48x4 at 1 MiB: 254.9 us, where the run ends at 206.5 us and the
+    busiest link needs 209.2 us)."""
     order = np.lexsort((-start, link))  # by link, latest start first
     start, link, nbytes = start[order], link[order], nbytes[order]
     total = np.cumsum(nbytes)
     first = np.flatnonzero(np.r_[True, link[1:] != link[:-1]])  # each link's first row
     before = np.repeat(total[first] - nbytes[first], np.diff(np.r_[first, link.size]))
     return float((start + (total - before) / np.asarray(bandwidth)[link]).max())
+
+
+def _heavy_links(sends: Mapping[tuple[int, int, int], list[int]], conn_route: Mapping[tuple[int, int, int], Route],
+                 counts: list[int], bandwidth: list[float]) -> dict[tuple[int, int, int], tuple[int, ...]]:
+    """Per connection, its paths' links (each once a path) whose bytes take at least half the busiest link's
+    time, from the chunk ``counts`` of its ``sends``.  :func:`_suffix_bound` over any links bounds the end,
+    and a lightly loaded link seldom sets it; all of them held fattree-1024's all-reduce at 256 MiB, its
+    messages sprayed over the spines, to 800 MiB more memory."""
+    load = [0.0] * len(bandwidth)
+    for key, ids in sends.items():
+        paths = conn_route[key].paths
+        share = sum(counts[g] for g in ids) / len(paths)  # chunks a path: only the ratios matter
+        for path in paths:
+            for link in path:
+                load[link] += share
+    busiest = max((v / b for v, b in zip(load, bandwidth)), default=0.0)
+    return {key: tuple(link for path in route.paths for link in path if 2 * load[link] >= busiest * bandwidth[link])
+            for key, route in conn_route.items()}
 
 
 def _op_chunk(op: Op) -> str:
@@ -311,7 +333,7 @@ def _simulate(topology: Topology, schedule: Schedule, size_bytes: int, record: b
 
     ``alone``: a lower bound of its time instead.  Every message goes on the wire as soon as both its
     operations are posted (its connection's earlier messages need not be out) and each of its flows runs at
-    its path's narrowest bandwidth (:class:`~planner.fairshare.Fabric`'s ``alone``).  Each event is then
+    its path's narrowest bandwidth (:class:`~planner.fairshare.Unshared`).  Each event is then
     the latest of the events it waits for plus a duration no longer than the simulation's (a fair share
     never exceeds a path's narrowest link, and a connection's order only adds waits), so by induction over
     the operations no event comes later than in the simulation.  So no flow starts earlier there either, and
@@ -413,8 +435,11 @@ def _simulate(topology: Topology, schedule: Schedule, size_bytes: int, record: b
     start_time = [0.0] * total if record else None
     rank_finish = [0.0] * len(programs)
     done_count = 0
-    fabric = Fabric(net.bandwidth, total, record, alone)
-    loads: list[tuple[float, int, float]] | None = [] if alone else None  # (start, link, bytes) of each flow
+    fabric = Unshared(net.bandwidth) if alone else Fabric(net.bandwidth, total, record)
+    # with ``alone``: each flow's start, link and bytes, per link it crosses of those it keeps (see _heavy_links)
+    loads = (array("d"), array("q"), array("d")) if alone else None
+    heavy = _heavy_links(sends, conn_route, [programs[op_rank[g]][g - base[op_rank[g]]].count for g in range(total)],
+                         net.bandwidth) if alone else {}
     names = net.names
     link_bytes = [0.0] * len(names)
     msg_start: dict[int, float] = {}  # when each message in flight went on the wire (only for on_message)
@@ -496,8 +521,11 @@ def _simulate(topology: Topology, schedule: Schedule, size_bytes: int, record: b
         share = nbytes / len(route.paths)
         for link in conn_links[key]:
             link_bytes[link] += share
-        if loads is not None:
-            loads.extend((now, link, share) for link in conn_links[key])
+        if loads is not None and len(loads[0]) < _LOADS_MAX:
+            links = heavy[key]
+            loads[0].extend([now] * len(links))
+            loads[1].extend(links)
+            loads[2].extend([share] * len(links))
         fabric.add(send, route, share)
 
     def release(send: int, now: float) -> None:
@@ -563,8 +591,9 @@ def _simulate(topology: Topology, schedule: Schedule, size_bytes: int, record: b
             where=where, fix="verify the schedule first (planner.verify)",
         )
     time_s = max(rank_finish, default=0.0)
-    if loads:
-        time_s = max(time_s, _suffix_bound(loads, net.bandwidth))
+    if loads is not None and 0 < len(loads[0]) < _LOADS_MAX:  # else some are missing
+        time_s = max(time_s, _suffix_bound(*(np.frombuffer(column, dtype=column.typecode) for column in loads),
+                                           net.bandwidth))
     algbw = size_bytes / time_s / 1e9 if time_s > 0 else 0.0
     bandwidth = net.bandwidth
     link_map = {names[i]: link_bytes[i] for i in range(len(names))}

@@ -7,6 +7,7 @@ import math
 import random
 import weakref
 
+import numpy as np
 import pytest
 
 from planner.builder import ScheduleBuilder
@@ -552,19 +553,18 @@ def test_a_deadline_that_the_run_without_contention_passes_skips_the_simulation(
     schedule = ring_allreduce(topology.size)
     size = 64 << 20
     full = simulate(topology, copy_of(schedule), size)
-    runs: list[bool] = []
-    original = fairshare.Fabric.__init__
+    runs: list[str] = []
+    for kind in (fairshare.Fabric, fairshare.Unshared):
+        def spy(self: object, *args: object, original: object = kind.__init__, name: str = kind.__name__) -> None:
+            original(self, *args)  # type: ignore[operator]
+            runs.append(name)
 
-    def spy(self: fairshare.Fabric, *args: object) -> None:
-        original(self, *args)  # type: ignore[arg-type]
-        runs.append(self.alone)
-
-    monkeypatch.setattr(fairshare.Fabric, "__init__", spy)
+        monkeypatch.setattr(kind, "__init__", spy)
     assert simulate_within(topology, copy_of(schedule), size, full.time_s * 1.01) == full
-    assert runs == [True, False]
+    assert runs == ["Unshared", "Fabric"]
     runs.clear()
     assert simulate_within(topology, copy_of(schedule), size, full.time_s * 1e-3) is None
-    assert runs == [True]  # the simulation itself is spared
+    assert runs == ["Unshared"]  # the simulation itself is spared
 
 
 def test_the_suffix_bound_joins_late_starts_and_link_loads() -> None:
@@ -573,9 +573,13 @@ def test_the_suffix_bound_joins_late_starts_and_link_loads() -> None:
     second after 5); a second, faster link counts on its own."""
     from planner.simulate import _suffix_bound
 
-    assert _suffix_bound([(0.0, 0, 10.0), (5.0, 0, 10.0)], [1.0]) == 20.0
-    assert _suffix_bound([(5.0, 0, 10.0), (0.0, 0, 1.0)], [1.0]) == 15.0
-    assert _suffix_bound([(0.0, 1, 1.0), (9.0, 0, 2.0), (0.0, 0, 1.0)], [1.0, 2.0]) == 11.0
+    def bound(flows: list[tuple[float, int, float]], bandwidth: list[float]) -> float:
+        start, link, nbytes = zip(*flows)
+        return _suffix_bound(np.array(start), np.array(link), np.array(nbytes), bandwidth)
+
+    assert bound([(0.0, 0, 10.0), (5.0, 0, 10.0)], [1.0]) == 20.0
+    assert bound([(5.0, 0, 10.0), (0.0, 0, 1.0)], [1.0]) == 15.0
+    assert bound([(0.0, 1, 1.0), (9.0, 0, 2.0), (0.0, 0, 1.0)], [1.0, 2.0]) == 11.0
 
 
 def copy_of(schedule: Schedule) -> Schedule:
