@@ -585,3 +585,19 @@ def test_the_suffix_bound_joins_late_starts_and_link_loads() -> None:
 def copy_of(schedule: Schedule) -> Schedule:
     """An equal schedule, another object (the simulator keeps its latest result per schedule object)."""
     return schedule.with_metadata()
+
+
+def test_the_bound_does_without_the_link_term_past_its_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The contention-free run records its flows' link loads up to ``_LOADS_MAX`` entries (memory: millions on
+    a thousand ranks); past it the bound is the run's end alone, still below the simulation, and the link term
+    (a 64 MiB ring, bandwidth-bound) lifts it where the entries fit."""
+    from planner import simulate as module
+
+    topology = random_fabric(5, "ecmp")
+    schedule = ring_allreduce(topology.size)
+    size = 64 << 20
+    simulated = simulate(topology, copy_of(schedule), size).time_s
+    full = module._paused_collector(topology, schedule, size, False, None, math.inf, alone=True).time_s
+    monkeypatch.setattr(module, "_LOADS_MAX", 4)
+    capped = module._paused_collector(topology, schedule, size, False, None, math.inf, alone=True).time_s
+    assert 1.5 * capped < full <= simulated * (1 + 1e-9)
