@@ -62,7 +62,7 @@ import numpy as np
 
 from planner.errors import SimulationError
 from planner.fairshare import SAME_INSTANT, Fabric, Route, Unshared, make_route
-from planner.paths import recorded_paths
+from planner.paths import connection_chunks, recorded_paths
 from planner.topology import Link, Topology
 from runtime.schedule import Op, Schedule
 
@@ -217,16 +217,16 @@ def _suffix_bound(start: np.ndarray, link: np.ndarray, nbytes: np.ndarray, bandw
     return float((start + (total - before) / np.asarray(bandwidth)[link]).max())
 
 
-def _heavy_links(sends: Mapping[tuple[int, int, int], list[int]], conn_route: Mapping[tuple[int, int, int], Route],
-                 counts: list[int], bandwidth: list[float]) -> dict[tuple[int, int, int], tuple[int, ...]]:
+def _heavy_links(chunks: Mapping[tuple[int, int, int], int], conn_route: Mapping[tuple[int, int, int], Route],
+                 bandwidth: list[float]) -> dict[tuple[int, int, int], tuple[int, ...]]:
     """Per connection, its paths' links (each once a path) whose bytes take at least half the busiest link's
-    time, from the chunk ``counts`` of its ``sends``.  :func:`_suffix_bound` over any links bounds the end,
+    time, from the ``chunks`` each connection sends.  :func:`_suffix_bound` over any links bounds the end,
     and a lightly loaded link seldom sets it; all of them held fattree-1024's all-reduce at 256 MiB, its
     messages sprayed over the spines, to 800 MiB more memory."""
     load = [0.0] * len(bandwidth)
-    for key, ids in sends.items():
+    for key, sent in chunks.items():
         paths = conn_route[key].paths
-        share = sum(counts[g] for g in ids) / len(paths)  # chunks a path: only the ratios matter
+        share = sent / len(paths)  # chunks a path: only the ratios matter
         for path in paths:
             for link in path:
                 load[link] += share
@@ -438,8 +438,7 @@ def _simulate(topology: Topology, schedule: Schedule, size_bytes: int, record: b
     fabric = Unshared(net.bandwidth) if alone else Fabric(net.bandwidth, total, record)
     # with ``alone``: each flow's start, link and bytes, per link it crosses of those it keeps (see _heavy_links)
     loads = (array("d"), array("q"), array("d")) if alone else None
-    heavy = _heavy_links(sends, conn_route, [programs[op_rank[g]][g - base[op_rank[g]]].count for g in range(total)],
-                         net.bandwidth) if alone else {}
+    heavy = _heavy_links(connection_chunks(schedule), conn_route, net.bandwidth) if alone else {}
     names = net.names
     link_bytes = [0.0] * len(names)
     msg_start: dict[int, float] = {}  # when each message in flight went on the wire (only for on_message)

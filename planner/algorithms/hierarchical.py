@@ -1012,12 +1012,12 @@ def _hierarchical(topology: Topology, collective: str, options: Options, levels:
         lifted = small and sharing_cap == math.inf
         contiguous = (collective == "allreduce" and layout != "blocks") or layout == "virtual"
         few = waved and bulk and options.pipeline is not None and options.pipeline <= _WAVE_SLICES
-        rechosen: int | None = None  # slices the methods are chosen again for, once the budget cut them
+        rechosen = False  # the methods are chosen again for one slice, the budget having cut them to it
         while True:
-            if rechosen is None:
-                slices, raised = wanted(contiguous)
+            if rechosen:
+                slices = 1
             else:
-                slices = rechosen
+                slices, raised = wanted(contiguous)
             in_waves = few and not contiguous
             weights = weighted if contiguous else None
             methods = stage_methods(topology, levels, options.size_bytes / slices, slices, force, weights,
@@ -1063,13 +1063,13 @@ def _hierarchical(topology: Topology, collective: str, options: Options, levels:
                         and _budget_slices(levels, phases, steps, spans, True) > most):
                     contiguous = True
                     continue
-                if (most == 1 < slices and rechosen is None and small and not contiguous
+                if (most == 1 < slices and not rechosen and small and not contiguous
                         and collective == "reducescatter"):
                     # methods timed for slices the budget does not allow are timed again for the one it does:
                     # the first level's window penalty (see stage_methods) is for slices it cannot have
                     # (ibm-s822lc-48x4 at 1 MiB: timed for 8, a direct first level, 1.41x of the bound; for 1,
                     # a ring, 1.30x)
-                    rechosen = 1
+                    rechosen = True
                     continue
                 slices = min(slices, most)
                 if waved and bulk and not contiguous and slices <= _WAVE_SLICES and not few:
