@@ -210,6 +210,10 @@ def run_config(config: str, args: argparse.Namespace) -> list[Row]:
                 commands = [(cluster.host_command(cluster.host_of(r), command(r)),
                              rank_env(r, cluster.host_of(r).interface)) for r in range(world)]
                 report = run_ranks(commands, limit)
+                try:  # a diagnostic: never lose the configuration's rows to it
+                    print(format_link_stats(config, cluster.link_stats()), flush=True)
+                except Exception as exc:
+                    print(f"# {config} network: no statistics ({exc})", flush=True)
         else:
             report = run_ranks([(command(r), rank_env(r, None)) for r in range(world)], limit)
     if report.get("probe"):
@@ -244,6 +248,18 @@ def format_profile(row: Row) -> str:
     return (f"#   profile {row.size // MIB} MiB: host enqueue {p['enqueue_ms']:.1f} ms, call {p['wall_ms']:.1f} ms; "
             f"GPU {p['gpu_ms']:.1f} ms = {p['groups']} groups {p['in_groups_ms']:.1f} ms + between them "
             f"{p['between_ms']:.1f} ms; slowest groups: {slowest}")
+
+
+def format_link_stats(config: str, stats: dict[str, dict[str, int]]) -> str:
+    """One line on what the shaped links did during the configuration's calls: bytes, drops, TCP retransmits."""
+    ends = {k: v for k, v in stats.items() if "sent_bytes" in v}
+    drops = sorted(((v["dropped"], k) for k, v in ends.items() if v["dropped"]), reverse=True)
+    retrans = {k: v["tcp_retransmitted"] for k, v in stats.items() if "tcp_retransmitted" in v}
+    worst = ", ".join(f"{k} {n}" for n, k in drops[:4])
+    return (f"# {config} network: {sum(v['sent_bytes'] for v in ends.values()) / MIB:.0f} MiB through "
+            f"{len(ends)} shaped wire ends, {sum(n for n, _ in drops)} packets dropped by their token buckets"
+            f"{' (' + worst + ')' if worst else ''}, {sum(retrans.values())} TCP segments retransmitted "
+            f"(per host: {', '.join(str(n) for n in retrans.values())})")
 
 
 def format_probe(probe: Sequence[dict[str, Any]]) -> str:

@@ -26,6 +26,8 @@
 #      int32 x every op on 2, 3 and 4 ranks sharing the GPU (odd sizes, smallest and default groups),
 #      async_op, NCCL's own allreduce on the same data, the planner's algorithms, the DDP hook against
 #      plain DDP, a hung and a dead peer named in one line within the timeout (last: they kill ranks).
+# With arguments, runs them instead of the steps, under the same set-up (iproute2, MPS), e.g.
+#   sh benchmarks/gpu_check.sh python3 benchmarks/gpu_bench.py --configs plain --group-bytes 2097152
 # Override with GPU_BENCH_ARGS (e.g. GPU_BENCH_ARGS="--sizes 1 16 64 --scale 0.02").  Exit status: 0 only
 # if every check passed and every configuration ran.
 set -u
@@ -67,6 +69,12 @@ except Exception as exc:
     print(f"cupy.cuda.nccl unavailable: {exc}")
 EOF
 command -v tc >/dev/null 2>&1 && echo "iproute2: $(command -v tc)" || echo "iproute2: missing (the emulated configurations will fail)"
+
+if [ $# -gt 0 ]; then
+    echo "== $*"
+    "$@"
+    exit $?
+fi
 
 status=0
 echo "== 1. benchmark (benchmarks/gpu_bench.py)"

@@ -97,7 +97,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import networkx as nx
-from ortools.graph.python import max_flow
 
 from planner.collectives import canonical_collective
 from planner.errors import InfeasibleError, NotApplicableError, UsageError
@@ -359,6 +358,8 @@ class _CutFamily:
         capacities in whole bytes/s; the sink side is the least one, the devices that still reach the sink in
         the residual graph, which every maximum flow leaves alike.
         """
+        from ortools.graph.python import max_flow  # here, not at import: the runtime's machines lack ortools
+
         n = len(self.out_adj)
         source, sink = n, n + 1
         arcs = [(a, b, round(bw)) for a, edges in enumerate(self.out_adj) for b, bw, _ in edges]

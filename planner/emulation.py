@@ -90,6 +90,8 @@ TBF_BURST_S = 0.002
 #: Token-bucket queue: this many seconds at the shaped rate (at least a few bursts).
 TBF_QUEUE_S = 0.05
 
+#: ``tc -s qdisc show``: "Sent 123 bytes 4 pkt (dropped 5, overlimits 6 requeues 0)"
+_QDISC_SENT_RE = re.compile(r"Sent (\d+) bytes \d+ pkt \(dropped (\d+),")
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 _IFNAMSIZ = 15
 _instances = itertools.count()
@@ -504,6 +506,23 @@ class EmulatedCluster:
     def _teardown(self) -> list[str]:
         created, self._created = self._created, []
         return _delete_namespaces(reversed(created), self.timeout_s)
+
+    def link_stats(self) -> dict[str, dict[str, int]]:
+        """What the shaped network did so far: per wire end (``ns/dev``) the bytes sent and packets dropped by
+        its token bucket, and per host namespace the TCP segments retransmitted (drops that cost a timeout)."""
+        tc, ip, t = _tool("tc"), _tool("ip"), self.timeout_s
+        stats: dict[str, dict[str, int]] = {}
+        for w in self.plan.wires:
+            for ns, dev in ((w.a_ns, w.a_dev), (w.b_ns, w.b_dev)):
+                found = _QDISC_SENT_RE.search(_call([tc, "-s", "-n", ns, "qdisc", "show", "dev", dev], t))
+                if found:
+                    stats[f"{ns}/{dev}"] = {"sent_bytes": int(found[1]), "dropped": int(found[2])}
+        for h in self.plan.hosts:
+            rows = [line.split() for line in _call([ip, "netns", "exec", h.namespace, "cat", "/proc/net/snmp"],
+                                                   t).splitlines() if line.startswith("Tcp:")]
+            if len(rows) == 2 and "RetransSegs" in rows[0]:
+                stats[h.namespace] = {"tcp_retransmitted": int(rows[1][rows[0].index("RetransSegs")])}
+        return stats
 
     # ------------------------------------------------------------- commands
 
