@@ -18,14 +18,16 @@
 # the driver) unless one runs already or TOPOCC_NO_MPS=1: without it the GPU time-slices between the
 # ranks' processes and every NCCL kernel that waits for a peer holds the GPU for a slice (one group of
 # sends and receives took 2.25 ms without MPS, 86 us with it, on the H100 machine), which no cluster of
-# one GPU per rank has.  Steps (about 4 minutes on an H100 machine):
+# one GPU per rank has.  Steps (about 7 minutes on the H200 machine):
 #   1. benchmarks/gpu_bench.py --probe --profile: CuPy's NCCL vs torch's batch_isend_irecv per group, then
 #      topocc vs NCCL all-reduce at 1, 16, 64, 256 MiB: plain (4 ranks, loopback), emu-uniform, emu-racks,
 #      each size with where one call's time went (enqueueing, inside and between NCCL groups);
 #   2. tests/runtime/mpi_scripts/nccl_check.py suite --jobs 3: every collective x float32/bfloat16/float16/
 #      int32 x every op on 2, 3 and 4 ranks sharing the GPU (odd sizes, smallest and default groups),
 #      async_op, NCCL's own allreduce on the same data, the planner's algorithms, the DDP hook against
-#      plain DDP, a hung and a dead peer named in one line within the timeout (last: they kill ranks).
+#      plain DDP, a hung and a dead peer named in one line within the timeout (last: they kill ranks);
+#   3. benchmarks/train_gpu.py: a transformer trained with plain DDP, the DDP hook, Prophet's blocks and DASO on
+#      emu-racks and emu-uniform (TRAIN_ARGS overrides its options), a table and a plot of loss over time.
 # With arguments, runs them instead of the steps, under the same set-up (iproute2, MPS), e.g.
 #   sh benchmarks/gpu_check.sh python3 benchmarks/gpu_bench.py --configs plain --group-bytes 2097152
 # Override with GPU_BENCH_ARGS (e.g. GPU_BENCH_ARGS="--sizes 1 16 64 --scale 0.02").  Exit status: 0 only
@@ -86,6 +88,13 @@ echo "== 2. correctness (tests/runtime/mpi_scripts/nccl_check.py suite --jobs 3)
 start=$(date +%s)
 timeout 240 "$PY" tests/runtime/mpi_scripts/nccl_check.py suite --jobs 3 || status=1
 echo "(correctness: $(( $(date +%s) - start )) s)"
+
+echo "== 3. training (benchmarks/train_gpu.py)"
+start=$(date +%s)
+# shellcheck disable=SC2086
+timeout 300 "$PY" benchmarks/train_gpu.py --plot "${OUT:-/tmp}/train_loss.svg" --json "${OUT:-/tmp}/train.json" \
+    ${TRAIN_ARGS:-} || status=1
+echo "(training: $(( $(date +%s) - start )) s; plot in ${OUT:-/tmp}/train_loss.svg)"
 
 echo "== gpu_check: $( [ $status = 0 ] && echo ok || echo FAILED )"
 exit $status

@@ -249,8 +249,41 @@ class Work:
         except PeerFailure as exc:
             raise self._fail(exc) from None
 
+    def get_future(self, value: Any) -> Any:
+        """A ``torch.futures.Future`` holding ``value`` once the collective is done (as torch's ``Work.get_future``).
+
+        On CUDA it is complete at once for the host and ordered on the GPU: its ``wait()`` orders the
+        caller's current stream after the collective, so a DDP hook that returns it lets backward go on
+        while the bucket is reduced.  On the host it is returned completed.
+        """
+        import torch
+
+        device = getattr(value, "device", None)
+        if device is None or device.type != "cuda":
+            self.synchronize()
+            done: Any = torch.futures.Future()
+            done.set_result(value)
+            return done
+        future: Any = torch.futures.Future(devices=[device])
+        with torch.cuda.device(device), torch.cuda.stream(_side_stream(device)):
+            self.wait()  # the side stream waits for the collective; set_result records an event after that
+            future.set_result(value)
+        return future
+
     def is_completed(self) -> bool:
         try:
             return self._transport.query(self._fence)
         except PeerFailure as exc:
             raise self._fail(exc) from None
+
+
+_SIDE_STREAMS: dict[Any, Any] = {}
+
+
+def _side_stream(device: Any) -> Any:
+    """One stream per device on which :meth:`Work.get_future` marks completions (never the caller's)."""
+    import torch
+
+    if device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return _SIDE_STREAMS[device]

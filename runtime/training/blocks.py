@@ -10,10 +10,11 @@ early ones.  The blocks come from ``planner.buckets`` (:func:`load_block_plan`).
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -101,8 +102,9 @@ class BlockScheduler:
                     raise CommunicatorError(f"block piece ({i}, {lo}, {hi}) is not aligned to {size}-byte elements")
                 pieces.append((i, lo // size, hi // size))
             self.blocks.append(pieces)
-            dtype = self.params[b[0][0]].dtype
-            self._buffers.append(torch.empty(sum(hi - lo for _, lo, hi in pieces), dtype=dtype))
+            first = self.params[b[0][0]]
+            self._buffers.append(torch.empty(sum(hi - lo for _, lo, hi in pieces), dtype=first.dtype,
+                                             device=first.device))
         self._block_params = [sorted({i for i, _, _ in b}) for b in self.blocks]
         self._param_blocks: list[list[int]] = [[] for _ in self.params]
         for j, ps in enumerate(self._block_params):
@@ -124,6 +126,18 @@ class BlockScheduler:
         self._handles = [p.register_post_accumulate_grad_hook(self._grad_ready(i)) for i, p in enumerate(self.params)]
         self._handles += [m.register_forward_pre_hook(self._before_layer(k)) for k, m in enumerate(modules)]
         self._layer_names = names
+        # on CUDA nothing here waits for the GPU: a block's copies and reduction run on a side stream after an
+        # event recorded when its last gradient was computed, and a layer's update waits (on the GPU) for an
+        # event recorded after its blocks came back, so reductions overlap backward and the next forward
+        self._tensors = self.comm.ops.name == "torch"
+        self._cuda = self.params[0].is_cuda
+        if self._cuda and not self._tensors:
+            raise CommunicatorError(f"CUDA gradients reached the {self.comm.transport.name} transport, which "
+                                    "replays on the host", fix="build the communicator with NCCLTransport()")
+        if self._cuda:
+            self._side = torch.cuda.Stream(self.params[0].device)
+            self._ready = [torch.cuda.Event() for _ in self.blocks]
+            self._done = [torch.cuda.Event() for _ in self.blocks]
         self._thread = threading.Thread(target=self._serve, name="topocc-blocks", daemon=True)
         self._thread.start()
 
@@ -158,6 +172,8 @@ class BlockScheduler:
                 for j in self._param_blocks[i]:
                     self._missing[j] -= 1
                     if self._missing[j] == 0:
+                        if self._cuda:
+                            self._ready[j].record()  # on autograd's stream, after the gradient's kernels
                         heapq.heappush(self._queue, (self.iteration, j))
                         self._outstanding += 1
                         self._cond.notify_all()
@@ -172,6 +188,13 @@ class BlockScheduler:
 
     def _apply(self, k: int) -> None:
         self._pending_step[k] = False
+        if self._cuda:
+            import torch
+
+            stream = torch.cuda.current_stream(self.params[0].device)
+            for i in self._layer_params[k]:
+                for j in self._param_blocks[i]:
+                    stream.wait_event(self._done[j])
         self._optimizers[k].step()
         self._optimizers[k].zero_grad(set_to_none=True)
         with self._cond:
@@ -203,17 +226,8 @@ class BlockScheduler:
                     return
                 iteration, j = heapq.heappop(self._queue)
             try:
-                buf = self._buffers[j]
-                at = 0
-                with torch.no_grad():
-                    for i, lo, hi in self.blocks[j]:
-                        buf[at:at + hi - lo].copy_(self.params[i].grad.view(-1)[lo:hi])  # type: ignore[union-attr]
-                        at += hi - lo
-                    self.comm.allreduce(buf.numpy(), op="avg")
-                    at = 0
-                    for i, lo, hi in self.blocks[j]:
-                        self.params[i].grad.view(-1)[lo:hi].copy_(buf[at:at + hi - lo])  # type: ignore[union-attr]
-                        at += hi - lo
+                with torch.no_grad(), self._on_side_stream(j):
+                    self._reduce(j)
             except BaseException as exc:  # handed to the training thread, which raises it
                 with self._cond:
                     self._error = exc
@@ -227,6 +241,32 @@ class BlockScheduler:
                 for i in self._block_params[j]:
                     self._param_left[i] -= 1
                 self._cond.notify_all()
+
+    def _reduce(self, j: int) -> None:
+        """Average block ``j``: its gradient pieces joined into its buffer, reduced, and put back."""
+        buf = self._buffers[j]
+        at = 0
+        for i, lo, hi in self.blocks[j]:
+            buf[at:at + hi - lo].copy_(self.params[i].grad.view(-1)[lo:hi])  # type: ignore[union-attr]
+            at += hi - lo
+        self.comm.allreduce(buf if self._tensors else buf.numpy(), op="avg")
+        at = 0
+        for i, lo, hi in self.blocks[j]:
+            self.params[i].grad.view(-1)[lo:hi].copy_(buf[at:at + hi - lo])  # type: ignore[union-attr]
+            at += hi - lo
+
+    @contextlib.contextmanager
+    def _on_side_stream(self, j: int) -> Iterator[None]:
+        """On CUDA: block ``j``'s work on the side stream, after its gradients, with an event after it."""
+        if not self._cuda:
+            yield
+            return
+        import torch
+
+        with torch.cuda.stream(self._side):
+            self._side.wait_event(self._ready[j])
+            yield
+            self._done[j].record(self._side)
 
     # public ------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ nodes every ``B`` steps without blocking, the stale global average blended in ``
 
 from __future__ import annotations
 
+import struct
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -41,12 +42,17 @@ class DASO:
     model, optimizer:
         The local model and its optimizer (the same on every rank).
     global_plan:
-        Plan or schedule for an allreduce over all ranks.
+        Plan or schedule for an allreduce over all ranks, replayed over MPI; or a
+        :class:`~runtime.communicator.Communicator` over all ranks on any transport
+        (``NCCLTransport`` for a CUDA model: the global average then runs on NCCL's
+        stream while the next local steps compute, and nothing here touches MPI).
     group_size:
         Ranks per node; nodes are consecutive rank ranges.
     local_plan:
         Plan for an allreduce over one node's ranks; without one, the node's
         gradients are averaged with MPI's own allreduce on the node communicator.
+        With a global communicator, a communicator over this rank's node (needed where
+        nodes have more than one rank).
     adapt:
         False keeps ``B = max_skip`` after warm-up (for tests and ablations).
 
@@ -54,15 +60,21 @@ class DASO:
     >>> loss.backward(); daso.step(loss.item())                                        # doctest: +SKIP
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, global_plan: PlanSource, *,
-                 group_size: int, local_plan: PlanSource | None = None, mpi_comm: Any = None,
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 global_plan: PlanSource | Communicator, *, group_size: int,
+                 local_plan: PlanSource | Communicator | None = None, mpi_comm: Any = None,
                  warmup_steps: int = 4, max_skip: int = 8, window: int = 8, stability: float = 0.05,
                  adapt: bool = True, timeout: float = 60.0) -> None:
         import torch
-        from mpi4py import MPI
 
-        base = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
-        size, rank = base.Get_size(), base.Get_rank()
+        given = isinstance(global_plan, Communicator)
+        if given:
+            size, rank = global_plan.size, global_plan.rank
+        else:
+            from mpi4py import MPI
+
+            base = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+            size, rank = base.Get_size(), base.Get_rank()
         if group_size < 1 or size % group_size:
             raise CommunicatorError(f"group_size {group_size} does not divide the {size} ranks into nodes")
         if max_skip < 1 or window < 1 or warmup_steps < 0:
@@ -72,14 +84,33 @@ class DASO:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.nodes = size // group_size
         self.rank = rank
-        self.global_comm = Communicator(global_plan, base, timeout=timeout)
-        self._node_mpi = base.Split(rank // group_size, rank)
-        self._ctl = base.Dup()
-        self.local_comm = Communicator(local_plan, self._node_mpi, timeout=timeout) if local_plan is not None else None
-        self.threaded = MPI.Query_thread() == MPI.THREAD_MULTIPLE
+        self._node_mpi: Any = None
+        self._ctl: Any = None
+        if given:
+            assert isinstance(global_plan, Communicator)
+            if group_size > 1 and not isinstance(local_plan, Communicator):
+                raise CommunicatorError("with a global communicator, DASO needs one over the node's ranks too",
+                                        fix="pass local_plan=Communicator(node plan, transport=...)")
+            if isinstance(local_plan, Communicator) and local_plan.size != group_size:
+                raise CommunicatorError(f"the node communicator has {local_plan.size} ranks; group_size is "
+                                        f"{group_size}")
+            self.global_comm = global_plan
+            self.local_comm = local_plan if group_size > 1 else None
+            self.threaded = False  # a stream-ordered global average needs no thread; a host one runs when due
+        else:
+            from mpi4py import MPI
+
+            self.global_comm = Communicator(global_plan, base, timeout=timeout)
+            self._node_mpi = base.Split(rank // group_size, rank)
+            self._ctl = base.Dup()
+            self.local_comm = (Communicator(local_plan, self._node_mpi, timeout=timeout)
+                               if local_plan is not None else None)
+            self.threaded = MPI.Query_thread() == MPI.THREAD_MULTIPLE
+        self._tensors = self.global_comm.ops.name == "torch"
+        self._work: Any = None  # the global average in flight on a stream (NCCL)
         numel = sum(p.numel() for p in self.params)
-        self._grads = torch.zeros(numel, dtype=self.params[0].dtype)
-        self._sending = torch.zeros(numel, dtype=self.params[0].dtype)
+        self._grads = torch.zeros(numel, dtype=self.params[0].dtype, device=self.params[0].device)
+        self._sending = torch.zeros(numel, dtype=self.params[0].dtype, device=self.params[0].device)
         self.warmup_steps = warmup_steps
         self.max_skip = max_skip
         self.window = window
@@ -114,12 +145,12 @@ class DASO:
             else:
                 self._grads[at:at + n].copy_(p.grad.view(-1))
             at += n
-        buf = self._grads.numpy()
         if self.local_comm is not None:
-            self.local_comm.allreduce(buf, op="avg")
-        elif self._node_mpi.Get_size() > 1:
+            self.local_comm.allreduce(self._array(self._grads), op="avg")
+        elif self._node_mpi is not None and self._node_mpi.Get_size() > 1:
             from mpi4py import MPI
 
+            buf = self._grads.numpy()
             self._node_mpi.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
             buf /= self._node_mpi.Get_size()
         at = 0
@@ -130,6 +161,10 @@ class DASO:
                     p.grad = torch.zeros_like(p)
                 p.grad.view(-1).copy_(self._grads[at:at + n])
                 at += n
+
+    def _array(self, t: torch.Tensor) -> Any:
+        """What the communicators take: the tensor itself (torch transports) or its numpy view (MPI)."""
+        return t if self._tensors else t.numpy()
 
     def _blend(self, sent: int) -> None:
         """Merge the global average of the parameters sent at step ``sent`` (DASO's weighted merge)."""
@@ -152,9 +187,11 @@ class DASO:
     def _start_global(self) -> None:
         self._flat_params(self._sending)
         stale = 0 if self.step_count < self.warmup_steps or self.skip == 1 else max(1, self.skip // 4)
-        buf = self._sending.numpy()
+        buf = self._array(self._sending)
         thread = None
-        if stale and self.threaded:
+        if stale and self.global_comm.grouped:  # enqueued on NCCL's stream; the local steps go on meanwhile
+            self._work = self.global_comm.allreduce(buf, op="avg", async_op=True)
+        elif stale and self.threaded:
             thread = threading.Thread(target=self.global_comm.allreduce, args=(buf, "avg"), daemon=True)
             thread.start()
         elif not stale:
@@ -169,8 +206,11 @@ class DASO:
             thread.join(self.global_comm.timeout)
             if thread.is_alive():
                 raise CommunicatorError(f"the global average started at step {sent} did not finish in time")
+        elif self._work is not None:
+            self._work.wait()  # the current stream (the blend) waits for the average
+            self._work = None
         elif self.step_count != sent:  # no MPI_THREAD_MULTIPLE: the allreduce runs now, same semantics
-            self.global_comm.allreduce(self._sending.numpy(), op="avg")
+            self.global_comm.allreduce(self._array(self._sending), op="avg")
         self._blend(sent)
         self.applied.append((sent, self.step_count))
         self._inflight = None
@@ -182,7 +222,7 @@ class DASO:
         if len(self._losses) < self.window:
             return
         # every rank must take the same decision: agree on the mean loss over all ranks (one scalar per window)
-        mean = self._ctl.allreduce(sum(self._losses) / len(self._losses)) / self._ctl.Get_size()
+        mean = self._agree(sum(self._losses) / len(self._losses))
         self._losses = []
         previous, self._previous = self._previous, mean
         if previous is None or not self.adapt or self.step_count < self.warmup_steps:
@@ -192,6 +232,19 @@ class DASO:
         if new != self.skip:
             self.skip = new
             self.skip_history.append((self.step_count, new))
+
+    def _agree(self, value: float) -> float:
+        """The mean of ``value`` over all ranks, through the control plane (MPI's communicator, or the
+        transport's own: a store or gloo), never through NCCL's stream, where it would wait for the global
+        average in flight."""
+        if self._ctl is not None:
+            return float(self._ctl.allreduce(value)) / self._ctl.Get_size()
+        bits = struct.unpack("<q", struct.pack("<d", value))[0]
+        rows = self.global_comm.transport.allgather_ints([bits], self.global_comm.timeout)
+        if rows is None:
+            raise CommunicatorError(f"the ranks did not agree on the loss within {self.global_comm.timeout:g} s",
+                                    fix="every rank must pass its loss to DASO.step")
+        return sum(struct.unpack("<d", struct.pack("<q", row[0]))[0] for row in rows) / len(rows)
 
     # public ---------------------------------------------------------------------
 
@@ -223,7 +276,7 @@ class DASO:
         if self._inflight is not None:
             self._finish_global()
         self._flat_params(self._sending)
-        self.global_comm.allreduce(self._sending.numpy(), op="avg")
+        self.global_comm.allreduce(self._array(self._sending), op="avg")
         self._blend(self.step_count)
 
     def close(self) -> None:
@@ -233,5 +286,6 @@ class DASO:
         self.global_comm.close()
         if self.local_comm is not None:
             self.local_comm.close()
-        self._node_mpi.Free()
-        self._ctl.Free()
+        if self._node_mpi is not None:
+            self._node_mpi.Free()
+            self._ctl.Free()

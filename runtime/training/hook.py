@@ -79,6 +79,26 @@ class TopoccHookState:
             self.comm.allreduce(flat.detach().numpy(), op="avg")
         return tensor
 
+    def average(self, tensor: torch.Tensor):  # type: ignore[no-untyped-def]
+        """Average ``tensor`` in place like :meth:`allreduce_avg_`; a ``torch.futures.Future`` of it.
+
+        On CUDA (NCCL) the future is complete for the host at once and ordered on the GPU (its ``wait()``
+        orders the current stream after the average), as ``dist.all_reduce(..., async_op=True).get_future()``:
+        the caller's stream is not held, so DDP's backward computes the next buckets while this one is
+        reduced.  On the host the future is returned completed.
+        """
+        import torch
+
+        if self._tensors and tensor.is_cuda and self.comm.grouped:
+            flat = tensor.view(-1)
+            self.calls += 1
+            self.bytes += flat.numel() * flat.element_size()
+            return self.comm.allreduce(flat.detach(), op="avg", async_op=True).get_future(tensor)
+        self.allreduce_avg_(tensor)
+        done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        done.set_result(tensor)
+        return done
+
     def close(self) -> None:
         """Release the communicator (collective)."""
         self.comm.close()
@@ -95,13 +115,7 @@ def topocc_allreduce_hook(state: TopoccHookState, bucket):  # type: ignore[no-un
     The plan's schedule is chosen by the bucket's byte size.  On the host the
     average is computed inside the hook (DDP calls hooks as buckets fill during
     backward, so later buckets still overlap with the rest of backward); on CUDA
-    it is enqueued and the current stream, on which DDP reads the result,
-    waits for it.
+    it is enqueued on NCCL's stream and the returned future orders DDP's stream
+    after it only where DDP reads the result (:meth:`TopoccHookState.average`).
     """
-    import torch
-
-    tensor = bucket.buffer()
-    state.allreduce_avg_(tensor)
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(tensor)
-    return fut
+    return state.average(bucket.buffer())

@@ -58,11 +58,23 @@ class Profile:
 
 
 def owners(model: torch.nn.Module) -> tuple[list[str], list[torch.nn.Module], list[int]]:
-    """Modules owning parameters directly (in order of first parameter) and each parameter's owner index."""
+    """Modules owning parameters (in order of first parameter) and each parameter's owner index.
+
+    A parameter belongs to the module that holds it, unless an enclosing module holds parameters of its own:
+    such a module may use its children's weights without calling them (``nn.MultiheadAttention`` applies
+    ``out_proj.weight`` itself, and ``out_proj``'s forward never runs), so it is the layer that uses them.
+    """
+    modules_by_name = dict(model.named_modules())
     owner_of: dict[int, tuple[str, torch.nn.Module]] = {}
     for mname, module in model.named_modules():
+        holder = mname
+        while holder:
+            parent = holder.rpartition(".")[0]
+            if not any(True for _ in modules_by_name[parent].parameters(recurse=False)):
+                break
+            holder = parent
         for p in module.parameters(recurse=False):
-            owner_of.setdefault(id(p), (mname, module))
+            owner_of.setdefault(id(p), (holder, modules_by_name[holder]))
     names: list[str] = []
     modules: list[torch.nn.Module] = []
     layer_of: list[int] = []
@@ -86,7 +98,8 @@ def profile_model(model: torch.nn.Module, loss_fn: Callable[[Any, Any], torch.Te
     to the moment ``backward()`` is called; forward times from forward pre-hooks
     on the modules that own parameters (a layer's time runs until the next such
     module starts, so activations are charged to the layer before them).
-    Gradients are zeroed afterwards; the model is otherwise unchanged.
+    On CUDA every timestamp waits for the GPU first (so a time is when the kernels finished, not when
+    they were enqueued).  Gradients are zeroed afterwards; the model is otherwise unchanged.
 
     >>> prof = profile_model(mlp, nn.functional.mse_loss, (x, y))   # doctest: +SKIP
     """
@@ -103,14 +116,23 @@ def profile_model(model: torch.nn.Module, loss_fn: Callable[[Any, Any], torch.Te
     stamp: list[float] = [0.0]
     current: list[int] = [-1]
 
+    if params and params[0].is_cuda:  # kernels run behind the host: read the clock once the GPU caught up
+        import torch
+
+        def clock() -> float:
+            torch.cuda.synchronize(params[0].device)
+            return time.perf_counter()
+    else:
+        clock = time.perf_counter
+
     def on_ready(i: int) -> Callable[[torch.Tensor], None]:
         def hook(_: torch.Tensor) -> None:
             if current[0] >= 0:
-                ready[current[0], i] = time.perf_counter() - stamp[0]
+                ready[current[0], i] = clock() - stamp[0]
         return hook
 
     def on_forward(_: torch.nn.Module, __: Any) -> None:
-        marks.append(time.perf_counter())
+        marks.append(clock())
 
     handles = [p.register_post_accumulate_grad_hook(on_ready(i)) for i, p in enumerate(params)]
     handles += [m.register_forward_pre_hook(on_forward) for m in modules]
@@ -120,12 +142,12 @@ def profile_model(model: torch.nn.Module, loss_fn: Callable[[Any, Any], torch.Te
             current[0] = r
             model.zero_grad(set_to_none=True)
             marks.clear()
-            start = time.perf_counter()
+            start = clock()
             loss = loss_fn(model(x), y)
-            end = time.perf_counter()
-            stamp[0] = time.perf_counter()
+            end = clock()
+            stamp[0] = clock()
             loss.backward()
-            done = time.perf_counter() - stamp[0]
+            done = clock() - stamp[0]
             if r >= 0 and len(marks) == len(modules):
                 edges = [*marks, end]
                 fwd[r] = np.diff(edges)

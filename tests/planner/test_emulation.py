@@ -336,3 +336,29 @@ def test_cleanup_stale_removes_only_dead_owners() -> None:
 def test_emulation_unavailable_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert emulation_available.__wrapped__() == "network namespaces need root"
+
+
+def test_link_stats_read_token_bucket_drops_and_tcp_retransmits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``link_stats`` parses ``tc -s qdisc`` per wire end and each host's TCP counters (commands stubbed)."""
+    import planner.emulation as E
+
+    cluster = EmulatedCluster(racks_topology(1, 2, 1), scale=1e-3)
+    calls: list[list[str]] = []
+
+    def fake_call(argv: list[str], timeout_s: float) -> str:
+        calls.append(argv)
+        if "qdisc" in argv:
+            return ("qdisc tbf 8001: root refcnt 2 rate 8Mbit burst 32Kb lat 32.8ms\n"
+                    " Sent 4096 bytes 3 pkt (dropped 2, overlimits 7 requeues 0)\n backlog 0b 0p requeues 0\n")
+        return ("Tcp: RtoAlgorithm RtoMin RetransSegs InErrs\nTcp: 1 200 5 0\n"
+                "Udp: InDatagrams\nUdp: 3\n")
+
+    monkeypatch.setattr(E, "_call", fake_call)
+    monkeypatch.setattr(E, "_tool", lambda name: name)
+    stats = cluster.link_stats()
+    ends = [k for k, v in stats.items() if "sent_bytes" in v]
+    hosts = [k for k, v in stats.items() if "tcp_retransmitted" in v]
+    assert len(ends) == 2 * len(cluster.plan.wires) and len(hosts) == len(cluster.hosts) == 2
+    assert all(stats[k] == {"sent_bytes": 4096, "dropped": 2} for k in ends)
+    assert all(stats[k] == {"tcp_retransmitted": 5} for k in hosts)
+    assert ["ip", "netns", "exec", cluster.hosts[0].namespace, "cat", "/proc/net/snmp"] in calls

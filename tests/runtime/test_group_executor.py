@@ -29,7 +29,7 @@ from tests.runtime.test_mpi import (
 pytestmark = pytest.mark.mpi
 
 SCRIPTS = Path(__file__).parent / "mpi_scripts"
-#: one chunk per stream and group (the smallest groups), and the default (512 KiB: whole steps at these sizes)
+#: one chunk per stream and group (the smallest groups), and the default (4 MiB: whole steps at these sizes)
 LOWERED = ["--lowered", "--group-bytes", "1"]
 
 
@@ -86,3 +86,19 @@ def test_a_deadlocking_lowering_times_out_naming_the_peer() -> None:
     for rank, line in enumerate(lines):
         assert f"rank {rank}: allgather (bad lowering): timed out after 2 s waiting for rank(s) {1 - rank} " \
                f"(op 0: send to rank {1 - rank})" in line
+
+
+def test_work_future_on_the_host_is_completed_after_the_collective() -> None:
+    """``Work.get_future`` (what the DDP hook returns): on the host, the collective is waited for first."""
+    torch = pytest.importorskip("torch")
+    from runtime.group_executor import Work
+
+    waited: list[float] = []
+
+    class Transport:
+        def wait(self, fence: object, deadline: float) -> None:
+            waited.append(deadline)
+
+    value = torch.ones(3)
+    future = Work(Transport(), object(), 5.0, lambda exc: CommunicatorError(str(exc))).get_future(value)  # type: ignore[arg-type]
+    assert len(waited) == 1 and future.done() and future.wait() is value

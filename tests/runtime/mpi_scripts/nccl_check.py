@@ -13,8 +13,9 @@ Modes:
   CPU by tests/planner/test_verify_lowered.py), every op, twice per case (the second reuses the binding),
   plus ``async_op=True`` and NCCL's own allreduce on the same communicator, against torch references;
 * ``planner``: the planner's algorithms on a 4-rank topology (bucket on a ring and a 2x2 mesh), float32 and bfloat16;
-* ``ddp`` (4 ranks): DDP with the hook over our NCCL transport (the planner's hierarchical all-reduce on a
-  2 x 2 topology, built identically by every rank) against plain DDP over torch's NCCL;
+* ``ddp`` (4 ranks): training with DDP and the hook over our NCCL transport (the planner's hierarchical
+  all-reduce on a 2 x 2 topology, built identically by every rank) against plain DDP over torch's NCCL: the
+  same loss at each of a few SGD steps, and the same weights after them;
 * ``hang`` / ``die`` (2 ranks): rank 1 stops answering (sleeps, or exits) before the second allreduce;
   rank 0 must fail within the timeout with ``topocc:`` lines naming it.
 
@@ -40,6 +41,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 #: the failure modes' communicator timeout
 FAIL_TIMEOUT_S = 3.0
+#: training steps of the DDP case (each compares the loss with plain DDP's)
+_DDP_STEPS = 12
 _DTYPES = "float32,bfloat16,float16,int32"
 _COUNTS = "1,7,65537"  # one element, a tail shorter than the chunks, a size that does not divide
 
@@ -96,7 +99,8 @@ def verdict(mode: str, outputs: Outputs) -> list[str]:
     if res is None:
         return [*problems, "rank 0 printed no RESULT line"]
     if mode == "ddp":
-        if res["max_diff"] > 1e-5 * max(1.0, res["scale"]) or res["calls"] < 2:
+        close = res["max_diff"] <= 1e-4 * max(1.0, res["scale"]) and res["loss_diff"] <= 1e-4
+        if not close or res["calls"] < res["steps"]:  # a bucket or more per step through the hook
             problems.append(f"DDP + hook over NCCL differs from DDP: {res}")
     else:
         if res["wrong_total"]:
@@ -221,7 +225,7 @@ def _check_schedules(rank: int, world: int, device: Any, schedules: dict[str, An
 
 
 def _check_ddp(rank: int, world: int, store: Any, device: Any, plan: Any, transport: Any) -> dict[str, Any]:
-    """Gradients of DDP + hook over our NCCL transport equal plain DDP's over torch's NCCL."""
+    """Training with DDP + hook over our NCCL transport follows plain DDP over torch's NCCL: losses and weights."""
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -230,32 +234,35 @@ def _check_ddp(rank: int, world: int, store: Any, device: Any, plan: Any, transp
 
     dist.init_process_group("nccl", store=dist.PrefixStore("torch", store), rank=rank, world_size=world,
                             device_id=device)
-
-    def model() -> nn.Module:
-        torch.manual_seed(0)
-        return nn.Sequential(nn.Linear(37, 300), nn.Tanh(), nn.Linear(300, 900), nn.Tanh(),
-                             nn.Linear(900, 5)).to(device)
-
     g = torch.Generator().manual_seed(100 + rank)
-    x, y = torch.randn(16, 37, generator=g).to(device), torch.randn(16, 5, generator=g).to(device)
+    batches = [(torch.randn(16, 37, generator=g).to(device), torch.randn(16, 5, generator=g).to(device))
+               for _ in range(_DDP_STEPS)]
 
-    def grads(state: Any) -> list[torch.Tensor]:
-        m = model()
-        ddp = nn.parallel.DistributedDataParallel(m, bucket_cap_mb=0.1)
+    def train(state: Any) -> tuple[list[float], list[torch.Tensor]]:
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(37, 300), nn.Tanh(), nn.Linear(300, 900), nn.Tanh(), nn.Linear(900, 5)).to(device)
+        ddp = nn.parallel.DistributedDataParallel(m, bucket_cap_mb=0.1)  # several buckets, reduced while backward runs
         if state is not None:
             ddp.register_comm_hook(state, topocc_allreduce_hook)
-        for _ in range(2):  # the second iteration runs with DDP's rebuilt buckets (several sizes)
-            m.zero_grad()
-            nn.functional.mse_loss(ddp(x), y).backward()
-        return [p.grad.clone() for p in m.parameters()]
+        opt = torch.optim.SGD(m.parameters(), lr=0.05)
+        losses = []
+        for x, y in batches:  # from the second step on, DDP's rebuilt buckets (several sizes)
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(ddp(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        return [float(v) for v in losses], [p.detach().clone() for p in m.parameters()]
 
-    plain = grads(None)
+    plain_losses, plain = train(None)
     state = TopoccHookState(plan, transport=transport, timeout=30.0)
-    hooked = grads(state)
+    hooked_losses, hooked = train(state)
     torch.cuda.synchronize()
-    res = {"calls": state.calls, "bytes": state.bytes,
+    res = {"calls": state.calls, "bytes": state.bytes, "steps": _DDP_STEPS,
            "max_diff": max(float((a - b).abs().max()) for a, b in zip(plain, hooked)),
-           "scale": max(float(a.abs().max()) for a in plain)}
+           "scale": max(float(a.abs().max()) for a in plain),
+           "loss_diff": max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(plain_losses, hooked_losses)),
+           "losses": [plain_losses[0], plain_losses[-1], hooked_losses[-1]]}
     state.close()
     dist.destroy_process_group()
     return res

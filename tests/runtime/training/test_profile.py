@@ -22,3 +22,20 @@ def test_profile_sees_backward_in_reverse_layer_order() -> None:
     assert prof.backward_time_s >= max(p.ready_time_s for p in prof.params)
     assert len(prof.forward_time_s) == 3 and all(t > 0 for t in prof.forward_time_s)
     assert all(p.grad is None for p in net.parameters())
+
+
+def test_a_module_with_weights_of_its_own_owns_its_childrens() -> None:
+    """nn.MultiheadAttention applies out_proj's weight itself (out_proj's forward never runs): one layer."""
+    from runtime.training.profile import owners
+
+    attn = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+    net = torch.nn.ModuleDict({"attn": attn, "ff": torch.nn.Sequential(torch.nn.Linear(16, 16))})
+    names, modules, layer_of = owners(net)
+    assert names == ["attn", "ff.0"] and modules == [attn, net["ff"][0]]
+    assert layer_of == [0, 0, 0, 0, 1, 1]  # in_proj weight and bias, out_proj weight and bias; the linear
+    ran: list[str] = []
+    for name, m in zip(names, modules):
+        m.register_forward_pre_hook(lambda *_, name=name: ran.append(name))
+    x = torch.randn(2, 3, 16)
+    net["ff"](attn(x, x, x)[0])
+    assert ran == names  # every layer's pre-forward hook fires: its update can be gated there
