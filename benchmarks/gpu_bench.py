@@ -342,7 +342,7 @@ def rank_main(argv: Sequence[str]) -> int:
     return 0
 
 
-def _waiter(how: str) -> Any:
+def gpu_waiter(how: str) -> Any:
     """How a rank waits for its GPU work: ``cuda`` (``torch.cuda.synchronize``, which spins a core) or
     ``poll`` (an event queried with short sleeps: twelve ranks spinning beside NCCL's busy proxy threads
     would take more than the machine's 16 cores, and descheduled proxies stall every handshake)."""
@@ -365,7 +365,7 @@ def _measure(comm: Any, transport: Any, device: Any, size: int, budget: float, m
              profile: bool = False, wait: str = "poll") -> dict[str, Any]:
     import torch
 
-    sync = _waiter(wait) if device.type == "cuda" else (lambda: None)
+    sync = gpu_waiter(wait) if device.type == "cuda" else (lambda: None)
     g = torch.Generator().manual_seed(1000 * comm.rank + size % 997)
     x = torch.randn(size // 4, generator=g).to(device)
     ref = x.clone()
