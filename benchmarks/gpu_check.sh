@@ -30,7 +30,8 @@
 #      emu-racks and emu-uniform (TRAIN_ARGS overrides its options), a table and a plot of loss over time.
 # With arguments, runs them instead of the steps, under the same set-up (iproute2, MPS), e.g.
 #   sh benchmarks/gpu_check.sh python3 benchmarks/gpu_bench.py --configs plain --group-bytes 2097152
-# Override with GPU_BENCH_ARGS (e.g. GPU_BENCH_ARGS="--sizes 1 16 64 --scale 0.02").  Exit status: 0 only
+# Override with GPU_BENCH_ARGS (default "--budget 1 --max-iters 4", so that the whole check fits one 10-minute
+# device call; e.g. GPU_BENCH_ARGS="--sizes 1 16 64 --scale 0.02").  Exit status: 0 only
 # if every check passed and every configuration ran.
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -82,17 +83,18 @@ status=0
 echo "== 1. benchmark (benchmarks/gpu_bench.py)"
 start=$(date +%s)
 # shellcheck disable=SC2086
-timeout 420 "$PY" benchmarks/gpu_bench.py --probe --profile --json "${OUT:-/tmp}/gpu_bench.json" ${GPU_BENCH_ARGS:-} || status=1
+timeout 200 "$PY" benchmarks/gpu_bench.py --probe --profile --json "${OUT:-/tmp}/gpu_bench.json" \
+    ${GPU_BENCH_ARGS:---budget 1 --max-iters 4} || status=1
 echo "(benchmark: $(( $(date +%s) - start )) s; rows in ${OUT:-/tmp}/gpu_bench.json)"
 echo "== 2. correctness (tests/runtime/mpi_scripts/nccl_check.py suite --jobs 3)"
 start=$(date +%s)
-timeout 240 "$PY" tests/runtime/mpi_scripts/nccl_check.py suite --jobs 3 || status=1
+timeout 150 "$PY" tests/runtime/mpi_scripts/nccl_check.py suite --jobs 3 || status=1
 echo "(correctness: $(( $(date +%s) - start )) s)"
 
 echo "== 3. training (benchmarks/train_gpu.py)"
 start=$(date +%s)
 # shellcheck disable=SC2086
-timeout 300 "$PY" benchmarks/train_gpu.py --plot "${OUT:-/tmp}/train_loss.svg" --json "${OUT:-/tmp}/train.json" \
+timeout 240 "$PY" benchmarks/train_gpu.py --plot "${OUT:-/tmp}/train_loss.svg" --json "${OUT:-/tmp}/train.json" \
     ${TRAIN_ARGS:-} || status=1
 echo "(training: $(( $(date +%s) - start )) s; plot in ${OUT:-/tmp}/train_loss.svg)"
 

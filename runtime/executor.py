@@ -122,6 +122,16 @@ class ArrayOps:
     def copyto(self, dst: Any, src: Any) -> None:
         np.copyto(dst, src)
 
+    def copy_many(self, dsts: Sequence[Any], srcs: Sequence[Any]) -> None:
+        """``copyto`` pairwise; the destinations do not overlap each other or any source (callers check)."""
+        for d, s in zip(dsts, srcs):
+            self.copyto(d, s)
+
+    def reduce_many(self, reduce: Callable[..., Any], dsts: Sequence[Any], srcs: Sequence[Any]) -> None:
+        """``d = d (op) s`` pairwise, in place; the destinations do not overlap each other or any source."""
+        for d, s in zip(dsts, srcs):
+            reduce(d, s, out=d)
+
     def divide(self, array: Any, n: int) -> None:
         np.divide(array, n, out=array)
 

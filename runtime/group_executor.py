@@ -17,8 +17,10 @@ differs is only when operations run.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +41,42 @@ class _Step:
     unpacks: tuple[tuple[Any, Any], ...]  # (destination view, staging slice)
     folds: tuple[tuple[Any, Any, Any], ...]  # (destination, left operand, staging slice): dst = left (+) received
     local: tuple[tuple[bool, tuple[tuple[Any, Any], ...]], ...]  # (is a reduction, [(dst, src), ...]) in order
+    # the same packs, unpacks and in-place folds as (destinations, sources) for one multi-tensor call each,
+    # where no destination overlaps another or a source (else None: one call per piece, in order)
+    pack_lists: tuple[list[Any], list[Any]] | None = None
+    unpack_lists: tuple[list[Any], list[Any]] | None = None
+    fold_lists: tuple[list[Any], list[Any]] | None = None
+
+
+def _lists(ops: Any, pairs: Sequence[tuple[Any, Any]]) -> tuple[list[Any], list[Any]] | None:
+    """``pairs`` as (destinations, sources) if there are several and they are independent: no destination
+    overlaps another destination or any source, so doing them all at once equals doing them in order."""
+    if len(pairs) < 2:
+        return None
+
+    def span(a: Any) -> tuple[int, int]:
+        start = ops.address(a)
+        return start, start + ops.count(a) * ops.itemsize(a)
+
+    dsts = sorted(span(d) for d, _ in pairs if ops.count(d))
+    if any(b0 < a1 for (_, a1), (b0, _) in itertools.pairwise(dsts)):
+        return None
+    starts = [a for a, _ in dsts]
+    for _, src in pairs:
+        lo, hi = span(src)
+        j = max(bisect.bisect_right(starts, lo) - 1, 0)
+        while j < len(dsts) and dsts[j][0] < hi:
+            if dsts[j][1] > lo and hi > lo:
+                return None
+            j += 1
+    return [d for d, _ in pairs], [s for _, s in pairs]
+
+
+def _in_place_folds(ops: Any, folds: Sequence[tuple[Any, Any, Any]]) -> tuple[list[Any], list[Any]] | None:
+    """Folds that all reduce into their left operand (``d = d (op) s``), as independent lists, or None."""
+    if not all(ops.address(d) == ops.address(left) and ops.count(d) == ops.count(left) for d, left, _ in folds):
+        return None
+    return _lists(ops, [(d, s) for d, _, s in folds])
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,12 +172,19 @@ class GroupBinding:
                 mine.append(init(buf, program.peers[k], k))  # named by its first operation
             messages += mine
             p2p = group.p2p
+            packs = tuple(p for k in p2p for p in base.packs.get(k, ()))
+            unpacks = tuple(u for k in p2p for u in base.unpacks.get(k, ()))
+            folds = tuple(f for k in p2p for f in base.folds.get(k, ()))
+            ops = grouped.ops
             steps.append(_Step(
-                packs=tuple(p for k in p2p for p in base.packs.get(k, ())),
+                packs=packs,
                 messages=tuple(mine),
-                unpacks=tuple(u for k in p2p for u in base.unpacks.get(k, ())),
-                folds=tuple(f for k in p2p for f in base.folds.get(k, ())),
+                unpacks=unpacks,
+                folds=folds,
                 local=tuple((program.kinds[k] == REDUCE, tuple(base.local[k])) for k in group.local),
+                pack_lists=_lists(ops, packs),
+                unpack_lists=_lists(ops, unpacks),
+                fold_lists=_in_place_folds(ops, folds),
             ))
         self.steps = tuple(steps)
         self._messages = messages
@@ -188,18 +233,28 @@ class GroupProgram:
         :class:`~runtime.transports.PeerFailure` from a transport that waits for groups (MPI).
         """
         transport = binding.transport
-        copyto = self.ops.copyto
+        ops = self.ops
+        copyto = ops.copyto
         group = transport.group
         with transport.ordered(join=join):
             for step in binding.steps:
-                for d, s in step.packs:
-                    copyto(d, s)
+                if step.pack_lists is not None:
+                    ops.copy_many(*step.pack_lists)
+                else:
+                    for d, s in step.packs:
+                        copyto(d, s)
                 if step.messages:
                     group(step.messages, deadline)
-                for d, s in step.unpacks:
-                    copyto(d, s)
-                for d, left, s in step.folds:
-                    reduce(left, s, out=d)
+                if step.unpack_lists is not None:
+                    ops.copy_many(*step.unpack_lists)
+                else:
+                    for d, s in step.unpacks:
+                        copyto(d, s)
+                if step.fold_lists is not None:
+                    ops.reduce_many(reduce, *step.fold_lists)
+                else:
+                    for d, left, s in step.folds:
+                        reduce(left, s, out=d)
                 for is_reduce, pairs in step.local:
                     if is_reduce:
                         for d, s in pairs:
