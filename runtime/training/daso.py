@@ -67,8 +67,7 @@ class DASO:
                  adapt: bool = True, timeout: float = 60.0) -> None:
         import torch
 
-        given = isinstance(global_plan, Communicator)
-        if given:
+        if isinstance(global_plan, Communicator):
             size, rank = global_plan.size, global_plan.rank
         else:
             from mpi4py import MPI
@@ -86,8 +85,7 @@ class DASO:
         self.rank = rank
         self._node_mpi: Any = None
         self._ctl: Any = None
-        if given:
-            assert isinstance(global_plan, Communicator)
+        if isinstance(global_plan, Communicator):
             if group_size > 1 and not isinstance(local_plan, Communicator):
                 raise CommunicatorError("with a global communicator, DASO needs one over the node's ranks too",
                                         fix="pass local_plan=Communicator(node plan, transport=...)")
