@@ -73,7 +73,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "many times --steps")
     p.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
     p.add_argument("--ranks", type=int, default=4, help="ranks without emulation (gloo)")
-    p.add_argument("--plot", default=None, help="write training loss against wall time here (SVG)")
+    p.add_argument("--plot", default=None, help="write eval loss against training time here (SVG)")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
     if args.steps <= args.warmup + 1 or args.width % 8:
@@ -85,7 +85,7 @@ def run_topology(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """Launch every rank of ``name`` (emulated unless gloo) and return rank 0's report."""
     from gpu_bench import schedule_for
 
-    from planner.emulation import EmulatedCluster, emulation_available
+    from planner.emulation import EmulatedCluster, emulation_available, plan_emulation
     from runtime.schedule import save_schedule
 
     emulated = args.backend == "nccl"
@@ -93,16 +93,12 @@ def run_topology(name: str, args: argparse.Namespace) -> dict[str, Any]:
         topology, schedule = schedule_for(name, 0)
         if (why := emulation_available()) is not None:
             raise RuntimeError(f"cannot emulate {name} here: {why}")
-    else:
-        topology, schedule = schedule_for("plain", args.ranks)
-    if emulated:
-        from planner.emulation import plan_emulation
-
         sizes = {len(h.ranks) for h in plan_emulation(topology, scale=args.scale).hosts}
         if len(sizes) != 1:
             raise RuntimeError(f"DASO needs hosts of equal rank counts; {name} has {sorted(sizes)}")
-        node = sizes.pop()
+        node = sizes.pop()  # DASO's node: an emulated host's ranks
     else:
+        topology, schedule = schedule_for("plain", args.ranks)
         node = 2 if args.ranks % 2 == 0 else 1
     with tempfile.TemporaryDirectory(prefix="topocc-train-gpu-") as tmp:
         path = str(Path(tmp) / "schedule.json")
@@ -299,16 +295,14 @@ def _transport(nccl: bool, store: Any, rank: int, ranks: Sequence[int], prefix: 
     gloo's groups are made by every rank of the world in the same order (torch's rule), so a rank also
     makes the groups of ``others`` (the other nodes), in rank order, without joining them.
     """
-    if nccl:
-        import torch.distributed as dist
+    import torch.distributed as dist
 
+    if nccl:
         from runtime.transports.nccl import NCCLTransport
         from runtime.transports.store import StoreControl
 
         return NCCLTransport(StoreControl(dist.PrefixStore(prefix, store), ranks.index(rank), len(ranks)),
                              timeout=TIMEOUT_S)
-    import torch.distributed as dist
-
     from runtime.transports.gloo import GlooTransport
 
     mine = None
