@@ -5,9 +5,10 @@ Three ways to run a compiled allreduce plan inside a PyTorch training loop, one 
 * :mod:`runtime.training.hook`: :func:`topocc_allreduce_hook` with :class:`TopoccHookState`, a DDP
   communication hook averaging each bucket with the plan (MPI on CPU buckets, NCCL on CUDA ones);
 * :mod:`runtime.training.blocks`: :class:`BlockScheduler`, Prophet's gradient blocks sent as soon
-  as they are ready, in planned order, with per-layer updates in the next forward pass;
+  as they are ready, in planned order, with per-layer updates in the next forward pass (CPU tensors
+  over MPI or gloo, CUDA tensors over NCCL);
 * :mod:`runtime.training.daso`: :class:`DASO`, node-local averaging every step and stale global
-  averaging every ``B`` steps;
+  averaging every ``B`` steps (over MPI from plans, or over given communicators on any transport);
 
 and :mod:`runtime.training.profile`, which measures what the block planner
 (``planner.buckets``) needs.  Nothing here imports torch at module level: the

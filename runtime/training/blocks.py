@@ -59,7 +59,9 @@ class BlockScheduler:
         pieces (:func:`load_block_plan`); together they must cover every
         parameter's bytes exactly once.
     comm:
-        A :class:`~runtime.communicator.Communicator` (or plan source) for the allreduces.
+        A :class:`~runtime.communicator.Communicator` (or plan source, replayed over MPI) for the
+        allreduces; for a CUDA model, one on ``NCCLTransport``: the blocks are then reduced on a side
+        stream, ordered by CUDA events, and neither thread waits for the GPU.
     make_optimizer:
         Builds one optimizer over a list of parameters; one is made per layer
         (module owning parameters), so each layer can step on its own.
