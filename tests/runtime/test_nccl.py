@@ -77,3 +77,18 @@ def test_the_launcher_reports_a_refusal_from_every_rank() -> None:
 def test_gpu_suite(mode: str, world: int, args: tuple[str, ...]) -> None:
     """Every collective on 2-4 ranks, the planner's algorithms, the DDP hook, a hung and a dead peer."""
     passes(mode, world, *args)
+
+
+def test_the_ddp_verdict_wants_the_same_losses_and_a_bucket_a_step() -> None:
+    """The DDP case's judgement on what rank 0 reports (run on CPU: the GPU run reports the same fields)."""
+    import json
+
+    def outputs(**changes: float) -> list[tuple[int, str, str]]:
+        res = {"calls": 23, "bytes": 1 << 20, "steps": 12, "max_diff": 1.5e-8, "scale": 0.16, "loss_diff": 1.2e-7,
+               "losses": [0.86, 0.76, 0.76], **changes}
+        return [(0, "RESULT " + json.dumps(res), ""), *[(0, "", "")] * 3]
+
+    assert N.verdict("ddp", outputs()) == []  # as measured on the H200 (23 calls: one bucket, then two a step)
+    assert N.verdict("ddp", outputs(loss_diff=1e-3))        # the losses part
+    assert N.verdict("ddp", outputs(max_diff=1e-3))         # the weights part
+    assert N.verdict("ddp", outputs(calls=11))              # the hook was not called every step
