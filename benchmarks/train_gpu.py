@@ -140,7 +140,8 @@ def format_report(report: dict[str, Any], args: argparse.Namespace) -> str:
     lines = [f"# {report['topology']}: {report['ranks']} ranks ({report['node']} per host), transformer "
              f"{report['params'] / 1e6:.1f} M parameters ({report['params'] * 4 / 2**20:.0f} MiB of gradients), "
              f"{args.steps} steps of {args.batch} x {args.seq} tokens per rank, inter-host links at {args.scale:g} x "
-             f"bandwidth; compute alone {report['compute_s'] * 1e3:.1f} ms per step",
+             f"bandwidth; per step alone: compute {report['compute_s'] * 1e3:.1f} ms, all gradients in one "
+             f"all-reduce {report['native_s'] * 1e3:.1f} ms (NCCL), {report['replay_s'] * 1e3:.1f} ms (topocc)",
              f"#{'config':>8} | {'iter (ms)':>9} {'vs DDP':>6} {'predicted':>9} {'GPU idle':>8} | "
              f"{'train loss':>10} {'eval loss':>9} {'max |dloss|':>11} | {'wall (s)':>8} {'to DDP eval':>11}"]
     for name, r in runs.items():
@@ -402,6 +403,17 @@ def rank_main(argv: Sequence[str]) -> int:
         transport = _transport(nccl, store, rank, list(range(world)), "global")  # the default group (gloo)
         state = TopoccHookState(schedule, transport=transport, timeout=TIMEOUT_S)
         comm = state.comm
+        # communication alone: every gradient in one all-reduce, NCCL's own (DDP's) and the plan's (the hook's)
+        flat = torch.zeros(report["params"], device=device)
+        for key, reduce in (("native_s", lambda: dist.all_reduce(flat)), ("replay_s", lambda: comm.allreduce(flat))):
+            times = []
+            for _ in range(3):
+                transport.barrier(TIMEOUT_S)
+                t = time.perf_counter()
+                reduce()
+                sync()
+                times.append(time.perf_counter() - t)
+            report[key] = transport.max_float(statistics.median(times))
         if "prophet" in args["configs"]:
             # the profile and the plan come first, from this run's own measurements (Prophet's profiling steps)
             probe = _model(args, device)
