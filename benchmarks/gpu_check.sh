@@ -83,7 +83,7 @@ status=0
 echo "== 1. benchmark (benchmarks/gpu_bench.py)"
 start=$(date +%s)
 # shellcheck disable=SC2086
-timeout 200 "$PY" benchmarks/gpu_bench.py --probe --profile --json "${OUT:-/tmp}/gpu_bench.json" \
+timeout 180 "$PY" benchmarks/gpu_bench.py --probe --profile --json "${OUT:-/tmp}/gpu_bench.json" \
     ${GPU_BENCH_ARGS:---budget 1 --max-iters 4} || status=1
 echo "(benchmark: $(( $(date +%s) - start )) s; rows in ${OUT:-/tmp}/gpu_bench.json)"
 echo "== 2. correctness (tests/runtime/mpi_scripts/nccl_check.py suite --jobs 3)"
@@ -94,7 +94,7 @@ echo "(correctness: $(( $(date +%s) - start )) s)"
 echo "== 3. training (benchmarks/train_gpu.py)"
 start=$(date +%s)
 # shellcheck disable=SC2086
-timeout 240 "$PY" benchmarks/train_gpu.py --plot "${OUT:-/tmp}/train_loss.svg" --json "${OUT:-/tmp}/train.json" \
+timeout 260 "$PY" benchmarks/train_gpu.py --plot "${OUT:-/tmp}/train_loss.svg" --json "${OUT:-/tmp}/train.json" \
     ${TRAIN_ARGS:-} || status=1
 echo "(training: $(( $(date +%s) - start )) s; plot in ${OUT:-/tmp}/train_loss.svg)"
 
