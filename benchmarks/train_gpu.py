@@ -327,21 +327,26 @@ def _node_schedule(ranks: int) -> Any:
                                      Options(size_bytes=1 << 20))
 
 
+def _timed(call: Any, sync: Any, control: Any) -> float:
+    """Seconds ``call`` takes with the GPU work it enqueues: median of 3, the slowest rank's."""
+    times = []
+    for _ in range(3):
+        control.barrier(TIMEOUT_S)
+        t = time.perf_counter()
+        call()
+        sync()
+        times.append(time.perf_counter() - t)
+    return float(control.max_float(statistics.median(times)))
+
+
 def _measured_cost(comm: Any, device: Any, sync: Any, control: Any) -> list[tuple[int, float]]:
-    """The plan's all-reduce time here at a few sizes (median of 3, the slowest rank's): the block planner's input."""
+    """The plan's all-reduce time here at a few sizes: the block planner's input."""
     import torch
 
     points = []
     for nbytes in (256 << 10, 2 << 20, 16 << 20):
         buf = torch.zeros(nbytes // 4, device=device)
-        times = []
-        for _ in range(3):
-            control.barrier(TIMEOUT_S)
-            t = time.perf_counter()
-            comm.allreduce(buf, op="avg")
-            sync()
-            times.append(time.perf_counter() - t)
-        points.append((nbytes, control.max_float(statistics.median(times))))
+        points.append((nbytes, _timed(lambda buf=buf: comm.allreduce(buf, op="avg"), sync, control)))
     return points
 
 
@@ -405,15 +410,8 @@ def rank_main(argv: Sequence[str]) -> int:
         comm = state.comm
         # communication alone: every gradient in one all-reduce, NCCL's own (DDP's) and the plan's (the hook's)
         flat = torch.zeros(report["params"], device=device)
-        for key, reduce in (("native_s", lambda: dist.all_reduce(flat)), ("replay_s", lambda: comm.allreduce(flat))):
-            times = []
-            for _ in range(3):
-                transport.barrier(TIMEOUT_S)
-                t = time.perf_counter()
-                reduce()
-                sync()
-                times.append(time.perf_counter() - t)
-            report[key] = transport.max_float(statistics.median(times))
+        report["native_s"] = _timed(lambda: dist.all_reduce(flat), sync, transport)
+        report["replay_s"] = _timed(lambda: comm.allreduce(flat), sync, transport)
         if "prophet" in args["configs"]:
             # the profile and the plan come first, from this run's own measurements (Prophet's profiling steps)
             probe = _model(args, device)
