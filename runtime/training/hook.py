@@ -62,14 +62,19 @@ class TopoccHookState:
     def world_size(self) -> int:
         return self.plan.ranks
 
+    def _counted(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` flat, counted as one more call of its bytes."""
+        flat = tensor.view(-1)
+        self.calls += 1
+        self.bytes += flat.numel() * flat.element_size()
+        return flat
+
     def allreduce_avg_(self, tensor: torch.Tensor) -> torch.Tensor:
         """Average a contiguous tensor over all ranks in place (DDP's semantics: sum, then divide by size).
 
         On CUDA (NCCL) this only enqueues: the caller's current stream is ordered after the average.
         """
-        flat = tensor.view(-1)
-        self.calls += 1
-        self.bytes += flat.numel() * flat.element_size()
+        flat = self._counted(tensor)
         if self._tensors:
             self.comm.allreduce(flat.detach(), op="avg")
         elif flat.is_cuda:
@@ -90,9 +95,7 @@ class TopoccHookState:
         import torch
 
         if self._tensors and tensor.is_cuda and self.comm.grouped:
-            flat = tensor.view(-1)
-            self.calls += 1
-            self.bytes += flat.numel() * flat.element_size()
+            flat = self._counted(tensor)
             return self.comm.allreduce(flat.detach(), op="avg", async_op=True).get_future(tensor)
         self.allreduce_avg_(tensor)
         done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
