@@ -54,6 +54,7 @@ from runtime.executor import (
     Program,
     block_elements,
     message_tag_space,
+    same_memory,
 )
 from runtime.group_executor import GroupProgram, Work
 from runtime.lowering import DEFAULT_GROUP_BYTES, RankLowering, chunks_per_round_for, lower
@@ -114,10 +115,6 @@ def _install_guard() -> None:
     if not _GUARD_INSTALLED:
         atexit.register(_exit_guard)  # after mpi4py's import, so it runs before MPI finalizes
         _GUARD_INSTALLED = True
-
-
-def _same_memory(ops: ArrayOps, a: Any, b: Any) -> bool:
-    return ops.address(a) == ops.address(b) and a.nbytes == b.nbytes
 
 
 #: Message tags of a lowered replay name operations, never match messages: any range does.
@@ -452,7 +449,7 @@ class Communicator:
         schedule, program, _ = self._prepare("allgather", s, r, None)
         if schedule.inplace:
             mine = r[self.rank * self.ops.count(s):(self.rank + 1) * self.ops.count(s)]
-            if not _same_memory(self.ops, mine, s):
+            if not same_memory(self.ops, mine, s):
                 self.ops.copyto(mine, s)
             buffers = {"o": r}
         else:
@@ -473,10 +470,10 @@ class Communicator:
         schedule, program, _ = self._prepare("reducescatter", s, r, op)
         if schedule.inplace:
             mine = s[self.rank * self.ops.count(r):(self.rank + 1) * self.ops.count(r)]
-            work = s if _same_memory(self.ops, mine, r) else self._inputs(program, s, aliased=True)
+            work = s if same_memory(self.ops, mine, r) else self._inputs(program, s, aliased=True)
             self._run(program, {"i": work}, op, self.ops.count(r))
             result = work[self.rank * self.ops.count(r):(self.rank + 1) * self.ops.count(r)]
-            if not _same_memory(self.ops, result, r):
+            if not same_memory(self.ops, result, r):
                 self.ops.copyto(r, result)
         else:
             self._run(program, {"i": self._inputs(program, s, aliased=False), "o": r}, op, self.ops.count(r))
@@ -493,7 +490,7 @@ class Communicator:
         r = self.ops.check(recvbuf, "alltoall receive buffer")
         schedule, program, _ = self._prepare("alltoall", s, r, None)
         if schedule.inplace:
-            if not _same_memory(self.ops, r, s):
+            if not same_memory(self.ops, r, s):
                 self.ops.copyto(r, s)
             buffers = {"o": r}
         else:

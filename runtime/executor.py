@@ -622,6 +622,11 @@ class Binding:
         self.requests.clear()
 
 
+def same_memory(ops: ArrayOps, a: Any, b: Any) -> bool:
+    """Whether two arrays are the same bytes (the same start and length)."""
+    return bool(ops.address(a) == ops.address(b) and a.nbytes == b.nbytes)
+
+
 def _address(array: Any) -> int:
     """The data address of a numpy or CUDA array (the key under which its binding is cached)."""
     iface = getattr(array, "__array_interface__", None) or getattr(array, "__cuda_array_interface__", None)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.errors import CommunicatorError
-from runtime.executor import REDUCE, SEND, Binding, Program
+from runtime.executor import REDUCE, SEND, Binding, Program, same_memory
 from runtime.lowering import RankLowering
 from runtime.transports import GroupTransport, PeerFailure, PeerTimeout
 
@@ -74,7 +74,7 @@ def _lists(ops: Any, pairs: Sequence[tuple[Any, Any]]) -> tuple[list[Any], list[
 
 def _in_place_folds(ops: Any, folds: Sequence[tuple[Any, Any, Any]]) -> tuple[list[Any], list[Any]] | None:
     """Folds that all reduce into their left operand (``d = d (op) s``), as independent lists, or None."""
-    if not all(ops.address(d) == ops.address(left) and ops.count(d) == ops.count(left) for d, left, _ in folds):
+    if not all(same_memory(ops, d, left) for d, left, _ in folds):
         return None
     return _lists(ops, [(d, s) for d, _, s in folds])
 
