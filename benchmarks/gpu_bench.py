@@ -348,17 +348,9 @@ def gpu_waiter(how: str) -> Any:
     would take more than the machine's 16 cores, and descheduled proxies stall every handshake)."""
     import torch
 
-    if how == "cuda":
-        return torch.cuda.synchronize
+    from runtime.transports.torch_ops import wait_for_gpu
 
-    def poll() -> None:
-        done = torch.cuda.Event()
-        done.record()
-        pause = 1e-5
-        while not done.query():
-            time.sleep(pause)
-            pause = min(2 * pause, 2e-4)
-    return poll
+    return torch.cuda.synchronize if how == "cuda" else wait_for_gpu
 
 
 def _measure(comm: Any, transport: Any, device: Any, size: int, budget: float, max_iters: int,

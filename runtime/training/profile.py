@@ -117,15 +117,10 @@ def profile_model(model: torch.nn.Module, loss_fn: Callable[[Any, Any], torch.Te
     current: list[int] = [-1]
 
     if params and params[0].is_cuda:  # kernels run behind the host: read the clock once the GPU caught up
-        import torch
+        from runtime.transports.torch_ops import wait_for_gpu
 
         def clock() -> float:
-            # poll an event with short sleeps rather than spin in cudaDeviceSynchronize: ranks sharing a
-            # machine's cores with NCCL's proxy threads would slow the very steps being measured
-            done = torch.cuda.Event()
-            done.record()
-            while not done.query():
-                time.sleep(20e-6)
+            wait_for_gpu(20e-6)  # fine-grained: the steps measured here are short
             return time.perf_counter()
     else:
         clock = time.perf_counter
