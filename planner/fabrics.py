@@ -16,7 +16,7 @@ also exercises the file format.  Families:
   NVLink, as NCCL's PXN does).
 * ``torus`` and ``mesh``: 3D grids of single-accelerator nodes, a router each,
   up to 8x8x8 = 512 ranks.
-* ``fat-tree``: two switch tiers, 2:1 and 4:1 oversubscribed, 16-256 GPUs.
+* ``fat-tree``: two switch tiers, 2:1 and 4:1 oversubscribed, 16-256 GPUs, one with its last leaf half full.
 
 ``switch_based`` marks the fabrics whose ranks meet through an indirect,
 switched network (every rank pair has a route that crosses no other GPU, and
@@ -249,8 +249,10 @@ def fat_tree(hosts: int, per_leaf: int, spines: int, oversubscription: int, gpus
     nic: {{bandwidth: 100 Gbit/s, latency: 2 us, kind: ethernet, attach: cpu, attach_bandwidth: 25 GB/s}}
 """
         what = f"PCIe servers ({gpus} GPUs, one 100 Gbit/s RoCE NIC)"
+    leaves = f"{hosts // per_leaf} leaves of {per_leaf} hosts" + (f" and one of {hosts % per_leaf} (a cluster grown by "
+                                                                  "part of a leaf)" if hosts % per_leaf else "")
     text = f"""# A leaf-spine (two-tier Clos) cluster of {what}:
-# {hosts // per_leaf} leaves of {per_leaf} hosts under {spines} spines, {ratio}:1 oversubscribed.
+# {leaves} under {spines} spines, {ratio}:1 oversubscribed.
 name: {name}
 description: {hosts} {what}; two-tier fat-tree, {ratio}:1
 cluster:
@@ -278,7 +280,8 @@ def suite() -> tuple[Fabric, ...]:
         rail_optimized(4, spines=0),
         grid("torus", (4, 4, 4)), grid("torus", (8, 8, 8)),
         grid("mesh", (4, 4, 4)), grid("mesh", (8, 8, 8)),
-        fat_tree(2, 1, 2, 2), fat_tree(8, 2, 4, 4), fat_tree(32, 8, 2, 4, gpus=4), fat_tree(32, 4, 8, 2),
+        fat_tree(2, 1, 2, 2), fat_tree(8, 2, 4, 4), fat_tree(10, 4, 4, 2), fat_tree(32, 8, 2, 4, gpus=4),
+        fat_tree(32, 4, 8, 2),
     )
 
 

@@ -393,18 +393,18 @@ def _single_switch(src: Source, net: YDict, hosts: int, nics: int, nic: _Spec, d
 
 def _fat_tree(src: Source, net: YDict, hosts: int, nics: int, nic: _Spec, devices: list[Device],
               links: list[Link]) -> None:
-    """Two levels: leaf ``l`` serves hosts ``l*k .. l*k+k-1``; every leaf links to every spine.
+    """Two levels: leaf ``l`` serves hosts ``l*k .. l*k+k-1`` (the last leaf fewer where ``k`` does not divide
+    the hosts: a cluster grown by a partial leaf); every leaf links to every spine.
 
-    A leaf's uplinks carry its downlink bandwidth divided by ``oversubscription``.
+    A leaf's uplinks carry its downlink bandwidth (all ``k`` hosts' worth: a
+    switch's ports do not shrink with the hosts plugged in) divided by
+    ``oversubscription``.
     """
     per_leaf = positive_int(src, net, "hosts_per_leaf")
-    if hosts % per_leaf:
-        raise src.error(net, "hosts_per_leaf", f"hosts_per_leaf: {per_leaf} does not divide hosts: {hosts}",
-                        fix="every leaf switch serves the same number of hosts")
-    leaves = hosts // per_leaf
+    leaves = -(-hosts // per_leaf)
     for leaf in range(leaves):
         devices.append(Device(f"leaf{leaf}", "switch", rack=f"rack{leaf}"))
-        for h in range(leaf * per_leaf, (leaf + 1) * per_leaf):
+        for h in range(leaf * per_leaf, min(hosts, (leaf + 1) * per_leaf)):
             for j in range(nics):
                 links += nic.links(f"h{h}.nic{j}", f"leaf{leaf}")
     down = per_leaf * nics * nic.bandwidth * nic.count
