@@ -667,6 +667,21 @@ def test_a_last_level_kept_from_direct_by_the_sharing_cap_splits_on_small_messag
     assert ratio < {"allgather": 1.45, "allreduce": 1.65}[collective]
 
 
+def test_a_half_full_last_leaf_meets_the_all_reduce_target() -> None:
+    """Issue #11: ten DGX hosts on leaves of four, one level of hosts (unequal racks): at 256 MiB the all-reduce
+    in whole blocks reaches 95.3% of the bound, where the virtual order gives 91.8% (tried up to 128 ranks)."""
+    from planner.algorithms.hierarchical import hierarchical
+    from planner.bounds import lower_bound
+    from planner.fabrics import fat_tree
+    from planner.simulate import simulate
+
+    topology = fat_tree(10, 4, 4, 2).topology()
+    size = 256 << 20
+    schedule = hierarchical(topology, "allreduce", Options(size_bytes=size))
+    assert schedule.metadata.options["layout"] == "blocks"
+    assert lower_bound(topology, "allreduce", size).time_s >= 0.95 * simulate(topology, schedule, size).time_s
+
+
 @pytest.mark.parametrize("collective", ["reducescatter", "allgather", "allreduce"])
 def test_a_split_last_level_verifies(collective: str) -> None:
     """Issue #11: a schedule over a last level split in two (16 hosts of 2 GPUs, the hosts as 4 x 4) passes
