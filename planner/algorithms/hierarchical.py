@@ -624,8 +624,7 @@ _WAVE_SLICES = 4
 _BLOCKS_GOOD = 0.97
 #: Up to this many ranks an all-reduce short of :data:`_BLOCKS_GOOD` in virtual order also tries whole
 #: blocks: two builds and simulations of a few seconds there (ten DGX hosts on leaves of four, the last half
-#: full: 91.8% -> 95.3% of the bound at 256 MiB, 85.5% -> 91.6% at 16 MiB, 1.2 s -> 5.5 s to build; with
-#: 64, 80 ranks kept the virtual order).
+#: full, at 256 MiB: 91.8% of the bound in virtual order, 98.6% in whole blocks; 1.2 s -> 5.7 s to build).
 _BLOCKS_TRIED_RANKS = 128
 #: Below :data:`_MIN_SLICE_BYTES` a rank, up to this many ranks (a slice of whole blocks sends p^2 messages a
 #: phase: fattree-1024 at 1 MiB, 4.3M operations, 3.82x of the bound, where virtual order takes 3.64x).
