@@ -203,12 +203,14 @@ def _split_last(topology: Topology, levels: list[Stage], options: Options, large
     if (last is None or options.size_bytes / topology.size >= _MIN_SLICE_BYTES or options.pipeline is not None
             or "stage_method" in options.extra):
         return levels
+    method = None  # the last level's, timed only once some split fits where it is too large for direct
     if _direct_fits(last):
         # small enough to run direct, unless the sharing cap rules that out: ten hosts on leaves of four,
         # 48 messages on an uplink, whose ring of ten waits out nine path latencies (80 GPUs at 1 MiB:
         # all-gather 3.39x -> 1.36x of the bound split 2 x 5, reduce-scatter 3.72x -> 1.55x, all-reduce
         # 4.18x -> 1.53x)
-        if stage_methods(topology, levels, options.size_bytes, 1)[-1] == "direct":
+        method = stage_methods(topology, levels, options.size_bytes, 1)[-1]
+        if method == "direct":
             return levels
     elif not large:
         return levels
@@ -218,7 +220,9 @@ def _split_last(topology: Topology, levels: list[Stage], options: Options, large
     if not splits:  # before timing the levels (fattree-16384, a last level of 64 groups of 256: 40 s)
         return levels
     part = options.size_bytes / math.prod(s.size for s in levels)  # bytes of one part of the last level
-    best = _estimate(topology, last, stage_methods(topology, levels, options.size_bytes, 1)[-1], 0.0, 1, si)
+    if method is None:
+        method = stage_methods(topology, levels, options.size_bytes, 1)[-1]
+    best = _estimate(topology, last, method, 0.0, 1, si)
     chosen = None
     for a, inner, outer in splits:
         estimate = (_estimate(topology, inner, "direct", part * (n // a), 1, si)
