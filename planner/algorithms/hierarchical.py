@@ -56,6 +56,7 @@ from dataclasses import dataclass
 
 from planner.algorithms import Options
 from planner.algorithms._order import PIECE_BYTES, Send, chunk_runs, find_cycle, ring_steps, single_rank
+from planner.algorithms.hierarchical_rooted import rooted_hierarchical
 from planner.builder import ScheduleBuilder
 from planner.collectives import canonical_collective
 from planner.errors import NotApplicableError
@@ -903,7 +904,8 @@ def _allreduce_layout(topology: Topology, levels: list[Stage], options: Options,
 
 
 def hierarchical(topology: Topology, collective: str, options: Options) -> Schedule:
-    """Pipelined BlueConnect schedule for allreduce, reducescatter or allgather.
+    """Pipelined BlueConnect schedule for allreduce, reducescatter or allgather; broadcast and reduce run
+    over the hosts' rails instead (:func:`~planner.algorithms.hierarchical_rooted.rooted_hierarchical`).
 
     ``options.pipeline`` sets the number of slices (all-reduce: equal ones; by
     default shaped by :func:`_slice_shape`, over twice the chunks of equal ones
@@ -927,9 +929,12 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     (:func:`ownership`) records each virtual block's parts as ``ownership``.
     """
     collective = canonical_collective(collective)
+    if collective in ("broadcast", "reduce"):
+        return rooted_hierarchical(topology, collective, options)
     if collective not in ("allreduce", "reducescatter", "allgather"):
         raise NotApplicableError(
-            f"hierarchical does not implement {collective} (it builds allreduce, reducescatter, allgather)"
+            f"hierarchical does not implement {collective} (it builds allreduce, reducescatter, allgather, "
+            "broadcast, reduce)"
         )
     if topology.size == 1:
         return single_rank(collective, 1, 1, "hierarchical", options.as_dict())

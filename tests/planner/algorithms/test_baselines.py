@@ -23,8 +23,9 @@ from tests.strategies import chassis_yaml, topologies
 
 BASELINES = ("ring", "tree", "halving-doubling", "direct", "hierarchical")
 ROOTED = ("broadcast", "reduce")
-#: The only reasons a baseline may give for declining a topology (hierarchical's, on uneven hosts).
-REASONS = re.compile(r"equal-sized hosts")
+#: The only reasons a baseline may give for declining a topology (hierarchical's, on uneven hosts, and for
+#: broadcast and reduce on one GPU a host).
+REASONS = re.compile(r"equal-sized hosts|hosts of several GPUs")
 
 
 def check_schedule(topology: Topology, schedule: Schedule, collective: str, algorithm: str) -> None:

@@ -1,0 +1,242 @@
+"""Broadcast and reduce over hosts of several GPUs: a scatter in the root's host, a chain per rail, a fan-out.
+
+A broadcast's bound on a cluster is the NICs (the root's rack or host sends N
+out), but a ring's chain passes every GPU in turn: on six 8-GPU hosts 47 hops,
+each a piece's transfer, so a pipeline of 32 pieces spends more time filling
+than streaming (fattree-48-3to1 at 256 MiB: 65.5% of the bound).  Here the
+data is cut into one piece per GPU of a host (a *rail*: the GPUs of one local
+index, one per host, as NCCL's rings pair them across nodes):
+
+1. the root sends piece c to the GPU of index c in its own host (a scatter
+   over the host's switch);
+2. piece c crosses the hosts on a pipelined chain of rail c, the hosts in
+   rack order from the root's, so that each rack boundary is crossed once and
+   every NIC sends and receives N / k (k GPUs a host): the NICs' bound.  On
+   more than :data:`CHAIN_HOSTS` hosts the chain would be too deep, and the
+   piece crosses them in halves on two binary trees instead, as NCCL's double
+   binary tree does (:func:`_routes`);
+3. in every host the rail's GPU passes each piece on to the host's other GPUs
+   as it arrives.  The root's own piece is cut into k - 1 parts, one for each
+   other GPU of its host, which passes its part on to the rest: so the root's
+   link to its switch carries N, not N plus (k - 1) / k N again.
+
+The buffer is cut into slices that run this one after the other, each step as
+soon as its data is there: the chain is H - 1 hops deep for H hosts (the trees
+about 2 log2 H), not p - 1.  Reduce is the same run backwards: every host reduces each piece onto
+its rail's GPU, the rails' chains add the hosts' sums towards the root's host,
+and the root collects the pieces.  Receives that a GPU adds up land in scratch
+slots of their own, reused a few slices later, so that no receive waits for
+another's reduction.
+"""
+
+from __future__ import annotations
+
+from planner.algorithms import Options
+from planner.algorithms._order import single_rank
+from planner.builder import ScheduleBuilder
+from planner.collectives import canonical_collective
+from planner.errors import NotApplicableError
+from planner.relay import relays
+from planner.topology import Topology
+from runtime.schedule import Chunk, Schedule
+
+__all__ = ["rooted_hierarchical"]
+
+#: No piece smaller than this (one rail's share of a slice): below it per-message costs outweigh the pipeline.
+MIN_PIECE_BYTES = 64 << 10
+#: Transfers per schedule at most (each a send and a receive): bounds compile and simulation time.
+MAX_TRANSFERS = 1 << 15
+#: Up to this many hosts a rail's piece crosses them on a chain; beyond, on two binary trees (:func:`_routes`).
+CHAIN_HOSTS = 8
+#: Slices whose scratch slots a reduce keeps apart before it reuses them (a slot's reuse waits for its reduction).
+SLOT_SLICES = 4
+
+
+def _hosts_in_order(topology: Topology, root: int) -> list[tuple[int, ...]]:
+    """The hosts, the root's first, then the rest of its rack, then the other racks a rack at a time."""
+    rack_of = {r: name for name, ranks in topology.racks.items() for r in ranks}
+    hosts = list(topology.hosts.values())
+    home = next(h for h in hosts if root in h)
+    racks: dict[str, list[tuple[int, ...]]] = {}
+    for h in hosts:
+        racks.setdefault(rack_of.get(h[0], ""), []).append(h)
+    first = rack_of.get(root, "")
+    ordered = [home, *(h for h in racks[first] if h != home)]
+    for name, members in racks.items():
+        if name != first:
+            ordered.extend(members)
+    return ordered
+
+
+def _routes(hosts: int) -> list[tuple[dict[int, int], list[int]]]:
+    """How each rail's piece crosses the hosts (positions in :func:`_hosts_in_order`): per equal share of the
+    piece, each host's parent and the hosts, parents first.
+
+    A chain, or on more hosts than :data:`CHAIN_HOSTS` two binary trees each carrying half the piece, the second
+    shifted by one so that a host forwarding in one is a leaf in the other (NCCL's double binary tree, per
+    rail): a NIC still sends N / k, and the pipeline is about 2 log2 H transfers deep instead of H - 1.
+    """
+    if hosts <= CHAIN_HOSTS:
+        return [({h: h - 1 for h in range(1, hosts)}, list(range(1, hosts)))]
+    rest = list(range(1, hosts))
+    routes = []
+    for nodes in (rest, rest[1:] + rest[:1]):
+        top, parent = _counting_tree(nodes)
+        parent[top] = 0
+        children: dict[int, list[int]] = {}
+        for v in nodes:
+            children.setdefault(parent[v], []).append(v)
+        order, frontier = [], [0]
+        while frontier:
+            frontier = [v for u in frontier for v in children.get(u, [])]
+            order.extend(frontier)
+        routes.append((parent, order))
+    return routes
+
+
+def _counting_tree(nodes: list[int]) -> tuple[int, dict[int, int]]:
+    """An in-order binary tree over ``nodes`` in which the x-th (from 1) sits at the height of x's trailing zero
+    bits: the odd-numbered are the leaves, so in the same tree over the nodes shifted by one the leaves are the
+    others, and no node has more than two children in the two trees together (Sanders, Speck and Traeff,
+    "Two-tree algorithms for full bandwidth broadcast, reduction and scan", 2009, section 3).  Returns the
+    top node and every other node's parent."""
+    m = len(nodes)
+    top = 1 << (m.bit_length() - 1)
+    parent: dict[int, int] = {}
+    for x in range(1, m + 1):
+        p = x
+        while p != top:
+            h = (p & -p).bit_length() - 1
+            p = p + (1 << h) if not (p >> (h + 1)) & 1 else p - (1 << h)
+            if p <= m:
+                break
+        if x != top:
+            parent[nodes[x - 1]] = nodes[p - 1]
+    return nodes[top - 1], parent
+
+
+def _slices(options: Options, hosts: int, k: int) -> int:
+    """Slices: pieces of at least :data:`MIN_PIECE_BYTES`, transfers within :data:`MAX_TRANSFERS`."""
+    if options.pipeline is not None:
+        return max(1, options.pipeline)
+    per_slice = hosts * k * k  # about: the chain, the fan-outs and the root's parts
+    by_size = int(options.size_bytes // (k * MIN_PIECE_BYTES))
+    return max(1, min(by_size, MAX_TRANSFERS // per_slice))
+
+
+def rooted_hierarchical(topology: Topology, collective: str, options: Options) -> Schedule:
+    """Broadcast or reduce as a scatter in the root's host, a pipelined chain per rail, a fan-out in each host
+    (see the module docstring).  Needs hosts of equal size, of several GPUs each."""
+    collective = canonical_collective(collective)
+    if collective not in ("broadcast", "reduce"):
+        raise NotApplicableError(f"hierarchical's rooted form builds broadcast and reduce, not {collective}")
+    p = topology.size
+    if not 0 <= options.root < p:
+        raise NotApplicableError(f"root {options.root} is not a rank of this {p}-rank topology")
+    root = options.root
+    meta = options.as_dict()
+    if p == 1:
+        return single_rank(collective, 1, 1, "hierarchical", meta, root)
+    sizes = {len(h) for h in topology.hosts.values()}
+    if len(sizes) != 1:
+        raise NotApplicableError(f"hierarchical needs equal-sized hosts (host sizes {sorted(sizes)})")
+    k = sizes.pop()
+    if k == 1:
+        raise NotApplicableError("hierarchical broadcast and reduce need hosts of several GPUs, to cross the "
+                                 "hosts on rails (one GPU a host: tree or ring)")
+    hosts = _hosts_in_order(topology, root)
+    home = hosts[0]
+    c0 = home.index(root)
+    others = [r for r in home if r != root]  # the root's host but the root: one part of the root's piece each
+    rails = [[h[c] for h in hosts] for c in range(k)]
+    slices = _slices(options, len(hosts), k)
+    routes = _routes(len(hosts))
+    # chunks a piece: the root's piece is cut into its host's k - 1 other GPUs' parts, and each of those in
+    # as many as the routes share a piece
+    share = len(routes)
+    units = (k - 1) * share
+    n = slices * k * units
+    meta.update(pipeline=slices, hosts=len(hosts), rails=k, trees=share if share > 1 else 0)
+    reduce = collective == "reduce"
+    # a reduce's scratch: per rank and slice (of SLOT_SLICES in turn), a slot for each piece it adds: a rail's
+    # GPU gets k - 1 from its host and one from the hosts beyond (a whole one on the chain; on the trees half
+    # from each of at most two children)
+    slot_units = k * units
+    b = ScheduleBuilder(collective, p, n, n, root=root, relay=relays(topology),
+                        scratch_chunks=SLOT_SLICES * slot_units if reduce else 0)
+    for r in range(p):
+        if reduce or r == root:
+            b.copy(r, Chunk("i", 0, n), Chunk("o", 0, n))
+
+    def piece(s: int, c: int) -> Chunk:
+        return Chunk("o", (s * k + c) * units, units)
+
+    def part(s: int, i: int) -> Chunk:
+        """Part ``i`` of the root's piece of slice ``s`` (the share of ``others[i]``)."""
+        return Chunk("o", (s * k + c0) * units + i * share, share)
+
+    def shares(s: int, c: int) -> list[tuple[Chunk, dict[int, int], list[int]]]:
+        """Each route's share of piece ``c`` of slice ``s``, with its parents and hosts, parents first."""
+        size = units // share
+        return [(Chunk("o", (s * k + c) * units + t * size, size), parent, order)
+                for t, (parent, order) in enumerate(routes)]
+
+    if not reduce:
+        for s in range(slices):
+            for c in range(k):
+                chain = rails[c]
+                if c != c0:
+                    b.transfer(root, chain[0], piece(s, c), piece(s, c), step=0)
+                for ref, parent, order in shares(s, c):
+                    for h in order:
+                        b.transfer(chain[parent[h]], chain[h], ref, ref, step=h, channel=1)
+            for c in range(k):
+                chain = rails[c]
+                for h, host in enumerate(hosts):
+                    if h == 0 and c == c0:
+                        for i, q in enumerate(others):
+                            b.transfer(root, q, part(s, i), part(s, i), step=1, channel=2)
+                        for i, q in enumerate(others):
+                            for t in others:
+                                if t != q:
+                                    b.transfer(q, t, part(s, i), part(s, i), step=2, channel=2)
+                        continue
+                    for t in host:
+                        if t != chain[h] and t != root:
+                            b.transfer(chain[h], t, piece(s, c), piece(s, c), step=h + 1)
+        return b.build("hierarchical", meta)
+
+    used = [0] * p  # slot units taken in the current slice, per rank
+
+    def gather(src: int, dst: int, ref: Chunk, s: int, step: int, channel: int = 0) -> None:
+        """``src``'s partial sum ``ref`` added into ``dst``'s, received into a slot of its own first."""
+        slot = Chunk("s", (s % SLOT_SLICES) * slot_units + used[dst], ref.count)
+        used[dst] += ref.count
+        b.transfer(src, dst, ref, slot, step=step, channel=channel)
+        b.reduce(dst, slot, ref, step=step)
+
+    last = len(hosts)
+    for s in range(slices):
+        used[:] = [0] * p
+        for c in range(k):
+            chain = rails[c]
+            # every host's sum of piece c onto its rail's GPU, the root's host's root piece in parts
+            for h, host in enumerate(hosts):
+                if h == 0 and c == c0:
+                    for i, q in enumerate(others):
+                        for t in others:
+                            if t != q:
+                                gather(t, q, part(s, i), s, 0, channel=2)
+                    continue
+                for t in host:
+                    if t != chain[h] and t != root:
+                        gather(t, chain[h], piece(s, c), s, last - h - 1)
+            # the chain (or trees), from the far hosts to the root's
+            for ref, parent, order in shares(s, c):
+                for h in reversed(order):
+                    gather(chain[h], chain[parent[h]], ref, s, last - h, channel=1)
+            if c != c0:
+                b.transfer(chain[0], root, piece(s, c), piece(s, c), reduce=True, step=last)
+        for i, q in enumerate(others):
+            b.transfer(q, root, part(s, i), part(s, i), reduce=True, step=last, channel=2)
+    return b.build("hierarchical", meta)
