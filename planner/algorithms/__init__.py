@@ -112,7 +112,8 @@ ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("direct", "planner.algorithms.direct", "direct", (*_ALL, "alltoall"),
                   "all-pairs exchange in one step, for small messages and all-to-all", auto_max_ranks=64),
         Algorithm("hierarchical", "planner.algorithms.hierarchical", "hierarchical", _ALL,
-                  "BlueConnect: reduce-scatter level by level up the hierarchy, all-gather back down"),
+                  "BlueConnect: reduce-scatter level by level up the hierarchy, all-gather back down; "
+                  "broadcast and reduce on chains or trees per rail across the hosts"),
         Algorithm("bucket", "planner.algorithms.bucket", "bucket", ("allreduce", "reducescatter", "allgather"),
                   "bucket algorithm on a torus or mesh: rotated dimension orders keep every link busy"),
         Algorithm("multitree", "planner.algorithms.multitree", "multitree",
