@@ -22,10 +22,13 @@ index, one per host, as NCCL's rings pair them across nodes):
 
 The buffer is cut into slices that run this one after the other, each step as
 soon as its data is there: the chain is H - 1 hops deep for H hosts (the trees
-about 2 log2 H), not p - 1.  Reduce is the same run backwards: every host
-reduces each piece onto its rail's GPU, the rails' chains add the hosts' sums
-towards the root's host, and the root collects the pieces.  Receives that a GPU adds up land in scratch
-slots of their own, reused a few slices later, so that no receive waits for
+about 2 log2 H), not p - 1.  Where the message budget binds (many hosts), a
+host's fan-out covers a group of slices at once, so that the rails get more.
+
+Reduce is the same run backwards: every host reduces each piece onto its
+rail's GPU, the rails' chains add the hosts' sums towards the root's host, and
+the root collects the pieces.  Receives that a GPU adds up land in scratch
+slots of their own, reused a few groups later, so that no receive waits for
 another's reduction.
 """
 
@@ -56,7 +59,8 @@ MAX_TRANSFERS = 1 << 15
 #: the 3:1 leaves' uplinks more often); 10 (fattree-80-2to1) 81.6% / 89.2%; 16 (rail-16x8) 65.4% / 85.5%;
 #: 32 (rail-32x8) 32.9% / 72.7%.
 CHAIN_HOSTS = 8
-#: Slices whose scratch slots a reduce keeps apart before it reuses them (a slot's reuse waits for its reduction).
+#: Groups of slices (see :func:`_slices`) whose scratch slots a reduce keeps apart before it reuses them (a slot's
+#: reuse waits for its reduction).
 SLOT_SLICES = 4
 
 
@@ -123,14 +127,43 @@ def _counting_tree(nodes: list[int]) -> tuple[int, dict[int, int]]:
     return nodes[top - 1], parent
 
 
-def _slices(options: Options, hosts: int, k: int) -> int:
-    """Slices: pieces of at least :data:`MIN_PIECE_BYTES` but :data:`MIN_SLICES` at least, transfers within
-    :data:`MAX_TRANSFERS`."""
-    if options.pipeline is not None:
-        return max(1, options.pipeline)
-    per_slice = hosts * k * k  # about: the chain, the fan-outs and the root's parts
-    by_size = int(options.size_bytes // (k * MIN_PIECE_BYTES))
-    return max(1, min(max(by_size, MIN_SLICES), MAX_TRANSFERS // per_slice))
+def _slices(options: Options, routes: list[tuple[dict[int, int], list[int]]], hosts: int, k: int) -> tuple[int, int]:
+    """Slices, and how many of them a host's fan-out (a reduce's gathering) covers at once.
+
+    Pieces of at least :data:`MIN_PIECE_BYTES` but :data:`MIN_SLICES` at least, transfers within
+    :data:`MAX_TRANSFERS`.  A slice costs its rail crossings, its scatter and the root's parts; a fan-out
+    (k - 1 messages from each rail's GPU of every host) can cover a group of slices, since the hosts' switches
+    do not need the pipeline's fine grain, so the same budget buys more slices.  The pipeline takes about S +
+    D + G piece times for S slices, D the routes' depth and G the group (the last group's fan-out waits for
+    it), so the (S, G) that least add to S, (D + G) / S, within the budget (256 MiB broadcast in the same
+    budget: rail-32x8 16 slices one by one, 72.7% of the bound; 32 in fours, 79.6%; fattree-1024 41.2%, 32.4%
+    one by one).
+    """
+    share = len(routes)
+    crossing = k * (hosts - 1) * share + (k - 1) * (k - 1)  # a slice's rail crossings, scatter and root's parts
+    fan = hosts * k * (k - 1)  # one fan-out in every host
+    depth = 0
+    for parent, order in routes:
+        hops = {0: 0}
+        for h in order:
+            hops[h] = hops[parent[h]] + 1
+        depth = max(depth, max(hops.values()))
+    wanted = max(int(options.size_bytes // (k * MIN_PIECE_BYTES)), MIN_SLICES)
+    best: tuple[float, int, int] | None = None
+    group = 1
+    while True:
+        slices = max(1, options.pipeline) if options.pipeline is not None else max(1, min(
+            wanted, MAX_TRANSFERS * group // (group * crossing + fan)))
+        fits = slices * crossing + -(-slices // group) * fan <= MAX_TRANSFERS
+        if fits or group >= slices:
+            cost = (depth + group) / slices
+            if best is None or cost < best[0]:
+                best = (cost, slices, group)
+        if group >= slices:
+            break
+        group *= 2
+    assert best is not None
+    return best[1], best[2]
 
 
 def rooted_hierarchical(topology: Topology, collective: str, options: Options) -> Schedule:
@@ -158,37 +191,48 @@ def rooted_hierarchical(topology: Topology, collective: str, options: Options) -
     c0 = home.index(root)
     others = [r for r in home if r != root]  # the root's host but the root: one part of the root's piece each
     rails = [[h[c] for h in hosts] for c in range(k)]
-    slices = _slices(options, len(hosts), k)
     routes = _routes(len(hosts))
     # chunks a piece: the root's piece is cut into its host's k - 1 other GPUs' parts, and each of those in
     # as many as the routes share a piece
     share = len(routes)
     units = (k - 1) * share
+    slices, group = _slices(options, routes, len(hosts), k)
     n = slices * k * units
-    meta.update(pipeline=slices, hosts=len(hosts), rails=k, trees=share if share > 1 else 0)
+    meta.update(pipeline=slices, hosts=len(hosts), rails=k, trees=share if share > 1 else 0, fan_out_slices=group)
     reduce = collective == "reduce"
-    # a reduce's scratch: per rank and slice (of SLOT_SLICES in turn), a slot for each piece it adds: a rail's
-    # GPU gets k - 1 from its host and one from the hosts beyond (a whole one on the chain; on the trees half
-    # from each of at most two children)
-    slot_units = k * units
+    # a reduce's scratch: per rank and group of slices (of SLOT_SLICES in turn), a slot for each piece it adds:
+    # a rail's GPU gets k - 1 a slice from its host and one from the hosts beyond (a whole one on the chain; on
+    # the trees half from each of at most two children)
+    slot_units = k * group * units
     b = ScheduleBuilder(collective, p, n, n, root=root, relay=relays(topology),
                         scratch_chunks=SLOT_SLICES * slot_units if reduce else 0)
     for r in range(p):
         if reduce or r == root:
             b.copy(r, Chunk("i", 0, n), Chunk("o", 0, n))
 
-    def piece(s: int, c: int) -> Chunk:
-        return Chunk("o", (s * k + c) * units, units)
+    def at(s: int, c: int) -> int:
+        """Where piece ``c`` of slice ``s`` starts: a piece's slices one after another, so that a group of them
+        is one message."""
+        return (c * slices + s) * units
+
+    def piece(s: int, c: int, count: int = 1) -> Chunk:
+        """Piece ``c`` of slices ``s`` ... ``s + count - 1``."""
+        return Chunk("o", at(s, c), count * units)
 
     def part(s: int, i: int) -> Chunk:
         """Part ``i`` of the root's piece of slice ``s`` (the share of ``others[i]``)."""
-        return Chunk("o", (s * k + c0) * units + i * share, share)
+        return Chunk("o", at(s, c0) + i * share, share)
 
     def shares(s: int, c: int) -> list[tuple[Chunk, dict[int, int], list[int]]]:
         """Each route's share of piece ``c`` of slice ``s``, with its parents and hosts, parents first."""
         size = units // share
-        return [(Chunk("o", (s * k + c) * units + t * size, size), parent, order)
-                for t, (parent, order) in enumerate(routes)]
+        return [(Chunk("o", at(s, c) + t * size, size), parent, order) for t, (parent, order) in enumerate(routes)]
+
+    def fan_out(first: int, count: int) -> list[tuple[int, int, Chunk]]:
+        """The hosts' messages of slices ``first`` ... ``first + count - 1`` between each rail's GPU and the
+        host's others but the root: (rail GPU, other GPU, pieces)."""
+        return [(rails[c][h], t, piece(first, c, count)) for c in range(k) for h, host in enumerate(hosts)
+                if not (h == 0 and c == c0) for t in host if t != rails[c][h] and t != root]
 
     if not reduce:
         for s in range(slices):
@@ -199,47 +243,41 @@ def rooted_hierarchical(topology: Topology, collective: str, options: Options) -
                 for ref, parent, order in shares(s, c):
                     for h in order:
                         b.transfer(chain[parent[h]], chain[h], ref, ref, step=h, channel=1)
-            for c in range(k):
-                chain = rails[c]
-                for h, host in enumerate(hosts):
-                    if h == 0 and c == c0:
-                        for i, q in enumerate(others):
-                            b.transfer(root, q, part(s, i), part(s, i), step=1, channel=2)
-                        for i, q in enumerate(others):
-                            for t in others:
-                                if t != q:
-                                    b.transfer(q, t, part(s, i), part(s, i), step=2, channel=2)
-                        continue
-                    for t in host:
-                        if t != chain[h] and t != root:
-                            b.transfer(chain[h], t, piece(s, c), piece(s, c), step=h + 1)
+            for i, q in enumerate(others):
+                b.transfer(root, q, part(s, i), part(s, i), step=1, channel=2)
+            for i, q in enumerate(others):
+                for t in others:
+                    if t != q:
+                        b.transfer(q, t, part(s, i), part(s, i), step=2, channel=2)
+            if (s + 1) % group == 0 or s + 1 == slices:
+                first = s // group * group
+                for src, dst, run in fan_out(first, s + 1 - first):
+                    b.transfer(src, dst, run, run, step=len(hosts))
         return b.build("hierarchical", meta)
 
-    used = [0] * p  # slot units taken in the current slice, per rank
+    used = [0] * p  # slot units taken in the current group of slices, per rank
 
     def gather(src: int, dst: int, ref: Chunk, s: int, step: int, channel: int = 0) -> None:
         """``src``'s partial sum ``ref`` added into ``dst``'s, received into a slot of its own first."""
-        slot = Chunk("s", (s % SLOT_SLICES) * slot_units + used[dst], ref.count)
+        slot = Chunk("s", (s // group % SLOT_SLICES) * slot_units + used[dst], ref.count)
         used[dst] += ref.count
         b.transfer(src, dst, ref, slot, step=step, channel=channel)
         b.reduce(dst, slot, ref, step=step)
 
     last = len(hosts)
     for s in range(slices):
-        used[:] = [0] * p
+        if s % group == 0:
+            # every host's sums of the group's pieces onto their rails' GPUs
+            used[:] = [0] * p
+            for dst, src, run in fan_out(s, min(group, slices - s)):
+                gather(src, dst, run, s, 0)
+        # the root's host's sum of the root's piece, in parts
+        for i, q in enumerate(others):
+            for t in others:
+                if t != q:
+                    gather(t, q, part(s, i), s, 0, channel=2)
         for c in range(k):
             chain = rails[c]
-            # every host's sum of piece c onto its rail's GPU, the root's host's root piece in parts
-            for h, host in enumerate(hosts):
-                if h == 0 and c == c0:
-                    for i, q in enumerate(others):
-                        for t in others:
-                            if t != q:
-                                gather(t, q, part(s, i), s, 0, channel=2)
-                    continue
-                for t in host:
-                    if t != chain[h] and t != root:
-                        gather(t, chain[h], piece(s, c), s, last - h - 1)
             # the chain (or trees), from the far hosts to the root's
             for ref, parent, order in shares(s, c):
                 for h in reversed(order):

@@ -8,7 +8,14 @@ import pytest
 
 from planner.algorithms import Options
 from planner.algorithms.hierarchical import hierarchical
-from planner.algorithms.hierarchical_rooted import CHAIN_HOSTS, SLOT_SLICES, _counting_tree
+from planner.algorithms.hierarchical_rooted import (
+    CHAIN_HOSTS,
+    MAX_TRANSFERS,
+    SLOT_SLICES,
+    _counting_tree,
+    _routes,
+    _slices,
+)
 from planner.compile import compile_schedule
 from planner.errors import NotApplicableError
 from planner.fabrics import fat_tree
@@ -126,3 +133,35 @@ def test_many_hosts_take_two_trees(collective: str) -> None:
     across = [sum(op.count for op in program if op.kind == "send" and host[op.peer] != host[r])
               for r, program in enumerate(schedule.programs)]
     assert max(across) == 2 * piece
+
+
+def test_many_hosts_fan_out_a_group_of_slices_at_once() -> None:
+    """Where the message budget binds (32 hosts at 256 MiB), a host's fan-out covers several slices, so the
+    rails get more slices within the budget (rail-32x8: 32 slices in fours, 79.6% of the bound, where 16 one by
+    one reach 72.7%); where it does not (4 hosts at 16 MiB), every slice has its own."""
+    share = 2
+    slices, group = _slices(Options(size_bytes=256 << 20), _routes(32), 32, 8)
+    assert group > 1 and slices > 16
+    assert slices * (8 * 31 * share + 49) + -(-slices // group) * 32 * 8 * 7 <= MAX_TRANSFERS
+    assert _slices(Options(size_bytes=16 << 20), _routes(4), 4, 8)[1] == 1
+
+
+@pytest.mark.parametrize("collective", ["broadcast", "reduce"])
+def test_grouped_fan_outs_verify(collective: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the budget cut so that fan-outs go a group of slices at a time, the schedule still verifies, and
+    a host's messages inside it are one per group, rail and GPU."""
+    import planner.algorithms.hierarchical_rooted as rooted
+
+    monkeypatch.setattr(rooted, "MAX_TRANSFERS", 700)
+    topology = cluster([4] * (CHAIN_HOSTS + 4))
+    schedule = hierarchical(topology, collective, Options(size_bytes=64 << 20, root=3))
+    check_schedule(topology, schedule, collective, "hierarchical")
+    slices, group = schedule.metadata.options["pipeline"], schedule.metadata.options["fan_out_slices"]
+    assert group > 1
+    host = host_of(topology)
+    inside = sum(1 for r, program in enumerate(schedule.programs) for op in program
+                 if op.kind == "send" and host[op.peer] == host[r] and op.channel == 0)
+    # a round: every host but the root's, each GPU its rail's pieces to the 3 others; the root's, the 3 other
+    # rails' GPUs to the 2 GPUs but them and the root; and a slice, the root's scatter to the 3 other rails
+    rounds = -(-slices // group)
+    assert inside == rounds * (12 * (CHAIN_HOSTS + 3) + 6) + 3 * slices
