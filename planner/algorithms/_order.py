@@ -17,7 +17,9 @@ import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
 
+from planner.algorithms import Options
 from planner.builder import ScheduleBuilder
+from planner.errors import NotApplicableError
 from planner.relay import path_shares
 from planner.topology import Topology
 from runtime.schedule import Chunk, Schedule
@@ -27,13 +29,16 @@ __all__ = [
     "LinkLoads",
     "Send",
     "chunk_runs",
+    "depth_order",
     "find_cycle",
     "find_rings",
+    "host_size",
     "pieces",
     "ring_all_gather",
     "ring_order",
     "ring_reduce_scatter",
     "ring_steps",
+    "root_rank",
     "single_rank",
     "split",
 ]
@@ -86,6 +91,34 @@ def single_rank(collective: str, input_chunks: int, output_chunks: int, algorith
     b = ScheduleBuilder(collective, 1, input_chunks, output_chunks, root=root)
     b.copy(0, Chunk("i", 0, input_chunks), Chunk("o", 0, output_chunks))
     return b.build(algorithm, options)
+
+
+def root_rank(options: Options, p: int) -> int:
+    """The root of a broadcast or reduce, checked to be a rank."""
+    if not 0 <= options.root < p:
+        raise NotApplicableError(f"root {options.root} is not a rank of this {p}-rank topology")
+    return options.root
+
+
+def host_size(topology: Topology, algorithm: str) -> int:
+    """The GPUs of every host, or :class:`NotApplicableError` naming ``algorithm`` where hosts differ in size."""
+    sizes = {len(h) for h in topology.hosts.values()}
+    if len(sizes) != 1:
+        raise NotApplicableError(f"{algorithm} needs equal-sized hosts (host sizes {sorted(sizes)})")
+    return sizes.pop()
+
+
+def depth_order(root: int, parent: dict[int, int]) -> list[int]:
+    """A tree's non-root nodes, parents before children (breadth first)."""
+    children: dict[int, list[int]] = {}
+    for child, par in parent.items():
+        children.setdefault(par, []).append(child)
+    order, frontier = [], [root]
+    while frontier:
+        nxt = [c for v in frontier for c in children.get(v, [])]
+        order.extend(nxt)
+        frontier = nxt
+    return order
 
 
 # --------------------------------------------------------------------------- link loads

@@ -11,10 +11,9 @@ exchanges through other GPUs (:mod:`planner.relay`).
 from __future__ import annotations
 
 from planner.algorithms import Options
-from planner.algorithms._order import pieces, single_rank, split
+from planner.algorithms._order import pieces, root_rank, single_rank, split
 from planner.builder import ScheduleBuilder
 from planner.collectives import canonical_collective
-from planner.errors import NotApplicableError
 from planner.relay import relays
 from planner.topology import Topology
 from runtime.schedule import Chunk, Schedule
@@ -30,9 +29,7 @@ def direct(topology: Topology, collective: str, options: Options) -> Schedule:
     p = topology.size
     meta = options.as_dict()
     rooted = collective in ("broadcast", "reduce")
-    root = options.root if rooted else None
-    if rooted and not 0 <= options.root < p:
-        raise NotApplicableError(f"root {options.root} is not a rank of this {p}-rank topology")
+    root = root_rank(options, p) if rooted else None
     if p == 1:
         return single_rank(collective, 1, 1, "direct", meta, root)
 

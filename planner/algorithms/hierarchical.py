@@ -55,7 +55,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from planner.algorithms import Options
-from planner.algorithms._order import PIECE_BYTES, Send, chunk_runs, find_cycle, ring_steps, single_rank
+from planner.algorithms._order import PIECE_BYTES, Send, chunk_runs, find_cycle, host_size, ring_steps, single_rank
 from planner.algorithms.hierarchical_rooted import rooted_hierarchical
 from planner.builder import ScheduleBuilder
 from planner.collectives import canonical_collective
@@ -140,9 +140,7 @@ def stages(topology: Topology) -> list[Stage]:
     when hosts differ in size.
     """
     hosts = list(topology.hosts.values())
-    sizes = {len(h) for h in hosts}
-    if len(sizes) != 1:
-        raise NotApplicableError(f"hierarchical needs equal-sized hosts (host sizes {sorted(sizes)})")
+    host_size(topology, "hierarchical")
     rack_of: dict[int, str] = {}
     for name, ranks in topology.racks.items():
         for r in ranks:

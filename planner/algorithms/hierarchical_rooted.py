@@ -35,7 +35,7 @@ another's reduction.
 from __future__ import annotations
 
 from planner.algorithms import Options
-from planner.algorithms._order import single_rank
+from planner.algorithms._order import depth_order, host_size, root_rank, single_rank
 from planner.builder import ScheduleBuilder
 from planner.collectives import canonical_collective
 from planner.errors import NotApplicableError
@@ -95,14 +95,7 @@ def _routes(hosts: int) -> list[tuple[dict[int, int], list[int]]]:
     for nodes in (rest, rest[1:] + rest[:1]):
         top, parent = _counting_tree(nodes)
         parent[top] = 0
-        children: dict[int, list[int]] = {}
-        for v in nodes:
-            children.setdefault(parent[v], []).append(v)
-        order, frontier = [], [0]
-        while frontier:
-            frontier = [v for u in frontier for v in children.get(u, [])]
-            order.extend(frontier)
-        routes.append((parent, order))
+        routes.append((parent, depth_order(0, parent)))
     return routes
 
 
@@ -173,16 +166,11 @@ def rooted_hierarchical(topology: Topology, collective: str, options: Options) -
     if collective not in ("broadcast", "reduce"):
         raise NotApplicableError(f"hierarchical's rooted form builds broadcast and reduce, not {collective}")
     p = topology.size
-    if not 0 <= options.root < p:
-        raise NotApplicableError(f"root {options.root} is not a rank of this {p}-rank topology")
-    root = options.root
+    root = root_rank(options, p)
     meta = options.as_dict()
     if p == 1:
         return single_rank(collective, 1, 1, "hierarchical", meta, root)
-    sizes = {len(h) for h in topology.hosts.values()}
-    if len(sizes) != 1:
-        raise NotApplicableError(f"hierarchical needs equal-sized hosts (host sizes {sorted(sizes)})")
-    k = sizes.pop()
+    k = host_size(topology, "hierarchical")
     if k == 1:
         raise NotApplicableError("hierarchical broadcast and reduce need hosts of several GPUs, to cross the "
                                  "hosts on rails (one GPU a host: tree or ring)")

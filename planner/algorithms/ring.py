@@ -14,7 +14,15 @@ from __future__ import annotations
 import itertools
 
 from planner.algorithms import Options
-from planner.algorithms._order import find_rings, pieces, ring_all_gather, ring_reduce_scatter, single_rank, split
+from planner.algorithms._order import (
+    find_rings,
+    pieces,
+    ring_all_gather,
+    ring_reduce_scatter,
+    root_rank,
+    single_rank,
+    split,
+)
 from planner.builder import ScheduleBuilder
 from planner.collectives import canonical_collective
 from planner.errors import NotApplicableError
@@ -87,7 +95,7 @@ def ring(topology: Topology, collective: str, options: Options) -> Schedule:
         return b.build("ring", meta)
 
     # broadcast / reduce: a pipelined chain along each ring, from (to) the root
-    root = _root(options, p)
+    root = root_rank(options, p)
     q = pieces(options.pipeline, options.size_bytes / c, _MAX_CHAIN_PIECES)
     meta["pipeline"] = q
     n = c * q
@@ -110,13 +118,6 @@ def _rings(topology: Topology, options: Options) -> list[list[int]]:
     if options.channels is not None and options.channels < 1:
         raise NotApplicableError(f"ring needs at least one channel, got {options.channels}")
     return find_rings(topology, options.channels)
-
-
-def _root(options: Options, p: int) -> int:
-    """The root of a broadcast or reduce, checked to be a rank."""
-    if not 0 <= options.root < p:
-        raise NotApplicableError(f"root {options.root} is not a rank of this {p}-rank topology")
-    return options.root
 
 
 def _chain(ring: list[int], root: int, collective: str) -> list[int]:
@@ -150,7 +151,7 @@ def ring_link_floor(topology: Topology, collective: str, options: Options) -> fl
         share *= (p - 1) / p * (2 if collective == "allreduce" else 1)
         edges = [(rg[i], rg[(i + 1) % p]) for rg in rings for i in range(p)]
     else:
-        root = _root(options, p)
+        root = root_rank(options, p)
         for rg in rings:
             edges += list(itertools.pairwise(_chain(rg, root, collective)))
     return topology.common_link_time((a, b, share) for src, dst in edges for a, b in hops(topology, src, dst))

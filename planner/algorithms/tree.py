@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from planner.algorithms import Options
-from planner.algorithms._order import pieces, ring_order, single_rank, split
+from planner.algorithms._order import depth_order, pieces, ring_order, root_rank, single_rank, split
 from planner.builder import ScheduleBuilder
 from planner.collectives import canonical_collective
 from planner.errors import NotApplicableError
@@ -50,26 +50,13 @@ def binary_tree(nodes: Sequence[int]) -> tuple[int, dict[int, int]]:
     return root, parent
 
 
-def _depth_order(root: int, parent: dict[int, int]) -> list[int]:
-    """Non-root nodes, parents before children (breadth first)."""
-    children: dict[int, list[int]] = {}
-    for child, par in parent.items():
-        children.setdefault(par, []).append(child)
-    order, frontier = [], [root]
-    while frontier:
-        nxt = [c for v in frontier for c in children.get(v, [])]
-        order.extend(nxt)
-        frontier = nxt
-    return order
-
-
 def _check(topology: Topology, collective: str, options: Options) -> str:
     """The canonical collective, or :class:`NotApplicableError` for one the tree cannot build."""
     collective = canonical_collective(collective)
     if collective not in ("allreduce", "broadcast", "reduce"):
         raise NotApplicableError(f"tree does not implement {collective} (it builds allreduce, broadcast, reduce)")
-    if collective != "allreduce" and not 0 <= options.root < topology.size:
-        raise NotApplicableError(f"root {options.root} is not a rank of this {topology.size}-rank topology")
+    if collective != "allreduce":
+        root_rank(options, topology.size)
     return collective
 
 
@@ -126,7 +113,7 @@ def double_binary_tree(topology: Topology, collective: str, options: Options) ->
         if collective != "broadcast" or r == root:
             b.copy(r, Chunk("i", 0, n), Chunk("o", 0, n))
     for t, (tree_root, parent) in enumerate(trees):
-        down = _depth_order(tree_root, parent)
+        down = depth_order(tree_root, parent)
         depth = {tree_root: 0}
         for v in down:
             depth[v] = depth[parent[v]] + 1
