@@ -53,7 +53,7 @@ from planner.errors import NotApplicableError
 from planner.solvers import LinearProgram, SolverOptions, solve
 from planner.topology import Topology
 
-__all__ = ["Packing", "RankGraph", "min_arborescence", "optimum", "pack", "rank_graph"]
+__all__ = ["Packing", "RankGraph", "min_arborescence", "optimum", "pack", "pack_phases", "rank_graph"]
 
 #: Candidate arcs per rank, out and in, cheapest routes first (ties go round the ranks, so that on a
 #: switch every rank keeps in-arcs): enough to reach the optimum on the fabrics we model.
@@ -444,47 +444,75 @@ def pack(graph: RankGraph, roots: Sequence[int], units: int, *, exact: bool | No
     ``exact`` forces the oracle (None: Edmonds' while trees x arcs stays under
     :data:`EXACT_WORK`, else forward arcs only).
     """
-    p = graph.size
-    keys = [(r, j) for j in range(units) for r in roots]
-    work = len(keys) * PASSES * graph.arcs
+    return pack_phases([graph], roots, units, exact=exact)[0]
+
+
+def pack_phases(graphs: Sequence[RankGraph], roots: Sequence[int], units: int, *,
+                exact: bool | None = None) -> list[Packing]:
+    """:func:`pack` for phases that run at once over the same links, one rank graph each (an all-reduce's
+    reduction on the reversed graph and its gather), minimising the busiest link's load of all of them together.
+
+    Packed one phase after the other, the two halves of an all-reduce each spread evenly over every rank, and
+    where ranks differ in what they can take in (a mesh's corner routers have three links, inner ones six) the
+    weakest ranks bound both: a corner must receive ``(p-1)/p`` of the data in each.  Packed together, the
+    prices steer the reduction's trees to make those ranks leaves, which send their sums up and receive
+    little, while the gather still brings them everything.  Each packing's ``load`` is the busiest link's load
+    of all phases together.
+    """
+    p = graphs[0].size
+    union: dict[tuple[str, str], int] = {}
+    link_map = [np.array([union.setdefault(key, len(union)) for key in g.links], dtype=np.int64) for g in graphs]
+    top = max(g.top_bandwidth for g in graphs)
+    scale = [g.top_bandwidth / top for g in graphs]  # a graph's load units -> the fastest link's of all
+    keys = [(g, r, j) for j in range(units) for r in roots for g in range(len(graphs))]
+    work = len(keys) * PASSES * max(g.arcs for g in graphs)
     if exact is None:
         exact = work <= EXACT_WORK
     biases = DEPTH_BIASES if work * len(DEPTH_BIASES) <= DEPTH_WORK else DEPTH_BIASES[:1]
-    hops = _distances(graph, np.ones(graph.arcs))
-    tail_list, head_list = graph.tail.tolist(), graph.head.tolist()
-    forward: dict[int, _Forward | None] = {}
+    hops = [_distances(g, np.ones(g.arcs)) for g in graphs]
+    tails, heads = [g.tail.tolist() for g in graphs], [g.head.tolist() for g in graphs]
+    forward: list[dict[int, _Forward | None]] = [{} for _ in graphs]
     if not exact:
-        distance = _distances(graph, graph.cost)
-        forward = {r: _forward_arcs(graph, r, distance[r]) for r in dict.fromkeys(roots)}
-    best: tuple[float, float, dict[tuple[int, int], np.ndarray]] = (math.inf, math.inf, {})
+        for g, graph in enumerate(graphs):
+            distance = _distances(graph, graph.cost)
+            forward[g] = {r: _forward_arcs(graph, r, distance[r]) for r in dict.fromkeys(roots)}
+
+    def loads(g: int, arcs: np.ndarray) -> np.ndarray:
+        return graphs[g].arc_loads(arcs) * scale[g]
+
+    best: tuple[float, float, dict[tuple[int, int, int], np.ndarray]] = (math.inf, math.inf, {})
     for round_, bias in [(round_, bias) for bias in biases for round_ in range(PASSES)]:
         if round_ == 0:
-            load = np.zeros(len(graph.links))
-            trees: dict[tuple[int, int], np.ndarray] = {}
+            load = np.zeros(len(union))
+            trees: dict[tuple[int, int, int], np.ndarray] = {}
         for key in keys:
+            g, r, _ = key
+            graph = graphs[g]
             if key in trees:
-                load -= graph.arc_loads(trees[key])
-            r = key[0]
+                load[link_map[g]] -= loads(g, trees[key])
             busiest = float(load.max())
             link_price = PRICE_FLOOR + load if round_ == 0 or busiest <= 0 else np.exp(
                 PRICE_EXPONENT * load / busiest)
-            price = graph.arc_prices(link_price)
-            price = price + bias * float(price.mean()) * hops[r, graph.tail]
-            restricted = forward.get(r)
+            price = graph.arc_prices(link_price[link_map[g]] * scale[g])
+            price = price + bias * float(price.mean()) * hops[g][r, graph.tail]
+            restricted = forward[g].get(r)
             if restricted is not None:
                 arcs = _forward_tree(restricted, price)
             else:
-                found = min_arborescence(p, r, tail_list, head_list, price.tolist())
+                found = min_arborescence(p, r, tails[g], heads[g], price.tolist())
                 if found is None:
                     raise NotApplicableError(f"tree packing: rank {r} reaches not every rank over the candidate arcs")
-                arcs = np.array(sorted(found, key=lambda a: head_list[a]), dtype=np.int64)
+                arcs = np.array(sorted(found, key=lambda a: heads[g][a]), dtype=np.int64)
             trees[key] = arcs
-            load += graph.arc_loads(arcs)
-        busiest, depth = float(load.max()), _mean_depth(graph, trees)
+            load[link_map[g]] += loads(g, arcs)
+        busiest = float(load.max())
+        depth = sum(_mean_depth(graph, {(r, j): arcs for (h, r, j), arcs in trees.items() if h == g})
+                    for g, graph in enumerate(graphs))
         if busiest < best[0] * (1 - 1e-9) or (busiest <= best[0] * (1 + 1e-9) and depth < best[1]):
             best = (busiest, depth, dict(trees))  # the least load, then the shallowest
-    per_root: dict[int, list[np.ndarray]] = {r: [best[2][r, j] for j in range(units)] for r in roots}
-    return Packing(graph, tuple(roots), per_root, best[0] / units, "edmonds" if exact else "forward")
+    return [Packing(graph, tuple(roots), {r: [best[2][g, r, j] for j in range(units)] for r in roots},
+                    best[0] / scale[g] / units, "edmonds" if exact else "forward")
+            for g, graph in enumerate(graphs)]
 
 
 def _mean_depth(graph: RankGraph, trees: dict[tuple[int, int], np.ndarray]) -> float:

@@ -31,7 +31,14 @@ the reverse order of the gather's finishing times.  Broadcast and reduce are
 the same with one root and more trees.
 
 All-reduce is reduce-scatter then all-gather over the same trees, the second
-phase on its own channel.  On a full-duplex fabric it may instead pack
+phase on its own channel.  Where ranks differ in what they can take in (a
+mesh's corner routers, a rack of fewer hosts behind as many uplinks), each
+phase packed on its own loads the weakest ranks with ``(p-1)/p`` of the data
+twice; the two phases' trees are then packed together
+(:func:`~planner.algorithms._arborescence.pack_phases`), so that the
+reduction's trees make those ranks leaves, and the phases run overlapped, unit
+tree by unit tree (:data:`JOINT_LAG`), as the joint packing assumes.  On a
+full-duplex fabric it may instead pack
 *undirected* spanning trees: each piece of data is reduced up a tree to the
 tree's centre and broadcast back down the same tree, so every tree edge
 carries the piece once each way (2(p-1) crossings per element, which is what
@@ -56,7 +63,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.algorithms import Options
-from planner.algorithms._arborescence import Packing, pack, rank_graph
+from planner.algorithms._arborescence import Packing, pack, pack_phases, rank_graph
 from planner.builder import ScheduleBuilder
 from planner.collectives import chunk_counts
 from planner.errors import NotApplicableError
@@ -119,6 +126,16 @@ LATENCY_WEIGHT = 1e-3
 #: 90.4% with 1024, 93.8% with 2048).
 ALLREDUCE_PIECE_BYTES = 64 << 10
 MIN_UNDIRECTED_PIECES = 512
+#: An all-reduce's two phases are packed together (:func:`~planner.algorithms._arborescence.pack_phases`) where
+#: that loads the busiest link less than this fraction of what packing each on its own does.
+JOINT_GAIN = 0.98
+#: ... on messages this large or larger: on smaller ones latency, not the busiest link, decides, and the second
+#: packing only costs time (64 ranks at 1 MiB: 1-3 s of a 4-9 s compile, no schedule changed).
+JOINT_FROM_BYTES = 16 << 20
+#: Jointly packed, unit tree j's reduction waits for unit tree j - JOINT_LAG's gather (see :func:`_rooted`).
+#: At 256 MiB, no wait / a lag of 1 / 2: five hosts of four GPUs on leaves of two, 3:1 to the spines,
+#: 91.9% / 88.8% / 92.6% of the bound; mesh-4x4x4 69.6% / 65.1% / 79.5% (a lag of 3: 79.1%).
+JOINT_LAG = 2
 #: A rank sends a piece up only once it has the result of the piece ``window`` before it (credits, as
 #: NCCL's bounded slots): otherwise reductions race ahead of broadcasts on shared links and starve them.
 #: WINDOW at 1024 pieces, growing as pieces^0.7: measured best on mesh-4x4 and torus-4x4 among 4 to 384 at
@@ -132,6 +149,13 @@ UNDIRECTED_GAIN = 0.95
 #: Up to this many ranks undirected trees also win ties: their trees are shallow and the budget holds
 #: thousands of pieces (emu-uniform, 8 ranks, equal loads: 97.7% of the bound at 64 MiB against 93.2%).
 UNDIRECTED_TIES_UP_TO = 8
+#: Undirected trees whose weights differ more than this (heaviest / lightest) run far below their load: links
+#: are shared per connection, not per tree weight, so light trees take more than their share where they
+#: meet heavy ones.  Such a packing is kept only if it beats the jointly packed rooted trees by
+#: :data:`UNDIRECTED_GAIN` (five hosts of four GPUs on leaves of two, 3:1 to the spines, all-reduce at
+#: 256 MiB: ten trees weighing 0.025 to 0.26 at the bound's load, 80% of it; rooted trees packed jointly at
+#: 1.3% more load, 92.6%; hetero-nics-4x8's two equal trees: 98.2%).
+UNEVEN_TREES = 2.0
 #: Multiplicative-weights rounds that generate candidate undirected trees, and the price step per round
 #: (relative to the round's busiest link); the final LP picks among the trees found.
 MWU_ROUNDS = 120
@@ -221,16 +245,20 @@ _Transfer = tuple[int, int, int, int, int, int, int]  # root, offset in its bloc
 
 
 def _gather(b: ScheduleBuilder, packing: Packing, cut: _Pieces, block: int, *, source: str, channel: int = 0,
-            step0: int = 0, channels: int = DEPTH_CHANNELS) -> dict[tuple[int, int], _Transfer]:
+            step0: int = 0, channels: int = DEPTH_CHANNELS, unit: int | None = None,
+            received: dict[tuple[int, int, int, int], int] | None = None) -> dict[tuple[int, int], _Transfer]:
     """Root to leaves: each root's block (``block`` chunks from chunk ``r * block`` of the output, one root:
     from 0) travels down its trees; the root reads its piece from buffer ``source``.  Messages use
-    channels ``channel`` to ``channel + channels - 1`` by the sender's depth.
+    channels ``channel`` to ``channel + channels - 1`` by the sender's depth.  With ``unit``, only the
+    unit trees of that index; ``received`` gets each receive as (rank, root, unit, piece) -> operation index.
 
     Returns each transfer by its send: (rank, operation index) -> transfer.
     """
     rooted = len(packing.roots) == 1
     sends: dict[tuple[int, int], _Transfer] = {}
     for r, offset, size, i, order in _pieces_in_order(packing, cut):
+        if unit is not None and offset // cut.per_unit != unit:
+            continue
         c = offset if rooted else r * block + offset
         out = Chunk("o", c, size)
         if source != "o":
@@ -239,8 +267,10 @@ def _gather(b: ScheduleBuilder, packing: Packing, cut: _Pieces, block: int, *, s
         for parent, child in order:
             depth[child] = depth[parent] + 1
             ch = channel + min(depth[parent], channels - 1)
-            send, _ = b.transfer(parent, child, out, out, step=step0 + i, channel=ch)
+            send, recv = b.transfer(parent, child, out, out, step=step0 + i, channel=ch)
             sends[parent, send] = (r, offset, size, i, parent, child, ch)
+            if received is not None:
+                received[child, r, offset // cut.per_unit, i] = recv
     return sends
 
 
@@ -296,23 +326,30 @@ def _spare_slots(packing: Packing, cut: _Pieces) -> tuple[dict[tuple[int, int, i
 
 
 def _scatter(b: ScheduleBuilder, packing: Packing, cut: _Pieces, block: int, acc: str, spare: int,
-             order: list[_Transfer]) -> None:
+             order: list[_Transfer], *, sent: dict[tuple[int, int, int], list[int]] | None = None,
+             wait: dict[tuple[int, int, int, int], int] | None = None) -> None:
     """Leaves to root: partial sums of each root's block in buffer ``acc`` flow up its (reversed) trees.
 
     ``order`` is :func:`_mirror`'s.  A rank's first child's sum is
     received-and-reduced into the rank's own; the others land in scratch slots
     (from chunk ``spare`` on) and are reduced locally, so all children of a
     rank can send at once instead of queueing on the accumulator (a receive
-    completes only with its send).
+    completes only with its send).  ``sent`` keeps each connection's sends
+    across calls; with ``wait`` (a :func:`_gather`'s ``received``) a rank sends
+    a piece of unit tree j only once it has received the same piece of unit
+    tree ``j -`` :data:`JOINT_LAG` of that root back.
     """
     rooted = len(packing.roots) == 1
     slots, _ = _spare_slots(packing, cut)
-    sent: dict[tuple[int, int, int], list[int]] = {}
+    sent = {} if sent is None else sent
     for r, offset, size, i, parent, child, channel in order:
         ref = Chunk(acc, offset if rooted else r * block + offset, size)
         step = len(cut.shape) - 1 - i
         before = sent.setdefault((child, parent, channel), [])
         gate = before[-SEND_AHEAD:-SEND_AHEAD + 1] if len(before) >= SEND_AHEAD else []
+        back = None if wait is None else wait.get((child, r, offset // cut.per_unit - JOINT_LAG, i))
+        if back is not None:
+            gate = [*gate, back]
         before.append(b.send(child, parent, ref, step=step, channel=channel, after=gate))
         where = slots.get((parent, r, offset // cut.per_unit, child))
         if where is None:
@@ -333,6 +370,7 @@ class _Plan:
     down: Packing | None = None
     up: Packing | None = None
     undirected: Undirected | None = None
+    joint: bool = False  # ``up`` and ``down`` packed together (all-reduce): its phases must overlap
 
 
 def _plan(topology: Topology, collective: str, options: Options) -> _Plan:
@@ -359,15 +397,6 @@ def _new_plan(topology: Topology, collective: str, options: Options) -> _Plan:
     rooted = collective in ("broadcast", "reduce")
     roots = [options.root] if rooted else list(range(p))
     cut = _cut(p, len(roots) * (2 if collective == "allreduce" else 1), options.size_bytes / len(roots), options)
-    if collective == "allreduce" and topology.symmetric and _undirected_pieces(p, options) >= min(
-            MIN_UNDIRECTED_PIECES, max(1, options.size_bytes // ALLREDUCE_PIECE_BYTES)):
-        undirected = pack_undirected(topology)
-        down = pack(rank_graph(topology), roots, cut.units)
-        # reduce-scatter + all-gather move 2 blocks of N/p per root over the rooted trees
-        gain = 1 + 1e-9 if p <= UNDIRECTED_TIES_UP_TO else UNDIRECTED_GAIN
-        if undirected.load < gain * 2 * down.load / p:
-            return _Plan(undirected=undirected)
-        return _Plan(cut, down, down)
     down = up = None
     if collective in ("allgather", "allreduce", "broadcast"):
         down = pack(rank_graph(topology), roots, cut.units)
@@ -375,7 +404,49 @@ def _new_plan(topology: Topology, collective: str, options: Options) -> _Plan:
         # on a full-duplex fabric the reversed graph is the same graph: reduce along the broadcast trees
         up = down if down is not None and topology.symmetric else pack(rank_graph(topology, reverse=True),
                                                                        roots, cut.units)
-    return _Plan(cut, down, up)
+    if collective != "allreduce":
+        return _Plan(cut, down, up)
+    assert up is not None and down is not None
+    if topology.symmetric and _undirected_pieces(p, options) >= min(
+            MIN_UNDIRECTED_PIECES, max(1, options.size_bytes // ALLREDUCE_PIECE_BYTES)):
+        undirected = pack_undirected(topology)
+        # reduce-scatter + all-gather move 2 blocks of N/p per root over the rooted trees
+        gain = 1 + 1e-9 if p <= UNDIRECTED_TIES_UP_TO else UNDIRECTED_GAIN
+        if undirected.load < gain * 2 * down.load / p:
+            weights = [w for w, _ in undirected.trees]
+            if max(weights) <= UNEVEN_TREES * min(weights):
+                return _Plan(undirected=undirected)
+            joint = _joint(topology, roots, cut, up, down, options)
+            # rooted trees' load per byte of the buffer, in the undirected load's units
+            if joint is None or undirected.load < gain * _phases_load(joint.up, joint.down) * (  # type: ignore[arg-type]
+                    down.graph.top_bandwidth / (p * cut.units)):
+                return _Plan(undirected=undirected)
+            return joint
+    return _joint(topology, roots, cut, up, down, options) or _Plan(cut, down, up)
+
+
+def _joint(topology: Topology, roots: list[int], cut: _Pieces, up: Packing, down: Packing,
+           options: Options) -> _Plan | None:
+    """All-reduce's two phases packed together (:func:`~planner.algorithms._arborescence.pack_phases`), where
+    that loads the busiest link :data:`JOINT_GAIN` less than ``up`` and ``down`` packed on their own, from
+    :data:`JOINT_FROM_BYTES` on."""
+    if options.size_bytes < JOINT_FROM_BYTES:
+        return None
+    joint_up, joint_down = pack_phases([rank_graph(topology, reverse=True), rank_graph(topology)], roots, cut.units)
+    if _phases_load(joint_up, joint_down) < JOINT_GAIN * _phases_load(up, down):
+        return _Plan(cut, joint_down, joint_up, joint=True)
+    return None
+
+
+def _phases_load(*packings: Packing) -> float:
+    """Seconds per byte of a root's unit tree share on the busiest link, all ``packings`` running at once."""
+    load: dict[tuple[str, str], float] = {}
+    for packing in packings:
+        graph = packing.graph
+        per_link = sum(graph.arc_loads(arcs) for trees in packing.trees.values() for arcs in trees)
+        for key, x in zip(graph.links, per_link / graph.top_bandwidth):
+            load[key] = load.get(key, 0.0) + float(x)
+    return max(load.values())
 
 
 def _rooted(topology: Topology, collective: str, options: Options, plan: _Plan) -> Schedule:
@@ -399,15 +470,27 @@ def _rooted(topology: Topology, collective: str, options: Options, plan: _Plan) 
         acc = "s" if collective == "reducescatter" else "o"
         for rank in range(p):
             b.copy(rank, Chunk("i", 0, in_chunks), Chunk(acc, 0, in_chunks))
-        _scatter(b, up, cut, block, acc, spare, _mirror(topology, up, cut, block, options.size_bytes))
-        if collective == "reducescatter":
-            for rank in range(p):
-                b.copy(rank, Chunk("s", rank * block, block), Chunk("o", 0, block))
-        if down is not None:
-            # the second phase has its own channel, so its messages never queue behind the first's; one, as
-            # depth channels gain nothing here (4x4x4 torus at 256 MiB: 92.3% of the bound either way) and
-            # with the first phase's traffic make the simulation 10x slower
-            _gather(b, down, cut, block, source="o", channel=1, step0=len(cut.shape), channels=1)
+        order = _mirror(topology, up, cut, block, options.size_bytes)
+        # the second phase has its own channel, so its messages never queue behind the first's; one, as
+        # depth channels gain nothing here (4x4x4 torus at 256 MiB: 92.3% of the bound either way) and
+        # with the first phase's traffic make the simulation 10x slower
+        second = {"source": "o", "channel": 1, "step0": len(cut.shape), "channels": 1}
+        if plan.joint:
+            # unit tree by unit tree, each reduction held back until the gather JOINT_LAG units before it is
+            # under way, so that both phases share the links throughout as their packing assumes
+            sent: dict[tuple[int, int, int], list[int]] = {}
+            received: dict[tuple[int, int, int, int], int] = {}
+            for j in range(cut.units):
+                _scatter(b, up, cut, block, acc, spare, [t for t in order if t[1] // cut.per_unit == j],
+                         sent=sent, wait=received)
+                _gather(b, down, cut, block, unit=j, received=received, **second)  # type: ignore[arg-type]
+        else:
+            _scatter(b, up, cut, block, acc, spare, order)
+            if collective == "reducescatter":
+                for rank in range(p):
+                    b.copy(rank, Chunk("s", rank * block, block), Chunk("o", 0, block))
+            if down is not None:
+                _gather(b, down, cut, block, **second)  # type: ignore[arg-type]
     loads = [x.load for x in (down, up) if x is not None]
     return b.build("treepack", {**options.as_dict(), "trees_per_root": cut.units,
                                 "pieces_per_tree": ":".join(map(str, cut.shape)),
