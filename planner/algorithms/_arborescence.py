@@ -453,7 +453,7 @@ def pack_phases(graphs: Sequence[RankGraph], roots: Sequence[int], units: int, *
     reduction on the reversed graph and its gather), minimising the busiest link's load of all of them together.
 
     Packed one phase after the other, the two halves of an all-reduce each spread evenly over every rank, and
-    where ranks differ in what they can take in (a mesh's corner routers have three links, inner ones six) the
+    where ranks differ in what they can take in (a 3D mesh's corner routers have three links, inner ones six) the
     weakest ranks bound both: a corner must receive ``(p-1)/p`` of the data in each.  Packed together, the
     prices steer the reduction's trees to make those ranks leaves, which send their sums up and receive
     little, while the gather still brings them everything.  Each packing's ``load`` is the busiest link's load

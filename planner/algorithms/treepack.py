@@ -417,9 +417,10 @@ def _new_plan(topology: Topology, collective: str, options: Options) -> _Plan:
             if max(weights) <= UNEVEN_TREES * min(weights):
                 return _Plan(undirected=undirected)
             joint = _joint(topology, roots, cut, up, down, options)
-            # rooted trees' load per byte of the buffer, in the undirected load's units
-            if joint is None or undirected.load < gain * _phases_load(joint.up, joint.down) * (  # type: ignore[arg-type]
-                    down.graph.top_bandwidth / (p * cut.units)):
+            if joint is None or joint.up is None or joint.down is None:
+                return _Plan(undirected=undirected)
+            # the joint trees' busiest link per byte of the buffer, in the undirected load's units
+            if undirected.load < gain * _phases_load(joint.up, joint.down) * down.graph.top_bandwidth / (p * cut.units):
                 return _Plan(undirected=undirected)
             return joint
     return _joint(topology, roots, cut, up, down, options) or _Plan(cut, down, up)
@@ -474,7 +475,11 @@ def _rooted(topology: Topology, collective: str, options: Options, plan: _Plan) 
         # the second phase has its own channel, so its messages never queue behind the first's; one, as
         # depth channels gain nothing here (4x4x4 torus at 256 MiB: 92.3% of the bound either way) and
         # with the first phase's traffic make the simulation 10x slower
-        second = {"source": "o", "channel": 1, "step0": len(cut.shape), "channels": 1}
+        def second_phase(unit: int | None = None, received: dict[tuple[int, int, int, int], int] | None = None) -> None:
+            assert down is not None
+            _gather(b, down, cut, block, source="o", channel=1, step0=len(cut.shape), channels=1, unit=unit,
+                    received=received)
+
         if plan.joint:
             # unit tree by unit tree, each reduction held back until the gather JOINT_LAG units before it is
             # under way, so that both phases share the links throughout as their packing assumes
@@ -483,14 +488,14 @@ def _rooted(topology: Topology, collective: str, options: Options, plan: _Plan) 
             for j in range(cut.units):
                 _scatter(b, up, cut, block, acc, spare, [t for t in order if t[1] // cut.per_unit == j],
                          sent=sent, wait=received)
-                _gather(b, down, cut, block, unit=j, received=received, **second)  # type: ignore[arg-type]
+                second_phase(j, received)
         else:
             _scatter(b, up, cut, block, acc, spare, order)
             if collective == "reducescatter":
                 for rank in range(p):
                     b.copy(rank, Chunk("s", rank * block, block), Chunk("o", 0, block))
             if down is not None:
-                _gather(b, down, cut, block, **second)  # type: ignore[arg-type]
+                second_phase()
     loads = [x.load for x in (down, up) if x is not None]
     return b.build("treepack", {**options.as_dict(), "trees_per_root": cut.units,
                                 "pieces_per_tree": ":".join(map(str, cut.shape)),
