@@ -57,7 +57,7 @@ many pieces, so it is used only while the budget holds
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -228,15 +228,18 @@ def _tree_order(packing: Packing, root: int, unit: int) -> list[tuple[int, int]]
     return order
 
 
-def _pieces_in_order(packing: Packing, cut: _Pieces) -> Iterator[tuple[int, int, int, int, list[tuple[int, int]]]]:
-    """(root, chunk offset of the piece in the root's block, its chunks, step, tree edges) in sending order.
+def _pieces_in_order(packing: Packing, cut: _Pieces, units: Sequence[int] | None = None,
+                     ) -> Iterator[tuple[int, int, int, int, list[tuple[int, int]]]]:
+    """(root, chunk offset of the piece in the root's block, its chunks, step, tree edges) in sending order,
+    over the unit trees ``units`` (None: all).
 
     Piece by piece (largest first), within a piece tree by tree, within a tree
     root by root, so every root's data is in flight from the start.
     """
-    orders = {(r, j): _tree_order(packing, r, j) for r in packing.roots for j in range(cut.units)}
+    units = range(cut.units) if units is None else units
+    orders = {(r, j): _tree_order(packing, r, j) for r in packing.roots for j in units}
     for i, (size, offset) in enumerate(zip(cut.shape, cut.offsets())):
-        for j in range(cut.units):
+        for j in units:
             for r in packing.roots:
                 yield r, j * cut.per_unit + offset, size, i, orders[r, j]
 
@@ -256,9 +259,7 @@ def _gather(b: ScheduleBuilder, packing: Packing, cut: _Pieces, block: int, *, s
     """
     rooted = len(packing.roots) == 1
     sends: dict[tuple[int, int], _Transfer] = {}
-    for r, offset, size, i, order in _pieces_in_order(packing, cut):
-        if unit is not None and offset // cut.per_unit != unit:
-            continue
+    for r, offset, size, i, order in _pieces_in_order(packing, cut, None if unit is None else (unit,)):
         c = offset if rooted else r * block + offset
         out = Chunk("o", c, size)
         if source != "o":
@@ -433,7 +434,9 @@ def _joint(topology: Topology, roots: list[int], cut: _Pieces, up: Packing, down
     :data:`JOINT_FROM_BYTES` on."""
     if options.size_bytes < JOINT_FROM_BYTES:
         return None
-    joint_up, joint_down = pack_phases([rank_graph(topology, reverse=True), rank_graph(topology)], roots, cut.units)
+    # the graphs the phases were packed on alone; on a full-duplex fabric both used the forward one
+    reverse = rank_graph(topology, reverse=True) if up is down else up.graph
+    joint_up, joint_down = pack_phases([reverse, down.graph], roots, cut.units)
     if _phases_load(joint_up, joint_down) < JOINT_GAIN * _phases_load(up, down):
         return _Plan(cut, joint_down, joint_up, joint=True)
     return None
@@ -485,9 +488,11 @@ def _rooted(topology: Topology, collective: str, options: Options, plan: _Plan) 
             # under way, so that both phases share the links throughout as their packing assumes
             sent: dict[tuple[int, int, int], list[int]] = {}
             received: dict[tuple[int, int, int, int], int] = {}
+            by_unit: list[list[_Transfer]] = [[] for _ in range(cut.units)]
+            for t in order:
+                by_unit[t[1] // cut.per_unit].append(t)
             for j in range(cut.units):
-                _scatter(b, up, cut, block, acc, spare, [t for t in order if t[1] // cut.per_unit == j],
-                         sent=sent, wait=received)
+                _scatter(b, up, cut, block, acc, spare, by_unit[j], sent=sent, wait=received)
                 second_phase(j, received)
         else:
             _scatter(b, up, cut, block, acc, spare, order)
