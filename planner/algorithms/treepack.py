@@ -64,6 +64,7 @@ import numpy as np
 
 from planner.algorithms import Options
 from planner.algorithms._arborescence import Packing, pack, pack_phases, rank_graph
+from planner.algorithms._order import depth_order
 from planner.builder import ScheduleBuilder
 from planner.collectives import chunk_counts
 from planner.errors import NotApplicableError
@@ -214,20 +215,6 @@ def _cut(p: int, roots: int, block_bytes: float, options: Options) -> _Pieces:
     return _Pieces(units, (1,))
 
 
-def _tree_order(packing: Packing, root: int, unit: int) -> list[tuple[int, int]]:
-    """Tree ``unit`` of ``root`` as edges (parent, child) from the root outward (breadth first)."""
-    children: dict[int, list[int]] = {}
-    for child, parent in sorted(packing.parents(root, unit).items()):
-        children.setdefault(parent, []).append(child)
-    order, queue = [], deque([root])
-    while queue:
-        u = queue.popleft()
-        for v in children.get(u, ()):
-            order.append((u, v))
-            queue.append(v)
-    return order
-
-
 def _pieces_in_order(packing: Packing, cut: _Pieces, units: Sequence[int] | None = None,
                      ) -> Iterator[tuple[int, int, int, int, list[tuple[int, int]]]]:
     """(root, chunk offset of the piece in the root's block, its chunks, step, tree edges) in sending order,
@@ -237,7 +224,7 @@ def _pieces_in_order(packing: Packing, cut: _Pieces, units: Sequence[int] | None
     root by root, so every root's data is in flight from the start.
     """
     units = range(cut.units) if units is None else units
-    orders = {(r, j): _tree_order(packing, r, j) for r in packing.roots for j in units}
+    orders = {(r, j): _outward(packing.parents(r, j), r) for r in packing.roots for j in units}
     for i, (size, offset) in enumerate(zip(cut.shape, cut.offsets())):
         for j in units:
             for r in packing.roots:
@@ -633,17 +620,8 @@ def _parent_map(p: int, edges: list[tuple[int, int]]) -> dict[int, int]:
 
 
 def _outward(parent: dict[int, int], root: int) -> list[tuple[int, int]]:
-    """Tree edges (parent, child) from the root outward, breadth first."""
-    children: dict[int, list[int]] = {}
-    for child, par in parent.items():
-        children.setdefault(par, []).append(child)
-    order, queue = [], deque([root])
-    while queue:
-        u = queue.popleft()
-        for v in sorted(children.get(u, ())):
-            order.append((u, v))
-            queue.append(v)
-    return order
+    """Tree edges (parent, child) from the root outward, breadth first, siblings by rank."""
+    return [(parent[v], v) for v in depth_order(root, dict(sorted(parent.items())))]
 
 
 def _centred(topology: Topology, parent: dict[int, int]) -> list[tuple[int, int]]:
