@@ -474,4 +474,7 @@ def _probe(transport: Any, store: Any, rank: int, world: int, device: Any) -> li
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "rank":
         sys.exit(rank_main(sys.argv[2:]))
+    from runtime.launch import exit_on_sigterm
+
+    exit_on_sigterm()  # a `timeout` on this launcher takes its ranks along
     sys.exit(main())

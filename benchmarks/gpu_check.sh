@@ -51,7 +51,7 @@ if [ -z "${TOPOCC_NO_MPS:-}" ] && [ -n "$MPS" ] && [ -z "${CUDA_MPS_PIPE_DIRECTO
     CUDA_MPS_LOG_DIRECTORY=$CUDA_MPS_PIPE_DIRECTORY
     export CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
     if "$MPS" -d; then
-        trap 'echo quit | "$MPS"; rm -rf "$CUDA_MPS_PIPE_DIRECTORY"' EXIT
+        trap 'echo quit | timeout 20 "$MPS"; rm -rf "$CUDA_MPS_PIPE_DIRECTORY"' EXIT  # quit waits for clients
         echo "MPS: started ($MPS, pipes in $CUDA_MPS_PIPE_DIRECTORY)"
     else
         unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY

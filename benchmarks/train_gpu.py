@@ -127,9 +127,15 @@ def run_topology(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def _evals(run: dict[str, Any]) -> list[tuple[float, float]]:
+    """(training seconds, eval loss) of a run; Prophet's only at its end, since its updates wait for the next
+    forward pass, which an evaluation in between would move off the clock."""
+    return run["evals"] or [(run["times"][-1], run["eval_loss"])]
+
+
 def _reached(run: dict[str, Any], target: float) -> float | None:
     """Training seconds until an evaluation reached ``target`` within 0.1% (None: never)."""
-    return next((t for t, v in run["evals"] if v <= target * (1 + 1e-3)), None)  # as the DASO run stops
+    return next((t for t, v in _evals(run) if v <= target * (1 + 1e-3)), None)  # as the DASO run stops
 
 
 def format_report(report: dict[str, Any], args: argparse.Namespace) -> str:
@@ -175,7 +181,7 @@ def svg_plot(reports: Sequence[dict[str, Any]]) -> str:
     panels = []
     for k, rep in enumerate(reports):
         runs = rep["runs"]
-        series = {name: r["evals"] or [(r["times"][-1], r["eval_loss"])] for name, r in runs.items()}
+        series = {name: _evals(r) for name, r in runs.items()}
         tmax = max(t for pts in series.values() for t, _ in pts) or 1.0
         values = [v for pts in series.values() for _, v in pts]
         lmin, span = min(values), (max(values) - min(values)) or 1.0
@@ -219,7 +225,7 @@ def png_plot(reports: Sequence[dict[str, Any]], path: Path) -> None:
     fig, axes = plt.subplots(1, len(reports), figsize=(6 * len(reports), 4), squeeze=False)
     for ax, rep in zip(axes[0], reports):
         for name, r in rep["runs"].items():
-            pts = r["evals"] or [(r["times"][-1], r["eval_loss"])]
+            pts = _evals(r)
             ax.plot([t for t, _ in pts], [v for _, v in pts], marker="o", markersize=3,
                     label=f"{name}: {r['iter_s'] * 1e3:.0f} ms/iter")
         ax.set(title=f"{rep['topology']} ({rep['ranks']} ranks)", xlabel="training wall time (s)", ylabel="eval loss")
@@ -242,11 +248,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         reports.append(report)
         print(format_report(report, args) + f"\n# ({time.monotonic() - start:.0f} s)\n", flush=True)
-    if args.plot and reports:
-        Path(args.plot).write_text(svg_plot(reports))
-        png_plot(reports, Path(args.plot).with_suffix(".png"))
-    if args.json:
-        Path(args.json).write_text(json.dumps(reports, indent=1))
+        # written after each topology, so that a run stopped by its time limit keeps what it measured
+        if args.plot:
+            Path(args.plot).write_text(svg_plot(reports))
+            png_plot(reports, Path(args.plot).with_suffix(".png"))
+        if args.json:
+            Path(args.json).write_text(json.dumps(reports, indent=1))
     return status
 
 
@@ -522,4 +529,7 @@ def rank_main(argv: Sequence[str]) -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "rank":
         sys.exit(rank_main(sys.argv[2:]))
+    from runtime.launch import exit_on_sigterm
+
+    exit_on_sigterm()  # a `timeout` on this launcher takes its ranks along
     sys.exit(main())

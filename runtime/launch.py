@@ -41,6 +41,7 @@ __all__ = [
     "bench_sizes",
     "bus_factor",
     "check_ranks",
+    "exit_on_sigterm",
     "find_mpiexec",
     "launch_worker",
     "rank_list",
@@ -95,6 +96,28 @@ def worker_env() -> dict[str, str]:
     return env
 
 
+#: Process groups of the ranks that :func:`spawn_ranks` started and has not yet reaped (from any thread).
+_LIVE_RANKS: set[int] = set()
+
+
+def exit_on_sigterm() -> None:
+    """On SIGTERM (``timeout``'s), kill every rank :func:`spawn_ranks` started, then exit with 143.
+
+    The ranks lead their own sessions, so a signal to the launcher's process group never reaches them:
+    without this, a launcher killed by ``timeout`` leaves its ranks running on the GPU (and CUDA MPS's
+    ``quit`` waiting for them).  Raising ``SystemExit`` lets ``finally`` blocks run (an emulated cluster's
+    namespaces are removed); the ranks are killed here first since launcher threads never see it.
+    """
+
+    def handler(signum: int, _frame: object) -> None:
+        for group in list(_LIVE_RANKS):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def spawn_ranks(commands: Sequence[tuple[Sequence[str], Mapping[str, str]]], *, limit_s: float
                 ) -> list[subprocess.CompletedProcess[str]]:
     """Start one process per rank (its command and environment) without ``mpiexec``; kill them all past ``limit_s``.
@@ -112,6 +135,7 @@ def spawn_ranks(commands: Sequence[tuple[Sequence[str], Mapping[str, str]]], *, 
                 outputs.append((out, err))
                 procs.append(subprocess.Popen(list(cmd), env=dict(env), stdout=out, stderr=err, text=True,
                                               start_new_session=True))
+                _LIVE_RANKS.add(procs[-1].pid)
             deadline = time.monotonic() + limit_s
             for p in procs:
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -122,6 +146,7 @@ def spawn_ranks(commands: Sequence[tuple[Sequence[str], Mapping[str, str]]], *, 
                 os.killpg(p.pid, signal.SIGKILL)
             for p in killed:
                 p.wait()
+            _LIVE_RANKS.difference_update(p.pid for p in procs)
         done = []
         for p, (out, err) in zip(procs, outputs):
             out.seek(0)

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from runtime.errors import UsageError
 from runtime.launch import bench_sizes, check_ranks, rank_list, spawn_ranks, summarize_failures
 
+REPO = Path(__file__).resolve().parents[2]
 FIX = " (fix: a peer died, hangs, or runs a different schedule; check its output)"
 
 
@@ -86,3 +90,33 @@ def test_spawned_ranks_report_and_a_straggler_is_killed() -> None:
     assert [p.stdout for p in done] == ["rank 0\n", "rank 1\n", "rank 2\n"]
     assert [p.returncode for p in done] == [0, -9, 0]
     assert done[1].stderr.endswith("topocc: killed after 2 s\n") and not done[0].stderr
+
+
+def test_a_launcher_stopped_by_sigterm_takes_its_ranks_along(tmp_path: Path) -> None:
+    """`timeout` signals only the launcher's group; the ranks lead their own sessions, yet must not outlive it."""
+    launcher = (
+        "import sys, threading\n"
+        "from runtime.launch import exit_on_sigterm, spawn_ranks\n"
+        "exit_on_sigterm()\n"
+        "rank = ['-c', 'import os, sys, time; open(sys.argv[1], \"w\").write(str(os.getpid())); time.sleep(120)']\n"
+        "def job(r):  # one launch from a thread, as nccl_check's --jobs does\n"
+        "    spawn_ranks([([sys.executable, *rank, f'{sys.argv[1]}/{r}.pid'], {})], limit_s=120)\n"
+        "threading.Thread(target=job, args=(1,), daemon=True).start()\n"
+        "try:\n"
+        "    job(0)\n"
+        "finally:\n"
+        "    open(f'{sys.argv[1]}/cleaned', 'w').close()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", launcher, str(tmp_path)], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    pids = [tmp_path / f"{r}.pid" for r in (0, 1)]
+    deadline = time.monotonic() + 30
+    while not all(p.exists() and p.read_text() for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ranks = [int(p.read_text()) for p in pids]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 143
+    assert (tmp_path / "cleaned").exists()  # finally blocks ran (an emulated cluster's namespaces go)
+    for pid in ranks:  # gone, or a zombie that nobody has reaped yet (a container's init may not)
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z", pid

@@ -278,6 +278,9 @@ def main(argv: list[str]) -> int:
             os.write(2, f"topocc: {err.one_line()}\n".encode())
             return err.exit_code
     if argv[0] in ("run", "suite"):
+        from runtime.launch import exit_on_sigterm
+
+        exit_on_sigterm()  # a `timeout` on this launcher takes its ranks along
         jobs = 1
         if argv[0] == "suite" and len(argv) == 3 and argv[1] == "--jobs":
             jobs = max(1, int(argv[2]))
