@@ -94,7 +94,7 @@ echo "(correctness: $(( $(date +%s) - start )) s)"
 echo "== 3. training (benchmarks/train_gpu.py)"
 start=$(date +%s)
 # shellcheck disable=SC2086
-timeout 260 "$PY" benchmarks/train_gpu.py --plot "${OUT:-/tmp}/train_loss.svg" --json "${OUT:-/tmp}/train.json" \
+timeout 260 "$PY" benchmarks/train_gpu.py --time-limit 245 --plot "${OUT:-/tmp}/train_loss.svg" --json "${OUT:-/tmp}/train.json" \
     ${TRAIN_ARGS:-} || status=1
 echo "(training: $(( $(date +%s) - start )) s; plot in ${OUT:-/tmp}/train_loss.svg)"
 

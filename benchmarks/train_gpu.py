@@ -75,14 +75,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ranks", type=int, default=4, help="ranks without emulation (gloo)")
     p.add_argument("--plot", default=None, help="write eval loss against training time here (SVG)")
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="seconds for the whole run: a topology's ranks still running then are stopped, and its row "
+                        "says how far they got")
     args = p.parse_args(argv)
-    if args.steps <= args.warmup + 1 or args.width % 8:
-        p.error("--steps must exceed --warmup by 2 or more, and --width be a multiple of 8 (8 heads)")
+    if args.steps <= args.warmup + 1 or args.width % 8 or (args.time_limit is not None and args.time_limit <= 0):
+        p.error("--steps must exceed --warmup by 2 or more, --width be a multiple of 8 (8 heads), and "
+                "--time-limit be positive")
     return args
 
 
-def run_topology(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Launch every rank of ``name`` (emulated unless gloo) and return rank 0's report."""
+def run_topology(name: str, args: argparse.Namespace, deadline: float = float("inf")) -> dict[str, Any]:
+    """Launch every rank of ``name`` (emulated unless gloo) and return rank 0's report; the ranks are stopped at
+    ``deadline`` (``time.monotonic()``), and the error then ends with rank 0's last progress line."""
     from gpu_bench import schedule_for
 
     from planner.emulation import EmulatedCluster, emulation_available, plan_emulation
@@ -112,7 +117,8 @@ def run_topology(name: str, args: argparse.Namespace) -> dict[str, Any]:
             return [sys.executable, str(Path(__file__).resolve()), "rank", str(rank), str(world),
                     str(Path(tmp) / "store"), path, options]
 
-        limit = 60.0 + (len(args.configs) + args.daso_factor) * (args.steps + 4) * TIMEOUT_S / 8
+        limit = min(60.0 + (len(args.configs) + args.daso_factor) * (args.steps + 4) * TIMEOUT_S / 8,
+                    max(1.0, round(deadline - time.monotonic())))
         if emulated:
             with EmulatedCluster(topology, scale=args.scale) as cluster:
                 report = run_ranks([(cluster.host_command(cluster.host_of(r), command(r)),
@@ -238,10 +244,11 @@ def png_plot(reports: Sequence[dict[str, Any]], path: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     reports, status = [], 0
+    deadline = time.monotonic() + (args.time_limit if args.time_limit is not None else float("inf"))
     for name in args.topologies if args.backend == "nccl" else ["plain"]:
         start = time.monotonic()
         try:
-            report = run_topology(name, args)
+            report = run_topology(name, args, deadline)
         except RuntimeError as exc:
             print(f"# {name}: FAILED: {exc}", flush=True)
             status = 1
@@ -395,6 +402,12 @@ def rank_main(argv: Sequence[str]) -> int:
     def adamw(params: Any) -> Any:
         return torch.optim.AdamW(params, lr=args["lr"])
 
+    began = time.monotonic()
+
+    def progress(what: str) -> None:  # rank 0's stderr: the last line is how far a run stopped at its limit got
+        if rank == 0:
+            print(f"train_gpu: {what} ({time.monotonic() - began:.0f} s)", file=sys.stderr, flush=True)
+
     # compute alone: the same steps without communication, every rank at once (they share the GPU)
     model = _model(args, device)
     opt = adamw(model.parameters())
@@ -411,6 +424,7 @@ def rank_main(argv: Sequence[str]) -> int:
     report: dict[str, Any] = {"params": sum(p.numel() for p in model.parameters()),
                               "compute_s": statistics.median(durations[args["warmup"]:]), "runs": {},
                               "predicted": {}, "node": node}
+    progress(f"compute alone {report['compute_s'] * 1e3:.1f} ms a step")
     try:
         transport = _transport(nccl, store, rank, list(range(world)), "global")  # the default group (gloo)
         state = TopoccHookState(schedule, transport=transport, timeout=TIMEOUT_S)
@@ -419,6 +433,8 @@ def rank_main(argv: Sequence[str]) -> int:
         flat = torch.zeros(report["params"], device=device)
         report["native_s"] = _timed(lambda: dist.all_reduce(flat), sync, transport)
         report["replay_s"] = _timed(lambda: comm.allreduce(flat), sync, transport)
+        progress(f"all gradients in one all-reduce: NCCL {report['native_s'] * 1e3:.1f} ms, "
+                 f"topocc {report['replay_s'] * 1e3:.1f} ms")
         if "prophet" in args["configs"]:
             # the profile and the plan come first, from this run's own measurements (Prophet's profiling steps)
             probe = _model(args, device)
@@ -438,6 +454,7 @@ def rank_main(argv: Sequence[str]) -> int:
             report["predicted"] = {"prophet": shared["prophet"], "hook": shared["hook"]}
             report["block_plan"] = {"blocks": len(shared["blocks"]), "strategy": shared["strategy"],
                                     "cost": shared["cost"]}
+            progress(f"block plan: {len(shared['blocks'])} blocks")
         for name in args["configs"]:
             model = _model(args, device)
             evals: list[tuple[float, float]] = []
@@ -518,6 +535,7 @@ def rank_main(argv: Sequence[str]) -> int:
             dist.all_reduce(mean)
             report["runs"][name] = {"iter_s": statistics.median(gaps), "losses": (mean / world).tolist(),
                                     "times": times, "evals": evals, "eval_loss": evaluate(model)}
+            progress(f"{name}: {len(times)} steps, {statistics.median(gaps) * 1e3:.1f} ms each")
         state.close()
     except TopoccError as err:
         print(f"topocc: {err.one_line()}", file=sys.stderr, flush=True)

@@ -151,8 +151,10 @@ def spawn_ranks(commands: Sequence[tuple[Sequence[str], Mapping[str, str]]], *, 
         for p, (out, err) in zip(procs, outputs):
             out.seek(0)
             err.seek(0)
-            note = f"\ntopocc: killed after {limit_s:g} s\n" if p in killed else ""
-            done.append(subprocess.CompletedProcess(p.args, p.returncode, out.read(), err.read() + note))
+            text = err.read()
+            if p in killed:
+                text += ("" if text.endswith("\n") or not text else "\n") + f"topocc: killed after {limit_s:g} s\n"
+            done.append(subprocess.CompletedProcess(p.args, p.returncode, out.read(), text))
         return done
 
 

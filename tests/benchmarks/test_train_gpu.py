@@ -80,3 +80,11 @@ def test_a_run_over_gloo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert reached or rep["daso_steps"] == 24  # it stops once its evaluation reaches DDP's final one
     assert "ms/iter" in (tmp_path / "loss.svg").read_text()
     assert "hook" in capsys.readouterr().out
+
+
+def test_a_run_past_its_time_limit_says_how_far_it_got(capsys: pytest.CaptureFixture[str]) -> None:
+    status = T.main(["--backend", "gloo", "--ranks", "2", "--steps", "3000", "--warmup", "2", *TINY,
+                     "--configs", "ddp", "--time-limit", "8"])
+    out = capsys.readouterr().out
+    assert status == 1 and "# plain: FAILED: rank 0 exit -9: train_gpu: " in out, out
+    assert "topocc: killed after" in out
