@@ -118,7 +118,7 @@ def run_topology(name: str, args: argparse.Namespace, deadline: float = float("i
                     str(Path(tmp) / "store"), path, options]
 
         limit = min(60.0 + (len(args.configs) + args.daso_factor) * (args.steps + 4) * TIMEOUT_S / 8,
-                    max(1.0, round(deadline - time.monotonic())))
+                    max(1.0, round(deadline - time.monotonic(), 1)))
         if emulated:
             with EmulatedCluster(topology, scale=args.scale) as cluster:
                 report = run_ranks([(cluster.host_command(cluster.host_of(r), command(r)),
