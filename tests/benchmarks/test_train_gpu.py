@@ -83,8 +83,9 @@ def test_a_run_over_gloo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_a_run_past_its_time_limit_says_how_far_it_got(capsys: pytest.CaptureFixture[str]) -> None:
-    status = T.main(["--backend", "gloo", "--ranks", "2", "--steps", "3000", "--warmup", "2", *TINY,
-                     "--configs", "ddp", "--time-limit", "8"])
+    # 20000 steps outlast the limit; 20 s leave a loaded 2-core machine time to start the ranks and print progress
+    status = T.main(["--backend", "gloo", "--ranks", "2", "--steps", "20000", "--warmup", "2", *TINY,
+                     "--configs", "ddp", "--time-limit", "20"])
     out = capsys.readouterr().out
     assert status == 1 and "# plain: FAILED: rank 0 exit -9: train_gpu: " in out, out
     assert "topocc: killed after" in out
