@@ -1,7 +1,7 @@
 """Time MPICH's MPI_Allreduce on an emulated cluster at several scales, and say which regime each ran in.
 
 On one small machine the emulated network is only meaningful while it, not the CPUs, limits the run.
-For each scale this builds the cluster (:class:`planner.emulation.EmulatedCluster`), runs a 16 MiB
+For each scale this builds the cluster (:class:`topocc.planner.testbed.emulation.EmulatedCluster`), runs a 16 MiB
 float32 allreduce over all ranks a few times, and reports the measured time beside the simulator's
 prediction for a ring on the scaled topology and the planner's lower bound, and how busy the busiest
 shaped port was (bytes through its token bucket / (its rate x the time): how well MPICH's algorithm
@@ -25,12 +25,13 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.algorithms import Options
-from planner.bounds import lower_bound
-from planner.compile import compile_schedule
-from planner.emulation import EmulatedCluster, emulation_available, scaled_topology
-from planner.topology import Topology, load_topology
-from runtime.errors import TopoccError
+from topocc.planner.compiler.algorithms import Options
+from topocc.planner.analysis.bounds import lower_bound
+from topocc.planner.compiler.compile import compile_schedule
+from topocc.planner.testbed.emulation import EmulatedCluster, emulation_available, scaled_topology
+from topocc.planner.topology.model import Topology
+from topocc.planner.topology.parse import load_topology
+from topocc.runtime.errors import TopoccError
 
 REPO = Path(__file__).resolve().parent.parent
 #: A run is network-bound when at least this share of its time shrinks in proportion to the link rates.

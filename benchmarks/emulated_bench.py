@@ -1,8 +1,8 @@
 """Compiled allreduce vs MPICH's MPI_Allreduce vs torch gloo on emulated clusters, beside the simulator.
 
 For each topology (default: the shipped emu-uniform and emu-racks) this compiles an allreduce plan with
-``planner.compile.compile_plan`` (``auto`` per size bucket, or ``--algorithm``), then runs
-:func:`planner.bench.bench_emulated` over 1 MiB .. 64 MiB and prints its table, then checks the targets:
+``topocc.planner.compiler.compile.compile_plan`` (``auto`` per size bucket, or ``--algorithm``), then runs
+:func:`topocc.planner.testbed.bench.bench_emulated` over 1 MiB .. 64 MiB and prints its table, then checks the targets:
 
 * emu-racks: the compiled schedule at least 1.3x faster than MPI_Allreduce at 16 MiB and above;
 * emu-uniform: no more than 10% slower than MPI_Allreduce;
@@ -20,9 +20,10 @@ import json
 import sys
 import time
 
-from planner.bench import EmulatedRow, bench_emulated, format_emulated_table
-from planner.compile import compile_plan, resolve_topology
-from planner.emulation import DEFAULT_SCALE, emulation_available
+from topocc.planner.testbed.bench import EmulatedRow, bench_emulated, format_emulated_table
+from topocc.planner.compiler.plans import compile_plan
+from topocc.planner.topology.catalogue import resolve_topology
+from topocc.planner.testbed.emulation import DEFAULT_SCALE, emulation_available
 
 MIB = 1 << 20
 SIZES = [MIB, 4 * MIB, 16 * MIB, 64 * MIB]

@@ -10,14 +10,14 @@ Configurations:
   through loopback sockets; the schedule is the planner's ring on a switch of as many single-GPU hosts (the
   algorithm NCCL itself runs).  No prediction: the planner has no model of loopback sockets.
 * ``emu-uniform``, ``emu-racks``: the shipped topology emulated as ``topocc emulate`` does for MPI
-  (``planner.emulation``: a network namespace per host, veth pairs and bridges, a token bucket on every
+  (``topocc.planner.testbed.emulation``: a network namespace per host, veth pairs and bridges, a token bucket on every
   inter-host link at ``--scale`` of its bandwidth); each rank runs in its host's namespace with
   ``NCCL_SOCKET_IFNAME`` on the host's interface, so traffic between hosts crosses the shaped links and
   traffic inside a host takes its loopback.  The schedule is the shipped one (``schedules/``); the
-  prediction is ``planner.simulate`` on the scaled topology.  Needs root and iproute2 (``ip``, ``tc``).
+  prediction is ``topocc.planner.analysis.simulate`` on the scaled topology.  Needs root and iproute2 (``ip``, ``tc``).
 
-Before launching, the schedule and its lowering at every size are proved (``planner.verify``,
-``planner.verify_lowered``).  Ranks meet through a ``FileStore`` (no ``mpiexec``); rank 0 reports.
+Before launching, the schedule and its lowering at every size are proved (``topocc.planner.analysis.verify``,
+``topocc.planner.analysis.verify_lowered``).  Ranks meet through a ``FileStore`` (no ``mpiexec``); rank 0 reports.
 ``--backend gloo`` runs the same on CPU tensors (the dataflow replay over gloo against gloo's all-reduce):
 that is how the tests exercise this script without a GPU.  ``--probe`` first times one group of sends and
 receives through CuPy's NCCL bindings and through ``torch.distributed.batch_isend_irecv``, the measurement
@@ -116,10 +116,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def schedule_for(config: str, ranks: int) -> tuple[Any, Any]:
     """(topology, schedule) of a configuration: the planner's ring for plain, the shipped schedule otherwise."""
-    from planner.algorithms import ALGORITHMS, Options
-    from planner.compile import resolve_topology
-    from planner.topology import parse_topology_text
-    from runtime.schedule import load_schedule
+    from topocc.planner.compiler.algorithms import ALGORITHMS, Options
+    from topocc.planner.topology.catalogue import resolve_topology
+    from topocc.planner.topology.parse import parse_topology_text
+    from topocc.runtime.schedule import load_schedule
 
     if config == "plain":
         topology = parse_topology_text(PLAIN_TOPOLOGY.format(ranks=ranks), f"plain-{ranks}")
@@ -129,9 +129,9 @@ def schedule_for(config: str, ranks: int) -> tuple[Any, Any]:
 
 def prove(schedule: Any, sizes_bytes: Sequence[int], group_bytes: int) -> dict[int, int]:
     """Prove the schedule and its lowering at each size; the NCCL groups of the busiest rank, by size."""
-    from planner.verify import verify
-    from planner.verify_lowered import verify_lowering
-    from runtime.lowering import chunks_per_round_for, lower
+    from topocc.planner.analysis.verify import verify
+    from topocc.planner.analysis.verify_lowered import verify_lowering
+    from topocc.runtime.lowering import chunks_per_round_for, lower
 
     verify(schedule)
     groups = {}
@@ -142,8 +142,8 @@ def prove(schedule: Any, sizes_bytes: Sequence[int], group_bytes: int) -> dict[i
 
 
 def predicted(topology: Any, schedule: Any, size: int, scale: float) -> float:
-    from planner.emulation import scaled_topology
-    from planner.simulate import simulate
+    from topocc.planner.testbed.emulation import scaled_topology
+    from topocc.planner.analysis.simulate import simulate
 
     return simulate(scaled_topology(topology, scale), schedule, size).time_s
 
@@ -169,7 +169,7 @@ def rank_env(rank: int, interface: str | None) -> dict[str, str]:
 
 def run_ranks(commands: Sequence[tuple[list[str], dict[str, str]]], limit: float) -> dict[str, Any]:
     """Start every rank, wait at most ``limit`` seconds, return rank 0's RESULT (or raise with the errors)."""
-    from runtime.launch import spawn_ranks
+    from topocc.runtime.launch import spawn_ranks
 
     done = spawn_ranks(commands, limit_s=limit)
     lines = [line for line in done[0].stdout.splitlines() if line.startswith("RESULT ")]
@@ -183,9 +183,9 @@ def run_ranks(commands: Sequence[tuple[list[str], dict[str, str]]], limit: float
 
 def run_config(config: str, args: argparse.Namespace) -> list[Row]:
     """Prove, launch (in an emulated cluster where asked), and collect one configuration's rows."""
-    from planner.emulation import EmulatedCluster, emulation_available
-    from runtime.lowering import DEFAULT_GROUP_BYTES
-    from runtime.schedule import save_schedule
+    from topocc.planner.testbed.emulation import EmulatedCluster, emulation_available
+    from topocc.runtime.lowering import DEFAULT_GROUP_BYTES
+    from topocc.runtime.schedule import save_schedule
 
     topology, schedule = schedule_for(config, args.ranks)
     sizes = [s * MIB for s in args.sizes]
@@ -305,8 +305,8 @@ def rank_main(argv: Sequence[str]) -> int:
     import torch
     import torch.distributed as dist
 
-    from runtime.communicator import Communicator
-    from runtime.errors import TopoccError
+    from topocc.runtime.communicator import Communicator
+    from topocc.runtime.errors import TopoccError
 
     rank, world, store_path, backend, schedule = int(argv[0]), int(argv[1]), argv[2], argv[3], argv[4]
     sizes = [int(s) for s in argv[5].split(",")]
@@ -315,15 +315,15 @@ def rank_main(argv: Sequence[str]) -> int:
     store = dist.FileStore(store_path, world)
     try:
         if backend == "nccl":
-            from runtime.transports.nccl import NCCLTransport
-            from runtime.transports.store import StoreControl
+            from topocc.runtime.transports.nccl import NCCLTransport
+            from topocc.runtime.transports.store import StoreControl
 
             transport: Any = NCCLTransport(StoreControl(store, rank, world), timeout=TIMEOUT_S)
             device = transport.device
         else:
             from datetime import timedelta
 
-            from runtime.transports.gloo import GlooTransport
+            from topocc.runtime.transports.gloo import GlooTransport
 
             dist.init_process_group("gloo", store=dist.PrefixStore("gloo", store), rank=rank, world_size=world,
                                     timeout=timedelta(seconds=4 * TIMEOUT_S))
@@ -348,7 +348,7 @@ def gpu_waiter(how: str) -> Any:
     would take more than the machine's 16 cores, and descheduled proxies stall every handshake)."""
     import torch
 
-    from runtime.transports.torch_ops import wait_for_gpu
+    from topocc.runtime.transports.torch_ops import wait_for_gpu
 
     return torch.cuda.synchronize if how == "cuda" else wait_for_gpu
 
@@ -474,7 +474,7 @@ def _probe(transport: Any, store: Any, rank: int, world: int, device: Any) -> li
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "rank":
         sys.exit(rank_main(sys.argv[2:]))
-    from runtime.launch import exit_on_sigterm
+    from topocc.runtime.launch import exit_on_sigterm
 
     exit_on_sigterm()  # a `timeout` on this launcher takes its ranks along
     sys.exit(main())

@@ -6,7 +6,7 @@ Prints, for every shipped schedule, its operations per rank and the NCCL groups 
 chain broadcast, the groups and rounds with one piece per stream and group against plain
 as-soon-as-possible rounds (lock-step), and how long each takes on unit links: a round lasts as long as
 its busiest rank pair's chunks (NCCL moves a pair's messages one after another), rounds one after
-another.  Each lowering is proved (``planner.verify_lowered``) before it is counted.
+another.  Each lowering is proved (``topocc.planner.analysis.verify_lowered``) before it is counted.
 
     python benchmarks/lowering_groups.py [--skip-large]
 """
@@ -23,9 +23,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from planner.verify_lowered import verify_lowering  # noqa: E402
-from runtime.lowering import DEFAULT_GROUP_BYTES, chunks_per_round_for, lower  # noqa: E402
-from runtime.schedule import load_schedule  # noqa: E402
+from topocc.planner.analysis.verify_lowered import verify_lowering  # noqa: E402
+from topocc.runtime.lowering import DEFAULT_GROUP_BYTES, chunks_per_round_for, lower  # noqa: E402
+from topocc.runtime.schedule import load_schedule  # noqa: E402
 
 MIB = 1 << 20
 SIZES = (1 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)

@@ -15,16 +15,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from planner.algorithms import Options
-from planner.algorithms.mcf import mcf
-from planner.algorithms.treepack import treepack
-from planner.bounds import lower_bound
-from planner.compile import resolve_topology
-from planner.errors import TopoccError
-from planner.simulate import simulate
-from planner.summary import format_table
-from planner.units import format_size, format_time
-from planner.verify import verify
+from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.algorithms.mcf import mcf
+from topocc.planner.compiler.algorithms.treepack import treepack
+from topocc.planner.analysis.bounds import lower_bound
+from topocc.planner.topology.catalogue import resolve_topology
+from topocc.planner.errors import TopoccError
+from topocc.planner.analysis.simulate import simulate
+from topocc.planner.report.summary import format_table
+from topocc.planner.units import format_size, format_time
+from topocc.planner.analysis.verify import verify
 
 #: (topology, collective, size, backends): the first case compares backends on one LP model.
 CASES = [

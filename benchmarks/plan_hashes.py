@@ -29,11 +29,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.algorithms import ALGORITHMS, Options
-from planner.compile import compile_schedule
-from planner.errors import TopoccError
-from planner.fabrics import shipped_fabrics, suite
-from runtime.schedule import dump_schedule
+from topocc.planner.compiler.algorithms import ALGORITHMS, Options
+from topocc.planner.compiler.compile import compile_schedule
+from topocc.planner.errors import TopoccError
+from benchmarks.fabrics import shipped_fabrics, suite
+from topocc.runtime.schedule import dump_schedule
 
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall")
 SIZES = (1 << 20, 256 << 20)
@@ -77,7 +77,7 @@ def cases() -> Iterator[Case]:
 
 def run(case: Case) -> dict[str, object]:
     """Compile one case; its fingerprint, or the error it ended with."""
-    from planner.topology import parse_topology_text
+    from topocc.planner.topology.parse import parse_topology_text
 
     out: dict[str, object] = {"case": case.key}
     started = time.perf_counter()

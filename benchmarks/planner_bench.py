@@ -7,13 +7,13 @@ simulate); an algorithm above the rank count where ``auto`` skips it
 Then the compile time and peak memory of ``auto`` as the cluster grows.
 
 ``--suite`` measures issue #11's yardstick: every fabric of
-:mod:`planner.fabrics` and every shipped topology, for all-gather,
+:mod:`benchmarks.fabrics` and every shipped topology, for all-gather,
 reduce-scatter and all-reduce at 1 MiB and 256 MiB.  Per fabric, a table of
 ``auto``'s pick, its share of the lower bound and its compile time (loading
 the YAML, the race and the proof), and each algorithm's share from the race
 (``<=`` for one skipped as unable to win: the bound its busiest link allows)
 or its one-line reason; then every compile against the targets of
-:mod:`planner.targets`, and a roll-up per family.  Interrupted (Ctrl-C), it
+:mod:`benchmarks.targets`, and a roll-up per family.  Interrupted (Ctrl-C), it
 still prints the summary of what it measured.
 
 Run: ``python benchmarks/planner_bench.py [--quick] [--topologies a,b] [--routing spray]
@@ -38,23 +38,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.algorithms import ALGORITHMS, Options
-from planner.bounds import lower_bound
-from planner.collectives import canonical_collective
-from planner.compile import (
-    SCHEDULED_MAX_RANKS,
-    Candidate,
-    compile_schedule,
-    resolve_topology,
-    scheduled_topologies,
-)
-from planner.errors import TopoccError
-from planner.fabrics import Fabric, shipped_fabrics, small_suite, suite
-from planner.simulate import simulate
-from planner.summary import format_table
-from planner.targets import LARGE_BYTES, SMALL_BYTES, Measured, Verdict, judge
-from planner.topology import parse_topology_text
-from planner.units import UnitError, format_size, format_time, parse_size
+from topocc.planner.compiler.algorithms import ALGORITHMS, Options
+from topocc.planner.analysis.bounds import lower_bound
+from topocc.planner.analysis.collectives import canonical_collective
+from topocc.planner.topology.catalogue import SCHEDULED_MAX_RANKS, resolve_topology, scheduled_topologies
+from topocc.planner.compiler.compile import Candidate, compile_schedule
+from topocc.planner.errors import TopoccError
+from benchmarks.fabrics import Fabric, shipped_fabrics, small_suite, suite
+from topocc.planner.analysis.simulate import simulate
+from topocc.planner.report.summary import format_table
+from benchmarks.targets import LARGE_BYTES, SMALL_BYTES, Measured, Verdict, judge
+from topocc.planner.topology.parse import parse_topology_text
+from topocc.planner.units import UnitError, format_size, format_time, parse_size
 
 SIZES = (64 << 10, 1 << 20, 64 << 20, 1 << 30)
 SUITE_COLLECTIVES = ("allgather", "reducescatter", "allreduce")
@@ -113,7 +108,7 @@ def scale_rows(gpu_counts: tuple[int, ...], size: int = 64 << 20, routing: str |
         loaded = time.perf_counter() - started
         compiled = compile_schedule(topology, "allreduce", "auto", Options(size_bytes=size))
         total, cpu = time.perf_counter() - started, time.process_time() - cpu
-        # large schedules are proved in a forked child (planner.compile.PARALLEL_VERIFY_OPS): both peaks count
+        # large schedules are proved in a forked child (topocc.planner.compiler.compile.PARALLEL_VERIFY_OPS): both peaks count
         planner_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         proof_gib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
         sim_cpu = time.process_time()
@@ -298,7 +293,7 @@ def run_suite(fabrics: list[Fabric], collectives: tuple[str, ...], sizes: tuple[
             print()
     except KeyboardInterrupt:  # a long run stopped early (SIGINT) still reports what it measured
         print(f"interrupted: the summary covers the {len(runs)} of {total} compiles measured\n", flush=True)
-    print("Against the targets (planner/targets.py)")
+    print("Against the targets (benchmarks/targets.py)")
     print(format_table(summary_rows(runs), ("fabric", "family", "ranks", "collective", "size", "auto chose",
                                             "quality (target): verdict", "compile (target): verdict")))
     print()

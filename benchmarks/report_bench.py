@@ -19,15 +19,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from planner.summary import format_table
+from topocc.planner.report.summary import format_table
 
 SCHEDULES = Path(__file__).resolve().parent.parent / "schedules"
 
 
 def one(path: str, baselines: list[str]) -> dict[str, object]:
     """Write the report of ``path`` in this process; measure it."""
-    from planner.summary import inspect_schedule
-    from runtime.plan import as_plan, load_any
+    from topocc.planner.report.summary import inspect_schedule
+    from topocc.runtime.plan import as_plan, load_any
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "report.html"

@@ -14,8 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from runtime.launch import bench_schedule
-from runtime.schedule import Schedule
+from topocc.runtime.launch import bench_schedule
+from topocc.runtime.schedule import Schedule
 
 TARGETS = {1 << 20: 2.0, 64 << 20: 1.3}
 

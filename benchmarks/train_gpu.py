@@ -1,19 +1,19 @@
 """Training on an emulated cluster of NCCL ranks: plain DDP, topocc's DDP hook, Prophet's blocks and DASO (#13).
 
 Every rank is a process on the one GPU, in its emulated host's network namespace (as
-``benchmarks/gpu_bench.py`` sets them up: ``planner.emulation``, inter-host links shaped to ``--scale`` of
+``benchmarks/gpu_bench.py`` sets them up: ``topocc.planner.testbed.emulation``, inter-host links shaped to ``--scale`` of
 their bandwidth), with its own ``NCCL_HOSTID``.  Each trains the same randomly initialised transformer
 language model on synthetic data (a fixed random token mapping to learn; nothing downloaded), one
 configuration after another in the same processes:
 
 * ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` over torch's NCCL (its default buckets);
-* ``hook``: the same DDP with :func:`runtime.training.topocc_allreduce_hook`, the topology's shipped
-  all-reduce schedule replayed over :class:`runtime.transports.nccl.NCCLTransport`;
-* ``prophet``: :class:`runtime.training.BlockScheduler` with blocks that ``planner.buckets`` plans from this
+* ``hook``: the same DDP with :func:`topocc.runtime.training.topocc_allreduce_hook`, the topology's shipped
+  all-reduce schedule replayed over :class:`topocc.runtime.transports.nccl.NCCLTransport`;
+* ``prophet``: :class:`topocc.runtime.training.BlockScheduler` with blocks that ``topocc.planner.gradblocks.blocks`` plans from this
   run's own profile (``profile_model`` on the first batch) and the schedule's all-reduce time measured here
   at three sizes and for all the gradients at once, before any configuration is timed; its prediction, and
   DDP's default buckets' (the ``hook`` row), are printed beside the measurement;
-* ``daso``: :class:`runtime.training.DASO` over the same global communicator and one per host; it trains
+* ``daso``: :class:`topocc.runtime.training.DASO` over the same global communicator and one per host; it trains
   until every rank's evaluation reaches DDP's final eval loss (at most ``--daso-factor`` x ``--steps``).
 
 It prints, per configuration: the median iteration time after warm-up (rank 0's steps, which the
@@ -90,8 +90,8 @@ def run_topology(name: str, args: argparse.Namespace, deadline: float = float("i
     ``deadline`` (``time.monotonic()``), and the error then ends with rank 0's last progress line."""
     from gpu_bench import schedule_for
 
-    from planner.emulation import EmulatedCluster, emulation_available, plan_emulation
-    from runtime.schedule import save_schedule
+    from topocc.planner.testbed.emulation import EmulatedCluster, emulation_available, plan_emulation
+    from topocc.runtime.schedule import save_schedule
 
     emulated = args.backend == "nccl"
     if emulated:
@@ -313,12 +313,12 @@ def _transport(nccl: bool, store: Any, rank: int, ranks: Sequence[int], prefix: 
     import torch.distributed as dist
 
     if nccl:
-        from runtime.transports.nccl import NCCLTransport
-        from runtime.transports.store import StoreControl
+        from topocc.runtime.transports.nccl import NCCLTransport
+        from topocc.runtime.transports.store import StoreControl
 
         return NCCLTransport(StoreControl(dist.PrefixStore(prefix, store), ranks.index(rank), len(ranks)),
                              timeout=TIMEOUT_S)
-    from runtime.transports.gloo import GlooTransport
+    from topocc.runtime.transports.gloo import GlooTransport
 
     mine = None
     for group in sorted([list(ranks), *map(list, others)]):
@@ -332,8 +332,8 @@ def _transport(nccl: bool, store: Any, rank: int, ranks: Sequence[int], prefix: 
 
 def _node_schedule(ranks: int) -> Any:
     """The all-reduce inside one host: the planner's ring on a host of ``ranks`` fully connected GPUs."""
-    from planner.algorithms import ALGORITHMS, Options
-    from planner.topology import parse_topology_text
+    from topocc.planner.compiler.algorithms import ALGORITHMS, Options
+    from topocc.planner.topology.parse import parse_topology_text
 
     text = (f"name: node-{ranks}\ncluster:\n  hosts: 1\n  host:\n    gpus: {ranks}\n    fabric: fully-connected\n"
             "    gpu_link: {bandwidth: 10 GB/s, latency: 1 us, kind: shm}\n")
@@ -369,9 +369,9 @@ def rank_main(argv: Sequence[str]) -> int:
     import torch.distributed as dist
     from torch import nn
 
-    from runtime.communicator import Communicator
-    from runtime.errors import TopoccError
-    from runtime.training import DASO, BlockScheduler, TopoccHookState, profile_model, topocc_allreduce_hook
+    from topocc.runtime.communicator import Communicator
+    from topocc.runtime.errors import TopoccError
+    from topocc.runtime.training import DASO, BlockScheduler, TopoccHookState, profile_model, topocc_allreduce_hook
 
     rank, world, store_path, schedule, args = int(argv[0]), int(argv[1]), argv[2], argv[3], json.loads(argv[4])
     nccl = args["backend"] == "nccl"
@@ -444,7 +444,7 @@ def rank_main(argv: Sequence[str]) -> int:
             # 39 MiB all-reduce at 1573 ms where it took 1210 (with the point: 1255)
             points = [*_measured_cost(comm, device, sync, transport), (4 * report["params"], report["replay_s"])]
             if rank == 0:
-                from planner.buckets import fit_cost, plan_buckets
+                from topocc.planner.gradblocks.blocks import fit_cost, plan_buckets
 
                 plan = plan_buckets(profile, fit_cost(points))
                 store.set("blocks", json.dumps({"blocks": [list(map(list, b.pieces)) for b in plan.blocks],
@@ -549,7 +549,7 @@ def rank_main(argv: Sequence[str]) -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "rank":
         sys.exit(rank_main(sys.argv[2:]))
-    from runtime.launch import exit_on_sigterm
+    from topocc.runtime.launch import exit_on_sigterm
 
     exit_on_sigterm()  # a `timeout` on this launcher takes its ranks along
     sys.exit(main())

@@ -9,10 +9,10 @@ Without ``--plan`` the example compiles an allreduce plan for
 it.  It then trains the same seeded model on the same synthetic data five ways:
 
 1. plain DDP (gloo allreduce);
-2. DDP with :func:`runtime.training.topocc_allreduce_hook` (the compiled plan
+2. DDP with :func:`topocc.runtime.training.topocc_allreduce_hook` (the compiled plan
    over MPI): the loss curves of 1 and 2 must match to float tolerance;
 3. topocc blocks laid out like DDP's default buckets, update after all arrive;
-4. topocc blocks planned by ``planner.buckets`` (Prophet) from a profile of
+4. topocc blocks planned by ``topocc.planner.gradblocks.blocks`` (Prophet) from a profile of
    this model, updates gated per layer in the next forward pass; 3 and 4 print
    the planner's predicted iteration time next to the measured one;
 5. DASO: gradients averaged inside each "host" (2 ranks) every step, parameters
@@ -44,9 +44,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from runtime.communicator import Communicator  # noqa: E402
-from runtime.plan import load_plan, save_plan  # noqa: E402
-from runtime.training import (  # noqa: E402
+from topocc.runtime.communicator import Communicator  # noqa: E402
+from topocc.runtime.plan import load_plan, save_plan  # noqa: E402
+from topocc.runtime.training import (  # noqa: E402
     DASO,
     BlockScheduler,
     TopoccHookState,
@@ -71,8 +71,8 @@ def compiled_plan(path: Path | None, cache: Path, ranks: int) -> tuple[Path, Pat
     global_path = path if path is not None else cache / "two_hosts_2x2-allreduce.plan.json"
     local_path = cache / "one_host_2-allreduce.plan.json"
     if MPI.COMM_WORLD.Get_rank() == 0 and not (global_path.exists() and local_path.exists()):
-        from planner.compile import compile_plan
-        from planner.topology import load_topology, parse_topology_text
+        from topocc.planner.compiler.plans import compile_plan
+        from topocc.planner.topology.parse import load_topology, parse_topology_text
 
         cache.mkdir(parents=True, exist_ok=True)
         if not global_path.exists():
@@ -284,7 +284,7 @@ def main() -> None:
     blocks_ddp = blocks_prophet = None
     report: dict[str, Any] = {}
     if rank == 0:
-        from planner.buckets import ddp_blocks, fit_cost, format_bucket_plan, plan_buckets, plan_cost, simulate_blocks
+        from topocc.planner.gradblocks.blocks import ddp_blocks, fit_cost, format_bucket_plan, plan_buckets, plan_cost, simulate_blocks
 
         cost = fit_cost(points)
         bucket_plan = plan_buckets(profile, cost)

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from planner.errors import TopologyError
+from topocc.planner.errors import TopologyError
 
 __all__ = ["Source", "YDict", "YList", "load_yaml"]
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import click
 
-from planner.collector import rare_collections
-from planner.errors import TopoccError, exit_codes
-from planner.units import UnitError, parse_size, parse_size_range
-from runtime.executor import DTYPE_NAMES
+from topocc.planner.collector import rare_collections
+from topocc.planner.errors import TopoccError, exit_codes
+from topocc.planner.units import UnitError, parse_size, parse_size_range
+from topocc.runtime.executor import DTYPE_NAMES
 
 __all__ = ["cli", "main"]
 
@@ -70,13 +70,13 @@ def _emit(doc: Any, as_json: bool, text: str | None = None) -> None:
     if as_json:
         click.echo(json.dumps(doc, indent=2, default=str))
     else:
-        from planner.summary import format_summary
+        from topocc.planner.report.summary import format_summary
 
         click.echo(text if text is not None else format_summary(doc))
 
 
 def _exit_code_epilog() -> str:
-    """The exit-code table of :mod:`planner.errors`, for ``topocc --help`` (``\\b``: click keeps the lines)."""
+    """The exit-code table of :mod:`topocc.planner.errors`, for ``topocc --help`` (``\\b``: click keeps the lines)."""
     rows = [f"  {code:<4} {meaning.replace('``', '')}" for code, _, meaning in exit_codes()]
     head = "Exit codes (every failure is one line on stderr; TOPOCC_DEBUG=1 shows a traceback):"
     return head + "\n\n\b\n" + "\n".join(rows)
@@ -103,11 +103,13 @@ def cli() -> None:
 def compile_cmd(topology: str, collective: str, size: tuple[int, int], algorithm: str, channels: int | None,
                 pipeline: int | None, root: int, output: str | None, as_json: bool, progress: bool | None) -> None:
     """Compile COLLECTIVE for TOPOLOGY (a YAML file or a shipped name), verify and simulate it."""
-    from planner.algorithms import Options
-    from planner.compile import compile_plan, compile_schedule, resolve_topology
-    from planner.summary import compiled_summary, format_plan, plan_summary
-    from runtime.plan import save_plan
-    from runtime.schedule import save_schedule
+    from topocc.planner.compiler.algorithms import Options
+    from topocc.planner.compiler.plans import compile_plan
+    from topocc.planner.compiler.compile import compile_schedule
+    from topocc.planner.topology.catalogue import resolve_topology
+    from topocc.planner.report.summary import compiled_summary, format_plan, plan_summary
+    from topocc.runtime.plan import save_plan
+    from topocc.runtime.schedule import save_schedule
 
     topo = resolve_topology(topology)
     low, high = size
@@ -132,9 +134,9 @@ def compile_cmd(topology: str, collective: str, size: tuple[int, int], algorithm
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
 def verify_cmd(schedule: str, as_json: bool) -> None:
     """Prove that SCHEDULE implements its collective (exit 0 only if it does)."""
-    from planner.summary import verify_summary
-    from planner.verify import verify
-    from runtime.schedule import load_schedule
+    from topocc.planner.report.summary import verify_summary
+    from topocc.planner.analysis.verify import verify
+    from topocc.runtime.schedule import load_schedule
 
     loaded = load_schedule(schedule)
     _emit(verify_summary(loaded, verify(loaded)), as_json)
@@ -152,9 +154,9 @@ def verify_cmd(schedule: str, as_json: bool) -> None:
 def simulate_cmd(schedule: str, topology: str | None, what_if: bool, size: int | None, candidates: bool,
                  trace: str | None, as_json: bool) -> None:
     """Predict SCHEDULE's time on its topology, against the lower bound."""
-    from planner.compile import schedule_topology
-    from planner.summary import simulation_summary
-    from runtime.plan import as_plan, load_any
+    from topocc.planner.topology.catalogue import schedule_topology
+    from topocc.planner.report.summary import simulation_summary
+    from topocc.runtime.plan import as_plan, load_any
 
     plan = as_plan(load_any(schedule))
     size = size or plan.schedules[0].metadata.size_bytes or (64 << 20)
@@ -175,14 +177,14 @@ def topo_group() -> None:
 @click.option("--html", type=click.Path(dir_okay=False), default=None, help="Also draw it as a self-contained page.")
 def topo_show(topology: str, as_json: bool, html: str | None) -> None:
     """Ranks, devices, links and cut bound of TOPOLOGY."""
-    from planner.compile import resolve_topology
-    from planner.summary import topology_summary
+    from topocc.planner.topology.catalogue import resolve_topology
+    from topocc.planner.report.summary import topology_summary
 
     topo = resolve_topology(topology)
     if html:
         from pathlib import Path
 
-        from planner.report import render_topology_html
+        from topocc.planner.report import render_topology_html
 
         Path(html).write_text(render_topology_html(topo))
     _emit(topology_summary(topo) | ({"html": html} if html else {}), as_json)
@@ -201,8 +203,8 @@ def topo_import(source: str, nvidia_smi: bool, name: str | None, hosts: int | No
     """Convert NCCL topology XML (or nvidia-smi topo -m output) into topology YAML."""
     from pathlib import Path
 
-    from planner.formats import combine_hosts, convert_nccl_topo, convert_nvidia_smi
-    from planner.topology import parse_topology_text
+    from topocc.planner.formats import combine_hosts, convert_nccl_topo, convert_nvidia_smi
+    from topocc.planner.topology.parse import parse_topology_text
 
     imported = convert_nvidia_smi(source, name=name) if nvidia_smi else convert_nccl_topo(source, name=name)
     text = imported.yaml
@@ -225,10 +227,10 @@ def topo_import(source: str, nvidia_smi: bool, name: str | None, hosts: int | No
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Schedule JSON to write.")
 def import_cmd(source: str, output: str) -> None:
     """Import an MSCCL XML algorithm as a topocc schedule (verified before it is written)."""
-    from planner.formats import import_msccl
-    from planner.summary import verify_summary
-    from planner.verify import verify
-    from runtime.schedule import save_schedule
+    from topocc.planner.formats import import_msccl
+    from topocc.planner.report.summary import verify_summary
+    from topocc.planner.analysis.verify import verify
+    from topocc.runtime.schedule import save_schedule
 
     schedule = import_msccl(source)
     proof = verify(schedule)
@@ -247,9 +249,9 @@ def export_cmd(schedule: str, fmt: str, proto: str, name: str | None, output: st
     """Export SCHEDULE as MSCCL XML (loadable by MSCCL and RCCL)."""
     from pathlib import Path
 
-    from planner.formats import export_msccl
-    from planner.verify import verify
-    from runtime.schedule import load_schedule
+    from topocc.planner.formats import export_msccl
+    from topocc.planner.analysis.verify import verify
+    from topocc.runtime.schedule import load_schedule
 
     loaded = load_schedule(schedule)
     verify(loaded)
@@ -276,9 +278,9 @@ def export_cmd(schedule: str, fmt: str, proto: str, name: str | None, output: st
 def run_cmd(schedule: str, nprocs: int | None, size: int, dtype: str, op: str, iters: int, warmup: int,
             timeout: float, as_json: bool) -> None:
     """Replay SCHEDULE on --np MPI ranks (mpiexec): PASS or FAIL against numpy, time, algbw and busbw."""
-    from planner.errors import CommunicatorError
-    from planner.summary import format_run, run_summary, wrong_result
-    from runtime.launch import run_schedule
+    from topocc.planner.errors import CommunicatorError
+    from topocc.planner.report.summary import format_run, run_summary, wrong_result
+    from topocc.runtime.launch import run_schedule
 
     result = run_schedule(schedule, nprocs, size, dtype=dtype, op=op, timeout=timeout, repeat=iters, warmup=warmup)
     if not result.ok:
@@ -311,17 +313,17 @@ def bench_cmd(schedule: str, nprocs: int | None, sizes: tuple[int, int], factor:
               dtype: str, timeout: float, topology: str | None, what_if: bool, emulate: str | None, scale: float,
               trace: str | None, as_json: bool, progress: bool | None) -> None:
     """Time SCHEDULE (or a plan) against the MPI's native collective, nccl-tests style."""
-    from planner.compile import bucket_sizes
-    from planner.summary import bench_progress, bench_rows, format_bench, predicted_times, wrong_result
-    from runtime.launch import bench_schedule, bench_sizes, check_ranks
-    from runtime.plan import load_any
+    from topocc.planner.compiler.plans import bucket_sizes
+    from topocc.planner.report.summary import bench_progress, bench_rows, format_bench, predicted_times, wrong_result
+    from topocc.runtime.launch import bench_schedule, bench_sizes, check_ranks
+    from topocc.runtime.plan import load_any
 
     loaded = load_any(schedule)
     size_list = bucket_sizes(*sizes, factor=factor)
     echo = _progress_echo(progress)
     if emulate:
-        from planner.bench import bench_emulated, format_emulated_table
-        from planner.compile import resolve_topology
+        from topocc.planner.testbed.bench import bench_emulated, format_emulated_table
+        from topocc.planner.topology.catalogue import resolve_topology
 
         cluster = resolve_topology(emulate)
         emulated = bench_emulated(cluster, schedule, size_list, scale=scale, np=nprocs, iters=iters, warmup=warmup,
@@ -353,7 +355,7 @@ def bench_cmd(schedule: str, nprocs: int | None, sizes: tuple[int, int], factor:
 def inspect_cmd(schedule: str, topology: str | None, what_if: bool, size: int | None, html: str | None,
                 dot: str | None, baselines: str) -> None:
     """Show a plan: terminal tables, or an HTML report / DOT drawing of topology, structure and timeline."""
-    from planner.summary import inspect_schedule
+    from topocc.planner.report.summary import inspect_schedule
 
     click.echo(inspect_schedule(schedule, topology, size, html=html, dot=dot,
                                 baselines=[b for b in baselines.split(",") if b], what_if=what_if))
@@ -368,8 +370,8 @@ def inspect_cmd(schedule: str, topology: str | None, what_if: bool, size: int | 
 @click.option("--progress/--no-progress", default=None, help=PROGRESS_HELP)
 def emulate_cmd(topology: str, command: tuple[str, ...], scale: float, timeout: float, progress: bool | None) -> None:
     """Run COMMAND as every rank of TOPOLOGY on an emulated cluster (network namespaces, tc; needs root)."""
-    from planner.bench import run_emulated
-    from planner.errors import CommunicatorError
+    from topocc.planner.testbed.bench import run_emulated
+    from topocc.planner.errors import CommunicatorError
 
     result = run_emulated(topology, list(command), scale=scale, timeout_s=timeout, progress=_progress_echo(progress))
     click.echo(result.stdout, nl=False)
@@ -388,10 +390,10 @@ def plan_buckets_cmd(profile: str, plan_path: str, output: str | None, as_json: 
     """Group gradients into blocks and order them (Prophet) against DDP's default and per-tensor priority."""
     from pathlib import Path
 
-    from planner.buckets import bucket_plan_to_dict, format_bucket_plan, load_profile, plan_buckets, plan_cost
-    from planner.compile import schedule_topology
-    from planner.errors import TopoccError
-    from runtime.plan import as_plan, load_any
+    from topocc.planner.gradblocks.blocks import bucket_plan_to_dict, format_bucket_plan, load_profile, plan_buckets, plan_cost
+    from topocc.planner.topology.catalogue import schedule_topology
+    from topocc.planner.errors import TopoccError
+    from topocc.runtime.plan import as_plan, load_any
 
     loaded = load_profile(profile)
     plan = as_plan(load_any(plan_path))
@@ -410,7 +412,7 @@ def plan_buckets_cmd(profile: str, plan_path: str, output: str | None, as_json: 
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def algorithms_cmd(as_json: bool) -> None:
     """List the algorithms and the collectives each implements."""
-    from planner.summary import algorithms_table, format_algorithms
+    from topocc.planner.report.summary import algorithms_table, format_algorithms
 
     rows = algorithms_table()
     _emit(rows, as_json, format_algorithms(rows))
@@ -422,9 +424,9 @@ def algorithms_cmd(as_json: bool) -> None:
 @click.argument("names", nargs=-1)
 def compile_shipped_cmd(output: str, size: int, names: tuple[str, ...]) -> None:
     """Recompile the allreduce schedules of the shipped topologies (those up to 4096 ranks, or NAMES) into OUTPUT."""
-    from planner.compile import compile_shipped
-    from planner.summary import format_table
-    from planner.units import format_time
+    from topocc.planner.compiler.plans import compile_shipped
+    from topocc.planner.report.summary import format_table
+    from topocc.planner.units import format_time
 
     rows = []
     for path, compiled in compile_shipped(output, names or None, size_bytes=size):

@@ -1,4 +1,4 @@
-"""The planner's errors; all derive from :class:`runtime.errors.TopoccError`.
+"""The planner's errors; all derive from :class:`topocc.runtime.errors.TopoccError`.
 
 The CLI turns any of them into one line on stderr and the class's exit code.
 Every exit code ``topocc`` can return (``tests/planner/test_errors.py`` checks this table
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 
-from runtime.errors import CommunicatorError, ScheduleFormatError, TopoccError, UsageError, WrongResultError
+from topocc.runtime.errors import CommunicatorError, ScheduleFormatError, TopoccError, UsageError, WrongResultError
 
 __all__ = [
     "CommunicatorError",

@@ -7,15 +7,15 @@
 
 from __future__ import annotations
 
-from runtime.communicator import Communicator as Communicator
-from runtime.communicator import select_schedule as select_schedule
-from runtime.errors import CommunicatorError as CommunicatorError
-from runtime.errors import ScheduleFormatError as ScheduleFormatError
-from runtime.errors import TopoccError as TopoccError
-from runtime.executor import DTYPES as DTYPES
-from runtime.executor import REDUCTIONS as REDUCTIONS
-from runtime.schedule import Schedule as Schedule
-from runtime.schedule import load_schedule as load_schedule
+from topocc.runtime.communicator import Communicator as Communicator
+from topocc.runtime.communicator import select_schedule as select_schedule
+from topocc.runtime.errors import CommunicatorError as CommunicatorError
+from topocc.runtime.errors import ScheduleFormatError as ScheduleFormatError
+from topocc.runtime.errors import TopoccError as TopoccError
+from topocc.runtime.executor import DTYPES as DTYPES
+from topocc.runtime.executor import REDUCTIONS as REDUCTIONS
+from topocc.runtime.schedule import Schedule as Schedule
+from topocc.runtime.schedule import load_schedule as load_schedule
 
 __all__ = [
     "DTYPES",

@@ -1,17 +1,17 @@
 """The public face of the runtime: a communicator that replays compiled schedules.
 
-Over a :class:`~runtime.transports.Transport` (MPI, gloo) it replays a rank's
-program as dataflow (``runtime.executor``); over a
-:class:`~runtime.transports.GroupTransport` (NCCL, or MPI with NCCL's
+Over a :class:`~topocc.runtime.transports.Transport` (MPI, gloo) it replays a rank's
+program as dataflow (``topocc.runtime.executor``); over a
+:class:`~topocc.runtime.transports.GroupTransport` (NCCL, or MPI with NCCL's
 semantics) it replays the schedule's lowering group by group
-(``runtime.lowering``, ``runtime.group_executor``).
+(``topocc.runtime.lowering``, ``topocc.runtime.group_executor``).
 
 >>> comm = Communicator("schedules/ring_allreduce.json")      # doctest: +SKIP
 >>> comm.allreduce(grad)                                        # doctest: +SKIP
 
 Failure behaviour
 -----------------
-* Refused before any data moves (:class:`~runtime.errors.CommunicatorError`):
+* Refused before any data moves (:class:`~topocc.runtime.errors.CommunicatorError`):
   a communicator size different from the schedule's rank count, a topology
   fingerprint mismatch, ranks holding different schedules (checked once, at
   construction), an unsupported dtype or op, sizes that do not fit the
@@ -30,7 +30,7 @@ Failure behaviour
 
 With MPICH's hydra ``mpiexec``, the death of a rank makes hydra kill every other
 rank at once unless ``-disable-auto-cleanup`` is given; pass it to see each
-surviving rank's message (``runtime.launch`` always does).
+surviving rank's message (``topocc.runtime.launch`` always does).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from runtime.errors import CommunicatorError
-from runtime.executor import (
+from topocc.runtime.errors import CommunicatorError
+from topocc.runtime.executor import (
     DTYPE_NAMES,
     NUMPY_OPS,
     ArrayOps,
@@ -56,11 +56,11 @@ from runtime.executor import (
     message_tag_space,
     same_memory,
 )
-from runtime.group_executor import GroupProgram, Work
-from runtime.lowering import DEFAULT_GROUP_BYTES, RankLowering, chunks_per_round_for, lower
-from runtime.plan import Plan, as_plan, load_any
-from runtime.schedule import Schedule, dump_schedule
-from runtime.transports import GroupTransport, PeerFailure, Transport
+from topocc.runtime.group_executor import GroupProgram, Work
+from topocc.runtime.lowering import DEFAULT_GROUP_BYTES, RankLowering, chunks_per_round_for, lower
+from topocc.runtime.plan import Plan, as_plan, load_any
+from topocc.runtime.schedule import Schedule, dump_schedule
+from topocc.runtime.transports import GroupTransport, PeerFailure, Transport
 
 __all__ = ["Communicator", "load_plan_source", "select_schedule"]
 
@@ -68,7 +68,7 @@ PlanSource = str | Path | Schedule | Plan | Sequence[Schedule | str | Path]
 
 
 def load_plan_source(source: PlanSource) -> Plan:
-    """A :class:`~runtime.plan.Plan` from a path (schedule or plan file), a schedule, a plan, or a list of these."""
+    """A :class:`~topocc.runtime.plan.Plan` from a path (schedule or plan file), a schedule, a plan, or a list of these."""
     if isinstance(source, (str, Path)):
         loaded = load_any(source)
         return loaded if isinstance(loaded, Plan) else as_plan(loaded)
@@ -131,8 +131,8 @@ class Communicator:
     Parameters
     ----------
     source:
-        A schedule or plan file, a :class:`~runtime.schedule.Schedule`, a
-        :class:`~runtime.plan.Plan`, or a list of schedules with
+        A schedule or plan file, a :class:`~topocc.runtime.schedule.Schedule`, a
+        :class:`~topocc.runtime.plan.Plan`, or a list of schedules with
         ``metadata.min_bytes``/``max_bytes`` buckets (picked per call by size).
     mpi_comm:
         The mpi4py communicator to run on (default ``MPI.COMM_WORLD``); it is
@@ -142,15 +142,15 @@ class Communicator:
     timeout:
         Seconds a call (or the set-up handshake) may wait for peers before failing.
     transport:
-        A ready transport instead of MPI's.  A :class:`~runtime.transports.Transport` replays the
-        schedule as dataflow (gloo: :class:`~runtime.transports.gloo.GlooTransport`); a
-        :class:`~runtime.transports.GroupTransport` replays its lowering (:mod:`runtime.lowering`)
-        group by group (NCCL: :class:`~runtime.transports.nccl.NCCLTransport`;
-        :class:`~runtime.transports.mpi.MPIGroupTransport` runs the same on CPU).  Its ``array_ops``
+        A ready transport instead of MPI's.  A :class:`~topocc.runtime.transports.Transport` replays the
+        schedule as dataflow (gloo: :class:`~topocc.runtime.transports.gloo.GlooTransport`); a
+        :class:`~topocc.runtime.transports.GroupTransport` replays its lowering (:mod:`topocc.runtime.lowering`)
+        group by group (NCCL: :class:`~topocc.runtime.transports.nccl.NCCLTransport`;
+        :class:`~topocc.runtime.transports.mpi.MPIGroupTransport` runs the same on CPU).  Its ``array_ops``
         attribute, if any, says how to allocate, copy and reduce its buffers (numpy by default).
     group_bytes:
         With a group transport: bytes each (sender, receiver, channel) stream carries per group, at
-        least (:func:`~runtime.lowering.chunks_per_round_for`); every rank must pass the same.
+        least (:func:`~topocc.runtime.lowering.chunks_per_round_for`); every rank must pass the same.
 
     >>> comm = Communicator("ring.json", timeout=10.0)   # doctest: +SKIP
     >>> x = comm.allreduce(np.ones(1001, np.float32))    # doctest: +SKIP
@@ -176,7 +176,7 @@ class Communicator:
                         fix="recompile the schedule for this topology",
                     )
         if transport is None:
-            from runtime.transports.mpi import MPITransport
+            from topocc.runtime.transports.mpi import MPITransport
 
             transport = MPITransport(mpi_comm)
         self.transport = transport
@@ -390,7 +390,7 @@ class Communicator:
 
         With a stream-ordered transport (NCCL) the call only enqueues, as ``torch.distributed.all_reduce``:
         without ``async_op`` the caller's current CUDA stream is ordered after the collective; with it, the
-        returned :class:`~runtime.group_executor.Work` does that in ``wait()`` (``synchronize()`` blocks the
+        returned :class:`~topocc.runtime.group_executor.Work` does that in ``wait()`` (``synchronize()`` blocks the
         host).  Over MPI the call returns once the result is in ``array`` (and ``async_op`` returns a
         completed Work with a group transport).
         """

@@ -1,7 +1,7 @@
 """The root of topocc's error hierarchy.
 
 It lives in the runtime because the runtime must not import the planner; the
-planner's own errors (``planner.errors``) derive from :class:`TopoccError` too,
+planner's own errors (``topocc.planner.errors``) derive from :class:`TopoccError` too,
 so a caller (or the CLI) can catch every expected failure with one clause.
 """
 

@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from runtime.errors import CommunicatorError
-from runtime.schedule import Chunk, Schedule
-from runtime.transports import GroupTransport, PeerFailure, Transport
+from topocc.runtime.errors import CommunicatorError
+from topocc.runtime.schedule import Chunk, Schedule
+from topocc.runtime.transports import GroupTransport, PeerFailure, Transport
 
 __all__ = [
     "DTYPES",
@@ -217,7 +217,7 @@ def _per_rank(schedule: Schedule) -> int:
 
 
 def _alias(schedule: Schedule, rank: int, ref: Chunk | None) -> Chunk | None:
-    """Where an in-place schedule keeps ``ref`` (NCCL's conventions, as planner.collectives.alias)."""
+    """Where an in-place schedule keeps ``ref`` (NCCL's conventions, as topocc.planner.analysis.collectives.alias)."""
     if ref is None or not schedule.inplace or ref.buffer == "s":
         return ref
     c, k = schedule.collective, _per_rank(schedule)

@@ -1,16 +1,16 @@
-"""Replay one rank's lowered program (:mod:`runtime.lowering`) over a group transport, for NCCL and MPI alike.
+"""Replay one rank's lowered program (:mod:`topocc.runtime.lowering`) over a group transport, for NCCL and MPI alike.
 
-The replay is written once against :class:`~runtime.transports.GroupTransport`:
+The replay is written once against :class:`~topocc.runtime.transports.GroupTransport`:
 for each group in order, copy the sends that need packing into their staging
 buffers, post the group's messages, then unpack staged receives, apply each
 ``recv_reduce``'s reduction, and run the group's local copies and reductions.
-On NCCL (``runtime.transports.nccl``) all of it is enqueued on one CUDA stream
+On NCCL (``topocc.runtime.transports.nccl``) all of it is enqueued on one CUDA stream
 and the call returns at once (stream-ordered, no host round trip per
-operation); on MPI (``runtime.transports.mpi.MPIGroupTransport``) each group is
+operation); on MPI (``topocc.runtime.transports.mpi.MPIGroupTransport``) each group is
 waited for on the host, with NCCL's matching and rendezvous, so the CPU tests
 exercise the very order NCCL runs.
 
-Set-up reuses the dataflow executor's :class:`~runtime.executor.Program`
+Set-up reuses the dataflow executor's :class:`~topocc.runtime.executor.Program`
 (chunk layout, staging, views), so both executors agree on every byte; what
 differs is only when operations run.
 """
@@ -24,10 +24,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.errors import CommunicatorError
-from runtime.executor import REDUCE, SEND, Binding, Program, same_memory
-from runtime.lowering import RankLowering
-from runtime.transports import GroupTransport, PeerFailure, PeerTimeout
+from topocc.runtime.errors import CommunicatorError
+from topocc.runtime.executor import REDUCE, SEND, Binding, Program, same_memory
+from topocc.runtime.lowering import RankLowering
+from topocc.runtime.transports import GroupTransport, PeerFailure, PeerTimeout
 
 __all__ = ["Bundles", "GroupBinding", "GroupProgram", "Work", "bundle"]
 
@@ -83,7 +83,7 @@ def _in_place_folds(ops: Any, folds: Sequence[tuple[Any, Any, Any]]) -> tuple[li
 class Bundles:
     """A rank's messages joined per group, peer and direction, and the buffer each bundle moves.
 
-    Both ends of a message sit in groups of the same round (:mod:`runtime.lowering`) and a rank issues a
+    Both ends of a message sit in groups of the same round (:mod:`topocc.runtime.lowering`) and a rank issues a
     pair's messages in the schedule's (channel, sequence) order, so the sends of a rank to a peer in one
     group are exactly the receives the peer posts from it in its group of that round, in the same order:
     each end joins them into one message of the same length on its own.  NCCL's cost is per message and
@@ -195,7 +195,7 @@ class GroupBinding:
 
 
 class GroupProgram:
-    """A :class:`~runtime.executor.Program` (layout, staging) replayed group by group as ``lowering`` says.
+    """A :class:`~topocc.runtime.executor.Program` (layout, staging) replayed group by group as ``lowering`` says.
 
     It offers what the communicator uses of a Program (``schedule``, ``dtype``,
     ``writes``, ``owned``, ``bind``, ``free``), and runs in two halves:
@@ -230,7 +230,7 @@ class GroupProgram:
 
         ``epilogue`` runs last, in the same order (the communicator's division of an average).  With
         ``join``, the caller's stream (CUDA) is ordered after the collective when this returns.  Raises
-        :class:`~runtime.transports.PeerFailure` from a transport that waits for groups (MPI).
+        :class:`~topocc.runtime.transports.PeerFailure` from a transport that waits for groups (MPI).
         """
         transport = binding.transport
         ops = self.ops

@@ -3,7 +3,7 @@
 The CLI only parses arguments and calls :func:`run_schedule` or
 :func:`bench_schedule`.  Both refuse a rank count other than the schedule's
 before anything starts, then run ``mpiexec -disable-auto-cleanup -n NP python
--m runtime.worker ...`` (``-disable-auto-cleanup`` so that when a rank dies,
+-m topocc.runtime.worker ...`` (``-disable-auto-cleanup`` so that when a rank dies,
 hydra lets the others report which peer they were waiting for instead of
 killing them at once) under a hard wall-clock limit, and return rank 0's rows
 (:class:`BenchRow`).  When ranks fail, :func:`summarize_failures` collapses
@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from runtime.errors import CommunicatorError, UsageError
-from runtime.executor import resolve_dtype
-from runtime.plan import Plan, load_any, save_plan
-from runtime.schedule import Schedule, save_schedule
-from runtime.worker import case_count, count_bytes
+from topocc.runtime.errors import CommunicatorError, UsageError
+from topocc.runtime.executor import resolve_dtype
+from topocc.runtime.plan import Plan, load_any, save_plan
+from topocc.runtime.schedule import Schedule, save_schedule
+from topocc.runtime.worker import case_count, count_bytes
 
 __all__ = [
     "BenchRow",
@@ -52,7 +52,7 @@ __all__ = [
     "write_trace",
 ]
 
-#: Builds the full command line from the worker's arguments after the interpreter (``-m runtime.worker ...``),
+#: Builds the full command line from the worker's arguments after the interpreter (``-m topocc.runtime.worker ...``),
 #: e.g. an emulated cluster's ``mpiexec`` placing each rank in its host's network namespace.
 Launcher = Callable[[Sequence[str]], list[str]]
 
@@ -161,16 +161,16 @@ def spawn_ranks(commands: Sequence[tuple[Sequence[str], Mapping[str, str]]], *, 
 def launch_worker(np: int, args: Sequence[str], *, limit_s: float, mpiexec: str | None = None,
                   extra_mpiexec_args: Sequence[str] = (), launcher: Launcher | None = None,
                   on_line: Callable[[str], None] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``runtime.worker`` on ``np`` ranks; kill the whole job if it outlives ``limit_s`` seconds.
+    """Run ``topocc.runtime.worker`` on ``np`` ranks; kill the whole job if it outlives ``limit_s`` seconds.
 
     ``launcher`` replaces the default ``mpiexec -n NP python`` prefix (it must start ``np`` ranks);
     ``on_line`` is called with each line of the job's stdout as it arrives (rank 0's rows, for progress).
     """
     if launcher is not None:
-        cmd = launcher(["-m", "runtime.worker", *args])
+        cmd = launcher(["-m", "topocc.runtime.worker", *args])
     else:
         cmd = [find_mpiexec(mpiexec), "-disable-auto-cleanup", *extra_mpiexec_args, "-n", str(np),
-               *RANK_WRAPPER, sys.executable, "-m", "runtime.worker", *args]
+               *RANK_WRAPPER, sys.executable, "-m", "topocc.runtime.worker", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=worker_env(),
                             start_new_session=True)
     out: list[str] = []
@@ -209,7 +209,7 @@ class BenchRow:
     ``size`` is nccl-tests' size (bytes of the larger buffer); ``time_s`` the
     slowest rank's mean per call; ``algbw``/``busbw`` in GB/s; ``wrong`` the
     elements, over all ranks, farther from numpy's result than the dtype's
-    tolerance (:func:`runtime.worker.tolerance`); ``max_error`` the largest
+    tolerance (:func:`topocc.runtime.worker.tolerance`); ``max_error`` the largest
     difference.
     """
 
@@ -425,7 +425,7 @@ def run_schedule(path: str | Path | Schedule, np: int | None, size_bytes: int, *
     untimed calls come first, then ``repeat`` timed ones, every result checked
     against numpy.  Returns the rank-0 row (time, wrong elements and
     ``max_error`` over all ranks) and every rank's error line.  A rank count
-    other than the schedule's is refused (:class:`~runtime.errors.UsageError`)
+    other than the schedule's is refused (:class:`~topocc.runtime.errors.UsageError`)
     before anything starts.
 
     >>> run_schedule("ring.json", 4, 1 << 20).passed   # doctest: +SKIP
@@ -447,7 +447,7 @@ def bench_sizes(collective: str, ranks: int, sizes: Sequence[int], dtype: str = 
     """The sizes a benchmark of ``sizes`` measures: whole elements, divisible among the ranks where it must be.
 
     A size too small for one element (per rank, where the collective splits the
-    buffer) is refused with :class:`~runtime.errors.UsageError`.
+    buffer) is refused with :class:`~topocc.runtime.errors.UsageError`.
     """
     return [count_bytes(collective, ranks, _elements(collective, ranks, s, dtype), resolve_dtype(dtype))
             for s in sizes]
@@ -504,7 +504,7 @@ def bench_schedule(source: str | Path | Schedule | Plan | Sequence[Any], np: int
 def trace_records(folder: str | Path) -> list[tuple[Any, ...]]:
     """Every rank's traced operations from a bench ``--trace`` folder (``rank<R>.json`` files), in rank order.
 
-    Each record is a :data:`runtime.communicator.TraceRecord`: (rank, call, collective, algorithm, op index,
+    Each record is a :data:`topocc.runtime.communicator.TraceRecord`: (rank, call, collective, algorithm, op index,
     kind, peer, channel, elements, start_s, end_s).
     """
     files = sorted(Path(folder).glob("rank*.json"), key=lambda p: int(p.stem[4:]))
@@ -514,10 +514,10 @@ def trace_records(folder: str | Path) -> list[tuple[Any, ...]]:
 def write_trace(records: Sequence[tuple[Any, ...]], path: str | Path) -> Path:
     """Write measured per-op records (see :func:`trace_records`) as a Chrome trace, one track per rank.
 
-    Converted by :func:`runtime.trace.chrome_trace` (the project's one writer) from ``OpEvent``-like
+    Converted by :func:`topocc.runtime.trace.chrome_trace` (the project's one writer) from ``OpEvent``-like
     mappings; ``step`` is the traced call's number and ``chunk`` the elements moved.
     """
-    from runtime.trace import write_trace as write_chrome_trace
+    from topocc.runtime.trace import write_trace as write_chrome_trace
 
     events = [{"rank": rank, "index": k, "kind": kind, "peer": peer, "step": call, "channel": channel,
                "chunk": f"{elements} el", "start_s": start, "end_s": end}

@@ -36,7 +36,7 @@ worth.  A large ``chunks_per_round`` trades pipelining for fewer, larger groups
 (what small messages want); :func:`chunks_per_round_for` picks it from a byte
 target per stream and round.
 
-Why it cannot deadlock (the checker, ``planner.verify_lowered``, proves it for
+Why it cannot deadlock (the checker, ``topocc.planner.analysis.verify_lowered``, proves it for
 each lowering): order messages by (round, position within their pair's
 sequence, NCCL's peer round).  Take the first message that never completes:
 every message before it completes, so on both of its ranks every earlier group
@@ -60,8 +60,8 @@ import itertools
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
-from runtime.errors import CommunicatorError
-from runtime.schedule import Schedule
+from topocc.runtime.errors import CommunicatorError
+from topocc.runtime.schedule import Schedule
 
 __all__ = ["DEFAULT_GROUP_BYTES", "Group", "Lowering", "RankLowering", "chunks_per_round_for", "lower",
            "message_keys"]

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.errors import ScheduleFormatError
-from runtime.schedule import Schedule, parse_schedule, read_json_document, schedule_to_dict
+from topocc.runtime.errors import ScheduleFormatError
+from topocc.runtime.schedule import Schedule, parse_schedule, read_json_document, schedule_to_dict
 
 __all__ = ["PLAN_FORMAT", "PLAN_VERSION", "Plan", "load_any", "load_plan", "save_plan"]
 

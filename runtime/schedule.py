@@ -2,7 +2,7 @@
 
 A schedule says, for every rank, an ordered program of operations on chunks of
 its input, output and scratch buffers.  The planner writes it (and proves it with
-``planner.verify``); the runtime reads it and replays it.  It is plain, immutable
+``topocc.planner.analysis.verify``); the runtime reads it and replays it.  It is plain, immutable
 data and is stored as versioned JSON (optionally gzip-compressed); the format is
 documented in ``docs/schedule-format.md``.
 
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.errors import ScheduleFormatError
+from topocc.runtime.errors import ScheduleFormatError
 
 __all__ = [
     "BUFFERS",
@@ -375,7 +375,7 @@ def load_schedule(path: str | Path) -> Schedule:
 
     Structural validation covers the format, version, types, ranges and
     dependency order; whether the schedule computes its collective is the
-    verifier's job (``planner.verify``).
+    verifier's job (``topocc.planner.analysis.verify``).
     """
     return parse_schedule(read_json_document(path, "schedule"), source=str(path))
 

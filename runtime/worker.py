@@ -1,6 +1,6 @@
-"""Per-rank entry point that ``runtime.launch`` starts under ``mpiexec``.
+"""Per-rank entry point that ``topocc.runtime.launch`` starts under ``mpiexec``.
 
-``python -m runtime.worker check SCHEDULE ...`` replays a schedule on
+``python -m topocc.runtime.worker check SCHEDULE ...`` replays a schedule on
 deterministic data, compares with numpy and times the calls; ``... bench SCHEDULE ...`` times it
 against MPI's native collective (and, with ``--gloo HOST:PORT``, torch's gloo
 allreduce; with ``--trace DIR``, one extra traced call per size is written to
@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from runtime.errors import CommunicatorError, TopoccError
-from runtime.executor import REDUCTIONS, resolve_dtype
+from topocc.runtime.errors import CommunicatorError, TopoccError
+from topocc.runtime.executor import REDUCTIONS, resolve_dtype
 
 __all__ = ["case_count", "count_wrong", "main", "make_input", "reference", "tolerance"]
 
@@ -307,7 +307,7 @@ def _time(comm: Any, fn: Any, warmup: int, iters: int) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m runtime.worker", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m topocc.runtime.worker", description=__doc__.splitlines()[0])
     p.add_argument("mode", choices=("check", "bench"))
     p.add_argument("schedule", nargs="+", help="schedule or plan file(s); several files form a plan")
     p.add_argument("--each", action="store_true", help="check each file on its own communicator (check)")
@@ -336,8 +336,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one worker; returns the exit code."""
     args = parser().parse_args(argv)
-    from runtime.communicator import Communicator
-    from runtime.lowering import DEFAULT_GROUP_BYTES
+    from topocc.runtime.communicator import Communicator
+    from topocc.runtime.lowering import DEFAULT_GROUP_BYTES
 
     rank = -1
     try:
@@ -347,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for source in sources:
             transport = None
             if args.lowered:
-                from runtime.transports.mpi import MPIGroupTransport
+                from topocc.runtime.transports.mpi import MPIGroupTransport
 
                 transport = MPIGroupTransport()
             comm = Communicator(source, fingerprint=args.fingerprint, timeout=args.timeout, transport=transport,

@@ -49,10 +49,10 @@ links:
 @pytest.fixture(scope="session")
 def two_rank_schedule(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A ring allreduce compiled for a 2-GPU topology, the topology file beside it (so it can be simulated)."""
-    from planner.algorithms import Options
-    from planner.compile import compile_schedule
-    from planner.topology import load_topology
-    from runtime.schedule import save_schedule
+    from topocc.planner.compiler.algorithms import Options
+    from topocc.planner.compiler.compile import compile_schedule
+    from topocc.planner.topology.parse import load_topology
+    from topocc.runtime.schedule import save_schedule
 
     folder = tmp_path_factory.mktemp("two-gpus")
     (folder / "two-gpus.yaml").write_text(TWO_GPUS)

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from planner.topology import ROUTING_MODES, Topology, parse_topology_text
+from topocc.planner.topology.model import ROUTING_MODES, Topology
+from topocc.planner.topology.parse import parse_topology_text
 
 __all__ = ["TopologySpec", "chassis_yaml", "topologies", "topology_specs", "topology_yaml"]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from planner.cli import main
-from planner.emulation import emulation_available
+from topocc.planner.cli import main
+from topocc.planner.testbed.emulation import emulation_available
 from tests.conftest import REPO, TOPOLOGIES
 
 DATA = REPO / "tests" / "data"
@@ -121,7 +121,7 @@ def test_corpus_is_large_enough() -> None:
 
 
 def test_console_script_installed() -> None:
-    result = subprocess.run([sys.executable, "-m", "planner.cli", "compile", "mesh-4x4", "-a", "nosuch"],
+    result = subprocess.run([sys.executable, "-m", "topocc.planner.cli", "compile", "mesh-4x4", "-a", "nosuch"],
                             capture_output=True, text=True, timeout=60, cwd=REPO)
     assert result.returncode == 2
     assert result.stderr.startswith("topocc: error: unknown algorithm") and "Traceback" not in result.stderr
@@ -129,8 +129,9 @@ def test_console_script_installed() -> None:
 
 def test_compile_reports_progress_per_candidate() -> None:
     """Every candidate is announced and settled once; the winner is verified last."""
-    from planner.algorithms import ALGORITHMS, Options
-    from planner.compile import Progress, compile_schedule, resolve_topology
+    from topocc.planner.compiler.algorithms import ALGORITHMS, Options
+    from topocc.planner.compiler.compile import Progress, compile_schedule
+    from topocc.planner.topology.catalogue import resolve_topology
 
     events: list[Progress] = []
     compiled = compile_schedule(resolve_topology("emu-uniform"), "allreduce", "auto", Options(size_bytes=1 << 20),
@@ -190,7 +191,7 @@ def _broken(path: Path, tmp_path: Path, how: str) -> Path:
     """The schedule with every reduction a plain receive (``wrong``), or rank 0's sends on a channel nobody reads."""
     from dataclasses import replace
 
-    from runtime.schedule import load_schedule, save_schedule
+    from topocc.runtime.schedule import load_schedule, save_schedule
 
     good = load_schedule(path)
     if how == "wrong":
@@ -260,7 +261,7 @@ def test_failing_ranks_are_one_line(two_rank_schedule: Path, tmp_path: Path,
 
 @pytest.mark.mpi
 def test_bench_table_and_json_share_names(two_rank_schedule: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from planner.summary import BENCH_COLUMNS
+    from topocc.planner.report.summary import BENCH_COLUMNS
 
     argv = ["bench", str(two_rank_schedule), "--sizes", "4KiB:16KiB", "--iters", "2", "--warmup", "1"]
     code, out, err = run(capsys, *argv, "--progress")

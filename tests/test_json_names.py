@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from planner.bench import EmulatedRow
-from planner.cli import main
+from topocc.planner.testbed.bench import EmulatedRow
+from topocc.planner.cli import main
 from tests.conftest import REPO
 
 DOC = REPO / "docs" / "json.md"

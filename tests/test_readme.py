@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli import cli
-from runtime.launch import find_mpiexec
+from topocc.planner.cli import cli
+from topocc.runtime.launch import find_mpiexec
 from tests.conftest import REPO, run_bounded
 
 README = REPO / "README.md"
@@ -102,7 +102,7 @@ def resolve(match: re.Match[str]) -> str:
     if name in ("python", "python3"):
         return shlex.quote(sys.executable)
     if name == "topocc":
-        return f"{shlex.quote(sys.executable)} -m planner.cli"
+        return f"{shlex.quote(sys.executable)} -m topocc.planner.cli"
     if name == "mpiexec":
         return shlex.quote(find_mpiexec())
     return shlex.quote(str(beside))

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.compile import schedule_topology, scheduled_topologies
-from planner.verify import verify
-from runtime.schedule import load_schedule
+from topocc.planner.topology.catalogue import schedule_topology, scheduled_topologies
+from topocc.planner.analysis.verify import verify
+from topocc.runtime.schedule import load_schedule
 from tests.conftest import REPO
 
 SCHEDULES = sorted((REPO / "schedules").glob("*.json*"))

@@ -5,15 +5,15 @@ form (``convert_*`` also return the notes: defaults used, what the source
 lacked); :func:`combine_hosts` joins copies of one host into a cluster.
 """
 
-from planner.formats._emit import ImportedTopology as ImportedTopology
-from planner.formats.combine import combine_hosts as combine_hosts
-from planner.formats.msccl_xml import export_msccl as export_msccl
-from planner.formats.msccl_xml import import_msccl as import_msccl
-from planner.formats.msccl_xml import parse_msccl as parse_msccl
-from planner.formats.nccl_topo import convert_nccl_topo as convert_nccl_topo
-from planner.formats.nccl_topo import import_nccl_topo as import_nccl_topo
-from planner.formats.nvidia_smi import convert_nvidia_smi as convert_nvidia_smi
-from planner.formats.nvidia_smi import import_nvidia_smi as import_nvidia_smi
+from topocc.planner.formats._emit import ImportedTopology as ImportedTopology
+from topocc.planner.formats.combine import combine_hosts as combine_hosts
+from topocc.planner.formats.msccl_xml import export_msccl as export_msccl
+from topocc.planner.formats.msccl_xml import import_msccl as import_msccl
+from topocc.planner.formats.msccl_xml import parse_msccl as parse_msccl
+from topocc.planner.formats.nccl_topo import convert_nccl_topo as convert_nccl_topo
+from topocc.planner.formats.nccl_topo import import_nccl_topo as import_nccl_topo
+from topocc.planner.formats.nvidia_smi import convert_nvidia_smi as convert_nvidia_smi
+from topocc.planner.formats.nvidia_smi import import_nvidia_smi as import_nvidia_smi
 
 __all__ = [
     "ImportedTopology",

@@ -12,7 +12,7 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from runtime.errors import TopoccError
+from topocc.runtime.errors import TopoccError
 
 __all__ = ["read_text", "read_xml"]
 

@@ -7,7 +7,7 @@ moment the data starts to move (the later of the send and its receive being
 posted, as the simulator's rendezvous) to its arrival; the time posted is kept
 in ``args``.  Link slices are the busy periods of a link in one algorithm step
 (the flows of that step, merged), named ``step S: a -> b`` with the bytes
-carried.  The writer is :mod:`runtime.trace`, which the runtime uses for
+carried.  The writer is :mod:`topocc.runtime.trace`, which the runtime uses for
 measured runs, so both traces look alike.
 """
 
@@ -17,11 +17,11 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
-from planner.report._model import paused_gc, transfer_starts
-from planner.simulate import SimResult
-from planner.topology import Topology
-from runtime.schedule import Schedule
-from runtime.trace import Slice, TraceWriter, op_slice_name
+from topocc.planner.report._model import paused_gc, transfer_starts
+from topocc.planner.analysis.simulate import SimResult
+from topocc.planner.topology.model import Topology
+from topocc.runtime.schedule import Schedule
+from topocc.runtime.trace import Slice, TraceWriter, op_slice_name
 
 __all__ = ["simulated_trace"]
 
@@ -40,7 +40,7 @@ def simulated_trace(topology: Topology, schedule: Schedule, result: SimResult, *
 
     >>> result = simulate(topology, schedule, 1 << 26, record=True)  # doctest: +SKIP
     >>> trace = simulated_trace(topology, schedule, result)  # doctest: +SKIP
-    >>> runtime.trace.write_trace("run.json", trace)  # doctest: +SKIP
+    >>> topocc.runtime.trace.write_trace("run.json", trace)  # doctest: +SKIP
     """
     with paused_gc():
         return _trace(topology, schedule, result, max_link_slices, max_op_slices)

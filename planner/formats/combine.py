@@ -20,16 +20,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from planner._yaml import parse_yaml
-from planner.errors import TopologyError
-from planner.formats._emit import TopologyText
-from planner.topology import Link, Topology, parse_topology_text
-from planner.units import UnitError, parse_bandwidth, parse_time
+from topocc.planner._yaml import parse_yaml
+from topocc.planner.errors import TopologyError
+from topocc.planner.formats._emit import TopologyText
+from topocc.planner.topology.model import Link, Topology
+from topocc.planner.topology.parse import parse_topology_text
+from topocc.planner.units import UnitError, parse_bandwidth, parse_time
 
 __all__ = ["NETWORK_TYPES", "combine_hosts"]
 
 NETWORK_TYPES = ("switch", "fat_tree", "rail")
-#: The names the topology templates use for the same networks (planner/templates.py) are accepted too.
+#: The names the topology templates use for the same networks (planner/topology/templates.py) are accepted too.
 _SAME_AS_TEMPLATES = {"single-switch": "switch", "fat-tree": "fat_tree", "rail-optimized": "rail"}
 _KEYS = ("type", "bandwidth", "latency", "hosts_per_leaf", "spines", "oversubscription", "name")
 

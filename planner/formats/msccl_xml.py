@@ -32,10 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.collectives import CollectiveSpec, spec
-from planner.errors import ScheduleFormatError, VerificationError
-from planner.formats._xml import read_text, read_xml
-from runtime.schedule import ROOTED, Chunk, Metadata, Op, Schedule, build_schedule
+from topocc.planner.analysis.collectives import CollectiveSpec, spec
+from topocc.planner.errors import ScheduleFormatError, VerificationError
+from topocc.planner.formats._xml import read_text, read_xml
+from topocc.runtime.schedule import ROOTED, Chunk, Metadata, Op, Schedule, build_schedule
 
 __all__ = ["MSCCL_COLLECTIVES", "STEP_TYPES", "export_msccl", "import_msccl", "parse_msccl"]
 
@@ -132,7 +132,7 @@ class _Attrs:
 
 
 def import_msccl(path: str | Path) -> Schedule:
-    """Read an MSCCL XML algorithm as a topocc :class:`Schedule` (verify it with ``planner.verify``).
+    """Read an MSCCL XML algorithm as a topocc :class:`Schedule` (verify it with ``topocc.planner.analysis.verify``).
 
     >>> s = import_msccl("ndv4-r48ll.xml")  # doctest: +SKIP
     >>> s.collective, s.ranks  # doctest: +SKIP

@@ -23,9 +23,9 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from planner.errors import TopologyError
-from planner.formats._emit import ImportedTopology, TopologyText
-from planner.formats._xml import read_text, read_xml
+from topocc.planner.errors import TopologyError
+from topocc.planner.formats._emit import ImportedTopology, TopologyText
+from topocc.planner.formats._xml import read_text, read_xml
 
 __all__ = ["convert_nccl_topo", "import_nccl_topo", "nvlink_lane_bandwidth", "pcie_bandwidth"]
 

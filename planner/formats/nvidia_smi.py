@@ -28,9 +28,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from planner.errors import TopologyError
-from planner.formats._emit import ImportedTopology, TopologyText
-from planner.units import UnitError, parse_bandwidth
+from topocc.planner.errors import TopologyError
+from topocc.planner.formats._emit import ImportedTopology, TopologyText
+from topocc.planner.units import UnitError, parse_bandwidth
 
 __all__ = ["MAX_NVLINKS_PER_GPU", "convert_nvidia_smi", "import_nvidia_smi"]
 

@@ -18,9 +18,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from planner.simulate import OpEvent
-from planner.topology import Device, Topology
-from runtime.schedule import Schedule
+from topocc.planner.analysis.simulate import OpEvent
+from topocc.planner.topology.model import Device, Topology
+from topocc.runtime.schedule import Schedule
 
 #: Draw every device up to this many ranks (and devices); hosts as boxes above.
 DEVICE_LEVEL_RANKS = 64

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.simulate import SimResult, chunk_bytes, simulate
-from planner.topology import Topology
-from runtime.schedule import Schedule
+from topocc.planner.analysis.simulate import SimResult, chunk_bytes, simulate
+from topocc.planner.topology.model import Topology
+from topocc.runtime.schedule import Schedule
 
 __all__ = ["Run", "link_bins", "link_step_bytes", "record_run", "route_matrix", "spread"]
 

@@ -8,7 +8,7 @@ phase or channel).  A row per host and per rack (the only rows beyond that)
 shows how fast its ranks send data out of it and within it in each of
 :data:`BINS` time bins, as heat strips.  A strip per step (when it moves its data) and the busiest links'
 utilisation over time come with both.  Everything is computed here with numpy from a
-:class:`~planner.report._run.Run` (one row per message), so a 1024-rank run
+:class:`~topocc.planner.report._run.Run` (one row per message), so a 1024-rank run
 takes a second, and the page only draws.
 """
 
@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from planner.report._run import Run, link_bins, spread
-from planner.topology import Topology
-from planner.units import format_bandwidth
+from topocc.planner.report._run import Run, link_bins, spread
+from topocc.planner.topology.model import Topology
+from topocc.planner.units import format_bandwidth
 
 __all__ = ["BINS", "INTERVAL_RANKS", "timeline_doc"]
 
@@ -172,7 +172,7 @@ def _steps(run: Run, steps: np.ndarray, total: float, bins: int) -> dict[str, An
 def _links(topology: Topology, run: Run, total: float, bins: int) -> dict[str, Any]:
     """The busiest directed links and their utilisation (bytes / bandwidth) per time bin.
 
-    See :func:`~planner.report._run.link_bins`: a strip shows what each link
+    See :func:`~topocc.planner.report._run.link_bins`: a strip shows what each link
     carried, smoothed within each message (where a message sped up or slowed
     down while sharing links, a bin can hold more than the link's bandwidth
     allows: it is drawn as full).

@@ -1,7 +1,7 @@
 """Graphviz DOT of a topology, with a plan's traffic overlaid.
 
 Devices sit in clusters per rack and host; on large topologies hosts (or
-racks) are single nodes, as in the HTML report (:mod:`planner.report._model`).
+racks) are single nodes, as in the HTML report (:mod:`topocc.planner.report._model`).
 With a plan, physical links are labelled with the bytes they carry and
 coloured from grey (idle) to red (the busiest link), or, with
 ``overlay="channel"``, the plan's sender -> receiver pairs are added as dashed
@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 
-from planner.report._model import View, build_view, messages
-from planner.simulate import SimResult, simulate
-from planner.topology import Topology
-from planner.units import format_bandwidth, format_size
-from runtime.schedule import Schedule
+from topocc.planner.report._model import View, build_view, messages
+from topocc.planner.analysis.simulate import SimResult, simulate
+from topocc.planner.topology.model import Topology
+from topocc.planner.units import format_bandwidth, format_size
+from topocc.runtime.schedule import Schedule
 
 __all__ = ["render_dot"]
 

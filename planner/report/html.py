@@ -4,7 +4,7 @@ Everything is inline (CSS, a little JS, SVG), so the file opens anywhere
 without a network.  The layout and all aggregation are computed here, in
 Python, deterministically; the template only draws (jinja2 with autoescape, so
 device and algorithm names are always escaped).  Views aggregate by host or
-rack on large topologies (:mod:`planner.report._model`), and every chart has an
+rack on large topologies (:mod:`topocc.planner.report._model`), and every chart has an
 element budget, so a 1024-rank report stays a few MB and quick to open.
 """
 
@@ -18,14 +18,14 @@ from typing import Any
 
 import jinja2
 
-from planner.bounds import lower_bound
-from planner.report._model import View, build_view, messages, step_buckets
-from planner.report._run import Run, link_step_bytes, record_run
-from planner.report._timeline import INTERVAL_RANKS, timeline_doc
-from planner.simulate import SimResult
-from planner.topology import Topology, describe
-from planner.units import format_bandwidth, format_size, format_time
-from runtime.schedule import Schedule
+from topocc.planner.analysis.bounds import lower_bound
+from topocc.planner.report._model import View, build_view, messages, step_buckets
+from topocc.planner.report._run import Run, link_step_bytes, record_run
+from topocc.planner.report._timeline import INTERVAL_RANKS, timeline_doc
+from topocc.planner.analysis.simulate import SimResult
+from topocc.planner.topology.model import Topology, describe
+from topocc.planner.units import format_bandwidth, format_size, format_time
+from topocc.runtime.schedule import Schedule
 
 __all__ = ["render_html", "render_topology_html"]
 
@@ -43,7 +43,7 @@ LINK_COLOURS = {"nvlink": "#5a9e00", "pcie": "#d98c00", "ib": "#0072b2", "qpi": 
 @cache
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.PackageLoader("planner.report", "templates"),
+        loader=jinja2.PackageLoader("topocc.planner.report", "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
@@ -238,7 +238,7 @@ def render_html(topology: Topology, schedule: Schedule, size_bytes: int, *,
     """The plan report as one self-contained HTML page.
 
     Simulates ``schedule`` at ``size_bytes`` (keeping one row per message, see
-    :func:`~planner.report._run.record_run`) unless ``run`` already holds that
+    :func:`~topocc.planner.report._run.record_run`) unless ``run`` already holds that
     simulation.  ``baselines`` (name -> result of another schedule on the same
     topology and size, or a sentence saying why it was not compared) fill the
     comparison table.

@@ -6,12 +6,12 @@ from collections import defaultdict
 
 import numpy as np
 
-from planner.report._model import Message, messages, step_buckets
-from planner.report._run import Run, link_step_bytes, record_run
-from planner.summary import format_table
-from planner.topology import Topology
-from planner.units import format_size, format_time
-from runtime.schedule import Schedule
+from topocc.planner.report._model import Message, messages, step_buckets
+from topocc.planner.report._run import Run, link_step_bytes, record_run
+from topocc.planner.report.summary import format_table
+from topocc.planner.topology.model import Topology
+from topocc.planner.units import format_size, format_time
+from topocc.runtime.schedule import Schedule
 
 __all__ = ["describe_channel", "terminal_summary"]
 

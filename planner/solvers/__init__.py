@@ -18,21 +18,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner.errors import InfeasibleError, NotApplicableError, UsageError
+from topocc.planner.errors import InfeasibleError, NotApplicableError, UsageError
 
 __all__ = ["BACKENDS", "LinearProgram", "Solution", "SolverOptions", "available_backends", "solve"]
 
 #: backend name -> module implementing it (imported only when used).
 BACKENDS: dict[str, str] = {
-    "glop": "planner.solvers.ortools",
-    "pdlp": "planner.solvers.ortools",
-    "highs": "planner.solvers.ortools",
-    "clp": "planner.solvers.ortools",
-    "cbc": "planner.solvers.ortools",
-    "scip": "planner.solvers.ortools",
-    "cp-sat": "planner.solvers.ortools",
-    "pulp-cbc": "planner.solvers.pulp",
-    "pulp-highs": "planner.solvers.pulp",
+    "glop": "topocc.planner.solvers.ortools",
+    "pdlp": "topocc.planner.solvers.ortools",
+    "highs": "topocc.planner.solvers.ortools",
+    "clp": "topocc.planner.solvers.ortools",
+    "cbc": "topocc.planner.solvers.ortools",
+    "scip": "topocc.planner.solvers.ortools",
+    "cp-sat": "topocc.planner.solvers.ortools",
+    "pulp-cbc": "topocc.planner.solvers.pulp",
+    "pulp-highs": "topocc.planner.solvers.pulp",
 }
 
 

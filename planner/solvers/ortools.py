@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from planner.solvers import LinearProgram, Solution, SolverOptions
+from topocc.planner.solvers import LinearProgram, Solution, SolverOptions
 
 _IDS = {"glop": "GLOP", "pdlp": "PDLP", "highs": "HIGHS_LP", "clp": "CLP", "cbc": "CBC", "scip": "SCIP",
         "cp-sat": "CP_SAT"}

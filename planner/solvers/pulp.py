@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from planner.solvers import LinearProgram, Solution, SolverOptions
+from topocc.planner.solvers import LinearProgram, Solution, SolverOptions
 
 
 def _solver(name: str, options: SolverOptions):  # type: ignore[no-untyped-def]

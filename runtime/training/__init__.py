@@ -2,30 +2,30 @@
 
 Three ways to run a compiled allreduce plan inside a PyTorch training loop, one module each:
 
-* :mod:`runtime.training.hook`: :func:`topocc_allreduce_hook` with :class:`TopoccHookState`, a DDP
+* :mod:`topocc.runtime.training.hook`: :func:`topocc_allreduce_hook` with :class:`TopoccHookState`, a DDP
   communication hook averaging each bucket with the plan (MPI on CPU buckets, NCCL on CUDA ones);
-* :mod:`runtime.training.blocks`: :class:`BlockScheduler`, Prophet's gradient blocks sent as soon
+* :mod:`topocc.runtime.training.blocks`: :class:`BlockScheduler`, Prophet's gradient blocks sent as soon
   as they are ready, in planned order, with per-layer updates in the next forward pass (CPU tensors
   over MPI or gloo, CUDA tensors over NCCL);
-* :mod:`runtime.training.daso`: :class:`DASO`, node-local averaging every step and stale global
+* :mod:`topocc.runtime.training.daso`: :class:`DASO`, node-local averaging every step and stale global
   averaging every ``B`` steps (over MPI from plans, or over given communicators on any transport);
 
-and :mod:`runtime.training.profile`, which measures what the block planner
-(``planner.buckets``) needs.  Nothing here imports torch at module level: the
+and :mod:`topocc.runtime.training.profile`, which measures what the block planner
+(``topocc.planner.gradblocks.blocks``) needs.  Nothing here imports torch at module level: the
 planner reads :class:`Profile` without it.
 """
 
 from __future__ import annotations
 
-from runtime.training.blocks import BlockScheduler as BlockScheduler
-from runtime.training.blocks import Piece as Piece
-from runtime.training.blocks import load_block_plan as load_block_plan
-from runtime.training.daso import DASO as DASO
-from runtime.training.hook import TopoccHookState as TopoccHookState
-from runtime.training.hook import topocc_allreduce_hook as topocc_allreduce_hook
-from runtime.training.profile import ParamProfile as ParamProfile
-from runtime.training.profile import Profile as Profile
-from runtime.training.profile import profile_model as profile_model
+from topocc.runtime.training.blocks import BlockScheduler as BlockScheduler
+from topocc.runtime.training.blocks import Piece as Piece
+from topocc.runtime.training.blocks import load_block_plan as load_block_plan
+from topocc.runtime.training.daso import DASO as DASO
+from topocc.runtime.training.hook import TopoccHookState as TopoccHookState
+from topocc.runtime.training.hook import topocc_allreduce_hook as topocc_allreduce_hook
+from topocc.runtime.training.profile import ParamProfile as ParamProfile
+from topocc.runtime.training.profile import Profile as Profile
+from topocc.runtime.training.profile import profile_model as profile_model
 
 __all__ = [
     "DASO",

@@ -5,7 +5,7 @@ Per-parameter post-accumulate-grad hooks launch a block once all its gradients
 exist; a background thread sends ready blocks in planned order; each layer's
 optimizer step waits, in the next forward pass, only for the blocks holding that
 layer's parameters, so communication of late layers overlaps the forward pass of
-early ones.  The blocks come from ``planner.buckets`` (:func:`load_block_plan`).
+early ones.  The blocks come from ``topocc.planner.gradblocks.blocks`` (:func:`load_block_plan`).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runtime.communicator import Communicator, PlanSource
-from runtime.errors import CommunicatorError
-from runtime.schedule import read_json_document
-from runtime.training.profile import owners
+from topocc.runtime.communicator import Communicator, PlanSource
+from topocc.runtime.errors import CommunicatorError
+from topocc.runtime.schedule import read_json_document
+from topocc.runtime.training.profile import owners
 
 if TYPE_CHECKING:
     import torch
@@ -33,7 +33,7 @@ Piece = tuple[int, int, int]
 
 
 def load_block_plan(source: str | Path | Mapping[str, Any]) -> list[list[Piece]]:
-    """The blocks of a bucket plan (``planner.buckets.bucket_plan_to_dict`` JSON) in planned order.
+    """The blocks of a bucket plan (``topocc.planner.gradblocks.blocks.bucket_plan_to_dict`` JSON) in planned order.
 
     Each block is a list of ``(parameter index, first byte, end byte)`` pieces.
     """
@@ -59,7 +59,7 @@ class BlockScheduler:
         pieces (:func:`load_block_plan`); together they must cover every
         parameter's bytes exactly once.
     comm:
-        A :class:`~runtime.communicator.Communicator` (or plan source, replayed over MPI) for the
+        A :class:`~topocc.runtime.communicator.Communicator` (or plan source, replayed over MPI) for the
         allreduces; for a CUDA model, one on ``NCCLTransport``: the blocks are then reduced on a side
         stream, ordered by CUDA events, and neither thread waits for the GPU.
     make_optimizer:
@@ -77,7 +77,7 @@ class BlockScheduler:
     than its peers when their gradients arrive in another order (seen under
     load: one rank reducing 300 floats while its peer reduced 16384).  A plan
     lists its blocks in the order its time model sends them, each once ready
-    (:func:`planner.buckets.plan_buckets`), so this is the order it predicted.
+    (:func:`topocc.planner.gradblocks.blocks.plan_buckets`), so this is the order it predicted.
 
     >>> sched = BlockScheduler(model, load_block_plan("b.json"), comm, lambda ps: SGD(ps, lr=0.1))  # doctest: +SKIP
     >>> loss_fn(model(x), y).backward(); sched.step()                                                   # doctest: +SKIP

@@ -9,8 +9,8 @@ import struct
 import threading
 from typing import TYPE_CHECKING, Any
 
-from runtime.communicator import Communicator, PlanSource
-from runtime.errors import CommunicatorError
+from topocc.runtime.communicator import Communicator, PlanSource
+from topocc.runtime.errors import CommunicatorError
 
 if TYPE_CHECKING:
     import torch
@@ -43,7 +43,7 @@ class DASO:
         The local model and its optimizer (the same on every rank).
     global_plan:
         Plan or schedule for an allreduce over all ranks, replayed over MPI; or a
-        :class:`~runtime.communicator.Communicator` over all ranks on any transport
+        :class:`~topocc.runtime.communicator.Communicator` over all ranks on any transport
         (``NCCLTransport`` for a CUDA model: the global average then runs on NCCL's
         stream while the next local steps compute, and nothing here touches MPI).
     group_size:

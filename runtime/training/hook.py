@@ -2,20 +2,20 @@
 
 ``model.register_comm_hook(TopoccHookState(plan), topocc_allreduce_hook)``:
 every DDP bucket is averaged with the plan's schedule for the bucket's byte
-size, through one :class:`~runtime.communicator.Communicator`.  Its transport
+size, through one :class:`~topocc.runtime.communicator.Communicator`.  Its transport
 decides the device: MPI (the default) averages CPU buckets in place through a
-numpy view, with no copy; :class:`~runtime.transports.nccl.NCCLTransport`
+numpy view, with no copy; :class:`~topocc.runtime.transports.nccl.NCCLTransport`
 averages CUDA buckets with the lowered replay, enqueued on NCCL's stream with
 DDP's stream ordered after it, as DDP's own NCCL allreduce is;
-:class:`~runtime.transports.gloo.GlooTransport` averages CPU tensors over gloo.
+:class:`~topocc.runtime.transports.gloo.GlooTransport` averages CPU tensors over gloo.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from runtime.communicator import Communicator, PlanSource, load_plan_source
-from runtime.errors import CommunicatorError
+from topocc.runtime.communicator import Communicator, PlanSource, load_plan_source
+from topocc.runtime.errors import CommunicatorError
 
 if TYPE_CHECKING:
     import torch
@@ -29,8 +29,8 @@ class TopoccHookState:
     Parameters
     ----------
     plan_or_path:
-        A plan or schedule file, a :class:`~runtime.plan.Plan` or a schedule
-        (anything :class:`~runtime.communicator.Communicator` accepts).
+        A plan or schedule file, a :class:`~topocc.runtime.plan.Plan` or a schedule
+        (anything :class:`~topocc.runtime.communicator.Communicator` accepts).
     mpi_comm:
         The mpi4py communicator (default ``COMM_WORLD``) when no ``transport`` is given; its rank
         order must be the process group's.

@@ -1,4 +1,4 @@
-"""What the block planner (``planner.buckets``) needs from one training iteration, and how to measure it.
+"""What the block planner (``topocc.planner.gradblocks.blocks``) needs from one training iteration, and how to measure it.
 
 :class:`Profile` and :class:`ParamProfile` are plain data with no torch import at module level, so the
 planner can read profiles without importing torch (and the runtime never imports the planner);
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from runtime.errors import CommunicatorError
+from topocc.runtime.errors import CommunicatorError
 
 if TYPE_CHECKING:
     import torch
@@ -117,7 +117,7 @@ def profile_model(model: torch.nn.Module, loss_fn: Callable[[Any, Any], torch.Te
     current: list[int] = [-1]
 
     if params and params[0].is_cuda:  # kernels run behind the host: read the clock once the GPU caught up
-        from runtime.transports.torch_ops import wait_for_gpu
+        from topocc.runtime.transports.torch_ops import wait_for_gpu
 
         def clock() -> float:
             wait_for_gpu(20e-6)  # fine-grained: the steps measured here are short

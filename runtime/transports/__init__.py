@@ -2,22 +2,22 @@
 
 Two kinds, one per executor:
 
-* :class:`Transport` (``runtime.executor``, dataflow replay): non-blocking,
+* :class:`Transport` (``topocc.runtime.executor``, dataflow replay): non-blocking,
   persistent point-to-point requests matched by tag, started as their
   operations become ready.  ``mpi.py`` (mpi4py: numpy or CUDA-aware buffers)
   and ``gloo.py`` (torch.distributed over gloo: CPU tensors).
-* :class:`GroupTransport` (``runtime.group_executor``, the replay of a lowered
-  schedule, ``runtime.lowering``): whole groups of sends and receives matched by
+* :class:`GroupTransport` (``topocc.runtime.group_executor``, the replay of a lowered
+  schedule, ``topocc.runtime.lowering``): whole groups of sends and receives matched by
   their order per pair, as NCCL runs them.  ``mpi.py``'s
-  :class:`~runtime.transports.mpi.MPIGroupTransport` (the same semantics on CPU,
+  :class:`~topocc.runtime.transports.mpi.MPIGroupTransport` (the same semantics on CPU,
   with synchronous sends: the proof's evidence in CI) and ``nccl.py`` (CUDA).
 
 Both also run a few small collectives for set-up checks and timing (the
 *control plane*).  The executors never see MPI, torch or NCCL directly, so a
 new backend is one module.  A backend whose buffers are not numpy arrays also
-exposes an ``array_ops`` attribute (a :class:`runtime.executor.ArrayOps`) saying
+exposes an ``array_ops`` attribute (a :class:`topocc.runtime.executor.ArrayOps`) saying
 how to allocate, copy and reduce them.  Backends import their library lazily:
-``from runtime.transports import mpi`` costs nothing until a communicator is made.
+``from topocc.runtime.transports import mpi`` costs nothing until a communicator is made.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The executor replays a schedule on torch tensors exactly as on numpy arrays;
 this module supplies :class:`GlooTransport` (``isend``/``irecv`` on a private
-process group) and uses :class:`~runtime.transports.torch_ops.TorchOps` for
+process group) and uses :class:`~topocc.runtime.transports.torch_ops.TorchOps` for
 allocation, copies and reductions (bfloat16 included).
 
 gloo matches messages by (peer, tag), so any issue order works.  Its
@@ -13,7 +13,7 @@ instead, with the lowered replay (``nccl.py``).
 
 Timeouts: the process group gets a gloo timeout well above the communicator's,
 so the executor's deadline fires first and fails with its one-line
-:class:`~runtime.errors.CommunicatorError` naming the peer.
+:class:`~topocc.runtime.errors.CommunicatorError` naming the peer.
 
 >>> dist.init_process_group("gloo", init_method="tcp://10.0.0.1:29500", rank=r, world_size=n)  # doctest: +SKIP
 >>> comm = Communicator("ring.json", transport=GlooTransport(timeout=30.0))                    # doctest: +SKIP
@@ -33,9 +33,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runtime.errors import CommunicatorError
-from runtime.transports import PeerFailure
-from runtime.transports.torch_ops import TorchOps
+from topocc.runtime.errors import CommunicatorError
+from topocc.runtime.transports import PeerFailure
+from topocc.runtime.transports.torch_ops import TorchOps
 
 __all__ = ["GlooTransport"]
 

@@ -15,7 +15,7 @@ check), as it would on NCCL.
 Each transport works on a private duplicate of the caller's communicator, so its
 messages never match the application's, and sets ``MPI.ERRORS_RETURN`` on it,
 so a broken connection surfaces as an exception (turned into
-:class:`~runtime.transports.PeerFailure`) rather than aborting the job.
+:class:`~topocc.runtime.transports.PeerFailure`) rather than aborting the job.
 
 Buffers are passed to MPI as raw bytes (``MPI.BYTE``): the runtime never asks MPI
 to reduce, so any dtype works, bfloat16 included.
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from runtime.transports import PeerFailure, PeerTimeout
+from topocc.runtime.transports import PeerFailure, PeerTimeout
 
 __all__ = ["MPIGroupTransport", "MPITransport"]
 

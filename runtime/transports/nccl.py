@@ -2,19 +2,19 @@
 
 Set-up (collective, once per transport): rank 0 makes an NCCL unique id and the
 control plane hands it to every rank (MPI's ``COMM_WORLD`` through
-:class:`~runtime.transports.mpi.MPITransport` by default, or any
+:class:`~topocc.runtime.transports.mpi.MPITransport` by default, or any
 ``torch.distributed`` store through
-:class:`~runtime.transports.store.StoreControl`); each rank then creates its
+:class:`~topocc.runtime.transports.store.StoreControl`); each rank then creates its
 one communicator (``ncclCommInitRank``), bounded by the timeout.  No other
 communicator is ever created: no lazily created per-pair ones, no second
 process group per direction (what made the previous NCCL path hang, issue #10).
 Control (set-up handshakes, barriers, timing maxima, the exit check) stays on
 the control plane; data moves only over NCCL.
 
-A call (:class:`~runtime.group_executor.GroupProgram`) enqueues everything at
+A call (:class:`~topocc.runtime.group_executor.GroupProgram`) enqueues everything at
 once on this transport's stream: each group of the lowering
-(:mod:`runtime.lowering`) as ``ncclGroupStart``, one ``ncclSend``/``ncclRecv`` per
-peer and direction (the group's pieces joined: :class:`~runtime.group_executor.Bundles`;
+(:mod:`topocc.runtime.lowering`) as ``ncclGroupStart``, one ``ncclSend``/``ncclRecv`` per
+peer and direction (the group's pieces joined: :class:`~topocc.runtime.group_executor.Bundles`;
 as bytes, so any dtype moves), ``ncclGroupEnd``; its local copies and
 reductions as torch kernels on the same stream.  The stream first waits for the
 caller's current stream, and the caller's stream waits for it afterwards (or
@@ -57,9 +57,9 @@ from typing import Any
 
 import torch
 
-from runtime.errors import CommunicatorError
-from runtime.transports import PeerFailure, PeerTimeout
-from runtime.transports.torch_ops import TORCH_DTYPES, TorchOps
+from topocc.runtime.errors import CommunicatorError
+from topocc.runtime.transports import PeerFailure, PeerTimeout
+from topocc.runtime.transports.torch_ops import TORCH_DTYPES, TorchOps
 
 __all__ = ["NCCL_TYPES", "P2P_TUNING", "NCCLTransport"]
 
@@ -113,7 +113,7 @@ class NCCLTransport:
     ----------
     control:
         The control plane: anything with ``rank``, ``size``, ``allgather_ints``, ``barrier`` and
-        ``max_float`` (default: :class:`~runtime.transports.mpi.MPITransport` over ``COMM_WORLD``).
+        ``max_float`` (default: :class:`~topocc.runtime.transports.mpi.MPITransport` over ``COMM_WORLD``).
     device:
         The CUDA device of this rank's tensors (default: the current device).
     timeout:
@@ -141,7 +141,7 @@ class NCCLTransport:
             raise CommunicatorError("the NCCL transport needs a CUDA device; torch sees none",
                                     fix="use the MPI or gloo transport on CPU")
         if control is None:
-            from runtime.transports.mpi import MPITransport
+            from topocc.runtime.transports.mpi import MPITransport
 
             control = MPITransport()
         if isinstance(device, int):

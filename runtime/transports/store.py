@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from runtime.errors import CommunicatorError
-from runtime.transports import PeerFailure
+from topocc.runtime.errors import CommunicatorError
+from topocc.runtime.transports import PeerFailure
 
 __all__ = ["StoreControl"]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.emulation import emulation_available
+from topocc.planner.testbed.emulation import emulation_available
 from tests.conftest import REPO
 
 pytest.importorskip("torch", reason="torch is not installed (pip install torch)")

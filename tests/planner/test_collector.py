@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from planner.collector import YOUNG_THRESHOLD, rare_collections
+from topocc.planner.collector import YOUNG_THRESHOLD, rare_collections
 
 
 def test_rare_collections_raises_the_young_threshold_and_restores_it() -> None:

@@ -1,4 +1,4 @@
-"""The exit-code table in planner.errors' docstring agrees with the error classes, the CLI and the README."""
+"""The exit-code table in topocc.planner.errors' docstring agrees with the error classes, the CLI and the README."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import re
 
 import pytest
 
-import planner.errors as errors
-from planner.cli import main
-from runtime.errors import TopoccError
+import topocc.planner.errors as errors
+from topocc.planner.cli import main
+from topocc.runtime.errors import TopoccError
 from tests.conftest import REPO
 
-#: Codes the CLI returns itself, not through an error class (planner.cli.main).
+#: Codes the CLI returns itself, not through an error class (topocc.planner.cli.main).
 CLI_CODES = {0, 70, 130, 141}
 
 
@@ -46,7 +46,7 @@ def test_an_internal_error_is_one_line_and_exit_70(monkeypatch: pytest.MonkeyPat
     def broken(*_: object) -> None:
         raise RuntimeError("boom\nsecond line")
 
-    monkeypatch.setattr("planner.summary.algorithms_table", broken)
+    monkeypatch.setattr("topocc.planner.report.summary.algorithms_table", broken)
     assert main(["algorithms"]) == 70
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "internal error: RuntimeError: boom second line" in err

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.units import (
+from topocc.planner.units import (
     UnitError,
     format_bandwidth,
     format_size,

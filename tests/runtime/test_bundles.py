@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from runtime.executor import NUMPY_OPS, SEND, Program, message_tag_space
-from runtime.group_executor import GroupProgram
-from runtime.lowering import lower
+from topocc.runtime.executor import NUMPY_OPS, SEND, Program, message_tag_space
+from topocc.runtime.group_executor import GroupProgram
+from topocc.runtime.lowering import lower
 from tests.runtime.test_mpi import S
 
 

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from runtime import Communicator, CommunicatorError
-from runtime.executor import Layout, Program, block_elements, pair_pieces, resolve_dtype
-from runtime.schedule import Metadata
+from topocc.runtime import Communicator, CommunicatorError
+from topocc.runtime.executor import Layout, Program, block_elements, pair_pieces, resolve_dtype
+from topocc.runtime.schedule import Metadata
 
 HERE = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location("runtime_test_schedules", HERE / "mpi_scripts" / "schedules.py")
@@ -129,7 +129,7 @@ def test_plan_picks_by_size() -> None:
     small = S.ring_allreduce(2).with_metadata(min_bytes=0, max_bytes=1024)
     big = S.ring_allreduce(2, 4).with_metadata(min_bytes=1024, max_bytes=None)
     comm = Communicator([small, big], transport=NoDataTransport(0, 2))
-    from runtime import select_schedule
+    from topocc.runtime import select_schedule
 
     assert select_schedule(comm.plan, 100).metadata.options == {"pipeline": 1}
     assert select_schedule(comm.plan, 4096).metadata.options == {"pipeline": 4}
@@ -137,7 +137,7 @@ def test_plan_picks_by_size() -> None:
 
 
 def test_runtime_imports_no_planner() -> None:
-    code = ("import sys, runtime, runtime.launch, runtime.worker, runtime.executor; "
+    code = ("import sys, runtime, topocc.runtime.launch, topocc.runtime.worker, topocc.runtime.executor; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('planner', 'networkx', 'ortools', 'pulp')]; "
             "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

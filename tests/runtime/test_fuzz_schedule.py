@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.verify import verify
-from runtime.errors import ScheduleFormatError, TopoccError
-from runtime.schedule import Schedule, dump_schedule, load_schedule, parse_schedule
-from tests.planner.test_builder import CONSTRUCTIONS
+from topocc.planner.analysis.verify import verify
+from topocc.runtime.errors import ScheduleFormatError, TopoccError
+from topocc.runtime.schedule import Schedule, dump_schedule, load_schedule, parse_schedule
+from tests.planner.compiler.test_builder import CONSTRUCTIONS
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -193,7 +193,7 @@ def test_the_quick_op_check_is_as_strict_as_the_full_one(data: st.DataObject) ->
     """Loading checks each operation with a quick test first and the full one (which names what is wrong)
     only where that fails: whatever the quick test accepts, the full one must accept as the same operation.
     Operations are valid ones with up to two fields dropped, replaced, edited or extended at their edges."""
-    from runtime.schedule import OP_KINDS, _parse_op, _quick_op, _Reader
+    from topocc.runtime.schedule import OP_KINDS, _parse_op, _quick_op, _Reader
 
     limits, rank, k = {"i": 4, "o": 5, "s": 2}, 1, 3
     kind = data.draw(st.sampled_from(sorted(OP_KINDS)), label="kind")

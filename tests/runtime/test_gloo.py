@@ -16,8 +16,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
 
-from runtime.errors import CommunicatorError  # noqa: E402
-from runtime.launch import spawn_ranks  # noqa: E402
+from topocc.runtime.errors import CommunicatorError  # noqa: E402
+from topocc.runtime.launch import spawn_ranks  # noqa: E402
 
 SCRIPT = Path(__file__).parent / "mpi_scripts" / "torch_check.py"
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -69,7 +69,7 @@ def test_a_failed_peer_gives_one_line_naming_it(tmp_path: Path, mode: str) -> No
 
 
 def test_torch_ops_refuse_what_they_cannot_replay() -> None:
-    from runtime.transports.torch_ops import TorchOps
+    from topocc.runtime.transports.torch_ops import TorchOps
 
     ops = TorchOps(torch.device("cpu"))
     with pytest.raises(CommunicatorError, match="torch tensor"):

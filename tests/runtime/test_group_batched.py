@@ -16,15 +16,15 @@ from typing import Any
 
 import pytest
 
-from runtime.communicator import Communicator
-from runtime.executor import ArrayOps
-from runtime.schedule import load_schedule
-from runtime.worker import call
+from topocc.runtime.communicator import Communicator
+from topocc.runtime.executor import ArrayOps
+from topocc.runtime.schedule import load_schedule
+from topocc.runtime.worker import call
 from tests.conftest import REPO
 
 torch = pytest.importorskip("torch")
 
-from runtime.transports.torch_ops import TorchOps  # noqa: E402
+from topocc.runtime.transports.torch_ops import TorchOps  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("schedules", Path(__file__).parent / "mpi_scripts" / "schedules.py")
 S = importlib.util.module_from_spec(_spec)
@@ -129,7 +129,7 @@ def test_every_collective_batched_equals_piece_by_piece() -> None:
 def test_only_independent_pieces_are_batched() -> None:
     """A multi-tensor call runs its pieces at once (on CUDA): overlapping destinations, or a destination
     that is another piece's source, must stay one call per piece, in order."""
-    from runtime.group_executor import _in_place_folds, _lists
+    from topocc.runtime.group_executor import _in_place_folds, _lists
 
     ops = TorchOps(torch.device("cpu"))
     a, b = torch.zeros(100), torch.zeros(100)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.errors import CommunicatorError
-from runtime.launch import find_mpiexec, run_schedule
+from topocc.runtime.errors import CommunicatorError
+from topocc.runtime.launch import find_mpiexec, run_schedule
 from tests.runtime.test_mpi import (
     ALL_DTYPES,
     ALL_OPS,
@@ -61,7 +61,7 @@ def test_planner_algorithms_lowered(tmp_path: Path) -> None:
 
 def test_killed_peer_gives_one_line_on_every_survivor(tmp_path: Path) -> None:
     path = tmp_path / "ring.json"
-    from runtime.schedule import save_schedule
+    from topocc.runtime.schedule import save_schedule
 
     save_schedule(S.ring_allreduce(4, 2, channels=2), path)
     result = run_schedule(path, 4, 4004, timeout=3.0, repeat=3,
@@ -91,7 +91,7 @@ def test_a_deadlocking_lowering_times_out_naming_the_peer() -> None:
 def test_work_future_on_the_host_is_completed_after_the_collective() -> None:
     """``Work.get_future`` (what the DDP hook returns): on the host, the collective is waited for first."""
     torch = pytest.importorskip("torch")
-    from runtime.group_executor import Work
+    from topocc.runtime.group_executor import Work
 
     waited: list[float] = []
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.errors import UsageError
-from runtime.launch import bench_sizes, check_ranks, rank_list, spawn_ranks, summarize_failures
+from topocc.runtime.errors import UsageError
+from topocc.runtime.launch import bench_sizes, check_ranks, rank_list, spawn_ranks, summarize_failures
 
 REPO = Path(__file__).resolve().parents[2]
 FIX = " (fix: a peer died, hangs, or runs a different schedule; check its output)"
@@ -96,7 +96,7 @@ def test_a_launcher_stopped_by_sigterm_takes_its_ranks_along(tmp_path: Path) -> 
     """`timeout` signals only the launcher's group; the ranks lead their own sessions, yet must not outlive it."""
     launcher = (
         "import sys, threading\n"
-        "from runtime.launch import exit_on_sigterm, spawn_ranks\n"
+        "from topocc.runtime.launch import exit_on_sigterm, spawn_ranks\n"
         "exit_on_sigterm()\n"
         "rank = ['-c', 'import os, sys, time; open(sys.argv[1], \"w\").write(str(os.getpid())); time.sleep(120)']\n"
         "def job(r):  # one launch from a thread, as nccl_check's --jobs does\n"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime.errors import CommunicatorError
-from runtime.lowering import Lowering, chunks_per_round_for, lower, message_keys
-from runtime.schedule import Chunk, Op, build_schedule
+from topocc.runtime.errors import CommunicatorError
+from topocc.runtime.lowering import Lowering, chunks_per_round_for, lower, message_keys
+from topocc.runtime.schedule import Chunk, Op, build_schedule
 
 HERE = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location("runtime_test_schedules", HERE / "mpi_scripts" / "schedules.py")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.verify import verify
-from runtime.launch import RANK_WRAPPER, bench_schedule, find_mpiexec, run_schedule
-from runtime.schedule import save_schedule
+from topocc.planner.analysis.verify import verify
+from topocc.runtime.launch import RANK_WRAPPER, bench_schedule, find_mpiexec, run_schedule
+from topocc.runtime.schedule import save_schedule
 
 pytestmark = pytest.mark.mpi
 
@@ -31,7 +31,7 @@ def check_all(files: list[Path], np_: int, dtypes: list[str], ops: list[str], co
               limit: float = 90, extra: Sequence[str] = ()) -> list[dict]:
     """Run the worker on every file (``extra``: more worker arguments) and return rank 0's rows."""
     cmd = [find_mpiexec(), "-disable-auto-cleanup", "-n", str(np_), *RANK_WRAPPER, sys.executable, "-m",
-           "runtime.worker", "check", "--each", *map(str, files), "--data", "exact", "--timeout", "20",
+           "topocc.runtime.worker", "check", "--each", *map(str, files), "--data", "exact", "--timeout", "20",
            "--repeat", "2", "--dtypes", *dtypes, "--ops", *ops, "--counts", *map(str, counts), *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -96,7 +96,7 @@ def test_eight_ranks(tmp_path: Path) -> None:
 
 
 def test_planner_algorithms_replay(tmp_path: Path) -> None:
-    """Schedules from planner.algorithms (ring, tree, halving-doubling, direct, hierarchical; bucket on grids)
+    """Schedules from topocc.planner.compiler.algorithms (ring, tree, halving-doubling, direct, hierarchical; bucket on grids)
     on 4 ranks."""
     schedules = {**S.planner_schedules(), **S.grid_schedules()}
     assert "ring-allreduce" in schedules and "direct-alltoall" in schedules and "bucket-allreduce-torus-4" in schedules

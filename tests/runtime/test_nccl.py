@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.errors import CommunicatorError
+from topocc.runtime.errors import CommunicatorError
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
 
@@ -42,7 +42,7 @@ def passes(mode: str, world: int, *args: str) -> None:
 
 @pytest.mark.skipif(_gpu_missing() is None, reason="a GPU with CuPy is here: the transport is built, not refused")
 def test_refused_in_one_line_without_a_gpu() -> None:
-    from runtime.transports.nccl import NCCLTransport
+    from topocc.runtime.transports.nccl import NCCLTransport
 
     with pytest.raises(CommunicatorError) as info:
         NCCLTransport(object())

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from planner.verify import verify
-from runtime.errors import ScheduleFormatError, TopoccError
-from runtime.schedule import (
+from topocc.planner.analysis.verify import verify
+from topocc.runtime.errors import ScheduleFormatError, TopoccError
+from topocc.runtime.schedule import (
     FORMAT,
     VERSION,
     Chunk,
@@ -28,7 +28,7 @@ from runtime.schedule import (
     save_schedule,
     schedule_to_dict,
 )
-from tests.planner.test_builder import CONSTRUCTIONS, direct_allreduce_schedule
+from tests.planner.compiler.test_builder import CONSTRUCTIONS, direct_allreduce_schedule
 
 REPO = Path(__file__).resolve().parents[2]
 BAD = REPO / "tests" / "data" / "bad_schedules"

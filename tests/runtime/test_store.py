@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 RANK = r'''
 import json, sys, time
 import torch.distributed as dist
-from runtime.transports.store import StoreControl
+from topocc.runtime.transports.store import StoreControl
 
 rank, world, path, present = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 control = StoreControl(dist.FileStore(path, world), rank, world)
@@ -59,8 +59,8 @@ def test_three_ranks_agree_and_a_missing_rank_times_out(tmp_path: Path) -> None:
 def test_a_rank_outside_the_world_is_refused() -> None:
     import torch.distributed as dist
 
-    from runtime.errors import CommunicatorError
-    from runtime.transports.store import StoreControl
+    from topocc.runtime.errors import CommunicatorError
+    from topocc.runtime.transports.store import StoreControl
 
     with pytest.raises(CommunicatorError, match=r"rank 3 is not in 0\.\.2"):
         StoreControl(dist.HashStore(), 3, 3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.worker import count_wrong, make_input, reference, tolerance
+from topocc.runtime.worker import count_wrong, make_input, reference, tolerance
 
 
 def inputs(collective: str, ranks: int, count: int, dtype: str, op: str, seed: int = 0) -> list[np.ndarray]:

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from planner.algorithms import Options
-from planner.compile import compile_schedule, resolve_topology
-from planner.formats.chrome_trace import simulated_trace
-from planner.simulate import simulate
-from runtime.trace import Slice, TraceWriter, chrome_trace, write_trace
+from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.compile import compile_schedule
+from topocc.planner.topology.catalogue import resolve_topology
+from topocc.planner.formats.chrome_trace import simulated_trace
+from topocc.planner.analysis.simulate import simulate
+from topocc.runtime.trace import Slice, TraceWriter, chrome_trace, write_trace
 
 SIZE = 64 << 20
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from planner.builder import ScheduleBuilder
-from planner.errors import ScheduleFormatError, VerificationError
-from planner.formats.msccl_xml import export_msccl, import_msccl, parse_msccl
-from planner.topology import parse_topology_text
-from planner.verify import verify
-from runtime.schedule import Chunk, Schedule
+from topocc.planner.compiler.builder import ScheduleBuilder
+from topocc.planner.errors import ScheduleFormatError, VerificationError
+from topocc.planner.formats.msccl_xml import export_msccl, import_msccl, parse_msccl
+from topocc.planner.topology.parse import parse_topology_text
+from topocc.planner.analysis.verify import verify
+from topocc.runtime.schedule import Chunk, Schedule
 
 REF = Path(__file__).resolve().parents[3].parent / "shared" / "reference" / "msccl"
 FILES = sorted(p.name for p in REF.glob("*.xml")) if REF.is_dir() else []
@@ -59,7 +59,7 @@ def test_reference_file_imports_verifies_and_round_trips(name: str) -> None:
     assert report.messages == sends
     again = check_round_trip(schedule)
     try:
-        from planner.simulate import simulate
+        from topocc.planner.analysis.simulate import simulate
     except ImportError:
         return
     topo = parse_topology_text(switch_topology(schedule.ranks))

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from planner.errors import TopologyError
-from planner.formats.nccl_topo import convert_nccl_topo, import_nccl_topo, pcie_bandwidth
-from planner.topology import Topology, parse_topology_text
+from topocc.planner.errors import TopologyError
+from topocc.planner.formats.nccl_topo import convert_nccl_topo, import_nccl_topo, pcie_bandwidth
+from topocc.planner.topology.model import Topology
+from topocc.planner.topology.parse import parse_topology_text
 
 REF = Path(__file__).resolve().parents[3].parent / "shared" / "reference" / "nccl-topo"
 DATA = Path(__file__).resolve().parents[2] / "data" / "nccl_topo"

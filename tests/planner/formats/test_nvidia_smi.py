@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from planner.errors import TopologyError
-from planner.formats.nvidia_smi import convert_nvidia_smi, import_nvidia_smi
-from planner.topology import Topology, parse_topology_text
+from topocc.planner.errors import TopologyError
+from topocc.planner.formats.nvidia_smi import convert_nvidia_smi, import_nvidia_smi
+from topocc.planner.topology.model import Topology
+from topocc.planner.topology.parse import parse_topology_text
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "nvidia_smi"
 DGX1_LANES = {(0, 1): 1, (0, 2): 1, (0, 3): 2, (0, 4): 2, (1, 2): 2, (1, 3): 1, (1, 5): 2, (2, 3): 2, (2, 6): 1,

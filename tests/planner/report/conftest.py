@@ -6,12 +6,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from planner.algorithms import Options, get_algorithm
-from planner.compile import compile_schedule, resolve_topology
-from planner.report._run import Run, record_run
-from planner.simulate import SimResult, simulate
-from planner.topology import Topology
-from runtime.schedule import Schedule
+from topocc.planner.compiler.algorithms import Options, get_algorithm
+from topocc.planner.compiler.compile import compile_schedule
+from topocc.planner.topology.catalogue import resolve_topology
+from topocc.planner.report._run import Run, record_run
+from topocc.planner.analysis.simulate import SimResult, simulate
+from topocc.planner.topology.model import Topology
+from topocc.runtime.schedule import Schedule
 
 SIZE = 64 << 20
 
@@ -70,7 +71,7 @@ def shipped(name: str) -> Plan:
     """The shipped allreduce schedule of topology ``name`` (``schedules/``), simulated at the size it was built for."""
     from pathlib import Path
 
-    from runtime.plan import as_plan, load_any
+    from topocc.runtime.plan import as_plan, load_any
 
     found = sorted((Path(__file__).resolve().parents[3] / "schedules").glob(f"{name}-allreduce.json*"))
     schedule = as_plan(load_any(found[0])).schedules[0]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.report import render_html, render_topology_html
+from topocc.planner.report import render_html, render_topology_html
 
 from .conftest import SIZE, Plan
 

@@ -8,8 +8,9 @@ import subprocess
 
 import pytest
 
-from planner.report import render_dot
-from planner.topology import Topology, parse_topology_text
+from topocc.planner.report import render_dot
+from topocc.planner.topology.model import Topology
+from topocc.planner.topology.parse import parse_topology_text
 
 from .conftest import Plan
 
@@ -103,7 +104,7 @@ links:
 
 
 def test_racks_aggregate_at_1024_ranks() -> None:
-    from planner.compile import resolve_topology
+    from topocc.planner.topology.catalogue import resolve_topology
 
     text = render_dot(resolve_topology("fattree-1024"))
     nodes, edges = check_dot(text)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from planner.report import render_html, render_topology_html
-from planner.report._model import build_view, messages
-from planner.report._run import link_step_bytes
-from planner.topology import parse_topology_text
+from topocc.planner.report import render_html, render_topology_html
+from topocc.planner.report._model import build_view, messages
+from topocc.planner.report._run import link_step_bytes
+from topocc.planner.topology.parse import parse_topology_text
 
 from .conftest import SIZE, Plan
 
@@ -97,8 +97,8 @@ links:
   - {ends: ["g<b>0", "g\\"1"], bandwidth: 10 GB/s, latency: 1 us}
 """
     )
-    from planner.algorithms import Options
-    from planner.compile import compile_schedule
+    from topocc.planner.compiler.algorithms import Options
+    from topocc.planner.compiler.compile import compile_schedule
 
     schedule = compile_schedule(topo, "allreduce", "ring", Options(size_bytes=1 << 20)).schedule
     for html in (render_html(topo, schedule, 1 << 20), render_topology_html(topo)):
@@ -117,7 +117,7 @@ def test_hosts_and_racks_are_boxes(racks_plan: Plan) -> None:
 
 
 def test_topology_page_at_1024_ranks_is_aggregated() -> None:
-    from planner.compile import resolve_topology
+    from topocc.planner.topology.catalogue import resolve_topology
 
     topo = resolve_topology("fattree-1024")
     html = render_topology_html(topo)
@@ -149,7 +149,7 @@ def test_1024_rank_report_is_bounded(fattree_plan: Plan) -> None:
 
 def test_inspect_writes_the_report_with_baselines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``topocc inspect --html``: the shipped DGX-1 plan against tree (simulated) and ring (its own algorithm)."""
-    import planner.summary as summary
+    import topocc.planner.report.summary as summary
 
     shipped = Path(__file__).resolve().parents[3] / "schedules" / "dgx1-v100-allreduce.json"
     out = tmp_path / "r.html"
@@ -168,8 +168,8 @@ def test_flat_baselines_are_not_built_at_1024_ranks() -> None:
     """A ring over 1024 ranks would cost minutes: the report says why it is not compared, without building it."""
     from types import SimpleNamespace
 
-    from planner.compile import resolve_topology
-    from planner.summary import _baseline
+    from topocc.planner.topology.catalogue import resolve_topology
+    from topocc.planner.report.summary import _baseline
 
     plan = SimpleNamespace(collective="allreduce", root=None)  # all a baseline reads of the plan
     note = _baseline(resolve_topology("fattree-1024"), plan, "ring", SIZE)  # type: ignore[arg-type]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from planner.report import terminal_summary
-from planner.report._model import Message
-from planner.report._run import link_step_bytes
-from planner.report.text import describe_channel
+from topocc.planner.report import terminal_summary
+from topocc.planner.report._model import Message
+from topocc.planner.report._run import link_step_bytes
+from topocc.planner.report.text import describe_channel
 
 from .conftest import Plan
 

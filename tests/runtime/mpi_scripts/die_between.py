@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from runtime import Communicator
+from topocc.runtime import Communicator
 
 DIE_RANK = 2
 

@@ -13,13 +13,13 @@ import time
 
 import numpy as np
 
-from runtime.errors import CommunicatorError
-from runtime.executor import Program
-from runtime.group_executor import GroupProgram
-from runtime.lowering import Group, RankLowering
-from runtime.schedule import Chunk, Op, build_schedule
-from runtime.transports import PeerFailure
-from runtime.transports.mpi import MPIGroupTransport
+from topocc.runtime.errors import CommunicatorError
+from topocc.runtime.executor import Program
+from topocc.runtime.group_executor import GroupProgram
+from topocc.runtime.lowering import Group, RankLowering
+from topocc.runtime.schedule import Chunk, Op, build_schedule
+from topocc.runtime.transports import PeerFailure
+from topocc.runtime.transports.mpi import MPIGroupTransport
 
 timeout = float(sys.argv[1])
 transport = MPIGroupTransport()

@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from runtime import Communicator, CommunicatorError
+from topocc.runtime import Communicator, CommunicatorError
 
 mode, path_a, path_b = sys.argv[1:4]
 from mpi4py import MPI  # noqa: E402

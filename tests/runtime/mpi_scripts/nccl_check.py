@@ -10,7 +10,7 @@ tests/runtime/test_nccl.py runs the same cases under pytest, benchmarks/gpu_chec
 Modes:
 
 * ``check DTYPES COUNTS GROUP_BYTES``: every collective of ``schedules.py`` (their lowerings are proved on
-  CPU by tests/planner/test_verify_lowered.py), every op, twice per case (the second reuses the binding),
+  CPU by tests/planner/analysis/test_verify_lowered.py), every op, twice per case (the second reuses the binding),
   plus ``async_op=True`` and NCCL's own allreduce on the same communicator, against torch references;
 * ``planner``: the planner's algorithms on a 4-rank topology (bucket on a ring and a 2x2 mesh), float32 and bfloat16;
 * ``ddp`` (4 ranks): training with DDP and the hook over our NCCL transport (the planner's hierarchical
@@ -73,7 +73,7 @@ def _load(name: str) -> Any:
 
 def launch(mode: str, world: int, *args: str, limit: float = 300.0) -> Outputs:
     """Run ``world`` ranks of ``mode`` on this machine's GPU; every rank is killed if ``limit`` seconds pass."""
-    from runtime.launch import spawn_ranks
+    from topocc.runtime.launch import spawn_ranks
 
     with tempfile.TemporaryDirectory(prefix="topocc-nccl-") as tmp:
         store = str(Path(tmp) / "store")
@@ -132,10 +132,10 @@ def _rank_main(rank: int, world: int, path: str, mode: str, args: list[str]) -> 
     import torch
     import torch.distributed as dist
 
-    from runtime.communicator import Communicator
-    from runtime.errors import CommunicatorError
-    from runtime.transports.nccl import NCCLTransport
-    from runtime.transports.store import StoreControl
+    from topocc.runtime.communicator import Communicator
+    from topocc.runtime.errors import CommunicatorError
+    from topocc.runtime.transports.nccl import NCCLTransport
+    from topocc.runtime.transports.store import StoreControl
 
     # without CUDA the transport refuses (one line); the tensors are never made
     device = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
@@ -184,8 +184,8 @@ def _check_schedules(rank: int, world: int, device: Any, schedules: dict[str, An
                      counts: list[int], group_bytes: int, transport: Any) -> dict[str, Any]:
     import torch
 
-    from runtime.communicator import Communicator
-    from runtime.worker import call
+    from topocc.runtime.communicator import Communicator
+    from topocc.runtime.worker import call
 
     T = _load("torch_check")  # inputs_for, reference, DTYPES, OPS: the same references as the gloo checks
     cases, wrong, native = 0, [], 0
@@ -230,7 +230,7 @@ def _check_ddp(rank: int, world: int, store: Any, device: Any, plan: Any, transp
     import torch.distributed as dist
     from torch import nn
 
-    from runtime.training import TopoccHookState, topocc_allreduce_hook
+    from topocc.runtime.training import TopoccHookState, topocc_allreduce_hook
 
     dist.init_process_group("nccl", store=dist.PrefixStore("torch", store), rank=rank, world_size=world,
                             device_id=device)
@@ -270,7 +270,7 @@ def _check_ddp(rank: int, world: int, store: Any, device: Any, plan: Any, transp
 
 def main(argv: list[str]) -> int:
     if argv[0] == "rank":
-        from runtime.errors import TopoccError
+        from topocc.runtime.errors import TopoccError
 
         try:
             return _rank_main(int(argv[1]), int(argv[2]), argv[3], argv[4], argv[5:])
@@ -278,7 +278,7 @@ def main(argv: list[str]) -> int:
             os.write(2, f"topocc: {err.one_line()}\n".encode())
             return err.exit_code
     if argv[0] in ("run", "suite"):
-        from runtime.launch import exit_on_sigterm
+        from topocc.runtime.launch import exit_on_sigterm
 
         exit_on_sigterm()  # a `timeout` on this launcher takes its ranks along
         jobs = 1

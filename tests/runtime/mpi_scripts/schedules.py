@@ -1,7 +1,7 @@
 """Small hand-written schedules of every collective, for the runtime's tests and benchmarks.
 
-Built with :class:`planner.builder.ScheduleBuilder` (which adds the data
-dependencies), so each is checked by ``planner.verify`` before the runtime sees it;
+Built with :class:`topocc.planner.compiler.builder.ScheduleBuilder` (which adds the data
+dependencies), so each is checked by ``topocc.planner.analysis.verify`` before the runtime sees it;
 :func:`planner_schedules` adds the planner's own algorithms on a 4-rank topology, and
 :func:`grid_schedules` the bucket all-reduce, reduce-scatter and all-gather on 4-rank grids.
 """
@@ -12,8 +12,8 @@ import contextlib
 import itertools
 from collections.abc import Sequence
 
-from planner.builder import ScheduleBuilder
-from runtime.schedule import Chunk, Metadata, Op, Schedule, build_schedule
+from topocc.planner.compiler.builder import ScheduleBuilder
+from topocc.runtime.schedule import Chunk, Metadata, Op, Schedule, build_schedule
 
 
 def ring_allreduce(n: int, pipeline: int = 1, *, inplace: bool = False, channels: int = 1) -> Schedule:
@@ -181,9 +181,9 @@ cluster:
 def planner_schedules(algorithms: Sequence[str] = ("ring", "tree", "halving-doubling", "direct", "hierarchical"),
                       size_bytes: int = 1 << 16) -> dict[str, Schedule]:
     """Every collective each algorithm builds on :data:`TINY_2X2`, by ``algorithm-collective``."""
-    from planner.algorithms import ALGORITHMS, Options
-    from planner.errors import NotApplicableError
-    from planner.topology import parse_topology_text
+    from topocc.planner.compiler.algorithms import ALGORITHMS, Options
+    from topocc.planner.errors import NotApplicableError
+    from topocc.planner.topology.parse import parse_topology_text
 
     topology = parse_topology_text(TINY_2X2, "tiny-2x2")
     schedules = {}
@@ -198,9 +198,9 @@ def planner_schedules(algorithms: Sequence[str] = ("ring", "tree", "halving-doub
 def grid_schedules(size_bytes: int = 1 << 16) -> dict[str, Schedule]:
     """The bucket all-reduce, reduce-scatter and all-gather (in scratch, copied to and from the buffers) on a ring
     of 4 (both ways round) and a 2x2 mesh (lines of two), by name."""
-    from planner.algorithms import Options
-    from planner.algorithms.bucket import bucket
-    from planner.fabrics import grid
+    from topocc.planner.compiler.algorithms import Options
+    from topocc.planner.compiler.algorithms.bucket import bucket
+    from benchmarks.fabrics import grid
 
     return {f"bucket-{collective}-{kind}-{'x'.join(map(str, dims))}": bucket(
         grid(kind, dims).topology(), collective, Options(size_bytes=size_bytes))

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from planner.buckets import BucketPlan, LinearCost, bucket_plan_to_dict, prophet_blocks
-from runtime.training import profile_model
+from topocc.planner.gradblocks.blocks import BucketPlan, LinearCost, bucket_plan_to_dict, prophet_blocks
+from topocc.runtime.training import profile_model
 from tests.runtime.training.launch import PREAMBLE, launch, plan_for
 
 torch = pytest.importorskip("torch")
 
 # the block scheduler with the planner's blocks gives the same update as DDP + SGD
 WORKER = PREAMBLE + r'''
-from runtime.training import BlockScheduler, TopoccHookState, load_block_plan
+from topocc.runtime.training import BlockScheduler, TopoccHookState, load_block_plan
 
 comm = TopoccHookState(sys.argv[1], timeout=20.0).comm
 blocks = load_block_plan(sys.argv[2])
@@ -64,8 +64,8 @@ def test_blocks_match_ddp(tmp_path: Path, hosts: int, gpus: int) -> None:
 
 
 def test_block_plan_errors_are_one_line(tmp_path: Path) -> None:
-    from runtime.errors import CommunicatorError
-    from runtime.training import load_block_plan
+    from topocc.runtime.errors import CommunicatorError
+    from topocc.runtime.training import load_block_plan
 
     bad = tmp_path / "b.json"
     bad.write_text(json.dumps({"format": "topocc-bucket-plan", "blocks": [{"pieces": [[0, 1]]}]}))

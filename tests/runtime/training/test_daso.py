@@ -16,7 +16,7 @@ import json, sys
 import torch
 from torch import nn
 from mpi4py import MPI
-from runtime.training import DASO
+from topocc.runtime.training import DASO
 
 plan4, plan2, steps, skip, warm = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 world = MPI.COMM_WORLD

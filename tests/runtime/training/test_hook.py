@@ -13,9 +13,9 @@ torch = pytest.importorskip("torch")
 # plain DDP vs DDP + hook, with the hook's communicator on MPI (numpy views), gloo (tensors) and the lowered
 # replay (MPIGroupTransport: NCCL's group semantics on CPU)
 WORKER = PREAMBLE + r'''
-from runtime.training import TopoccHookState, topocc_allreduce_hook
-from runtime.transports.gloo import GlooTransport
-from runtime.transports.mpi import MPIGroupTransport
+from topocc.runtime.training import TopoccHookState, topocc_allreduce_hook
+from topocc.runtime.transports.gloo import GlooTransport
+from topocc.runtime.transports.mpi import MPIGroupTransport
 
 def grads(state):
     m = model()
@@ -55,8 +55,8 @@ def test_hook_matches_ddp_over_every_transport(tmp_path: Path, hosts: int, gpus:
 def test_hook_refuses_a_non_allreduce_plan() -> None:
     import importlib.util
 
-    from runtime.errors import CommunicatorError
-    from runtime.training import TopoccHookState
+    from topocc.runtime.errors import CommunicatorError
+    from topocc.runtime.training import TopoccHookState
 
     here = Path(__file__).parent.parent / "mpi_scripts" / "schedules.py"
     spec = importlib.util.spec_from_file_location("runtime_test_schedules", here)

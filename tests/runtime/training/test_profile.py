@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.training import profile_model
+from topocc.runtime.training import profile_model
 
 torch = pytest.importorskip("torch")
 
@@ -26,7 +26,7 @@ def test_profile_sees_backward_in_reverse_layer_order() -> None:
 
 def test_a_module_with_weights_of_its_own_owns_its_childrens() -> None:
     """nn.MultiheadAttention applies out_proj's weight itself (out_proj's forward never runs): one layer."""
-    from runtime.training.profile import owners
+    from topocc.runtime.training.profile import owners
 
     attn = torch.nn.MultiheadAttention(16, 2, batch_first=True)
     net = torch.nn.ModuleDict({"attn": attn, "ff": torch.nn.Sequential(torch.nn.Linear(16, 16))})

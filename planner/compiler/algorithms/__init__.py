@@ -1,0 +1,140 @@
+"""The algorithm table: every schedule construction, by name, with the collectives it supports.
+
+Each algorithm is a function ``(topology, collective, options) -> Schedule`` in
+its own module.  It raises :class:`~topocc.planner.errors.NotApplicableError` when the
+topology or collective does not suit it; :func:`topocc.planner.compiler.compile.compile_schedule`
+is the front door that picks one, verifies and times the result.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from topocc.planner.errors import UsageError
+from topocc.planner.topology.model import Topology
+from topocc.runtime.schedule import Schedule
+
+__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmFn", "Options", "get_algorithm"]
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """What a caller may ask of an algorithm; each algorithm reads the fields it understands.
+
+    ``size_bytes`` is the buffer size the schedule is tuned for (nccl-tests
+    convention: the larger of input and output); ``channels`` the number of
+    parallel rings/trees (None: the algorithm decides from the fabric);
+    ``pipeline`` the number of pieces each chunk is split into for pipelining
+    (None: decided from the size); ``root`` the root of broadcast and reduce.
+    """
+
+    size_bytes: int = 64 << 20
+    channels: int | None = None
+    pipeline: int | None = None
+    root: int = 0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"size_bytes": self.size_bytes, "root": self.root}
+        if self.channels is not None:
+            out["channels"] = self.channels
+        if self.pipeline is not None:
+            out["pipeline"] = self.pipeline
+        out.update(self.extra)
+        return out
+
+
+AlgorithmFn = Callable[[Topology, str, Options], Schedule]
+
+
+@dataclass(frozen=True, slots=True)
+class Algorithm:
+    """A registered construction: its name, the collectives it builds, and a one-line summary."""
+
+    name: str
+    module: str
+    function: str
+    collectives: tuple[str, ...]
+    summary: str
+    #: ``auto`` skips this algorithm above this many ranks: its schedule grows as p^2 operations (or its
+    #: solver as a model of that size), so at scale it loses to the hierarchical ones and costs minutes.
+    auto_max_ranks: int | None = None
+    #: ``auto`` races the algorithms tier by tier, cheapest to build first, and stops before the next tier
+    #: once its best reaches :data:`topocc.planner.compiler.compile.GOOD_ENOUGH` of the lower bound (the costly builders,
+    #: tree packing, MultiTree and the flow LP, take seconds to minutes where the others take well under one).
+    auto_tier: int = 0
+    #: ``(collective, ranks) -> n``: every schedule it builds has a chain of at least n dependent
+    #: messages (each waits for the previous one to arrive), so it takes at least n times the least
+    #: rank-to-rank latency; ``auto`` builds it last, and not at all when that already loses.
+    min_chain: Callable[[str, int], int] | None = None
+    #: Name of a function of :attr:`module`, ``(topology, collective, options) -> seconds``: a lower bound
+    #: of :func:`topocc.planner.compiler.compile.link_time` of its schedule, found without building it (whose cost grows
+    #: with the pipelined pieces); ``auto`` builds it after the others of its tier, and not at all when that
+    #: bound already loses (the 1024-rank double binary tree: 16 ms against 2.9 ms, ten seconds unbuilt).
+    link_floor: str | None = None
+
+    def load(self) -> AlgorithmFn:
+        fn: AlgorithmFn = getattr(importlib.import_module(self.module), self.function)
+        return fn
+
+    def load_link_floor(self) -> Callable[[Topology, str, Options], float] | None:
+        """The :attr:`link_floor` function, or None when the algorithm has none."""
+        if self.link_floor is None:
+            return None
+        fn: Callable[[Topology, str, Options], float] = getattr(importlib.import_module(self.module), self.link_floor)
+        return fn
+
+
+_ALL = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce")
+
+
+def _ring_chain(collective: str, p: int) -> int:
+    """Dependent messages in every ring schedule: a block passes p - 1 ranks in turn (reduce-scatter,
+    all-gather, the chains of broadcast and reduce), an all-reduce block p - 1 to be reduced, then p - 1
+    more to be spread; pieces and channels run several such chains side by side, never shorter ones."""
+    return max(0, p - 1) * (2 if collective == "allreduce" else 1)
+
+#: The one table of algorithms (imported lazily so a solver-backed one costs nothing until used).
+ALGORITHMS: dict[str, Algorithm] = {
+    a.name: a
+    for a in (
+        Algorithm("ring", "topocc.planner.compiler.algorithms.ring", "ring", _ALL,
+                  "topology-aware rings (one or more channels), bandwidth-optimal for large messages",
+                  auto_max_ranks=256, min_chain=_ring_chain, link_floor="ring_link_floor"),
+        Algorithm("tree", "topocc.planner.compiler.algorithms.tree", "double_binary_tree", ("allreduce", "broadcast", "reduce"),
+                  "double binary tree (NCCL's tree), logarithmic latency", link_floor="tree_link_floor"),
+        Algorithm("halving-doubling", "topocc.planner.compiler.algorithms.halving_doubling", "halving_doubling",
+                  ("allreduce", "reducescatter", "allgather"),
+                  "recursive halving-doubling (Rabenseifner), log p steps"),
+        Algorithm("direct", "topocc.planner.compiler.algorithms.direct", "direct", (*_ALL, "alltoall"),
+                  "all-pairs exchange in one step, for small messages and all-to-all", auto_max_ranks=64),
+        Algorithm("hierarchical", "topocc.planner.compiler.algorithms.hierarchical", "hierarchical", _ALL,
+                  "BlueConnect: reduce-scatter level by level up the hierarchy, all-gather back down; "
+                  "broadcast and reduce on chains or trees per rail across the hosts"),
+        Algorithm("bucket", "topocc.planner.compiler.algorithms.bucket", "bucket", ("allreduce", "reducescatter", "allgather"),
+                  "bucket algorithm on a torus or mesh: rotated dimension orders keep every link busy"),
+        Algorithm("multitree", "topocc.planner.compiler.algorithms.multitree", "multitree",
+                  ("allreduce", "reducescatter", "allgather", "broadcast"),
+                  "MultiTree: one contention-free spanning tree per root, grown in lock-step", auto_max_ranks=64,
+                  auto_tier=2, link_floor="multitree_link_floor"),
+        Algorithm("treepack", "topocc.planner.compiler.algorithms.treepack", "treepack", _ALL,
+                  "throughput-optimal spanning-tree packing from an LP (ForestColl), for large messages",
+                  # 512 ranks: p (p-1) transfers per phase at the least (523k operations for all-gather), which
+                  # the simulator did not get through in 20 minutes on torus-8x8x8 (issue #11: 60 s)
+                  auto_max_ranks=256, auto_tier=1, link_floor="treepack_link_floor"),
+        Algorithm("mcf", "topocc.planner.compiler.algorithms.mcf", "mcf", _ALL,
+                  "min-cost multi-commodity flow over time (DDL, TE-CCL): LP/MILP over epochs, rounded",
+                  auto_max_ranks=8, auto_tier=3),
+    )
+}
+
+
+def get_algorithm(name: str) -> Algorithm:
+    """The registered algorithm called ``name``, or a :class:`UsageError` listing the choices."""
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise UsageError(f"unknown algorithm {name!r}", fix=f"use one of {', '.join(ALGORITHMS)}") from None

@@ -1,0 +1,484 @@
+"""Helpers shared by the baseline algorithms: topology-aware rank orders, ring phases, pipelining.
+
+The ring search looks for a Hamiltonian cycle over rank pairs that maximises
+the bottleneck bandwidth (the ring runs at its slowest hop), visiting each
+host's ranks contiguously so the ring crosses hosts as few times as possible.
+Its hops are pairs with a GPU-free route where such a cycle exists, and
+otherwise may be relayed through other GPUs (:mod:`topocc.planner.routing.relay`).  Several
+rings ("channels", NCCL's term) are found greedily, each on the bandwidth left
+by the previous ones, the way NCCL packs rings onto the NVLinks of a DGX-1
+(NCCL ``graph/search.cc``).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Callable, Iterator, Sequence
+
+from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.builder import ScheduleBuilder
+from topocc.planner.errors import NotApplicableError
+from topocc.planner.routing.relay import path_shares
+from topocc.planner.topology.model import Topology
+from topocc.runtime.schedule import Chunk, Schedule
+
+__all__ = [
+    "PIECE_BYTES",
+    "LinkLoads",
+    "Send",
+    "chunk_runs",
+    "depth_order",
+    "find_cycle",
+    "find_rings",
+    "host_size",
+    "pieces",
+    "ring_all_gather",
+    "ring_order",
+    "ring_reduce_scatter",
+    "ring_steps",
+    "root_rank",
+    "single_rank",
+    "split",
+]
+
+#: Target size of one pipelined piece (NCCL's chunk steps are of this order for large messages).
+PIECE_BYTES = 1 << 20
+#: Above this many members the ring search stops sorting every candidate by bandwidth.
+_SORT_LIMIT = 64
+_EPS = 1e-9
+
+Weight = Callable[[int, int], float]
+#: One message of a phase step: (sending member, receiving member, first part, end part), members
+#: and parts as positions in the group.
+Send = tuple[int, int, int, int]
+
+
+def pieces(requested: int | None, piece_source_bytes: float, cap: int, piece_bytes: int = PIECE_BYTES) -> int:
+    """How many pieces to split one logical chunk of ``piece_source_bytes`` into.
+
+    ``requested`` (``Options.pipeline``) wins; otherwise pieces of about
+    ``piece_bytes``, at most ``cap`` so that op counts stay bounded.
+    """
+    if requested is not None:
+        return max(1, requested)
+    return max(1, min(cap, int(piece_source_bytes // piece_bytes)))
+
+
+def split(start: int, count: int, parts: int) -> list[Chunk]:
+    """``count`` chunks of the output buffer from ``start``, as ``parts`` near-equal runs (for pipelining)."""
+    parts = max(1, min(parts, count))
+    bounds = [start + (count * i) // parts for i in range(parts + 1)]
+    return [Chunk("o", a, b - a) for a, b in itertools.pairwise(bounds)]
+
+
+def chunk_runs(buffer: str, indices: Sequence[int]) -> list[Chunk]:
+    """Sorted chunk indices as maximal contiguous :class:`Chunk` runs of ``buffer``."""
+    runs: list[Chunk] = []
+    for i in sorted(indices):
+        if runs and runs[-1].index + runs[-1].count == i:
+            last = runs[-1]
+            runs[-1] = Chunk(buffer, last.index, last.count + 1)
+        else:
+            runs.append(Chunk(buffer, i, 1))
+    return runs
+
+
+def single_rank(collective: str, input_chunks: int, output_chunks: int, algorithm: str,
+                options: dict[str, object], root: int | None = None) -> Schedule:
+    """The one-rank schedule: copy input to output."""
+    b = ScheduleBuilder(collective, 1, input_chunks, output_chunks, root=root)
+    b.copy(0, Chunk("i", 0, input_chunks), Chunk("o", 0, output_chunks))
+    return b.build(algorithm, options)
+
+
+def root_rank(options: Options, p: int) -> int:
+    """The root of a broadcast or reduce, checked to be a rank."""
+    if not 0 <= options.root < p:
+        raise NotApplicableError(f"root {options.root} is not a rank of this {p}-rank topology")
+    return options.root
+
+
+def host_size(topology: Topology, algorithm: str) -> int:
+    """The GPUs of every host, or :class:`NotApplicableError` naming ``algorithm`` where hosts differ in size."""
+    sizes = {len(h) for h in topology.hosts.values()}
+    if len(sizes) != 1:
+        raise NotApplicableError(f"{algorithm} needs equal-sized hosts (host sizes {sorted(sizes)})")
+    return sizes.pop()
+
+
+def depth_order(root: int, parent: dict[int, int]) -> list[int]:
+    """A tree's non-root nodes, parents before children (breadth first)."""
+    children: dict[int, list[int]] = {}
+    for child, par in parent.items():
+        children.setdefault(par, []).append(child)
+    order, frontier = [], [root]
+    while frontier:
+        nxt = [c for v in frontier for c in children.get(v, [])]
+        order.extend(nxt)
+        frontier = nxt
+    return order
+
+
+# --------------------------------------------------------------------------- link loads
+
+
+class LinkLoads:
+    """Route shares of every rank pair, and the load rings already put on each physical link.
+
+    The weight of a pair is the bandwidth one more message would get on its
+    route given the current loads (max-min share of each link), so a second
+    ring prefers the links the first one left idle.  Routes are those of
+    ``channel``, the channel the next ring will use: under ECMP each channel
+    hashes onto its own paths, and a ring avoids hops whose hashed paths
+    collide with the rings before it.  A relayed pair loads the links of all
+    its hops (:func:`topocc.planner.routing.relay.path_shares`), the relay GPU's own links in
+    and out included.
+    """
+
+    def __init__(self, topology: Topology, channel: int = 0) -> None:
+        self.topology = topology
+        self.channel = channel
+        self.load: dict[tuple[str, str], float] = {}
+        self._shares: dict[tuple[int, int, int], list[tuple[tuple[str, str], float, float]]] = {}
+
+    def shares(self, a: int, b: int) -> list[tuple[tuple[str, str], float, float]]:
+        """(link, share of the pair's traffic, link bandwidth) along the route ``a -> b`` on :attr:`channel`."""
+        key = self.topology.route_key(a, b, self.channel)
+        got = self._shares.get(key)
+        if got is None:
+            link = self.topology.link
+            got = [(k, s, link(*k).bandwidth)  # type: ignore[union-attr]
+                   for k, s in path_shares(self.topology, a, b, self.channel).items()]
+            self._shares[key] = got
+        return got
+
+    def weight(self, a: int, b: int) -> float:
+        shares = self.shares(a, b)
+        if not shares:
+            return 0.0
+        return min(bw / (self.load.get(k, 0.0) + s) for k, s, bw in shares)
+
+    def add_ring(self, ring: Sequence[int]) -> None:
+        for a, b in zip(ring, [*ring[1:], ring[0]]):
+            for k, s, _ in self.shares(a, b):
+                self.load[k] = self.load.get(k, 0.0) + s
+
+    def time_per_byte(self, rings: int) -> float:
+        """Seconds per byte of the whole buffer when it is split evenly over ``rings`` rings."""
+        bws = {k: bw for shares in self._shares.values() for k, _, bw in shares}
+        return max((load / bws[k] for k, load in self.load.items()), default=0.0) / max(rings, 1)
+
+
+# --------------------------------------------------------------------------- ring search
+
+
+def _groups_of(topology: Topology, members: Sequence[int]) -> dict[int, int] | None:
+    """Host index of each member, or None when all members share one host or each is alone."""
+    host_index: dict[int, int] = {}
+    for h, ranks in enumerate(topology.hosts.values()):
+        for r in ranks:
+            host_index[r] = h
+    groups = {m: host_index[m] for m in members}
+    distinct = len(set(groups.values()))
+    if distinct in (1, len(members)):
+        return None
+    return groups
+
+
+def _search(members: Sequence[int], weight: Weight, threshold: float, groups: dict[int, int] | None,
+            limit: int, direct: Callable[[int, int], bool]) -> list[int] | None:
+    """Depth-first search for a Hamiltonian cycle whose every hop weighs at least ``threshold``.
+
+    With ``groups``, each group is visited contiguously (one entry and one exit
+    per host): the cycle starts at an entry of the first group, and a group's
+    only remaining exit is kept for last.  Candidates are tried direct hops
+    first (``direct``: the pair has a route, no relay), then best weight first,
+    ties in natural order, so symmetric fabrics are solved without backtracking.
+    """
+    n = len(members)
+    index = {m: i for i, m in enumerate(members)}
+    floor = threshold * (1 - _EPS)
+    if n == 1:
+        return [members[0]]
+    by_group: dict[int, list[int]] = {}
+    exits: dict[int, bool] = {}
+    exits_left: dict[int, int] = {}
+    start = members[0]
+    if groups is not None:
+        for m in members:
+            by_group.setdefault(groups[m], []).append(m)
+        outside = {g: [m for m in members if groups[m] != g] for g in by_group}
+        exits = {m: any(weight(m, v) >= floor for v in outside[groups[m]]) for m in members}
+        for m in members:
+            exits_left[groups[m]] = exits_left.get(groups[m], 0) + exits[m]
+
+        def entry(m: int) -> tuple[bool, bool, int]:
+            """Sort key of a start: entered by a direct hop, else entered at all, else first."""
+            ins = outside[groups[m]]
+            return (not any(direct(u, m) and weight(u, m) >= floor for u in ins),
+                    not any(weight(u, m) >= floor for u in ins), index[m])
+
+        if not all(exits_left.values()):
+            return None  # a group that cannot be left at this threshold
+        start = min(by_group[groups[start]], key=entry)
+    group_order = list(by_group)
+    visited: set[int] = set()
+    remaining_in = {g: len(v) for g, v in by_group.items()}
+
+    def enter(v: int) -> None:
+        visited.add(v)
+        if groups is not None:
+            remaining_in[groups[v]] -= 1
+            exits_left[groups[v]] -= exits[v]
+
+    def leave(v: int) -> None:
+        visited.discard(v)
+        if groups is not None:
+            remaining_in[groups[v]] += 1
+            exits_left[groups[v]] += exits[v]
+
+    def ranked(u: int, cands: list[int]) -> list[int]:
+        scored = [(weight(u, v), v) for v in cands]
+        kept = [(not direct(u, v), -w, (index[v] - index[u]) % n, v) for w, v in scored if w >= floor]
+        return [v for *_, v in sorted(kept)]
+
+    def keeps_an_exit(v: int) -> bool:
+        """Whether visiting ``v`` leaves its group an exit for later (or ``v`` is the group's last member)."""
+        g = groups[v]  # type: ignore[index]
+        return remaining_in[g] == 1 or not exits[v] or exits_left[g] > 1
+
+    def candidates(u: int) -> Iterator[int]:
+        if groups is not None:
+            g = groups[u]
+            if remaining_in[g]:
+                yield from (v for v in ranked(u, [v for v in by_group[g] if v not in visited]) if keeps_an_exit(v))
+                return
+            pos = group_order.index(g)
+            for off in range(1, len(group_order)):
+                h = group_order[(pos + off) % len(group_order)]
+                if remaining_in[h] == len(by_group[h]):
+                    yield from (v for v in ranked(u, by_group[h]) if keeps_an_exit(v))
+            return
+        if n <= _SORT_LIMIT:
+            yield from ranked(u, [v for v in members if v not in visited])
+            return
+        for off in range(1, n):
+            v = members[(index[u] + off) % n]
+            if v not in visited and weight(u, v) >= floor:
+                yield v
+
+    enter(start)
+    path = [start]
+    stack = [candidates(start)]
+    nodes = 0
+    while stack:
+        nxt = next(stack[-1], None)
+        if nxt is None:
+            stack.pop()
+            leave(path.pop())
+            continue
+        nodes += 1
+        if nodes > limit:
+            return None
+        if len(path) == n - 1:
+            if weight(nxt, start) >= floor:
+                return [*path, nxt]
+            continue
+        path.append(nxt)
+        enter(nxt)
+        stack.append(candidates(nxt))
+    return None
+
+
+def _thresholds(members: Sequence[int], weight: Weight, groups: dict[int, int] | None) -> list[float]:
+    """Candidate bottleneck values, best first: every pair's weight on small sets, a sample on large ones."""
+    if len(members) <= _SORT_LIMIT:
+        values = [weight(a, b) for a in members for b in members if a != b]
+        # the ring leaves every member once: the bottleneck is at most each member's best out-weight
+        bound = min(max(weight(a, b) for b in members if b != a) for a in members)
+    else:
+        if groups is None:
+            sample = list(members[:8])
+            values = [weight(a, b) for a in sample for b in sample if a != b]
+            values += [weight(a, b) for a, b in zip(members, [*members[1:], members[0]])]
+        else:
+            by_group: dict[int, list[int]] = {}
+            for m in members:
+                by_group.setdefault(groups[m], []).append(m)
+            hosts = list(by_group.values())
+            values = [weight(a, b) for a in hosts[0] for b in hosts[0] if a != b]
+            # the search leaves each host for the next one in order: the ring is no better than the
+            # worst of those host-to-host hops, each at its best pair
+            cross = [
+                max(weight(a, b) for a in h for b in g)
+                for h, g in zip(hosts, [*hosts[1:], hosts[0]])
+            ]
+            values += cross
+        bound = max(values, default=0.0)
+        if groups is not None:
+            bound = min(bound, min(cross))
+    positive = sorted({v for v in values if 0 < v <= bound * (1 + _EPS)}, reverse=True)
+    return positive or [0.0]
+
+
+def _lone_weight(topology: Topology) -> Weight:
+    """:meth:`LinkLoads.weight` with no load: a routed pair's :meth:`~Topology.route_bandwidth` (the same
+    minimum of bandwidth over share, found by counting paths under spray rather than listing them), a relayed
+    pair's from the shares of all its hops."""
+    loads = LinkLoads(topology)
+
+    def weight(a: int, b: int) -> float:
+        return topology.route_bandwidth(a, b) if topology.has_route(a, b) else loads.weight(a, b)
+
+    return weight
+
+
+def find_cycle(topology: Topology, members: Sequence[int], weight: Weight | None = None) -> list[int]:
+    """A Hamiltonian cycle over ``members`` maximising the bottleneck weight, direct hops preferred.
+
+    ``weight(a, b)`` defaults to the bandwidth of the hop given no other load
+    (:class:`LinkLoads`).  The search first admits only direct hops (pairs with a
+    GPU-free route); only when it finds no cycle of those does it admit relayed
+    hops (:func:`topocc.planner.routing.relay.relay_path`), still trying direct ones first.
+    Returns the cycle as a rank list; with relays every order is a cycle, so
+    should the budgeted search find none, the members in their given order.
+    """
+    members = list(members)
+    if len(members) <= 1:
+        return members
+    if weight is None:
+        weight = _lone_weight(topology)
+    cache: dict[tuple[int, int], float] = {}
+
+    routed: dict[tuple[int, int], bool] = {}
+
+    def direct(a: int, b: int) -> bool:
+        found = routed.get((a, b))
+        if found is None:
+            found = routed[(a, b)] = topology.has_route(a, b)
+        return found
+
+    def cached(a: int, b: int) -> float:
+        w = cache.get((a, b))
+        if w is None:
+            w = cache[(a, b)] = weight(a, b)
+        return w
+
+    def direct_only(a: int, b: int) -> float:
+        return cached(a, b) if direct(a, b) else 0.0
+
+    limit = 4 * len(members) + 4000
+    groups = _groups_of(topology, members)
+    for admitted in (direct_only, cached):
+        for mode in ([groups, None] if groups is not None else [None]):
+            ring = _best_cycle(members, admitted, mode, limit, direct)
+            if ring is not None:
+                return ring
+    return members
+
+
+def _best_cycle(members: list[int], weight: Weight, groups: dict[int, int] | None, limit: int,
+                direct: Callable[[int, int], bool]) -> list[int] | None:
+    """The cycle of the highest bottleneck :func:`_search` finds (binary search over the thresholds)."""
+    values = _thresholds(members, weight, groups)
+    ring = _search(members, weight, max(values[0], _EPS), groups, limit, direct)
+    if ring is not None:
+        return ring
+    best: list[int] | None = None
+    lo, hi = 1, len(values) - 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        ring = _search(members, weight, max(values[mid], _EPS), groups, limit, direct)
+        if ring is not None:
+            best, hi = ring, mid - 1
+        else:
+            lo = mid + 1
+    if best is None and values[-1] > _EPS:
+        best = _search(members, weight, _EPS, groups, limit, direct)
+    return best
+
+
+def ring_order(topology: Topology) -> list[int]:
+    """The single best ring over all ranks (memoised per topology: every algorithm orders ranks by it)."""
+    return list(_ring_order(topology))
+
+
+@functools.lru_cache(maxsize=8)
+def _ring_order(topology: Topology) -> tuple[int, ...]:
+    return tuple(find_cycle(topology, range(topology.size)))
+
+
+def find_rings(topology: Topology, channels: int | None, cap: int = 8) -> list[list[int]]:
+    """Rings for ``channels`` channels (see :func:`_find_rings`), memoised per topology."""
+    return [list(rg) for rg in _find_rings(topology, channels, cap)]
+
+
+@functools.lru_cache(maxsize=8)
+def _find_rings(topology: Topology, channels: int | None, cap: int) -> tuple[tuple[int, ...], ...]:
+    """Rings for ``channels`` channels, or, when None, the count (up to ``cap``) that moves data fastest.
+
+    Each ring is searched on the bandwidth left by the previous ones
+    (:class:`LinkLoads`); with ``channels=None`` the prefix of rings with the
+    least time per byte (whole buffer split evenly) is kept, so on DGX-1 the
+    lane-disjoint NVLink rings come out and on a switch a single ring does.
+    """
+    members = list(range(topology.size))
+    loads = LinkLoads(topology)
+    rings: list[list[int]] = []
+    best, best_count = math.inf, 0
+    want = channels if channels is not None else cap
+    for channel in range(want):
+        loads.channel = channel  # ring i runs on channel i
+        ring = find_cycle(topology, members, loads.weight)
+        rings.append(ring)
+        loads.add_ring(ring)
+        t = loads.time_per_byte(len(rings))
+        if t < best * (1 - 0.02):
+            best, best_count = t, len(rings)
+    kept = rings if channels is not None else rings[:best_count]
+    return tuple(tuple(rg) for rg in kept)
+
+
+# --------------------------------------------------------------------------- ring phases
+
+
+def ring_steps(n: int, gather: bool) -> list[list[Send]]:
+    """Ring reduce-scatter (Patarasuk & Yuan 2009) or all-gather among ``n`` members, step by step.
+
+    Reduce-scatter: at step ``t`` member ``i`` passes part ``i-t-1`` on to
+    member ``i+1``, which reduces it in, so member ``i`` ends owning part ``i``;
+    the all-gather passes part ``i-t`` on.
+    """
+    shift = 0 if gather else 1
+    return [[(i, (i + 1) % n, (i - t - shift) % n, (i - t - shift) % n + 1) for i in range(n)]
+            for t in range(n - 1)]
+
+
+def ring_reduce_scatter(b: ScheduleBuilder, ring: Sequence[int], parts: Sequence[Sequence[Chunk]], *,
+                        step: int = 0, channel: int = 0) -> int:
+    """Ring reduce-scatter (Patarasuk & Yuan 2009): member ``i`` ends with ``parts[i]`` reduced over the ring.
+
+    Every member must already hold its own contribution in the chunks of
+    ``parts``.  At step ``t`` member ``i`` passes part ``i-t-1`` on to member
+    ``i+1``, which reduces it in; each part is a list of pieces sent as
+    separate messages, so consecutive steps pipeline.  Returns the next step.
+    """
+    n = len(ring)
+    for t in range(n - 1):
+        for i in range(n):
+            for piece in parts[(i - t - 1) % n]:
+                b.transfer(ring[i], ring[(i + 1) % n], piece, piece, reduce=True, step=step + t, channel=channel)
+    return step + max(n - 1, 0)
+
+
+def ring_all_gather(b: ScheduleBuilder, ring: Sequence[int], parts: Sequence[Sequence[Chunk]], *,
+                    step: int = 0, channel: int = 0) -> int:
+    """Ring all-gather: member ``i`` starts with ``parts[i]``; all members end with every part."""
+    n = len(ring)
+    for t in range(n - 1):
+        for i in range(n):
+            for piece in parts[(i - t) % n]:
+                b.transfer(ring[i], ring[(i + 1) % n], piece, piece, step=step + t, channel=channel)
+    return step + max(n - 1, 0)

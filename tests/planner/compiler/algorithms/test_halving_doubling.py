@@ -1,0 +1,38 @@
+"""Halving-doubling: the fold for non-powers of two, log-step structure, relayed partners."""
+
+from __future__ import annotations
+
+import pytest
+
+from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.algorithms.halving_doubling import halving_doubling
+from tests.planner.compiler.algorithms.test_baselines import check_schedule, switch_cluster
+from tests.planner.routing.test_relay import chain
+
+
+@pytest.mark.parametrize("ranks", [3, 5, 6, 7, 12])
+@pytest.mark.parametrize("collective", ["allreduce", "reducescatter", "allgather"])
+def test_non_power_of_two(collective: str, ranks: int) -> None:
+    topology = switch_cluster(ranks)
+    schedule = halving_doubling(topology, collective, Options(pipeline=2))
+    extras = ranks - (1 << (ranks.bit_length() - 1))
+    assert schedule.metadata.options["folded"] == extras
+    check_schedule(topology, schedule, collective, "halving-doubling")
+
+
+@pytest.mark.parametrize("ranks", [2, 4, 8, 16])
+def test_log_steps(ranks: int) -> None:
+    topology = switch_cluster(ranks)
+    schedule = halving_doubling(topology, "allreduce", Options(pipeline=1))
+    steps = {op.step for p in schedule.programs for op in p if op.kind == "send"}
+    assert len(steps) == 2 * (ranks.bit_length() - 1)
+    # each rank talks to log2(p) partners
+    assert len({op.peer for op in schedule.programs[0] if op.kind == "send"}) == ranks.bit_length() - 1
+
+
+def test_partners_without_a_route_exchange_through_the_ranks_between() -> None:
+    topology = chain(4)
+    for collective in ("allreduce", "reducescatter", "allgather"):
+        schedule = halving_doubling(topology, collective, Options(pipeline=2))
+        check_schedule(topology, schedule, collective, "halving-doubling")  # every message goes to a neighbour
+        assert schedule.scratch_chunks > (4 if collective == "reducescatter" else 0)  # relay slots beyond its own
