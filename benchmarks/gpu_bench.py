@@ -116,7 +116,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def schedule_for(config: str, ranks: int) -> tuple[Any, Any]:
     """(topology, schedule) of a configuration: the planner's ring for plain, the shipped schedule otherwise."""
-    from topocc.planner.compiler.algorithms import ALGORITHMS, Options
+    from topocc.planner.compiler.algorithms import ALGORITHMS
+    from topocc.planner.compiler.options import Options
     from topocc.planner.topology.catalogue import resolve_topology
     from topocc.planner.topology.parse import parse_topology_text
     from topocc.runtime.schedule import load_schedule

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms.mcf import mcf
 from topocc.planner.compiler.algorithms.treepack import treepack
 from topocc.planner.analysis.bounds import lower_bound

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms.multitree import multitree
 from topocc.planner.compiler.algorithms.ring import ring
 from topocc.planner.analysis.bounds import lower_bound

@@ -29,7 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from topocc.planner.compiler.algorithms import ALGORITHMS, Options
+from topocc.planner.compiler.algorithms import ALGORITHMS
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.compile import compile_schedule
 from topocc.planner.errors import TopoccError
 from benchmarks.fabrics import shipped_fabrics, suite

@@ -38,11 +38,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from topocc.planner.compiler.algorithms import ALGORITHMS, Options
+from topocc.planner.compiler.algorithms import ALGORITHMS
+from topocc.planner.compiler.options import Options
 from topocc.planner.analysis.bounds import lower_bound
 from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.topology.catalogue import SCHEDULED_MAX_RANKS, resolve_topology, scheduled_topologies
-from topocc.planner.compiler.compile import Candidate, compile_schedule
+from topocc.planner.compiler.race import Candidate
+from topocc.planner.compiler.compile import compile_schedule
 from topocc.planner.errors import TopoccError
 from benchmarks.fabrics import Fabric, shipped_fabrics, small_suite, suite
 from topocc.planner.analysis.simulate import simulate

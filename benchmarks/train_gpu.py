@@ -332,7 +332,8 @@ def _transport(nccl: bool, store: Any, rank: int, ranks: Sequence[int], prefix: 
 
 def _node_schedule(ranks: int) -> Any:
     """The all-reduce inside one host: the planner's ring on a host of ``ranks`` fully connected GPUs."""
-    from topocc.planner.compiler.algorithms import ALGORITHMS, Options
+    from topocc.planner.compiler.algorithms import ALGORITHMS
+    from topocc.planner.compiler.options import Options
     from topocc.planner.topology.parse import parse_topology_text
 
     text = (f"name: node-{ranks}\ncluster:\n  hosts: 1\n  host:\n    gpus: {ranks}\n    fabric: fully-connected\n"

@@ -103,7 +103,7 @@ def cli() -> None:
 def compile_cmd(topology: str, collective: str, size: tuple[int, int], algorithm: str, channels: int | None,
                 pipeline: int | None, root: int, output: str | None, as_json: bool, progress: bool | None) -> None:
     """Compile COLLECTIVE for TOPOLOGY (a YAML file or a shipped name), verify and simulate it."""
-    from topocc.planner.compiler.algorithms import Options
+    from topocc.planner.compiler.options import Options
     from topocc.planner.compiler.plans import compile_plan
     from topocc.planner.compiler.compile import compile_schedule
     from topocc.planner.topology.catalogue import resolve_topology

@@ -129,8 +129,10 @@ def test_console_script_installed() -> None:
 
 def test_compile_reports_progress_per_candidate() -> None:
     """Every candidate is announced and settled once; the winner is verified last."""
-    from topocc.planner.compiler.algorithms import ALGORITHMS, Options
-    from topocc.planner.compiler.compile import Progress, compile_schedule
+    from topocc.planner.compiler.algorithms import ALGORITHMS
+    from topocc.planner.compiler.options import Options
+    from topocc.planner.compiler.race import Progress
+    from topocc.planner.compiler.compile import compile_schedule
     from topocc.planner.topology.catalogue import resolve_topology
 
     events: list[Progress] = []

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from topocc.planner.analysis.simulate import simulate as simulate
     from topocc.planner.analysis.verify import verify as verify
     from topocc.planner.compiler.algorithms import ALGORITHMS as ALGORITHMS
-    from topocc.planner.compiler.algorithms import Options as Options
+    from topocc.planner.compiler.options import Options as Options
     from topocc.planner.compiler.compile import compile_schedule as compile_schedule
     from topocc.planner.compiler.plans import compile_plan as compile_plan
     from topocc.planner.topology.model import Topology as Topology

@@ -101,7 +101,7 @@ import networkx as nx
 from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.errors import InfeasibleError, NotApplicableError, UsageError
 from topocc.planner.solvers import LinearProgram, SolverOptions, solve
-from topocc.planner.routing.network import PER_CONNECTION
+from topocc.planner.routing.network import PER_CONNECTION, Memo, Network, network_of
 from topocc.planner.topology.model import Topology
 from topocc.planner.units import format_bandwidth, format_time
 
@@ -175,10 +175,10 @@ class _Partition:
 
 
 class _CutFamily:
-    """The candidate cuts and partitions of a topology; independent of the collective, so cached."""
+    """The candidate cuts and partitions of a topology; independent of the collective, so kept per network."""
 
-    def __init__(self, topology: Topology) -> None:
-        # No reference to the topology itself: the cache entry must not keep it alive.
+    def __init__(self, net: Network) -> None:
+        topology = net.topology
         self.size = topology.size
         self.link_count = len(topology.links)
         names = [d.name for d in topology.devices]
@@ -198,7 +198,7 @@ class _CutFamily:
         self.cuts: list[_Cut] = []
         self.partitions: list[_Partition] = []
         self._seen: set[frozenset[int]] = set()
-        self._build(topology)
+        self._build(net)
         self._diameter: tuple[float, int, int] | None = None
 
     # ---- capacities
@@ -235,7 +235,7 @@ class _CutFamily:
         # The complement comes for free: its in-links are S's out-links.
         self.cuts.append(_Cut(complement_label or f"all but {label}", ranks, True, cap_out, cap_in, lat_out, lat_in))
 
-    def _add_partition(self, label: str, groups: list[set[int]], topology: Topology) -> None:
+    def _add_partition(self, label: str, groups: list[set[int]], net: Network) -> None:
         if len(groups) < 2:
             return
         cap_in = cap_out = 0.0
@@ -248,22 +248,23 @@ class _CutFamily:
         routed = None
         if self.size <= ROUTED_PARTITION_RANKS:
             group_of = {self.rank_of[d]: g for g, members in enumerate(groups) for d in members if d in self.rank_of}
-            routed = _routed_crossings(topology, group_of)
+            routed = _routed_crossings(net, group_of)
         self.partitions.append(_Partition(label, len(groups), cap_in, cap_out, lat_in, lat_out, routed))
 
     # ---- candidates
 
-    def _build(self, topo: Topology) -> None:
+    def _build(self, net: Network) -> None:
+        topo = net.topology
         devices = topo.devices
         p = topo.size
         for r, dev in enumerate(self.rank_dev):
             self._add(f"rank {r} ({devices[dev].name})", (dev,))
-        self._add_partition(f"each of the {p} ranks alone", [{dev} for dev in self.rank_dev], topo)
+        self._add_partition(f"each of the {p} ranks alone", [{dev} for dev in self.rank_dev], net)
         groups: list[set[int]] = [{dev} for dev in self.rank_dev]
         for dev, r in self._nearest_rank().items():
             groups[r].add(dev)
         if any(len(g) > 1 for g in groups):
-            self._add_partition(f"each of the {p} ranks with the devices nearest to it alone", groups, topo)
+            self._add_partition(f"each of the {p} ranks with the devices nearest to it alone", groups, net)
             # one such group alone: a mesh corner's three router links, found without the per-host max-flow
             # cuts that large fabrics skip (mesh-8x8x8: 75 GB/s into a corner, where its GPU's port gave 100)
             for r, g in enumerate(groups):
@@ -281,7 +282,7 @@ class _CutFamily:
             for h in host_names:
                 self._add(f"host {h} ({_plural(len(topo.hosts[h]), 'rank')})", host_members[h])
             if len(host_names) < p:
-                self._add_partition(f"each of the {len(host_names)} hosts", list(host_members.values()), topo)
+                self._add_partition(f"each of the {len(host_names)} hosts", list(host_members.values()), net)
             half = len(host_names) // 2
             first = set().union(*(host_members[h] for h in host_names[:half]))
             second = set().union(*(host_members[h] for h in host_names[half:]))
@@ -307,7 +308,7 @@ class _CutFamily:
             for rack, members in rack_members.items():
                 self._add(f"rack {rack} ({_plural(len(topo.racks[rack]), 'rank')})", members)
             if len(topo.racks) < len(host_names):
-                self._add_partition(f"each of the {len(topo.racks)} racks", list(rack_members.values()), topo)
+                self._add_partition(f"each of the {len(topo.racks)} racks", list(rack_members.values()), net)
 
         self._kernighan_lin()
         if len(host_names) > 1 and len(host_names) * len(topo.links) <= MAXFLOW_BUDGET:
@@ -431,7 +432,7 @@ class _CutFamily:
         return best
 
 
-def _routed_crossings(topology: Topology, group_of: dict[int, int]) -> float | None:
+def _routed_crossings(net: Network, group_of: dict[int, int]) -> float | None:
     """The most bytes/s that messages between ranks of different groups can carry over their routes.
 
     An LP: a rate per ordered rank pair in different groups, every link's load
@@ -449,25 +450,26 @@ def _routed_crossings(topology: Topology, group_of: dict[int, int]) -> float | N
     lp = LinearProgram()
     usage: dict[tuple[str, str], list[tuple[int, float]]] = {}
     for a in group_of:
-        targets = [b for b in group_of if group_of[b] != group_of[a] and topology.has_route(a, b)]
-        _pair_rates(lp, topology, a, targets, usage, cost=-1.0)
-    return _solve_routed(lp, topology, usage) if usage else None
+        targets = [b for b in group_of if group_of[b] != group_of[a] and net.has_route(a, b)]
+        _pair_rates(lp, net, a, targets, usage, cost=-1.0)
+    return _solve_routed(lp, net, usage) if usage else None
 
 
-def _pair_rates(lp: LinearProgram, topology: Topology, a: int, targets: list[int],
+def _pair_rates(lp: LinearProgram, net: Network, a: int, targets: list[int],
                 usage: dict[tuple[str, str], list[tuple[int, float]]], cost: float) -> list[int]:
     """A rate variable (of objective ``cost``) per rank pair ``a -> b`` for ``b`` in ``targets``, each loading
     the links in ``usage``: by its route shares where the routing fixes them; else as a flow from ``a`` over
     the links of the pairs' cheapest paths, so that any split over those paths is allowed."""
+    topology = net.topology
     if topology.routing not in PER_CONNECTION:
         rates = []
         for b in targets:
             rate = lp.var(cost=cost)
-            for key, share in topology.route_shares(a, b).items():
+            for key, share in net.route_shares(a, b).items():
                 usage.setdefault(key, []).append((rate, share))
             rates.append(rate)
         return rates
-    links = sorted({(ln.src, ln.dst) for b in targets for ln in topology.equal_cost_links(a, b)})
+    links = sorted({(ln.src, ln.dst) for b in targets for ln in net.equal_cost_links(a, b)})
     flow = {key: lp.var() for key in links}
     balance: dict[str, list[tuple[int, float]]] = {}  # inflow - outflow - delivered = 0 at every device
     for key, var in flow.items():
@@ -484,10 +486,11 @@ def _pair_rates(lp: LinearProgram, topology: Topology, a: int, targets: list[int
     return rates
 
 
-def _solve_routed(lp: LinearProgram, topology: Topology, usage: dict[tuple[str, str], list[tuple[int, float]]],
+def _solve_routed(lp: LinearProgram, net: Network, usage: dict[tuple[str, str], list[tuple[int, float]]],
                   ) -> float | None:
     """Bound every link's load in ``usage`` by its bandwidth and solve: the optimum in bytes/s (rates are in
     units of the fastest link), None unless solved to optimality."""
+    topology = net.topology
     scale = max(link.bandwidth for link in topology.links)
     for key in sorted(usage):
         lp.add_le(usage[key], topology.link(*key).bandwidth / scale)  # type: ignore[union-attr]
@@ -500,7 +503,7 @@ def _solve_routed(lp: LinearProgram, topology: Topology, usage: dict[tuple[str, 
     return -solution.objective * scale * (1 + 1e-9)  # the margin keeps rounding on the safe side
 
 
-def _routed_rank_rate(topology: Topology, inbound: bool) -> float | None:
+def _routed_rank_rate(net: Network, inbound: bool) -> float | None:
     """The largest rate every rank can receive at at once (``inbound``; else send at), over the routes.
 
     An LP over the same rate variables as :func:`_routed_crossings` (every rank
@@ -513,20 +516,28 @@ def _routed_rank_rate(topology: Topology, inbound: bool) -> float | None:
     DGX-1's PCIe links into a GPU carry only messages that also cross the CPUs'
     interconnect).  None unless solved to optimality.
     """
+    topology = net.topology
     p = topology.size
     lp = LinearProgram()
     t = lp.var(cost=-1.0)
     usage: dict[tuple[str, str], list[tuple[int, float]]] = {}
     per_rank: list[list[int]] = [[] for _ in range(p)]
     for a in range(p):
-        targets = [b for b in range(p) if b != a and topology.has_route(a, b)]
-        for b, rate in zip(targets, _pair_rates(lp, topology, a, targets, usage, cost=0.0)):
+        targets = [b for b in range(p) if b != a and net.has_route(a, b)]
+        for b, rate in zip(targets, _pair_rates(lp, net, a, targets, usage, cost=0.0)):
             per_rank[b if inbound else a].append(rate)
     if not usage or not all(per_rank):
         return None
     for rates in per_rank:
         lp.add_le([(t, 1.0), *((var, -1.0) for var in rates)], 0.0)
-    return _solve_routed(lp, topology, usage)
+    return _solve_routed(lp, net, usage)
+
+
+#: The cuts and partitions of a network, and the rate at which every rank can receive (all-gather) or send
+#: (reduce-scatter) at once over the routes.
+_CUTS = Memo("bounds: cut family", _CutFamily)
+_RECEIVING = Memo("bounds: routed rate in", lambda net: _routed_rank_rate(net, True))
+_SENDING = Memo("bounds: routed rate out", lambda net: _routed_rank_rate(net, False))
 
 
 def _plural(n: int, word: str) -> str:
@@ -560,15 +571,17 @@ def _term(need: float, cap: float, lat: float) -> tuple[float, float]:
     return need / cap, (lat if math.isfinite(lat) else 0.0)
 
 
-def lower_bound(topology: Topology, collective: str, size_bytes: int, root: int = 0) -> Bound:
-    """A lower bound on the time of ``collective`` of ``size_bytes`` on ``topology``.
+def lower_bound(where: Topology | Network, collective: str, size_bytes: int, root: int = 0) -> Bound:
+    """A lower bound on the time of ``collective`` of ``size_bytes`` on a topology (or its network).
 
-    See the module docstring for the cuts and the latency terms.  Cut families
-    and latencies are cached per topology, so calls after the first are cheap.
+    See the module docstring for the cuts and the latency terms.  A network keeps its cut family, so calls
+    after the first on one network are cheap.
 
     >>> b = lower_bound(topology, "allreduce", 1 << 30)  # doctest: +SKIP
     >>> (1 << 30) / b.time_s / 1e9, b.cut  # best possible algbw in GB/s, and why  # doctest: +SKIP
     """
+    net = network_of(where)
+    topology = net.topology
     collective = canonical_collective(collective)
     p = topology.size
     if not 0 <= root < p:
@@ -578,7 +591,7 @@ def lower_bound(topology: Topology, collective: str, size_bytes: int, root: int 
         raise UsageError(f"negative size {size_bytes}")
     if p == 1 or size_bytes == 0:
         return Bound(0.0, 0.0, 0.0, "nothing has to move")
-    family = topology.derived("bounds.cuts", lambda: _CutFamily(topology))
+    family = net.memo(_CUTS)
     n = float(size_bytes)
 
     best = (0.0, 0.0, 0.0, "")  # (time, bandwidth, latency, description)
@@ -603,8 +616,7 @@ def lower_bound(topology: Topology, collective: str, size_bytes: int, root: int 
     if collective in ("allgather", "reducescatter") and p <= ROUTED_PARTITION_RANKS:
         # every rank receives the others' blocks (all-gather), or sends its contributions to them
         inbound = collective == "allgather"
-        rate = topology.derived(f"bounds.routed_rank_rate.{'in' if inbound else 'out'}",
-                                lambda: _routed_rank_rate(topology, inbound))
+        rate = net.memo(_RECEIVING if inbound else _SENDING)
         if rate is not None:
             bw, _ = _term(n * (p - 1) / p, rate, 0.0)
             if bw > best[0]:

@@ -42,8 +42,9 @@ ECMP joins most inter-leaf flows into one) a vectorised filling whose rounds
 are the distinct bottleneck levels, not the flows.  Halving-doubling on
 fattree-1024 at 256 MiB (21k messages, ~1000 flows contending on spines)
 takes about 17 s of CPU.  Routes are computed once per rank pair (per
-connection where the routing tells channels apart) and cached per topology
-(weakly: the cache never keeps a topology alive).
+connection where the routing tells channels apart) and kept by the network
+(:class:`~topocc.planner.routing.network.Network`), so a caller that simulates
+many schedules on one topology passes its network.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ import numpy as np
 from topocc.planner.errors import SimulationError
 from topocc.planner.analysis.fairshare import SAME_INSTANT, Fabric, Route, Unshared, make_route
 from topocc.planner.routing.paths import connection_chunks, recorded_paths
+from topocc.planner.routing.network import Memo, Network, network_of
 from topocc.planner.topology.model import Link, Topology
 from topocc.runtime.schedule import Op, Schedule
 
@@ -162,27 +164,28 @@ def bus_factor(collective: str, ranks: int) -> float:
     raise SimulationError(f"unknown collective {collective!r}")
 
 
-# --------------------------------------------------------------------------- the network, cached per topology
+# --------------------------------------------------------------------------- the network's links as integers
 
 
-class _Network:
+class _LinkIndex:
     """Links as integers, and routes as tuples of link indices, computed once per connection that differs."""
 
-    def __init__(self, topology: Topology) -> None:
-        # No reference to the topology itself: the cache entry must not keep it alive.
-        self.names = [(link.src, link.dst) for link in topology.links]
+    def __init__(self, net: Network) -> None:
+        self.net = net
+        links = net.topology.links
+        self.names = [(link.src, link.dst) for link in links]
         self.index = {key: i for i, key in enumerate(self.names)}
-        self.bandwidth = [link.bandwidth for link in topology.links]
+        self.bandwidth = [link.bandwidth for link in links]
         self.routes: dict[tuple[int, int, int], Route] = {}
 
-    def route(self, topology: Topology, src: int, dst: int, channel: int) -> Route:
+    def route(self, src: int, dst: int, channel: int) -> Route:
         """The route of connection ``(src, dst, channel)`` under the topology's routing."""
-        key = topology.route_key(src, dst, channel)
+        key = self.net.route_key(src, dst, channel)
         found = self.routes.get(key)
         if found is None:
             if len(self.routes) >= _ROUTE_CACHE_PAIRS:
                 self.routes.clear()  # bounded memory: an alltoall on 1024 ranks touches a million pairs
-            found = self.routes[key] = self.indexed(topology.connection_paths(src, dst, channel))
+            found = self.routes[key] = self.indexed(self.net.connection_paths(src, dst, channel))
         return found
 
     def indexed(self, paths: tuple[tuple[Link, ...], ...]) -> Route:
@@ -192,6 +195,10 @@ class _Network:
             tuple(tuple(index[(link.src, link.dst)] for link in path) for path in paths),
             max((sum(link.latency for link in path) for path in paths), default=0.0),
         )
+
+
+#: The simulator's view of a network's links (built once per network).
+_LINKS = Memo("simulator: link index", _LinkIndex)
 
 
 # --------------------------------------------------------------------------- the simulation
@@ -251,9 +258,9 @@ def _describe(schedule: Schedule, gid: int, base: list[int]) -> str:
     return f"rank {rank} op {k} ({op.kind}{peer})"
 
 
-def simulate(topology: Topology, schedule: Schedule, size_bytes: int, *, record: bool = False,
+def simulate(where: Topology | Network, schedule: Schedule, size_bytes: int, *, record: bool = False,
              on_message: MessageHook | None = None) -> SimResult:
-    """Predict how long ``schedule`` takes on ``topology`` for a buffer of ``size_bytes``.
+    """Predict how long ``schedule`` takes on a topology (or its network) for a buffer of ``size_bytes``.
 
     See the module docstring for the model.  ``record=True`` also returns every
     operation's and every link occupation's interval (for traces): millions of
@@ -267,31 +274,17 @@ def simulate(topology: Topology, schedule: Schedule, size_bytes: int, *, record:
     >>> result = simulate(topology, schedule, 1 << 26)  # doctest: +SKIP
     >>> result.busbw_GBps, result.bottlenecks(3)  # doctest: +SKIP
     """
+    net = network_of(where)
     if record or on_message is not None:
-        result = _paused_collector(topology, schedule, size_bytes, record, on_message, math.inf)
+        result = _paused_collector(net, schedule, size_bytes, record, on_message, math.inf)
     else:
-        result = simulate_within(topology, schedule, size_bytes, math.inf)
+        result = simulate_within(net, schedule, size_bytes, math.inf)
     assert result is not None  # no deadline
     return result
 
 
-def _kept(topology: Topology) -> list[tuple[Schedule, int, SimResult]]:
-    """The latest complete result on ``topology`` (at most one: the schedule just chosen, which the caller holds
-    anyway), so that a builder that simulates a candidate to choose it (hierarchical's all-reduce layouts) and
-    ``auto``, which then times the same schedule object, pay once."""
-    return topology.derived("simulate.kept", list)
-
-
-def _recalled(topology: Topology, schedule: Schedule, size_bytes: int) -> SimResult | None:
-    """The result of simulating this very schedule object at this size on this topology, if kept."""
-    return next((r for s, z, r in _kept(topology) if s is schedule and z == size_bytes), None)
-
-
-def _remember(topology: Topology, schedule: Schedule, size_bytes: int, result: SimResult) -> None:
-    _kept(topology)[:] = [(schedule, size_bytes, result)]
-
-
-def simulate_within(topology: Topology, schedule: Schedule, size_bytes: int, deadline_s: float) -> SimResult | None:
+def simulate_within(where: Topology | Network, schedule: Schedule, size_bytes: int,
+                    deadline_s: float) -> SimResult | None:
     """:func:`simulate`, given up once the simulated clock passes ``deadline_s`` with work left: None then, as
     the schedule takes longer.  ``auto`` times a candidate so against the best so far (torus-4x4x4: direct's
     all-reduce takes 125 ms where halving-doubling, timed before it, took 24 ms).
@@ -301,33 +294,28 @@ def simulate_within(topology: Topology, schedule: Schedule, size_bytes: int, dea
     tree packing's chains of dependent messages on fattree-256-2to1 at 4 MiB take 63.0 us so (1.9 s), where
     hierarchical's all-reduce took 53.7 us and tree packing's simulation ran 38 s to see it pass.
     """
-    known = _recalled(topology, schedule, size_bytes)
-    if known is not None:
-        return known if known.time_s <= deadline_s else None
+    net = network_of(where)
     if math.isfinite(deadline_s):
-        bound = _paused_collector(topology, schedule, size_bytes, False, None, deadline_s, alone=True)
+        bound = _paused_collector(net, schedule, size_bytes, False, None, deadline_s, alone=True)
         if bound is None or bound.time_s > deadline_s:
             return None
-    result = _paused_collector(topology, schedule, size_bytes, False, None, deadline_s)
-    if result is not None:
-        _remember(topology, schedule, size_bytes, result)
-    return result
+    return _paused_collector(net, schedule, size_bytes, False, None, deadline_s)
 
 
-def _paused_collector(topology: Topology, schedule: Schedule, size_bytes: int, record: bool,
+def _paused_collector(net: Network, schedule: Schedule, size_bytes: int, record: bool,
                       on_message: MessageHook | None, deadline_s: float, alone: bool = False) -> SimResult | None:
     # The simulation allocates millions of small, acyclic objects; the cyclic
     # collector would rescan them over and over (a 3x slowdown), so pause it.
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _simulate(topology, schedule, size_bytes, record, on_message, deadline_s, alone)
+        return _simulate(net, schedule, size_bytes, record, on_message, deadline_s, alone)
     finally:
         if enabled:
             gc.enable()
 
 
-def _simulate(topology: Topology, schedule: Schedule, size_bytes: int, record: bool,
+def _simulate(net: Network, schedule: Schedule, size_bytes: int, record: bool,
               on_message: MessageHook | None, deadline_s: float, alone: bool = False) -> SimResult | None:
     """The simulation (see the module docstring); None once the clock passes ``deadline_s`` with work left.
 
@@ -339,6 +327,7 @@ def _simulate(topology: Topology, schedule: Schedule, size_bytes: int, record: b
     the operations no event comes later than in the simulation.  So no flow starts earlier there either, and
     the time is also at least :func:`_suffix_bound` of the flows' starts here.
     """
+    topology = net.topology
     where = f"{schedule.collective} schedule ({schedule.metadata.algorithm}) on {topology.name}"
     if schedule.ranks != topology.size:
         raise SimulationError(
@@ -347,7 +336,7 @@ def _simulate(topology: Topology, schedule: Schedule, size_bytes: int, record: b
         )
     if size_bytes < 0:
         raise SimulationError(f"negative size {size_bytes}", where=where)
-    net = topology.derived("simulate.network", lambda: _Network(topology))
+    index = net.memo(_LINKS)
     cb = chunk_bytes(schedule, size_bytes)
     programs = schedule.programs
 
@@ -413,16 +402,16 @@ def _simulate(topology: Topology, schedule: Schedule, size_bytes: int, record: b
             raise SimulationError(f"a message from rank {src!r} to rank {dst!r}: not a pair of distinct ranks",
                                   where=where, fix="verify the schedule first (topocc.planner.analysis.verify)")
     for src, dst in sorted(pairs):
-        if not topology.has_route(src, dst):
+        if not net.has_route(src, dst):
             raise SimulationError(
                 f"rank {src} sends to rank {dst}, but no route joins them without passing through another GPU",
                 where=where, fix=f"relay the data through a rank that has a route to rank {dst}",
             )
 
     # ---- routes, per connection (a schedule's recorded paths replace the topology's routing where it allows)
-    recorded = recorded_paths(topology, schedule)
+    recorded = recorded_paths(net, schedule)
     conn_route: dict[tuple[int, int, int], Route] = {
-        key: net.indexed((recorded[key],)) if key in recorded else net.route(topology, *key) for key in sends}
+        key: index.indexed((recorded[key],)) if key in recorded else index.route(*key) for key in sends}
 
     # every path's links one after the other: a message adds its share to each, in this order
     conn_links = {key: tuple(link for path in route.paths for link in path) for key, route in conn_route.items()}
@@ -435,11 +424,11 @@ def _simulate(topology: Topology, schedule: Schedule, size_bytes: int, record: b
     start_time = [0.0] * total if record else None
     rank_finish = [0.0] * len(programs)
     done_count = 0
-    fabric = Unshared(net.bandwidth) if alone else Fabric(net.bandwidth, total, record)
+    fabric = Unshared(index.bandwidth) if alone else Fabric(index.bandwidth, total, record)
     # with ``alone``: each flow's start, link and bytes, per link it crosses of those it keeps (see _heavy_links)
     loads = (array("d"), array("q"), array("d")) if alone else None
-    heavy = _heavy_links(connection_chunks(schedule), conn_route, net.bandwidth) if alone else {}
-    names = net.names
+    heavy = _heavy_links(connection_chunks(schedule), conn_route, index.bandwidth) if alone else {}
+    names = index.names
     link_bytes = [0.0] * len(names)
     msg_start: dict[int, float] = {}  # when each message in flight went on the wire (only for on_message)
     arrivals: list[tuple[float, int]] = []  # (time, send): a message's last byte arrives after its latency
@@ -592,9 +581,9 @@ def _simulate(topology: Topology, schedule: Schedule, size_bytes: int, record: b
     time_s = max(rank_finish, default=0.0)
     if loads is not None and 0 < len(loads[0]) < _LOADS_MAX:  # else some are missing
         time_s = max(time_s, _suffix_bound(*(np.frombuffer(column, dtype=column.typecode) for column in loads),
-                                           net.bandwidth))
+                                           index.bandwidth))
     algbw = size_bytes / time_s / 1e9 if time_s > 0 else 0.0
-    bandwidth = net.bandwidth
+    bandwidth = index.bandwidth
     link_map = {names[i]: link_bytes[i] for i in range(len(names))}
     util = {
         names[i]: (link_bytes[i] / (bandwidth[i] * time_s) if time_s > 0 else 0.0) for i in range(len(names))

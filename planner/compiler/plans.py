@@ -9,8 +9,10 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
-from topocc.planner.compiler.algorithms import Options
-from topocc.planner.compiler.compile import Candidate, Compiled, Progress, ProgressFn, compile_schedule
+from topocc.planner.compiler.compile import Compiled, compile_schedule
+from topocc.planner.compiler.options import Options
+from topocc.planner.compiler.race import Candidate, Progress, ProgressFn
+from topocc.planner.routing.network import Network, network_of
 from topocc.planner.topology.catalogue import resolve_topology, scheduled_topologies
 from topocc.planner.topology.model import Topology
 from topocc.planner.units import format_size
@@ -30,7 +32,7 @@ def bucket_sizes(low: int, high: int, factor: int = 4) -> list[int]:
     return sizes
 
 
-def compile_plan(topology: Topology, collective: str, low: int, high: int, algorithm: str = "auto",
+def compile_plan(where: Topology | Network, collective: str, low: int, high: int, algorithm: str = "auto",
                  options: Options | None = None, *, progress: ProgressFn | None = None) -> tuple[Plan, list[Compiled]]:
     """Compile one schedule per size bucket over ``[low, high]`` and merge buckets that chose the same one.
 
@@ -40,6 +42,7 @@ def compile_plan(topology: Topology, collective: str, low: int, high: int, algor
     ``progress`` gets each bucket's start and end, and the race's events labelled
     with their bucket (see :class:`Progress`).
     """
+    net = network_of(where)  # one network for every bucket: routes, cuts and trees are found once
     options = options or Options()
     sizes = bucket_sizes(low, high)
     edges = [0] + [int((a * b) ** 0.5) for a, b in itertools.pairwise(sizes)] + [None]
@@ -54,7 +57,7 @@ def compile_plan(topology: Topology, collective: str, low: int, high: int, algor
 
         bucket_start = time.perf_counter()
         report(Progress(algorithm, "bucket", i, len(sizes), bucket_start - start))
-        result = compile_schedule(topology, collective, algorithm, replace(options, size_bytes=size),
+        result = compile_schedule(net, collective, algorithm, replace(options, size_bytes=size),
                                   size_range=(lo, hi), progress=report)  # type: ignore[arg-type]  # lo is never None
         report(Progress(result.schedule.metadata.algorithm, "bucket done", i, len(sizes), time.perf_counter() - start,
                         Candidate(result.schedule.metadata.algorithm, result.sim.time_s,

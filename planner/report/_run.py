@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from topocc.planner.analysis.simulate import SimResult, chunk_bytes, simulate
+from topocc.planner.routing.network import Network, network_of
 from topocc.planner.topology.model import Topology
 from topocc.runtime.schedule import Schedule
 
@@ -32,8 +33,10 @@ class Run:
     connection free), ``sent`` when its last byte left, ``end`` when it
     arrived (``sent`` plus the path latency); ``reduce`` says whether the
     receiver reduced it into its buffer (``recv_reduce``) rather than copied it.
+    ``net`` is the network it ran on, whose routes spread each message over links.
     """
 
+    net: Network
     result: SimResult
     src: np.ndarray
     dst: np.ndarray
@@ -72,11 +75,13 @@ class _Recorder:
         self.end.append(end_s)
 
 
-def record_run(topology: Topology, schedule: Schedule, size_bytes: int) -> Run:
+def record_run(where: Topology | Network, schedule: Schedule, size_bytes: int) -> Run:
     """Simulate ``schedule`` at ``size_bytes`` and keep every message's endpoints, channel, step and timing."""
+    net = network_of(where)
     rec = _Recorder(schedule)
-    result = simulate(topology, schedule, size_bytes, on_message=rec)
+    result = simulate(net, schedule, size_bytes, on_message=rec)
     return Run(
+        net=net,
         result=result,
         src=np.frombuffer(rec.src, dtype=np.int32),
         dst=np.frombuffer(rec.dst, dtype=np.int32),
@@ -90,32 +95,34 @@ def record_run(topology: Topology, schedule: Schedule, size_bytes: int) -> Run:
     )
 
 
-def route_matrix(topology: Topology, run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def route_matrix(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """How each message's bytes split over the directed links (``topology.links`` indices).
 
     Returns ``(pair, ptr, link, share)``: message ``m`` travels between rank
     pair ``pair[m]``, whose links are ``link[ptr[p]:ptr[p + 1]]`` carrying the
-    fractions ``share[...]`` of its bytes (as :meth:`Topology.route_shares`,
+    fractions ``share[...]`` of its bytes (as :meth:`~topocc.planner.routing.network.Network.route_shares`,
     which splits a message over its equal-cost paths as the simulator does).
     """
+    net = run.net
+    topology = net.topology
     n = max(topology.size, 1)
     keys = run.src.astype(np.int64) * n + run.dst
     pairs, pair = np.unique(keys, return_inverse=True)
     index = {(ln.src, ln.dst): i for i, ln in enumerate(topology.links)}
     ptr, links, shares = [0], [], []
     for key in pairs.tolist():
-        for name, share in topology.route_shares(key // n, key % n).items():
+        for name, share in net.route_shares(key // n, key % n).items():
             links.append(index[name])
             shares.append(share)
         ptr.append(len(links))
     return pair, np.asarray(ptr, dtype=np.int64), np.asarray(links, dtype=np.int64), np.asarray(shares)
 
 
-def link_step_bytes(topology: Topology, run: Run) -> dict[tuple[str, str, int], float]:
+def link_step_bytes(run: Run) -> dict[tuple[str, str, int], float]:
     """Bytes each directed link carried in each algorithm step: the messages' bytes spread over their routes."""
     if not run.messages:
         return {}
-    pair, ptr, links, shares = route_matrix(topology, run)
+    pair, ptr, links, shares = route_matrix(run)
     steps, step_of = np.unique(run.step, return_inverse=True)
     # bytes per (pair, step) first: far fewer entries than messages on pipelined schedules
     per_ps, ps_of = np.unique(pair * len(steps) + step_of, return_inverse=True)
@@ -128,7 +135,7 @@ def link_step_bytes(topology: Topology, run: Run) -> dict[tuple[str, str, int], 
     at = ptr[ps_pair][rows] + offsets
     keys, key_of = np.unique(links[at] * len(steps) + ps_step[rows], return_inverse=True)
     carried = np.bincount(key_of, weights=ps_bytes[rows] * shares[at], minlength=len(keys))
-    names = [(ln.src, ln.dst) for ln in topology.links]
+    names = [(ln.src, ln.dst) for ln in run.net.topology.links]
     return {(*names[k // len(steps)], int(steps[k % len(steps)])): float(b)
             for k, b in zip(keys.tolist(), carried.tolist())}
 
@@ -167,7 +174,7 @@ def spread(rows: np.ndarray, start: np.ndarray, end: np.ndarray, amount: np.ndar
     return np.maximum(out, 0.0).reshape(n_rows, bins)
 
 
-def link_bins(topology: Topology, run: Run, links: list[int], bins: int) -> np.ndarray:
+def link_bins(run: Run, links: list[int], bins: int) -> np.ndarray:
     """Bytes each of ``links`` (``topology.links`` indices) carried per time bin of the run, ``(len(links), bins)``.
 
     A message's bytes are split over its routes as the simulator splits them and
@@ -178,7 +185,7 @@ def link_bins(topology: Topology, run: Run, links: list[int], bins: int) -> np.n
     chosen = np.asarray(links, dtype=np.int64)
     if not len(chosen) or not run.messages:
         return np.zeros((len(chosen), bins))
-    pair, ptr, route_links, shares = route_matrix(topology, run)
+    pair, ptr, route_links, shares = route_matrix(run)
     # the route entries (pair, link) on a chosen link ...
     entry_pair = np.repeat(np.arange(len(ptr) - 1), np.diff(ptr))
     hit = np.isin(route_links, chosen)

@@ -183,7 +183,7 @@ def _links(topology: Topology, run: Run, total: float, bins: int) -> dict[str, A
     if not top or total <= 0:
         return out
     index = {(ln.src, ln.dst): i for i, ln in enumerate(topology.links)}
-    carried = link_bins(topology, run, [index[key] for _, key in top], bins)
+    carried = link_bins(run, [index[key] for _, key in top], bins)
     bin_s = total / bins
     for i, (util, (a, b)) in enumerate(top):
         link = topology.link(a, b)

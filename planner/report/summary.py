@@ -13,6 +13,7 @@ from topocc.planner.compiler.algorithms import ALGORITHMS
 from topocc.planner.analysis.bounds import Bound, lower_bound
 from topocc.planner.compiler.compile import Compiled
 from topocc.planner.analysis.simulate import SimResult, simulate
+from topocc.planner.routing.network import Network
 from topocc.planner.topology.model import Topology, describe
 from topocc.planner.units import format_bandwidth, format_size, format_time
 from topocc.planner.analysis.verify import VerifyReport
@@ -154,7 +155,7 @@ def simulation_summary(topology: Topology, schedule: Schedule, size_bytes: int, 
         write_trace(trace, simulated_trace(topology, schedule, sim))
         doc["trace"] = trace
     if candidates:
-        from topocc.planner.compiler.algorithms import Options
+        from topocc.planner.compiler.options import Options
         from topocc.planner.compiler.compile import compile_schedule
 
         race = compile_schedule(topology, schedule.collective, "auto",
@@ -200,8 +201,9 @@ def _baseline(topology: Topology, schedule: Schedule, name: str, size: int) -> S
     a lower bound of its simulated time (:func:`topocc.planner.compiler.compile.link_time`).
     None: the algorithm does not apply here.
     """
-    from topocc.planner.compiler.algorithms import Options, get_algorithm
-    from topocc.planner.compiler.compile import link_time
+    from topocc.planner.compiler.options import Options
+    from topocc.planner.compiler.algorithms import get_algorithm
+    from topocc.planner.compiler.evaluate import link_time
     from topocc.planner.errors import TopoccError
 
     try:
@@ -211,12 +213,13 @@ def _baseline(topology: Topology, schedule: Schedule, name: str, size: int) -> S
         if algorithm.auto_max_ranks is not None and topology.size > algorithm.auto_max_ranks:
             return (f"not compared: above {algorithm.auto_max_ranks} ranks it takes minutes to build "
                     "(auto skips it too)")
-        other = algorithm.load()(topology, schedule.collective, Options(size_bytes=size, root=schedule.root or 0))
+        net = Network(topology)
+        other = algorithm.load()(net, schedule.collective, Options(size_bytes=size, root=schedule.root or 0))
         if other.op_count > BASELINE_SIMULATE_OPS:
-            bound = link_time(topology, other, size)
+            bound = link_time(net, other, size)
             return (f"not simulated ({other.op_count:,} operations): its busiest link alone needs "
                     f"{format_time(bound)}")
-        return simulate(topology, other, size)
+        return simulate(net, other, size)
     except TopoccError:
         return None  # a baseline that does not apply here is simply not compared
 

@@ -107,7 +107,7 @@ def terminal_summary(topology: Topology, schedule: Schedule, run: Run | None = N
                      f"{100 * util:.1f}%"))
     out.append(_indent(format_table(rows, ("link", "kind", "bytes", "utilisation"))))
 
-    per_link = link_step_bytes(topology, run)
+    per_link = link_step_bytes(run)
     width, ranges = step_buckets((s for _, _, s in per_link), MAX_STEP_ROWS)
     agg: dict[int, dict[tuple[str, str], float]] = defaultdict(lambda: defaultdict(float))
     start = ranges[0][0] if ranges else 0

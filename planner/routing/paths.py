@@ -24,7 +24,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from topocc.planner.errors import SimulationError
-from topocc.planner.topology.model import Link, Topology
+from topocc.planner.routing.network import Network
+from topocc.planner.topology.model import Link
 from topocc.runtime.schedule import PathChoice, Schedule
 
 __all__ = ["CHANNEL_CHOICES", "assign_paths", "connection_chunks", "recorded_paths", "spread_channels"]
@@ -48,13 +49,14 @@ def connection_chunks(schedule: Schedule) -> dict[tuple[int, int, int], int]:
     return volume
 
 
-def recorded_paths(topology: Topology, schedule: Schedule) -> dict[tuple[int, int, int], tuple[Link, ...]]:
+def recorded_paths(net: Network, schedule: Schedule) -> dict[tuple[int, int, int], tuple[Link, ...]]:
     """The schedule's recorded path of each connection as links, where ``topology`` is source-routed.
 
     Other fabrics cannot steer a connection, so their schedules' records are
     ignored.  Raises :class:`SimulationError` for a record that is not one of
     the pair's cheapest paths on this topology.
     """
+    topology = net.topology
     if topology.routing != "source" or not schedule.paths:
         return {}
     found: dict[tuple[int, int, int], tuple[Link, ...]] = {}
@@ -62,7 +64,7 @@ def recorded_paths(topology: Topology, schedule: Schedule) -> dict[tuple[int, in
         if not all(0 <= r < topology.size for r in (choice.src, choice.dst)):
             raise SimulationError(f"a recorded path joins rank {choice.src} to rank {choice.dst}, but the topology "
                                   f"has {topology.size} ranks", where=topology.name, fix="recompile the schedule")
-        path = topology.path_through(choice.src, choice.dst, choice.via)
+        path = net.path_through(choice.src, choice.dst, choice.via)
         if path is None:
             raise SimulationError(
                 f"the recorded path of rank {choice.src} -> rank {choice.dst} on channel {choice.channel} "
@@ -72,7 +74,7 @@ def recorded_paths(topology: Topology, schedule: Schedule) -> dict[tuple[int, in
     return found
 
 
-def assign_paths(topology: Topology, schedule: Schedule) -> Schedule:
+def assign_paths(net: Network, schedule: Schedule) -> Schedule:
     """``schedule`` with a path recorded for every connection that has a choice, on a source-routed topology.
 
     Connections with one path load their links first; then, heaviest first
@@ -82,12 +84,13 @@ def assign_paths(topology: Topology, schedule: Schedule) -> Schedule:
     overall.  Greedy, not optimal: it balances total bytes per link, not bytes
     in flight at each instant.  Other topologies get the schedule unchanged.
     """
+    topology = net.topology
     if topology.routing != "source":
         return schedule
     load: dict[tuple[str, str], float] = {}
     choosable: list[tuple[int, tuple[int, int, int], tuple[tuple[Link, ...], ...]]] = []
     for key, chunks in connection_chunks(schedule).items():
-        paths = topology.routes(key[0], key[1])
+        paths = net.routes(key[0], key[1])
         if len(paths) > 1:
             choosable.append((chunks, key, paths))
             continue
@@ -108,7 +111,7 @@ def assign_paths(topology: Topology, schedule: Schedule) -> Schedule:
     return schedule.with_paths(choices)
 
 
-def spread_channels(topology: Topology, schedule: Schedule) -> Schedule:
+def spread_channels(net: Network, schedule: Schedule) -> Schedule:
     """``schedule`` with its connections' channels renumbered so that ECMP hashes them onto spread paths.
 
     Each pair's channels map one to one onto new numbers (below
@@ -120,21 +123,22 @@ def spread_channels(topology: Topology, schedule: Schedule) -> Schedule:
     overall, keeping its own channel on a tie.  Other routings, and schedules
     with no pair that has a choice, come back unchanged.
     """
+    topology = net.topology
     if topology.routing != "ecmp":
         return schedule
     load: dict[tuple[str, str], float] = {}
     choosable: list[tuple[int, tuple[int, int, int]]] = []
     for key, chunks in connection_chunks(schedule).items():
         src, dst, channel = key
-        if topology.channels_change_path(src, dst):
+        if net.channels_change_path(src, dst):
             choosable.append((chunks, key))
             continue
-        for link, share in topology.route_shares(src, dst, channel).items():
+        for link, share in net.route_shares(src, dst, channel).items():
             load[link] = load.get(link, 0.0) + share * chunks
     if not choosable:
         return schedule
     bandwidth = {(link.src, link.dst): link.bandwidth for link in topology.links}
-    if not _could_gain(topology, schedule, load, choosable, bandwidth):
+    if not _could_gain(net, schedule, load, choosable, bandwidth):
         return schedule
     taken: dict[tuple[int, int], set[int]] = {}
     renumber: dict[tuple[int, int, int], int] = {}
@@ -147,7 +151,7 @@ def spread_channels(topology: Topology, schedule: Schedule) -> Schedule:
         for candidate in (channel, *range(tries + len(used))):
             if candidate in used or (candidate == channel and best is not None):
                 continue
-            shares = topology.route_shares(src, dst, candidate)
+            shares = net.route_shares(src, dst, candidate)
             after = [(load.get(link, 0.0) + share * chunks) / bandwidth[link] for link, share in shares.items()]
             cost = (max(after, default=0.0), sum(after))
             if best is None or cost < best[0]:
@@ -175,7 +179,7 @@ def spread_channels(topology: Topology, schedule: Schedule) -> Schedule:
     return replace(schedule, programs=tuple(programs))
 
 
-def _could_gain(topology: Topology, schedule: Schedule, fixed: dict[tuple[str, str], float],
+def _could_gain(net: Network, schedule: Schedule, fixed: dict[tuple[str, str], float],
                 choosable: list[tuple[int, tuple[int, int, int]]], bandwidth: dict[tuple[str, str], float]) -> bool:
     """Whether spreading might unload the busiest link: with the choosable connections split evenly over
     their paths, the busiest link would carry less than it does with the channels as they are.
@@ -187,9 +191,9 @@ def _could_gain(topology: Topology, schedule: Schedule, fixed: dict[tuple[str, s
     now = dict(fixed)
     even = dict(fixed)
     for chunks, (src, dst, channel) in choosable:
-        for link, share in topology.route_shares(src, dst, channel).items():
+        for link, share in net.route_shares(src, dst, channel).items():
             now[link] = now.get(link, 0.0) + share * chunks
-        for link, share in topology.even_shares(src, dst).items():
+        for link, share in net.even_shares(src, dst).items():
             even[link] = even.get(link, 0.0) + share * chunks
     busiest = max(v / bandwidth[key] for key, v in now.items())
     return max(v / bandwidth[key] for key, v in even.items()) < busiest * (1 - 1e-6)

@@ -8,7 +8,8 @@ import functools
 import networkx as nx
 import pytest
 
-from topocc.planner.compiler.algorithms import ALGORITHMS, Options
+from topocc.planner.compiler.algorithms import ALGORITHMS
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.compile import compile_schedule
 from topocc.planner.topology.catalogue import shipped_topologies
 from topocc.planner.errors import NotApplicableError, UsageError

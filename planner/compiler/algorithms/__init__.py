@@ -1,6 +1,6 @@
 """The algorithm table: every schedule construction, by name, with the collectives it supports.
 
-Each algorithm is a function ``(topology, collective, options) -> Schedule`` in
+Each algorithm is a function ``(network, collective, options) -> Schedule`` in
 its own module.  It raises :class:`~topocc.planner.errors.NotApplicableError` when the
 topology or collective does not suit it; :func:`topocc.planner.compiler.compile.compile_schedule`
 is the front door that picks one, verifies and times the result.
@@ -9,45 +9,18 @@ is the front door that picks one, verifies and times the result.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
 
+from topocc.planner.compiler.options import Options
 from topocc.planner.errors import UsageError
-from topocc.planner.topology.model import Topology
+from topocc.planner.routing.network import Network
 from topocc.runtime.schedule import Schedule
 
-__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmFn", "Options", "get_algorithm"]
+__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmFn", "get_algorithm"]
 
 
-@dataclass(frozen=True, slots=True)
-class Options:
-    """What a caller may ask of an algorithm; each algorithm reads the fields it understands.
-
-    ``size_bytes`` is the buffer size the schedule is tuned for (nccl-tests
-    convention: the larger of input and output); ``channels`` the number of
-    parallel rings/trees (None: the algorithm decides from the fabric);
-    ``pipeline`` the number of pieces each chunk is split into for pipelining
-    (None: decided from the size); ``root`` the root of broadcast and reduce.
-    """
-
-    size_bytes: int = 64 << 20
-    channels: int | None = None
-    pipeline: int | None = None
-    root: int = 0
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"size_bytes": self.size_bytes, "root": self.root}
-        if self.channels is not None:
-            out["channels"] = self.channels
-        if self.pipeline is not None:
-            out["pipeline"] = self.pipeline
-        out.update(self.extra)
-        return out
-
-
-AlgorithmFn = Callable[[Topology, str, Options], Schedule]
+AlgorithmFn = Callable[[Network, str, Options], Schedule]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,11 +53,11 @@ class Algorithm:
         fn: AlgorithmFn = getattr(importlib.import_module(self.module), self.function)
         return fn
 
-    def load_link_floor(self) -> Callable[[Topology, str, Options], float] | None:
+    def load_link_floor(self) -> Callable[[Network, str, Options], float] | None:
         """The :attr:`link_floor` function, or None when the algorithm has none."""
         if self.link_floor is None:
             return None
-        fn: Callable[[Topology, str, Options], float] = getattr(importlib.import_module(self.module), self.link_floor)
+        fn: Callable[[Network, str, Options], float] = getattr(importlib.import_module(self.module), self.link_floor)
         return fn
 
 

@@ -51,7 +51,7 @@ import numpy as np
 
 from topocc.planner.errors import NotApplicableError
 from topocc.planner.solvers import LinearProgram, SolverOptions, solve
-from topocc.planner.topology.model import Topology
+from topocc.planner.routing.network import Network
 
 __all__ = ["Packing", "RankGraph", "min_arborescence", "optimum", "pack", "pack_phases", "rank_graph"]
 
@@ -135,7 +135,7 @@ class RankGraph:
         return self.entry_order[skip + np.arange(int(count.sum()))]
 
 
-def rank_graph(topology: Topology, reverse: bool = False, both_ways: bool = False) -> RankGraph:
+def rank_graph(net: Network, reverse: bool = False, both_ways: bool = False) -> RankGraph:
     """The candidate arcs of ``topology`` and their link loads (see :class:`RankGraph`).
 
     Each rank keeps its :data:`EDGES_PER_RANK` cheapest routable peers each way
@@ -151,6 +151,7 @@ def rank_graph(topology: Topology, reverse: bool = False, both_ways: bool = Fals
     until one component remains.  With ``both_ways`` every arc's reverse joins
     too where it is routable (for trees used in both directions).
     """
+    topology = net.topology
     p = topology.size
 
     def routed(u: int, v: int) -> tuple[int, int]:
@@ -165,7 +166,7 @@ def rank_graph(topology: Topology, reverse: bool = False, both_ways: bool = Fals
     for u in range(p):
         found = []
         for v in range(p):
-            c = topology.route_cost(*routed(u, v)) if v != u else math.inf
+            c = net.route_cost(*routed(u, v)) if v != u else math.inf
             if c != math.inf:
                 cost[u, v] = c
                 found.append((round(c, 15), (v - u) % p, v))
@@ -207,8 +208,8 @@ def rank_graph(topology: Topology, reverse: bool = False, both_ways: bool = Fals
     latency = []
     for k, (u, v) in enumerate(arcs):
         a, b = routed(u, v)
-        latency.append(topology.route_latency(a, b))
-        for key, s in sorted(topology.route_shares(a, b).items()):
+        latency.append(net.route_latency(a, b))
+        for key, s in sorted(net.route_shares(a, b).items()):
             entry_arc.append(k)
             entry_link.append(keys.setdefault(key, len(keys)))
             share.append(s)

@@ -17,11 +17,11 @@ import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
 
-from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.errors import NotApplicableError
 from topocc.planner.routing.relay import path_shares
-from topocc.planner.topology.model import Topology
+from topocc.planner.routing.network import Network
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = [
@@ -100,8 +100,9 @@ def root_rank(options: Options, p: int) -> int:
     return options.root
 
 
-def host_size(topology: Topology, algorithm: str) -> int:
+def host_size(net: Network, algorithm: str) -> int:
     """The GPUs of every host, or :class:`NotApplicableError` naming ``algorithm`` where hosts differ in size."""
+    topology = net.topology
     sizes = {len(h) for h in topology.hosts.values()}
     if len(sizes) != 1:
         raise NotApplicableError(f"{algorithm} needs equal-sized hosts (host sizes {sorted(sizes)})")
@@ -137,20 +138,20 @@ class LinkLoads:
     and out included.
     """
 
-    def __init__(self, topology: Topology, channel: int = 0) -> None:
-        self.topology = topology
+    def __init__(self, net: Network, channel: int = 0) -> None:
+        self.net = net
         self.channel = channel
         self.load: dict[tuple[str, str], float] = {}
         self._shares: dict[tuple[int, int, int], list[tuple[tuple[str, str], float, float]]] = {}
 
     def shares(self, a: int, b: int) -> list[tuple[tuple[str, str], float, float]]:
         """(link, share of the pair's traffic, link bandwidth) along the route ``a -> b`` on :attr:`channel`."""
-        key = self.topology.route_key(a, b, self.channel)
+        key = self.net.route_key(a, b, self.channel)
         got = self._shares.get(key)
         if got is None:
-            link = self.topology.link
+            link = self.net.topology.link
             got = [(k, s, link(*k).bandwidth)  # type: ignore[union-attr]
-                   for k, s in path_shares(self.topology, a, b, self.channel).items()]
+                   for k, s in path_shares(self.net, a, b, self.channel).items()]
             self._shares[key] = got
         return got
 
@@ -174,8 +175,9 @@ class LinkLoads:
 # --------------------------------------------------------------------------- ring search
 
 
-def _groups_of(topology: Topology, members: Sequence[int]) -> dict[int, int] | None:
+def _groups_of(net: Network, members: Sequence[int]) -> dict[int, int] | None:
     """Host index of each member, or None when all members share one host or each is alone."""
+    topology = net.topology
     host_index: dict[int, int] = {}
     for h, ranks in enumerate(topology.hosts.values()):
         for r in ranks:
@@ -323,19 +325,19 @@ def _thresholds(members: Sequence[int], weight: Weight, groups: dict[int, int] |
     return positive or [0.0]
 
 
-def _lone_weight(topology: Topology) -> Weight:
+def _lone_weight(net: Network) -> Weight:
     """:meth:`LinkLoads.weight` with no load: a routed pair's :meth:`~Topology.route_bandwidth` (the same
     minimum of bandwidth over share, found by counting paths under spray rather than listing them), a relayed
     pair's from the shares of all its hops."""
-    loads = LinkLoads(topology)
+    loads = LinkLoads(net)
 
     def weight(a: int, b: int) -> float:
-        return topology.route_bandwidth(a, b) if topology.has_route(a, b) else loads.weight(a, b)
+        return net.route_bandwidth(a, b) if net.has_route(a, b) else loads.weight(a, b)
 
     return weight
 
 
-def find_cycle(topology: Topology, members: Sequence[int], weight: Weight | None = None) -> list[int]:
+def find_cycle(net: Network, members: Sequence[int], weight: Weight | None = None) -> list[int]:
     """A Hamiltonian cycle over ``members`` maximising the bottleneck weight, direct hops preferred.
 
     ``weight(a, b)`` defaults to the bandwidth of the hop given no other load
@@ -349,7 +351,7 @@ def find_cycle(topology: Topology, members: Sequence[int], weight: Weight | None
     if len(members) <= 1:
         return members
     if weight is None:
-        weight = _lone_weight(topology)
+        weight = _lone_weight(net)
     cache: dict[tuple[int, int], float] = {}
 
     routed: dict[tuple[int, int], bool] = {}
@@ -357,7 +359,7 @@ def find_cycle(topology: Topology, members: Sequence[int], weight: Weight | None
     def direct(a: int, b: int) -> bool:
         found = routed.get((a, b))
         if found is None:
-            found = routed[(a, b)] = topology.has_route(a, b)
+            found = routed[(a, b)] = net.has_route(a, b)
         return found
 
     def cached(a: int, b: int) -> float:
@@ -370,7 +372,7 @@ def find_cycle(topology: Topology, members: Sequence[int], weight: Weight | None
         return cached(a, b) if direct(a, b) else 0.0
 
     limit = 4 * len(members) + 4000
-    groups = _groups_of(topology, members)
+    groups = _groups_of(net, members)
     for admitted in (direct_only, cached):
         for mode in ([groups, None] if groups is not None else [None]):
             ring = _best_cycle(members, admitted, mode, limit, direct)
@@ -400,23 +402,24 @@ def _best_cycle(members: list[int], weight: Weight, groups: dict[int, int] | Non
     return best
 
 
-def ring_order(topology: Topology) -> list[int]:
+def ring_order(net: Network) -> list[int]:
     """The single best ring over all ranks (memoised per topology: every algorithm orders ranks by it)."""
-    return list(_ring_order(topology))
+    return list(_ring_order(net))
 
 
 @functools.lru_cache(maxsize=8)
-def _ring_order(topology: Topology) -> tuple[int, ...]:
-    return tuple(find_cycle(topology, range(topology.size)))
+def _ring_order(net: Network) -> tuple[int, ...]:
+    topology = net.topology
+    return tuple(find_cycle(net, range(topology.size)))
 
 
-def find_rings(topology: Topology, channels: int | None, cap: int = 8) -> list[list[int]]:
+def find_rings(net: Network, channels: int | None, cap: int = 8) -> list[list[int]]:
     """Rings for ``channels`` channels (see :func:`_find_rings`), memoised per topology."""
-    return [list(rg) for rg in _find_rings(topology, channels, cap)]
+    return [list(rg) for rg in _find_rings(net, channels, cap)]
 
 
 @functools.lru_cache(maxsize=8)
-def _find_rings(topology: Topology, channels: int | None, cap: int) -> tuple[tuple[int, ...], ...]:
+def _find_rings(net: Network, channels: int | None, cap: int) -> tuple[tuple[int, ...], ...]:
     """Rings for ``channels`` channels, or, when None, the count (up to ``cap``) that moves data fastest.
 
     Each ring is searched on the bandwidth left by the previous ones
@@ -424,14 +427,15 @@ def _find_rings(topology: Topology, channels: int | None, cap: int) -> tuple[tup
     least time per byte (whole buffer split evenly) is kept, so on DGX-1 the
     lane-disjoint NVLink rings come out and on a switch a single ring does.
     """
+    topology = net.topology
     members = list(range(topology.size))
-    loads = LinkLoads(topology)
+    loads = LinkLoads(net)
     rings: list[list[int]] = []
     best, best_count = math.inf, 0
     want = channels if channels is not None else cap
     for channel in range(want):
         loads.channel = channel  # ring i runs on channel i
-        ring = find_cycle(topology, members, loads.weight)
+        ring = find_cycle(net, members, loads.weight)
         rings.append(ring)
         loads.add_ring(ring)
         t = loads.time_per_byte(len(rings))

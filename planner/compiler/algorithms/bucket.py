@@ -39,12 +39,12 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms._order import Send, ring_steps, single_rank
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.errors import NotApplicableError
-from topocc.planner.topology.model import Topology
+from topocc.planner.routing.network import Memo, Network
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["Grid", "bucket", "grid_of"]
@@ -66,22 +66,29 @@ class Grid:
         return [sorted(g, key=lambda r: self.coords[r][dim]) for g in by.values()]
 
 
-def grid_of(topology: Topology) -> Grid:
+def grid_of(net: Network) -> Grid:
     """The grid the ``dim``-labelled links make, one rank per router; raises
     :class:`NotApplicableError` (saying why) where the fabric is not one."""
-    cache: list[Grid | str] = topology.derived("bucket.grid", list)
-    if not cache:
-        try:
-            cache.append(_read_grid(topology))
-        except NotApplicableError as exc:
-            cache.append(exc.message)
-    found = cache[0]
+    found = net.memo(_GRID)
     if isinstance(found, str):
         raise NotApplicableError(found)
     return found
 
 
-def _read_grid(topology: Topology) -> Grid:
+def _grid_or_why(net: Network) -> Grid | str:
+    """The network's grid, or why it has none."""
+    try:
+        return _read_grid(net)
+    except NotApplicableError as exc:
+        return exc.message
+
+
+#: Each network's grid, read once (every algorithm of the race asks whether the fabric is one).
+_GRID: Memo[Grid | str] = Memo("bucket: grid", _grid_or_why)
+
+
+def _read_grid(net: Network) -> Grid:
+    topology = net.topology
     steps: dict[str, list[tuple[str, int, int]]] = {}  # router -> (neighbour, dim, +1 or -1)
     for link in topology.links:
         if link.dim is not None:
@@ -247,8 +254,9 @@ def _sends(grid: Grid, dims: list[int], ranks: int, streams: int) -> int:
     return streams * ranks * sum(grid.sizes[d] - 1 for d in dims)
 
 
-def bucket(topology: Topology, collective: str, options: Options) -> Schedule:
+def bucket(net: Network, collective: str, options: Options) -> Schedule:
     """Bucket all-reduce, reduce-scatter or all-gather over the grid of ``topology`` (see the module docstring)."""
+    topology = net.topology
     collective = canonical_collective(collective)
     if collective not in ("allreduce", "reducescatter", "allgather"):
         raise NotApplicableError(f"bucket does not implement {collective} (it builds allreduce, reducescatter, "
@@ -257,7 +265,7 @@ def bucket(topology: Topology, collective: str, options: Options) -> Schedule:
     meta = options.as_dict()
     if p == 1:
         return single_rank(collective, 1, 1, "bucket", meta)
-    grid = grid_of(topology)
+    grid = grid_of(net)
     dims = [d for d, n in enumerate(grid.sizes) if n > 1]
     # streams: each dimension first once (some orders more than once, see _order_parts), each way round its rings
     orders = [dims[s:] + dims[:s] for s in range(len(dims))]

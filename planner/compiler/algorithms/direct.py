@@ -10,12 +10,12 @@ exchanges through other GPUs (:mod:`topocc.planner.routing.relay`).
 
 from __future__ import annotations
 
-from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms._order import pieces, root_rank, single_rank, split
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.routing.relay import relays
-from topocc.planner.topology.model import Topology
+from topocc.planner.routing.network import Network
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["direct"]
@@ -23,8 +23,9 @@ __all__ = ["direct"]
 _MAX_CHUNKS = 4096
 
 
-def direct(topology: Topology, collective: str, options: Options) -> Schedule:
+def direct(net: Network, collective: str, options: Options) -> Schedule:
     """Direct schedule for any of the six collectives; pairs without a route are relayed."""
+    topology = net.topology
     collective = canonical_collective(collective)
     p = topology.size
     meta = options.as_dict()
@@ -36,7 +37,7 @@ def direct(topology: Topology, collective: str, options: Options) -> Schedule:
     def peers(r: int) -> list[int]:
         return [(r + off) % p for off in range(1, p)]
 
-    relay = relays(topology)
+    relay = relays(net)
 
     if rooted:
         q = max(1, options.pipeline or 1)  # one hop: pieces only help if the caller asks

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms._order import chunk_runs, pieces, ring_order, single_rank, split
 from topocc.planner.compiler.builder import Relay, ScheduleBuilder
 from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.errors import NotApplicableError
 from topocc.planner.routing.relay import relays
-from topocc.planner.topology.model import Topology
+from topocc.planner.routing.network import Network
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["halving_doubling"]
@@ -43,8 +43,9 @@ def _fold(order: Sequence[int]) -> tuple[list[int], dict[int, int]]:
     return active, extras
 
 
-def halving_doubling(topology: Topology, collective: str, options: Options) -> Schedule:
+def halving_doubling(net: Network, collective: str, options: Options) -> Schedule:
     """Rabenseifner schedule for allreduce, reducescatter or allgather, any rank count."""
+    topology = net.topology
     collective = canonical_collective(collective)
     if collective not in ("allreduce", "reducescatter", "allgather"):
         raise NotApplicableError(
@@ -54,9 +55,9 @@ def halving_doubling(topology: Topology, collective: str, options: Options) -> S
     meta = options.as_dict()
     if p == 1:
         return single_rank(collective, 1, 1, "halving-doubling", meta)
-    active, extras = _fold(ring_order(topology))
+    active, extras = _fold(ring_order(net))
     meta["folded"] = len(extras)
-    relay = relays(topology)  # partners without a GPU-free route exchange through other GPUs
+    relay = relays(net)  # partners without a GPU-free route exchange through other GPUs
     if collective == "allreduce":
         return _allreduce(active, extras, p, options, meta, relay)
     return _gather_scatter(collective, active, extras, p, meta, relay)

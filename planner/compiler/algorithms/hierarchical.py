@@ -54,14 +54,15 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms._order import PIECE_BYTES, Send, chunk_runs, find_cycle, host_size, ring_steps, single_rank
 from topocc.planner.compiler.algorithms.hierarchical_rooted import rooted_hierarchical
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.errors import NotApplicableError
 from topocc.planner.routing.relay import path_latency, path_shares, relays
-from topocc.planner.topology.model import Topology
+from topocc.planner.compiler.evaluate import Evaluator
+from topocc.planner.routing.network import Memo, Network
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["Stage", "hierarchical", "stage_methods", "stages"]
@@ -80,7 +81,7 @@ _LARGE_BYTES = 512 << 20
 _SLICE_BYTES = PIECE_BYTES
 #: Slices of a reduce-scatter's or all-reduce's first phase a rank may have in flight, where the first level
 #: is not direct (all-reduce: a ring, or halving-doubling on large slices; see the flow control in
-#: :func:`hierarchical`; ``Options.extra["window"]``, 0: no limit).
+#: :func:`hierarchical`; ``options.hierarchical.window``, 0: no limit).
 _WINDOW = 1
 #: An all-reduce's first phase is flow-controlled behind halving-doubling only on slices this large.
 _WINDOW_BYTES = 4 << 20
@@ -128,7 +129,7 @@ class Stage:
         return len(self.groups[0])
 
 
-def stages(topology: Topology) -> list[Stage]:
+def stages(net: Network) -> list[Stage]:
     """The non-trivial levels (host, rack, cluster), innermost first.
 
     Where racks differ in host count (a last leaf only partly filled, as real
@@ -139,8 +140,9 @@ def stages(topology: Topology) -> list[Stage]:
     each; all-reduce 91.8% and 92.7%).  Raises :class:`NotApplicableError`
     when hosts differ in size.
     """
+    topology = net.topology
     hosts = list(topology.hosts.values())
-    host_size(topology, "hierarchical")
+    host_size(net, "hierarchical")
     rack_of: dict[int, str] = {}
     for name, ranks in topology.racks.items():
         for r in ranks:
@@ -157,7 +159,7 @@ def stages(topology: Topology) -> list[Stage]:
     def add(level: str, groups: list[list[int]]) -> None:
         if len(groups[0]) == 1:
             return
-        rings = tuple(tuple(find_cycle(topology, g)) for g in groups)
+        rings = tuple(tuple(find_cycle(net, g)) for g in groups)
         for rg in rings:
             for i, r in enumerate(rg):
                 coord[r] = (*coord[r], i)
@@ -183,7 +185,7 @@ def stages(topology: Topology) -> list[Stage]:
     return out
 
 
-def _split_last(topology: Topology, levels: list[Stage], options: Options, large: bool = True) -> list[Stage]:
+def _split_last(net: Network, levels: list[Stage], options: Options, large: bool = True) -> list[Stage]:
     """``levels`` with the last one split in two (:func:`_split`), both direct, where :func:`_estimate` times
     them faster than the last level's step latencies alone: on small messages (under :data:`_MIN_SLICE_BYTES`
     a rank), where the last level is too large to run direct, or the cap on contending messages keeps it
@@ -198,9 +200,10 @@ def _split_last(topology: Topology, levels: list[Stage], options: Options, large
     a larger one, many flows contending at once, made those simulations the whole compile (64 hosts of 2
     GPUs at 1 MiB, 16 x 4: 5.7 s -> 173 s, for 49.5% -> 71.4% of the bound).
     """
+    topology = net.topology
     last = levels[-1] if levels else None
     if (last is None or options.size_bytes / topology.size >= _MIN_SLICE_BYTES or options.pipeline is not None
-            or "stage_method" in options.extra):
+            or options.hierarchical.stage_method is not None):
         return levels
     method = None  # the last level's, timed only once some split fits where it is too large for direct
     if _direct_fits(last):
@@ -208,7 +211,7 @@ def _split_last(topology: Topology, levels: list[Stage], options: Options, large
         # 48 messages on an uplink, whose ring of ten waits out nine path latencies (80 GPUs at 1 MiB:
         # all-gather 3.39x -> 1.36x of the bound split 2 x 5, reduce-scatter 3.72x -> 1.55x, all-reduce
         # 4.18x -> 1.53x)
-        method = stage_methods(topology, levels, options.size_bytes, 1)[-1]
+        method = stage_methods(net, levels, options.size_bytes, 1)[-1]
         if method == "direct":
             return levels
     elif not large:
@@ -220,17 +223,17 @@ def _split_last(topology: Topology, levels: list[Stage], options: Options, large
         return levels
     part = options.size_bytes / math.prod(s.size for s in levels)  # bytes of one part of the last level
     if method is None:
-        method = stage_methods(topology, levels, options.size_bytes, 1)[-1]
-    best = _estimate(topology, last, method, 0.0, 1, si)
+        method = stage_methods(net, levels, options.size_bytes, 1)[-1]
+    best = _estimate(net, last, method, 0.0, 1, si)
     chosen = None
     for a, inner, outer in splits:
-        estimate = (_estimate(topology, inner, "direct", part * (n // a), 1, si)
-                    + _estimate(topology, outer, "direct", part, 1, si + 1))
+        estimate = (_estimate(net, inner, "direct", part * (n // a), 1, si)
+                    + _estimate(net, outer, "direct", part, 1, si + 1))
         if estimate < best:
             best, chosen = estimate, (inner, outer)
     if chosen is None:
         return levels
-    return [*levels[:-1], *(Stage(s.level, tuple(tuple(find_cycle(topology, g)) for g in s.groups)) for s in chosen)]
+    return [*levels[:-1], *(Stage(s.level, tuple(tuple(find_cycle(net, g)) for g in s.groups)) for s in chosen)]
 
 
 def _split(stage: Stage, a: int) -> tuple[Stage, Stage]:
@@ -324,7 +327,7 @@ def _power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def _spread_shares(topology: Topology, src: int, dst: int, channel: int,
+def _spread_shares(net: Network, src: int, dst: int, channel: int,
                    spread: bool) -> Mapping[tuple[str, str], float]:
     """:func:`~topocc.planner.routing.relay.path_shares` as the estimates see them: with ``spread`` (all-reduce), where the
     routing hashes a pair's channels onto different paths (ECMP), the message split evenly over the pair's
@@ -343,12 +346,12 @@ def _spread_shares(topology: Topology, src: int, dst: int, channel: int,
     one slice: 97.9% of the bound with a cross-leaf ring, 94.7% with
     halving-doubling).
     """
-    if not spread or not topology.channels_change_path(src, dst):
-        return path_shares(topology, src, dst, channel)
-    return topology.even_shares(src, dst)
+    if not spread or not net.channels_change_path(src, dst):
+        return path_shares(net, src, dst, channel)
+    return net.even_shares(src, dst)
 
 
-def _estimate(topology: Topology, stage: Stage, method: str, part_bytes: float, slices: int, channel: int,
+def _estimate(net: Network, stage: Stage, method: str, part_bytes: float, slices: int, channel: int,
               spread: bool = False) -> float:
     """Seconds one phase of ``stage`` takes with ``method`` on ``channel``: per step the path latency plus the
     step's bytes over its busiest link, every group of the stage loading the links at once, ``slices`` times
@@ -357,6 +360,7 @@ def _estimate(topology: Topology, stage: Stage, method: str, part_bytes: float, 
     A coarse model (no overlap between steps), used only to choose between ring and halving-doubling.
     ``spread``: ECMP routes as :func:`_spread_shares` sees them for an all-reduce.
     """
+    topology = net.topology
     link = topology.link
     total = 0.0
     seen: dict[tuple[tuple[int, int, int], ...], float] = {}  # a ring's steps all cost the same
@@ -368,16 +372,16 @@ def _estimate(topology: Topology, stage: Stage, method: str, part_bytes: float, 
             latency = 0.0
             for g in stage.groups:
                 for i, j, parts in shape:
-                    for key, share in _spread_shares(topology, g[i], g[j], channel, spread).items():
+                    for key, share in _spread_shares(net, g[i], g[j], channel, spread).items():
                         load[key] = load.get(key, 0.0) + share * parts
-                latency = max(latency, max(path_latency(topology, g[i], g[j], channel) for i, j, _ in shape))
+                latency = max(latency, max(path_latency(net, g[i], g[j], channel) for i, j, _ in shape))
             busiest = max((v / link(*key).bandwidth for key, v in load.items()), default=0.0)  # type: ignore[union-attr]
             cost = seen[shape] = latency + slices * part_bytes * busiest
         total += cost
     return total
 
 
-def _round_trip(topology: Topology, stage: Stage, method: str, part_bytes: float, slices: int, channel: int,
+def _round_trip(net: Network, stage: Stage, method: str, part_bytes: float, slices: int, channel: int,
                 weights: Mapping[int, int] | None) -> float:
     """Seconds the last level of an all-reduce takes with ``method``, reduce-scatter and all-gather pooled:
     every step's path latency plus all the bytes of both phases over the busiest link.
@@ -388,6 +392,7 @@ def _round_trip(topology: Topology, stage: Stage, method: str, part_bytes: float
     reduce-scatter and incoming ones in the all-gather, which a phase-by-phase
     :func:`_estimate` would count as if they queued.
     """
+    topology = net.topology
     link = topology.link
     load: dict[tuple[str, str], float] = {}
     latency = 0.0
@@ -396,14 +401,14 @@ def _round_trip(topology: Topology, stage: Stage, method: str, part_bytes: float
             for g in stage.groups:
                 for i, j, a, b in step:
                     parts = b - a if weights is None else sum(weights[g[x]] for x in range(a, b))
-                    for key, share in _spread_shares(topology, g[i], g[j], channel, True).items():
+                    for key, share in _spread_shares(net, g[i], g[j], channel, True).items():
                         load[key] = load.get(key, 0.0) + share * parts
-            latency += max(path_latency(topology, g[i], g[j], channel) for g in stage.groups for i, j, _, _ in step)
+            latency += max(path_latency(net, g[i], g[j], channel) for g in stage.groups for i, j, _, _ in step)
     busiest = max((v / link(*key).bandwidth for key, v in load.items()), default=0.0)  # type: ignore[union-attr]
     return latency + slices * part_bytes * busiest
 
 
-def _relayed(topology: Topology, stage: Stage) -> bool:
+def _relayed(net: Network, stage: Stage) -> bool:
     """Whether some halving-doubling partners of ``stage`` have no GPU-free route (their messages relay).
 
     Such a level runs a ring or direct instead: a relayed partner changes with
@@ -412,7 +417,7 @@ def _relayed(topology: Topology, stage: Stage) -> bool:
     all-reduce across the chassis at 91.5% of the bound with halving-doubling,
     97.5% with a ring, 98.1% direct; 4 chassis of 8, all-gather, 92.5% -> 99.7%).
     """
-    return any(not topology.has_route(g[i], g[j]) for g in stage.groups
+    return any(not net.has_route(g[i], g[j]) for g in stage.groups
                for step in _halving_doubling_steps(stage.size, False) for i, j, _, _ in step)
 
 
@@ -424,19 +429,23 @@ def _direct_fits(stage: Stage) -> bool:
             <= _DIRECT_MAX_SENDS * (1 if stage.level == "host" else 2))
 
 
-def _alike(topology: Topology, stage: Stage) -> bool:
+def _alike(net: Network, stage: Stage) -> bool:
     """Whether every pair of every group of ``stage`` has a route of one and the same cost (members on one
     switch), so that a direct step loads them alike."""
-    costs = [topology.route_cost(a, b) for g in stage.groups for a in g for b in g if a != b]
+    costs = [net.route_cost(a, b) for g in stage.groups for a in g for b in g if a != b]
     return bool(costs) and max(costs) < math.inf and max(costs) <= min(costs) * (1 + 1e-9)
 
 
-def _sharing(topology: Topology, stage: Stage, channel: int) -> float:
+#: The most messages one link carries in a direct step, per (stage, channel) (see :func:`_sharing`).
+_SHARING: Memo[dict[tuple[Stage, int], float]] = Memo("hierarchical: link sharing", lambda net: {})
+
+
+def _sharing(net: Network, stage: Stage, channel: int) -> float:
     """The most messages (route shares summed) one link carries in a direct step of ``stage``; 0 for a
     host level, which the cap on it never limits (cached per topology: :func:`hierarchical` may ask twice)."""
     if stage.level == "host":
         return 0.0
-    cache: dict[tuple[Stage, int], float] = topology.derived("hierarchical.sharing", dict)
+    cache = net.memo(_SHARING)
     found = cache.get((stage, channel))
     if found is None:
         load: dict[tuple[str, str], float] = {}
@@ -444,13 +453,13 @@ def _sharing(topology: Topology, stage: Stage, channel: int) -> float:
             for a in g:
                 for b in g:
                     if a != b:
-                        for key, share in path_shares(topology, a, b, channel).items():
+                        for key, share in path_shares(net, a, b, channel).items():
                             load[key] = load.get(key, 0.0) + share
         found = cache[(stage, channel)] = max(load.values(), default=0.0)
     return found
 
 
-def _host_rates(topology: Topology, stage: Stage, channel: int) -> dict[int, float]:
+def _host_rates(net: Network, stage: Stage, channel: int) -> dict[int, float]:
     """Each rank's share of what its host's links to the outside carry, bytes/s: the lower of out and in.
 
     The links counted are those the routes of the stage's messages (each rank
@@ -461,13 +470,14 @@ def _host_rates(topology: Topology, stage: Stage, channel: int) -> dict[int, flo
     Per host and not per rank, since one sampled route per rank says which
     NICs a host uses but not how its ranks would share them.
     """
+    topology = net.topology
     place = {d.name: d.host or d.name for d in topology.devices}
     home = {r: place[topology.ranks[r]] for g in stage.groups for r in g}
     out: dict[str, set[tuple[str, str]]] = {}
     into: dict[str, set[tuple[str, str]]] = {}
     for g in stage.groups:
         for i, r in enumerate(g):
-            for key in path_shares(topology, r, g[(i + 1) % len(g)], channel):
+            for key in path_shares(net, r, g[(i + 1) % len(g)], channel):
                 if place[key[0]] != place[key[1]]:
                     out.setdefault(place[key[0]], set()).add(key)
                     into.setdefault(place[key[1]], set()).add(key)
@@ -482,7 +492,7 @@ def _host_rates(topology: Topology, stage: Stage, channel: int) -> dict[int, flo
     return {r: min(capacity(out.get(h, set())), capacity(into.get(h, set()))) / members[h] for r, h in home.items()}
 
 
-def ownership(topology: Topology, stage: Stage, channel: int) -> dict[int, int] | None:
+def ownership(net: Network, stage: Stage, channel: int) -> dict[int, int] | None:
     """How many of its group's ``stage.size`` parts each rank of a direct level across hosts reduces, or
     None where every rank takes one (today's equal split).
 
@@ -505,7 +515,7 @@ def ownership(topology: Topology, stage: Stage, channel: int) -> dict[int, int] 
     n = stage.size
     if stage.level == "host" or n <= 2:
         return None
-    rate = _host_rates(topology, stage, channel)
+    rate = _host_rates(net, stage, channel)
     if min(rate.values()) <= 0:  # no route out of some host sampled: no basis for a choice
         return None
     weights: dict[int, int] = {}
@@ -522,7 +532,7 @@ def ownership(topology: Topology, stage: Stage, channel: int) -> dict[int, int] 
     return None if all(w == 1 for w in weights.values()) else weights
 
 
-def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: float, slices: int,
+def stage_methods(net: Network, levels: Sequence[Stage], slice_bytes: float, slices: int,
                   force: str | None = None, weights: Mapping[int, int] | None = None,
                   fed: bool = False, spread: bool = False, sharing_cap: float = _DIRECT_MAX_SHARING,
                   waved: bool = False, contend: bool = True) -> list[str]:
@@ -530,7 +540,7 @@ def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: floa
     steps; direct only where it is :data:`_DIRECT_GAIN` faster, or, with ``fed``, above the first level
     where it is no slower).
 
-    ``force`` (``Options.extra["stage_method"]``) picks one for every level it
+    ``force`` (``options.hierarchical.stage_method``) picks one for every level it
     fits; halving-doubling fits a level whose size is a power of two and whose
     partners have routes (:func:`_relayed`), direct one of at most
     :data:`_DIRECT_MAX_MEMBERS` members.  A level of two members has
@@ -557,18 +567,18 @@ def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: floa
             out.append("halving-doubling")
             continue
         # fewest steps first, so that ties go to the lower latency
-        sharing = _sharing(topology, s, si) if _direct_fits(s) else math.inf
+        sharing = _sharing(net, s, si) if _direct_fits(s) else math.inf
         direct = sharing <= sharing_cap
         fits = [m for m, ok in (("direct", direct),
-                                ("halving-doubling", _power_of_two(s.size) and not _relayed(topology, s)),
+                                ("halving-doubling", _power_of_two(s.size) and not _relayed(net, s)),
                                 ("ring", True)) if ok]
         if force is not None and force in fits:
             out.append(force)
             continue
         # timed on the channel of the level's reduce-scatter phase (all-reduce and reduce-scatter: its index)
-        times = [_estimate(topology, s, m, part, slices, si, spread) for m in fits]
+        times = [_estimate(net, s, m, part, slices, si, spread) for m in fits]
         if weights is not None and si == len(levels) - 1:  # uneven ownership, where direct runs it
-            times = [_round_trip(topology, s, m, part, slices, si, weights if m == "direct" else None) for m in fits]
+            times = [_round_trip(net, s, m, part, slices, si, weights if m == "direct" else None) for m in fits]
         if fed and not waved and si == 0 and small:
             # behind a first level that is not direct the flow control lets in a slice at a time, so its steps'
             # latencies are waited out once a slice, which the estimate counts once: on small messages
@@ -576,18 +586,18 @@ def stage_methods(topology: Topology, levels: Sequence[Stage], slice_bytes: floa
             # 1.21x of the bound, all-reduce of whole blocks 1.30x / 1.15x; at 4 MiB the reduce-scatter 1.12x /
             # 1.07x; but at 256 MiB, 37 slices in two 8-GPU chassis with one-way links, 90.2% direct where a
             # ring reaches 99.8%)
-            times = [t if m == "direct" else t + (slices - 1) * _estimate(topology, s, m, 0.0, slices, si, spread)
+            times = [t if m == "direct" else t + (slices - 1) * _estimate(net, s, m, 0.0, slices, si, spread)
                      for m, t in zip(fits, times)]
         # where a reduce-scatter's first level is not direct, its flow control (see _windowed) makes it a ring,
         # which the estimate does not time: where every pair meets alike (an NVSwitch) direct wins even so
         # (fattree-80-2to1 at 256 MiB: 95.5% -> 99.0% of the bound, dgx-a100-4node 97.7% -> 98.9%), but not
         # where pairs differ (a hybrid cube-mesh: ndv2-2chassis 99.8% -> 89.2%)
-        gain = 0.0 if fed and (si > 0 or _alike(topology, s)) else _DIRECT_GAIN
+        gain = 0.0 if fed and (si > 0 or _alike(net, s)) else _DIRECT_GAIN
         if fits[0] == "direct" and len(fits) > 1 and times[0] > min(times[1:]) * (1 - gain):
             fits, times = fits[1:], times[1:]
         if (contend and fits[0] == "direct" and len(fits) > 1 and sharing > _DIRECT_MAX_SHARING
-                and _estimate(topology, s, "direct", part, slices, si, True) > min(
-                    _estimate(topology, s, m, 0.0, slices, si, True) for m in fits[1:])):
+                and _estimate(net, s, "direct", part, slices, si, True) > min(
+                    _estimate(net, s, m, 0.0, slices, si, True) for m in fits[1:])):
             # Over the usual cap its many flows contend, which the estimate does not see, while the others'
             # hashed collisions flatter it (fattree-256-2to1 all-gather, one slice, a direct cross-leaf level:
             # 83.1% of the bound at 256 MiB, timed 26% faster, where a ring reaches 97.9%; 1.33x at 4 MiB,
@@ -640,7 +650,7 @@ _WAVE_SLACK = 1.25
 # --------------------------------------------------------------------------- slices of reduce-scatter, all-gather
 
 
-def _windowed(topology: Topology, levels: Sequence[Stage], methods: Sequence[str], slice_bytes: float,
+def _windowed(net: Network, levels: Sequence[Stage], methods: Sequence[str], slice_bytes: float,
               slices: int) -> list[str]:
     """The methods of a flow-controlled reduce-scatter: a ring on every level of more than two members that
     does not run direct, since a windowed ring keeps its one link busy with the oldest slice; but a level
@@ -657,7 +667,7 @@ def _windowed(topology: Topology, levels: Sequence[Stage], methods: Sequence[str
     for si, (s, m) in enumerate(zip(levels, methods)):
         part /= s.size
         keep = (s.size <= 2 or m in ("direct", "ring")
-                or _estimate(topology, s, "ring", 0.0, 1, si) > _estimate(topology, s, m, part, slices, si))
+                or _estimate(net, s, "ring", 0.0, 1, si) > _estimate(net, s, m, part, slices, si))
         out.append(m if keep else "ring")
     return out
 
@@ -728,7 +738,7 @@ def _piece_runs(buffer: str, owners: Sequence[int], units: int, offset: int, cou
 _CHANNEL_CHOICES = 8
 
 
-def _spread_channels(topology: Topology, levels: Sequence[Stage], phases: Sequence[tuple[int, bool]],
+def _spread_channels(net: Network, levels: Sequence[Stage], phases: Sequence[tuple[int, bool]],
                      steps: dict[tuple[int, bool], list[list[Send]]], spans: Sequence[int]) -> dict[
                          tuple[int, int, int], int]:
     """The channel of each pair's messages in each phase: ``(phase, src, dst) -> channel``.
@@ -741,6 +751,7 @@ def _spread_channels(topology: Topology, levels: Sequence[Stage], phases: Sequen
     channels puts the least load on its busiest link so far (all phases loading
     the links at once, as the pipeline runs them).
     """
+    topology = net.topology
     bandwidth = {(ln.src, ln.dst): ln.bandwidth for ln in topology.links}
     load: dict[tuple[str, str], float] = {}
     chosen: dict[tuple[int, int, int], int] = {}
@@ -758,11 +769,11 @@ def _spread_channels(topology: Topology, levels: Sequence[Stage], phases: Sequen
                     channel = chosen.get((f, src, dst))
                     if channel is None:
                         channel = f
-                        if topology.channels_change_path(src, dst):
+                        if net.channels_change_path(src, dst):
                             options = [f + m * len(phases) for m in range(_CHANNEL_CHOICES)]
-                            channel = min(options, key=lambda c: busiest(topology.route_shares(src, dst, c), weight))
+                            channel = min(options, key=lambda c: busiest(net.route_shares(src, dst, c), weight))
                         chosen[(f, src, dst)] = channel
-                    for key, share in topology.route_shares(src, dst, channel).items():
+                    for key, share in net.route_shares(src, dst, channel).items():
                         load[key] = load.get(key, 0.0) + share * weight
     return chosen
 
@@ -829,14 +840,15 @@ def _spans(levels: Sequence[Stage], p: int) -> list[int]:
     return spans
 
 
-def _blocks_may_win(topology: Topology, levels: Sequence[Stage], options: Options) -> bool:
+def _blocks_may_win(net: Network, levels: Sequence[Stage], options: Options) -> bool:
     """Whether an all-reduce may run faster with each rank's block whole, as a reduce-scatter in waves and an
     all-gather, than in virtual-block order: where the message budget leaves its reduce-scatter half a few
     slices of whole blocks (hundreds of ranks), bandwidth rules, and the levels between the first and the
     last run direct in waves, so that the waves stay fine (ibm-s822lc-48x4, halving-doubling among 16 hosts
     of a rack: 92.2% of the bound in whole blocks, 98.9% in virtual order)."""
+    topology = net.topology
     p = topology.size
-    if not _layouts_apply(topology, levels, options):
+    if not _layouts_apply(net, levels, options):
         return False
     halves = [(si, False) for si in range(len(levels))]
     spans = _spans(levels, p)
@@ -844,64 +856,64 @@ def _blocks_may_win(topology: Topology, levels: Sequence[Stage], options: Option
     steps = {phase: ring_steps(levels[phase[0]].size, False) for phase in halves}
     if not 1 <= _budget_slices(levels, halves, steps, spans, False) <= _WAVE_SLICES:
         return False
-    methods = stage_methods(topology, levels, options.size_bytes / _WAVE_SLICES, _WAVE_SLICES, fed=True,
+    methods = stage_methods(net, levels, options.size_bytes / _WAVE_SLICES, _WAVE_SLICES, fed=True,
                             waved=True)
     return all(m == "direct" or s.size == 2 for s, m in zip(levels[1:-1], methods[1:-1]))
 
 
-def _blocks_may_help(topology: Topology, levels: Sequence[Stage], options: Options) -> bool:
+def _blocks_may_help(net: Network, levels: Sequence[Stage], options: Options) -> bool:
     """Whether an all-reduce should also try whole blocks where its virtual-block order falls short: up to
     :data:`_BLOCKS_TRIED_RANKS` ranks (4 MiB: emu-racks 88.4% of the bound in virtual order, 93.8% in whole
     blocks; chassis-2x16-subset 89.2% / 92.6%; at 16 MiB it 92.0% / 89.0%, and the faster is kept), and on
     small messages up to :data:`_BLOCKS_SMALL_RANKS` (1 MiB: fattree-256-2to1 2.46x / 1.74x of the bound,
     fattree-64-4to1 1.38x / 1.33x; rail-16x8 1.18x / 1.33x)."""
+    topology = net.topology
     if not _layouts_free(levels, options):
         return False
     small = options.size_bytes / topology.size < _MIN_SLICE_BYTES
     return topology.size <= (_BLOCKS_SMALL_RANKS if small else _BLOCKS_TRIED_RANKS)
 
 
-def _layouts_apply(topology: Topology, levels: Sequence[Stage], options: Options) -> bool:
+def _layouts_apply(net: Network, levels: Sequence[Stage], options: Options) -> bool:
     """Whether an all-reduce may take either layout by default (:func:`_layouts_free`), with blocks where
     bandwidth rules."""
+    topology = net.topology
     return _layouts_free(levels, options) and options.size_bytes / topology.size >= _MIN_SLICE_BYTES
 
 
 def _layouts_free(levels: Sequence[Stage], options: Options) -> bool:
     """Whether an all-reduce's layout is open to choice: two levels or more, slices not forced, waves allowed."""
-    return len(levels) >= 2 and options.pipeline is None and bool(options.extra.get("waves", True))
+    return len(levels) >= 2 and options.pipeline is None and options.hierarchical.waves
 
 
-def _allreduce_layout(topology: Topology, levels: list[Stage], options: Options, first: str,
+def _allreduce_layout(net: Network, levels: list[Stage], options: Options, first: str,
                       second: str) -> Schedule:
     """The all-reduce in layout ``first`` where it comes within :data:`_BLOCKS_GOOD` of the bound, else the
     faster of it and the all-reduce in layout ``second`` (``virtual`` or ``blocks``), as simulated.
 
     Neither layout wins everywhere (256 MiB, whole blocks / virtual order: fattree-256-2to1 98.7% / 91.0% of
     the bound, rail-32x8 99.2% / 95.9%, emu-racks at 4 MiB 93.8% / 88.4%; ibm-s822lc-48x4 92.2% / 98.9%,
-    hetero-nics-8x8 57.0% / 97.7%), and the estimates do not see the waves.  The simulation that chose a
-    schedule is kept (:func:`topocc.planner.analysis.simulate.simulate`), so ``auto`` timing it again costs nothing (unless
-    the compiler's channel spreading replaces it).
+    hetero-nics-8x8 57.0% / 97.7%), and the estimates do not see the waves.  They are timed by the
+    compilation's evaluator (``options.evaluator``), which remembers the one it timed last, so the compiler
+    timing the chosen schedule again costs nothing (unless its channel spreading replaces it).
     """
-    from topocc.planner.analysis.bounds import lower_bound
-    from topocc.planner.analysis.simulate import simulate, simulate_within
+    evaluator = options.evaluator or Evaluator(net, options.size_bytes)
 
     def build(layout: str) -> Schedule:
-        return _hierarchical(topology, "allreduce", options, levels, layout)
+        return _hierarchical(net, "allreduce", options, levels, layout)
 
-    size = options.size_bytes
     taken = build(first)
-    time_s = simulate(topology, taken, size).time_s
-    if lower_bound(topology, "allreduce", size).time_s >= _BLOCKS_GOOD * time_s:
+    time_s = evaluator.simulate(taken).time_s
+    if evaluator.lower_bound("allreduce").time_s >= _BLOCKS_GOOD * time_s:
         return taken
     other = build(second)
-    return other if simulate_within(topology, other, size, time_s) is not None else taken
+    return other if evaluator.within(other, time_s) is not None else taken
 
 
 # --------------------------------------------------------------------------- the schedule
 
 
-def hierarchical(topology: Topology, collective: str, options: Options) -> Schedule:
+def hierarchical(net: Network, collective: str, options: Options) -> Schedule:
     """Pipelined BlueConnect schedule for allreduce, reducescatter or allgather; broadcast and reduce run
     over the hosts' rails instead (:func:`~topocc.planner.compiler.algorithms.hierarchical_rooted.rooted_hierarchical`).
 
@@ -912,23 +924,24 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
     least :data:`_MIN_SLICES` where there are two levels or more, at most
     :func:`_chunk_budget` chunks and :data:`_MAX_TRANSFERS` messages
     (:data:`_SMALL_BUDGET` times that where it would leave a small
-    reduce-scatter or all-gather one slice).  ``options.extra["window"]``
+    reduce-scatter or all-gather one slice).  ``options.hierarchical.window``
     sets the flow control's window (reduce-scatter: 1 unless the first level
     is direct; all-reduce: 1 behind a ring, or halving-doubling on slices of
     4 MiB or more; 0 turns it off);
-    ``options.extra["layout"]`` (``virtual`` or ``blocks``) forces a
+    ``options.hierarchical.layout`` (``virtual`` or ``blocks``) forces a
     reduce-scatter's or all-reduce's buffer order (an all-reduce of whole
     blocks is a reduce-scatter in waves and an all-gather; by default only
     where :func:`_blocks_may_win` or :func:`_blocks_may_help`, see :func:`_allreduce_layout`);
-    ``options.extra["waves"]`` (default true) lets a reduce-scatter of whole
-    blocks reduce its lower levels in waves; ``options.extra["stage_method"]`` (``ring``,
+    ``options.hierarchical.waves`` (default true) lets a reduce-scatter of whole
+    blocks reduce its lower levels in waves; ``options.hierarchical.stage_method`` (``ring``,
     ``halving-doubling`` or ``direct``) forces the method of every level whose
     size allows it.  An all-reduce whose direct last level splits unevenly
     (:func:`ownership`) records each virtual block's parts as ``ownership``.
     """
+    topology = net.topology
     collective = canonical_collective(collective)
     if collective in ("broadcast", "reduce"):
-        return rooted_hierarchical(topology, collective, options)
+        return rooted_hierarchical(net, collective, options)
     if collective not in ("allreduce", "reducescatter", "allgather"):
         raise NotApplicableError(
             f"hierarchical does not implement {collective} (it builds allreduce, reducescatter, allgather, "
@@ -936,23 +949,24 @@ def hierarchical(topology: Topology, collective: str, options: Options) -> Sched
         )
     if topology.size == 1:
         return single_rank(collective, 1, 1, "hierarchical", options.as_dict())
-    levels = stages(topology)
-    if collective == "allreduce" and "layout" not in options.extra:
-        if _blocks_may_win(topology, levels, options):
-            return _allreduce_layout(topology, levels, options, "blocks", "virtual")
-        if _blocks_may_help(topology, levels, options):
-            return _allreduce_layout(topology, _split_last(topology, levels, options, large=False), options,
+    levels = stages(net)
+    if collective == "allreduce" and options.hierarchical.layout is None:
+        if _blocks_may_win(net, levels, options):
+            return _allreduce_layout(net, levels, options, "blocks", "virtual")
+        if _blocks_may_help(net, levels, options):
+            return _allreduce_layout(net, _split_last(net, levels, options, large=False), options,
                                      "virtual", "blocks")
-    return _hierarchical(topology, collective, options, _split_last(topology, levels, options),
-                         options.extra.get("layout"))
+    return _hierarchical(net, collective, options, _split_last(net, levels, options),
+                         options.hierarchical.layout)
 
 
-def _hierarchical(topology: Topology, collective: str, options: Options, levels: list[Stage],
+def _hierarchical(net: Network, collective: str, options: Options, levels: list[Stage],
                   layout: str | None) -> Schedule:
     """:func:`hierarchical` on ``levels``, ``layout`` forced where not None (``virtual`` or ``blocks``)."""
+    topology = net.topology
     p = topology.size
     meta = options.as_dict()
-    relay = relays(topology)  # a stage's pairs without a GPU-free route go through other GPUs
+    relay = relays(net)  # a stage's pairs without a GPU-free route go through other GPUs
     meta["levels"] = [f"{s.level}:{s.size}" for s in levels]
 
     # A rank's virtual block: its coordinates read as a mixed-radix number, innermost level most
@@ -990,11 +1004,11 @@ def _hierarchical(topology: Topology, collective: str, options: Options, levels:
             return least, True
         return slices, False
 
-    force = options.extra.get("stage_method")
+    force = options.hierarchical.stage_method
     if force is not None and force not in _METHODS:
         raise NotApplicableError(f"hierarchical: unknown stage_method {force!r} (use {', '.join(_METHODS)})")
     # all-reduce may let the ranks of fast hosts reduce more of the last level (where that runs direct)
-    weights = ownership(topology, levels[-1], len(levels) - 1) if collective == "allreduce" else None
+    weights = ownership(net, levels[-1], len(levels) - 1) if collective == "allreduce" else None
     spans = _spans(levels, p)
 
     # phases in pipeline order: reduce-scatter up the levels, all-gather back down
@@ -1023,7 +1037,7 @@ def _hierarchical(topology: Topology, collective: str, options: Options, levels:
     # and one path latency, for slices (a 1024-GPU fat-tree at 256 MiB: one slice, 49.5% of the bound; in
     # virtual order, 16 slices, 92.2%; but at 1 MiB on 256 GPUs, where latency rules, 2.9x the bound where
     # whole blocks take 1.8x).
-    waved = collective != "allgather" and len(levels) > 1 and bool(options.extra.get("waves", True))
+    waved = collective != "allgather" and len(levels) > 1 and options.hierarchical.waves
     # Few slices run in waves' own way (methods, no window, one wave at a time) only where bandwidth rules;
     # below, each wave's steps add their latency (rail-16x8 at 1 MiB, 4 slices: 51.1% of the bound so, 82.5%
     # without).
@@ -1031,7 +1045,7 @@ def _hierarchical(topology: Topology, collective: str, options: Options, levels:
 
     def uncapped() -> bool:
         """Whether the sharing cap leaves every level that may run direct free to."""
-        return all(_sharing(topology, s, si) <= _DIRECT_MAX_SHARING for si, s in enumerate(levels) if _direct_fits(s))
+        return all(_sharing(net, s, si) <= _DIRECT_MAX_SHARING for si, s in enumerate(levels) if _direct_fits(s))
 
     # A small reduce-scatter or all-gather (under 64 KiB a rank) that the cap leaves one slice, its latencies
     # ruling, runs without the cap at all: its direct levels run over it in a few slices (fattree-256-2to1 at
@@ -1052,7 +1066,7 @@ def _hierarchical(topology: Topology, collective: str, options: Options, levels:
                 slices, raised = wanted(contiguous)
             in_waves = few and not contiguous
             weights = weighted if contiguous else None
-            methods = stage_methods(topology, levels, options.size_bytes / slices, slices, force, weights,
+            methods = stage_methods(net, levels, options.size_bytes / slices, slices, force, weights,
                                     fed=collective != "allgather" and not contiguous, spread=contiguous,
                                     sharing_cap=sharing_cap, waved=in_waves, contend=not lifted)
             if methods[-1] != "direct":
@@ -1073,11 +1087,12 @@ def _hierarchical(topology: Topology, collective: str, options: Options, levels:
                                                  and options.size_bytes / slices >= _WINDOW_BYTES)
             else:
                 gated = collective != "allgather" and methods[0] != "direct"
-            window = int(options.extra.get("window", _WINDOW if gated else 0))
+            pinned = options.hierarchical.window
+            window = pinned if pinned is not None else _WINDOW if gated else 0
             if in_waves:
                 window = 0  # it needs slices to work on
             if window and force is None and not contiguous:
-                methods = _windowed(topology, levels, methods, options.size_bytes / slices, slices)
+                methods = _windowed(net, levels, methods, options.size_bytes / slices, slices)
             steps = {(si, gather): _METHODS[methods[si]](levels[si].size, gather) for si, gather in phases}
             most = slices  # slices the message budget allows
             if options.pipeline is None:
@@ -1187,7 +1202,7 @@ def _hierarchical(topology: Topology, collective: str, options: Options, levels:
     next_slot = [slot_base] * p
     # per phase and pair, before compile's general pass (topocc.planner.routing.paths.spread_channels), which alone leaves
     # fattree-64-4to1 at 1 MiB at 1.33x / 1.48x of the bound for all-gather / all-reduce, not 1.28x / 1.38x
-    channels = _spread_channels(topology, levels, phases, steps, spans)
+    channels = _spread_channels(net, levels, phases, steps, spans)
 
     def send(src: int, dst: int, ref: Chunk, reduce: bool, slotted: bool, step: int, channel: int,
              after: tuple[int, ...]) -> int:

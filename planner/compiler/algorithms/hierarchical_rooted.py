@@ -34,13 +34,13 @@ another's reduction.
 
 from __future__ import annotations
 
-from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms._order import depth_order, host_size, root_rank, single_rank
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.errors import NotApplicableError
 from topocc.planner.routing.relay import relays
-from topocc.planner.topology.model import Topology
+from topocc.planner.routing.network import Network
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["rooted_hierarchical"]
@@ -64,8 +64,9 @@ CHAIN_HOSTS = 8
 SLOT_SLICES = 4
 
 
-def _hosts_in_order(topology: Topology, root: int) -> list[tuple[int, ...]]:
+def _hosts_in_order(net: Network, root: int) -> list[tuple[int, ...]]:
     """The hosts, the root's first, then the rest of its rack, then the other racks a rack at a time."""
+    topology = net.topology
     rack_of = {r: name for name, ranks in topology.racks.items() for r in ranks}
     hosts = list(topology.hosts.values())
     home = next(h for h in hosts if root in h)
@@ -159,9 +160,10 @@ def _slices(options: Options, routes: list[tuple[dict[int, int], list[int]]], ho
     return best[1], best[2]
 
 
-def rooted_hierarchical(topology: Topology, collective: str, options: Options) -> Schedule:
+def rooted_hierarchical(net: Network, collective: str, options: Options) -> Schedule:
     """Broadcast or reduce as a scatter in the root's host, a pipelined chain per rail, a fan-out in each host
     (see the module docstring).  Needs hosts of equal size, of several GPUs each."""
+    topology = net.topology
     collective = canonical_collective(collective)
     if collective not in ("broadcast", "reduce"):
         raise NotApplicableError(f"hierarchical's rooted form builds broadcast and reduce, not {collective}")
@@ -170,11 +172,11 @@ def rooted_hierarchical(topology: Topology, collective: str, options: Options) -
     meta = options.as_dict()
     if p == 1:
         return single_rank(collective, 1, 1, "hierarchical", meta, root)
-    k = host_size(topology, "hierarchical")
+    k = host_size(net, "hierarchical")
     if k == 1:
         raise NotApplicableError("hierarchical broadcast and reduce need hosts of several GPUs, to cross the "
                                  "hosts on rails (one GPU a host: tree or ring)")
-    hosts = _hosts_in_order(topology, root)
+    hosts = _hosts_in_order(net, root)
     home = hosts[0]
     c0 = home.index(root)
     others = [r for r in home if r != root]  # the root's host but the root: one part of the root's piece each
@@ -192,7 +194,7 @@ def rooted_hierarchical(topology: Topology, collective: str, options: Options) -
     # a rail's GPU gets k - 1 a slice from its host and one from the hosts beyond (a whole one on the chain; on
     # the trees half from each of at most two children)
     slot_units = k * group * units
-    b = ScheduleBuilder(collective, p, n, n, root=root, relay=relays(topology),
+    b = ScheduleBuilder(collective, p, n, n, root=root, relay=relays(net),
                         scratch_chunks=SLOT_SLICES * slot_units if reduce else 0)
     for r in range(p):
         if reduce or r == root:

@@ -47,13 +47,13 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
-from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.options import Options
 from topocc.planner.analysis.bounds import lower_bound
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.analysis.collectives import chunk_counts
 from topocc.planner.errors import InfeasibleError, NotApplicableError
 from topocc.planner.solvers import LinearProgram, Solution, SolverOptions, solve
-from topocc.planner.topology.model import Topology
+from topocc.planner.routing.network import Network
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["FlowPlan", "FlowSettings", "flow_plan", "mcf"]
@@ -121,9 +121,10 @@ class FlowPlan:
 # --------------------------------------------------------------------------- the network
 
 
-def _edges(topology: Topology, piece_bytes: float, reverse: bool, channel: int) -> list[_Edge]:
+def _edges(net: Network, piece_bytes: float, reverse: bool, channel: int) -> list[_Edge]:
     """Candidate edges: per rank the cheapest routable peers, all of them if that leaves a rank unreachable;
     each routed as a message on ``channel``."""
+    topology = net.topology
     p = topology.size
 
     def phys(u: int, v: int) -> tuple[int, int]:
@@ -132,10 +133,10 @@ def _edges(topology: Topology, piece_bytes: float, reverse: bool, channel: int) 
     routable: dict[int, list[tuple[float, int]]] = {u: [] for u in range(p)}
     for u in range(p):
         for v in range(p):
-            if u != v and topology.has_route(*phys(u, v)):
+            if u != v and net.has_route(*phys(u, v)):
                 a, b = phys(u, v)
-                routable[u].append((topology.route_latency(a, b, channel)
-                                    + piece_bytes / topology.route_bandwidth(a, b, channel), v))
+                routable[u].append((net.route_latency(a, b, channel)
+                                    + piece_bytes / net.route_bandwidth(a, b, channel), v))
         routable[u].sort()
     chosen = [(u, v) for u in range(p) for _, v in routable[u][:EDGES_PER_RANK]]
     graph = nx.DiGraph(chosen)
@@ -145,9 +146,9 @@ def _edges(topology: Topology, piece_bytes: float, reverse: bool, channel: int) 
     edges = []
     for u, v in chosen:
         a, b = phys(u, v)
-        shares = topology.route_shares(a, b, channel)
-        edges.append(_Edge(u, v, tuple(sorted(shares.items())), topology.route_bandwidth(a, b, channel),
-                           topology.route_latency(a, b, channel)))
+        shares = net.route_shares(a, b, channel)
+        edges.append(_Edge(u, v, tuple(sorted(shares.items())), net.route_bandwidth(a, b, channel),
+                           net.route_latency(a, b, channel)))
     return edges
 
 
@@ -179,9 +180,10 @@ class _Model:
     have: dict[tuple[int, int, int], int]  # (piece, rank, epoch) -> variable
 
 
-def _build(topology: Topology, sources: Sequence[int], edges: Sequence[_Edge], piece_bytes: float, tau: float,
+def _build(net: Network, sources: Sequence[int], edges: Sequence[_Edge], piece_bytes: float, tau: float,
            horizon: int, exact: bool) -> _Model:
     """The time-expanded model (see the module docstring); all amounts in pieces."""
+    topology = net.topology
     p = topology.size
     lp = LinearProgram()
     capacity_of = {key: topology.link(*key).bandwidth * tau / piece_bytes  # type: ignore[union-attr]
@@ -389,7 +391,7 @@ def _horizon(p: int, sources: Sequence[int], edges: Sequence[_Edge], bound_s: fl
     return tau, min(horizon, MAX_EPOCHS)
 
 
-def flow_plan(topology: Topology, sources: Sequence[int], piece_bytes: float, *, subpieces: int,
+def flow_plan(net: Network, sources: Sequence[int], piece_bytes: float, *, subpieces: int,
               bound_s: float, reverse: bool = False, settings: FlowSettings | None = None,
               channel: int = 0) -> FlowPlan:
     """Solve the flow-over-time model for one commodity per entry of ``sources`` and round it.
@@ -398,9 +400,10 @@ def flow_plan(topology: Topology, sources: Sequence[int], piece_bytes: float, *,
     with ``reverse`` the model is for the reversed topology (logical edge
     ``u -> v`` uses the routes of ``v -> u``), as reduce-scatter needs.
     """
+    topology = net.topology
     settings = settings or FlowSettings()
     p = topology.size
-    edges = _edges(topology, piece_bytes, reverse, channel)
+    edges = _edges(net, piece_bytes, reverse, channel)
     fastest = max(e.bandwidth for e in edges)
     # MILP: a whole piece crosses the fastest edge in one epoch (TE-CCL §4.1).  LP: pieces are fluid, so an
     # epoch is one sub-piece on the fastest edge, or a share of the bound fine enough to plan pipelining in.
@@ -422,7 +425,7 @@ def flow_plan(topology: Topology, sources: Sequence[int], piece_bytes: float, *,
                      for e in edges for key, _ in e.shares}
     started = time.perf_counter()
     for _ in range(3):
-        model = _build(topology, sources, edges, piece_bytes, tau, horizon, exact)
+        model = _build(net, sources, edges, piece_bytes, tau, horizon, exact)
         solution, gap = _solve(model, exact, settings)
         if float(solution.values[model.miss].sum()) <= EPS or not solution.optimal:
             break  # done, or out of time: the rounding's repair delivers what the best solution misses
@@ -454,12 +457,12 @@ _LP_ONLY = ("glop", "pdlp", "clp", "highs")
 
 
 def _settings(options: Options) -> FlowSettings:
-    """Solver choices from ``options.extra`` (``solver``, ``time_limit_s``, ``exact``, ``max_variables``)."""
-    extra = options.extra
+    """Solver choices from ``options.mcf`` (``solver``, ``time_limit_s``, ``exact``, ``max_variables``)."""
+    pinned = options.mcf
     default = FlowSettings()
-    limit = extra.get("time_limit_s")
-    solver = extra.get("solver")
-    exact = extra.get("exact")
+    limit = pinned.time_limit_s
+    solver = pinned.solver
+    exact = pinned.exact
     if solver in _LP_ONLY and exact is None:
         exact = False
     lp = replace(default.lp, backend=solver or default.lp.backend)
@@ -467,11 +470,12 @@ def _settings(options: Options) -> FlowSettings:
     if limit is not None:
         lp, mip = replace(lp, time_limit_s=float(limit)), replace(mip, time_limit_s=float(limit))
     return FlowSettings(None if exact is None else bool(exact), lp, mip,
-                        int(extra.get("max_variables", default.max_variables)))
+                        default.max_variables if pinned.max_variables is None else pinned.max_variables)
 
 
-def _symmetric(topology: Topology) -> bool:
+def _symmetric(net: Network) -> bool:
     """Whether every link has a reverse twin: then the reversed model is the same model."""
+    topology = net.topology
     links = {(ln.src, ln.dst, ln.bandwidth, ln.latency) for ln in topology.links}
     return all((b, a, bw, lat) in links for a, b, bw, lat in links)
 
@@ -520,18 +524,19 @@ def _merge(infos: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def mcf(topology: Topology, collective: str, options: Options) -> Schedule:
+def mcf(net: Network, collective: str, options: Options) -> Schedule:
     """Multi-commodity-flow-over-time schedule for ``collective`` (see the module docstring).
 
-    ``options.extra`` may carry ``solver`` (a :data:`topocc.planner.solvers.BACKENDS`
+    ``options.mcf`` may set ``solver`` (a :data:`topocc.planner.solvers.BACKENDS`
     name), ``time_limit_s``, ``exact`` (True: MILP, False: LP and rounding,
     absent: MILP only for tiny models), ``pieces`` (per source) and
     ``max_variables``; ``options.pipeline`` sets the sub-pieces per piece.
     The metadata records the solver, whether it proved optimality (``optimal``,
     ``gap``) and the model's size.
 
-    >>> schedule = mcf(load_topology("topologies/dgx1-v100.yaml"), "allgather", Options())  # doctest: +SKIP
+    >>> schedule = mcf(Network(load_topology("topologies/dgx1-v100.yaml")), "allgather", Options())  # doctest: +SKIP
     """
+    topology = net.topology
     p = topology.size
     if p > MAX_RANKS:
         raise NotApplicableError(f"mcf's time-expanded model grows with ranks x pieces x epochs; {p} ranks exceed "
@@ -539,7 +544,7 @@ def mcf(topology: Topology, collective: str, options: Options) -> Schedule:
     if p == 1:
         raise NotApplicableError("mcf needs at least two ranks")
     rooted = collective in ("broadcast", "reduce")
-    k = int(options.extra.get("pieces") or (4 if rooted else 1 if p >= 8 else 2))
+    k = options.mcf.pieces or (4 if rooted else 1 if p >= 8 else 2)
     sources = [options.root] * k if rooted else [s for s in range(p) for _ in range(k)]
     piece_bytes = options.size_bytes / len(sources)
     settings = _settings(options)
@@ -550,14 +555,14 @@ def mcf(topology: Topology, collective: str, options: Options) -> Schedule:
 
     def plan(reverse: bool) -> FlowPlan:
         name = ("reducescatter" if reverse else "allgather") if collective == "allreduce" else collective
-        bound = lower_bound(topology, name, size, options.root).time_s
+        bound = lower_bound(net, name, size, options.root).time_s
         # all-reduce's gather phase runs on channel 1 (below)
         channel = 1 if collective == "allreduce" and not reverse else 0
-        return flow_plan(topology, sources, piece_bytes, subpieces=q, bound_s=bound, reverse=reverse,
+        return flow_plan(net, sources, piece_bytes, subpieces=q, bound_s=bound, reverse=reverse,
                          settings=settings, channel=channel)
 
     down = plan(False) if gather else None
-    up = (down if down is not None and _symmetric(topology) else plan(True)) if scatter else None
+    up = (down if down is not None and _symmetric(net) else plan(True)) if scatter else None
     q = (down or up).subpieces  # type: ignore[union-attr]  # a MILP keeps pieces whole
     per_source = k * q
 

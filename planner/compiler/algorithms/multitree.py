@@ -28,11 +28,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.errors import NotApplicableError
-from topocc.planner.topology.model import Topology
+from topocc.planner.routing.network import Memo, Network
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["TreeEdge", "TreePlan", "build_trees", "multitree", "multitree_link_floor"]
@@ -117,10 +117,11 @@ class _Fabric:
     rows of edges whose route depends on the channel (ECMP) as trees ask for them.
     """
 
-    def __init__(self, topology: Topology, *, reverse: bool, quota: int | None) -> None:
+    def __init__(self, net: Network, *, reverse: bool, quota: int | None) -> None:
+        topology = net.topology
         p = topology.size
         self.p = p
-        self.topology = topology
+        self.net = net
         self.reverse = reverse
         self.link_ids = link_ids = {(link.src, link.dst): i for i, link in enumerate(topology.links)}
         self.bandwidth = [link.bandwidth for link in topology.links]
@@ -133,7 +134,7 @@ class _Fabric:
             found = []
             for v in range(p):
                 a, b = (v, u) if reverse else (u, v)
-                c = topology.route_cost(a, b)
+                c = net.route_cost(a, b)
                 if v != u and c != math.inf:
                     found.append((c, spread[(v - u) % p], v))
             found.sort()
@@ -143,9 +144,9 @@ class _Fabric:
         for u in range(p):
             for _, v in kept[u]:
                 a, b = (v, u) if reverse else (u, v)
-                load = tuple((link_ids[key], f) for key, f in topology.route_shares(a, b).items())
+                load = tuple((link_ids[key], f) for key, f in net.route_shares(a, b).items())
                 loads[(u, v)] = load
-                if topology.channels_change_path(a, b):
+                if net.channels_change_path(a, b):
                     varies.add((u, v))
                 width[(u, v)] = min(self.bandwidth[j] for j, _ in load)
         self.base = self._base_bandwidth(width)
@@ -205,7 +206,7 @@ class _Fabric:
         if missing.size:
             # a pair whose route depends on the channel is routed per connection (ecmp, source): one hashed path,
             # which carries all of a message (Topology.route_shares), walked without the route caches
-            link_ids, hashed_path, row_of = self.link_ids, self.topology.hashed_path, self._row_of
+            link_ids, hashed_path, row_of = self.link_ids, self.net.hashed_path, self._row_of
             for e in missing.tolist():
                 u, v = self._pairs[e]
                 a, b = (v, u) if self.reverse else (u, v)
@@ -277,7 +278,7 @@ def _reaches_all(adj: list[list[int]], p: int) -> bool:
     return all(seen)
 
 
-def build_trees(topology: Topology, roots: Sequence[int], *, reverse: bool = False,
+def build_trees(net: Network, roots: Sequence[int], *, reverse: bool = False,
                 quota: int | None = None, prior: TreePlan | None = None) -> TreePlan:
     """Grow one spanning tree per entry of ``roots`` in lock-step, contention-free per step (Algorithm 1).
 
@@ -293,9 +294,10 @@ def build_trees(topology: Topology, roots: Sequence[int], *, reverse: bool = Fal
     carried, so that all-reduce's reduction trees balance the links against
     its broadcast trees (apart, each set can favour the same links).
     """
+    topology = net.topology
     p = topology.size
     n = len(roots)
-    fab = _Fabric(topology, reverse=reverse, quota=quota)
+    fab = _Fabric(net, reverse=reverse, quota=quota)
     cap = fab.cap
     # per link (and the padding of the fab's rows, which loads nothing): capacity, this step's use, all use
     limits = np.array([*cap, 1.0])
@@ -313,7 +315,7 @@ def build_trees(topology: Topology, roots: Sequence[int], *, reverse: bool = Fal
         for channel, tree in enumerate(prior.edges):
             for e in tree:
                 a, b = (e.child, e.parent) if prior.reverse else (e.parent, e.child)
-                for key, f in topology.route_shares(a, b, channel).items():
+                for key, f in net.route_shares(a, b, channel).items():
                     total[index[key]] += f / cap[index[key]]
     exhaustive = quota is None
     step = 0
@@ -354,7 +356,7 @@ def build_trees(topology: Topology, roots: Sequence[int], *, reverse: bool = Fal
         if not grown:
             if quota is None:
                 raise NotApplicableError("multitree: some rank cannot be reached over routable pairs")
-            return build_trees(topology, roots, reverse=reverse, quota=None)
+            return build_trees(net, roots, reverse=reverse, quota=None)
     slots = {fab.keys[j]: c for j, c in enumerate(cap)}
     return TreePlan(tuple(roots), tuple(tuple(e) for e in edges), slots, reverse)
 
@@ -425,7 +427,7 @@ def _by_step(tree: Sequence[TreeEdge], reverse: bool = False) -> list[TreeEdge]:
     return sorted(tree, key=lambda e: e.step, reverse=reverse)
 
 
-def multitree(topology: Topology, collective: str, options: Options) -> Schedule:
+def multitree(net: Network, collective: str, options: Options) -> Schedule:
     """MultiTree schedule for allreduce, reducescatter, allgather or broadcast.
 
     All-gather: tree ``r`` carries rank ``r``'s block from ``r`` down to every
@@ -440,16 +442,17 @@ def multitree(topology: Topology, collective: str, options: Options) -> Schedule
 
     >>> multitree(load_topology("topologies/torus-4x4.yaml"), "allreduce", Options())  # doctest: +SKIP
     """
+    topology = net.topology
     collective = canonical_collective(collective)
     p = topology.size
     meta = options.as_dict()
     if collective not in ("allreduce", "reducescatter", "allgather", "broadcast"):
         raise NotApplicableError(f"multitree does not implement {collective}")
     if collective == "broadcast":
-        return _broadcast(topology, options, meta)
+        return _broadcast(net, options, meta)
     if p == 1:
         return _single(collective, meta)
-    down, up = _trees(topology, collective, options.size_bytes)
+    down, up = _trees(net, collective, options.size_bytes)
     n = len((down or up).roots)  # type: ignore[union-attr]  # all-gather has its down trees, the others up
     if collective == "allreduce":
         meta["trees_per_root"] = n // p
@@ -481,26 +484,31 @@ def multitree(topology: Topology, collective: str, options: Options) -> Schedule
     return b.build("multitree", meta)
 
 
-def _trees(topology: Topology, collective: str, size_bytes: int) -> tuple[TreePlan | None, TreePlan | None]:
+#: The broadcast and reduction trees per (collective, size) (see :func:`_trees`).
+_TREES: Memo[dict[tuple[str, int], tuple[TreePlan | None, TreePlan | None]]] = Memo("multitree: trees", lambda net: {})
+
+
+def _trees(net: Network, collective: str, size_bytes: int) -> tuple[TreePlan | None, TreePlan | None]:
     """The broadcast (down) and reduction (up) trees of all-gather, reduce-scatter or all-reduce on at least
     two ranks, kept with the topology: ``auto`` grows them for :func:`multitree_link_floor` and builds the
     schedule from the same trees where it may win."""
-    cache: dict[tuple[str, int], tuple[TreePlan | None, TreePlan | None]] = topology.derived("multitree.trees", dict)
+    topology = net.topology
+    cache = net.memo(_TREES)
     found = cache.get((collective, size_bytes))
     if found is None:
         p = topology.size
         quota = None if p <= _all_pairs_limit(size_bytes) else _CLASS_QUOTA
         if collective == "allreduce":
-            found = _allreduce_trees(topology, quota, size_bytes)
+            found = _allreduce_trees(net, quota, size_bytes)
         else:
-            found = (build_trees(topology, range(p), quota=quota) if collective == "allgather" else None,
-                     build_trees(topology, range(p), reverse=True, quota=quota) if collective == "reducescatter"
+            found = (build_trees(net, range(p), quota=quota) if collective == "allgather" else None,
+                     build_trees(net, range(p), reverse=True, quota=quota) if collective == "reducescatter"
                      else None)
         cache[(collective, size_bytes)] = found
     return found
 
 
-def multitree_link_floor(topology: Topology, collective: str, options: Options) -> float:
+def multitree_link_floor(net: Network, collective: str, options: Options) -> float:
     """A lower bound of :func:`topocc.planner.compiler.compile.link_time` of the schedule, from its trees alone (0 for
     broadcast, whose tree count is chosen with the schedule).
 
@@ -511,11 +519,12 @@ def multitree_link_floor(topology: Topology, collective: str, options: Options) 
     schedule's operations are what ``auto`` saves where this already loses (a
     64-rank fabric with NICs of two speeds: 3 s of a 7 s build).
     """
+    topology = net.topology
     collective = canonical_collective(collective)
     if collective not in ("allreduce", "reducescatter", "allgather") or topology.size == 1:
         return 0.0
-    plans = [plan for plan in _trees(topology, collective, options.size_bytes) if plan is not None]
-    return topology.common_link_time(
+    plans = [plan for plan in _trees(net, collective, options.size_bytes) if plan is not None]
+    return net.common_link_time(
         ((e.child, e.parent) if plan.reverse else (e.parent, e.child)) + (options.size_bytes / len(plan.roots),)
         for plan in plans for tree in plan.edges for e in tree)
 
@@ -592,15 +601,16 @@ def _scatter(b: ScheduleBuilder, plan: TreePlan, q: int, *, own, partial, result
 _BROADCAST_TREES = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
-def _congestion(topology: Topology, *plans: TreePlan) -> float:
+def _congestion(net: Network, *plans: TreePlan) -> float:
     """Seconds per byte of one tree's share on the busiest link (all trees of ``plans`` streaming at once)."""
+    topology = net.topology
     bandwidth = {(link.src, link.dst): link.bandwidth for link in topology.links}
     load: dict[tuple[str, str], float] = {}
     for plan in plans:
         for channel, tree in enumerate(plan.edges):
             for e in tree:
                 a, b = (e.child, e.parent) if plan.reverse else (e.parent, e.child)
-                for key, f in topology.route_shares(a, b, channel).items():
+                for key, f in net.route_shares(a, b, channel).items():
                     load[key] = load.get(key, 0.0) + f
     return max(v / bandwidth[key] for key, v in load.items())
 
@@ -628,32 +638,34 @@ def allreduce_copies(p: int, size_bytes: int) -> tuple[int, ...]:
                                and c * p <= _ALLREDUCE_MAX_TREES))
 
 
-def _allreduce_trees(topology: Topology, quota: int | None, size_bytes: int) -> tuple[TreePlan, TreePlan]:
+def _allreduce_trees(net: Network, quota: int | None, size_bytes: int) -> tuple[TreePlan, TreePlan]:
     """Broadcast and reduction trees for all-reduce, as many per root (of :func:`allreduce_copies`) as congest
     least.
 
     The reduction trees are grown against the broadcast trees' load, since the
     two phases of a piece share the links.
     """
+    topology = net.topology
     p = topology.size
     best: tuple[float, TreePlan, TreePlan] | None = None
     for c in allreduce_copies(p, size_bytes):
         roots = [r for _ in range(c) for r in range(p)]
-        down = build_trees(topology, roots, quota=quota)
-        up = build_trees(topology, roots, reverse=True, quota=quota, prior=down)
-        cost = _congestion(topology, down, up) / len(roots)
+        down = build_trees(net, roots, quota=quota)
+        up = build_trees(net, roots, reverse=True, quota=quota, prior=down)
+        cost = _congestion(net, down, up) / len(roots)
         if best is None or cost < best[0] * (1 - 1e-6):
             best = (cost, down, up)
     assert best is not None
     return best[1], best[2]
 
 
-def _broadcast(topology: Topology, options: Options, meta: dict) -> Schedule:
+def _broadcast(net: Network, options: Options, meta: dict) -> Schedule:
     """Several trees from the root, grown together like MultiTree's, each carrying ``1/k`` of the buffer.
 
     ``k`` is chosen from :data:`_BROADCAST_TREES` to minimise the busiest
     link's load per byte broadcast.
     """
+    topology = net.topology
     p = topology.size
     root = options.root
     if not 0 <= root < p:
@@ -663,8 +675,8 @@ def _broadcast(topology: Topology, options: Options, meta: dict) -> Schedule:
     quota = None if p <= _ALL_PAIRS_UP_TO else _CLASS_QUOTA
     best: tuple[float, TreePlan] | None = None
     for k in _BROADCAST_TREES if options.channels is None else (options.channels,):
-        plan = build_trees(topology, [root] * k, quota=quota)
-        cost = _congestion(topology, plan) / k
+        plan = build_trees(net, [root] * k, quota=quota)
+        cost = _congestion(net, plan) / k
         if best is None or cost < best[0] * (1 - 1e-6):
             best = (cost, plan)
     assert best is not None

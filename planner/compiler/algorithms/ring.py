@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 
-from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms._order import (
     find_rings,
     pieces,
@@ -27,7 +27,7 @@ from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.errors import NotApplicableError
 from topocc.planner.routing.relay import hops, relays
-from topocc.planner.topology.model import Topology
+from topocc.planner.routing.network import Network
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["ring", "ring_link_floor"]
@@ -41,12 +41,13 @@ _PIECE_BYTES = 512 << 10
 _MAX_CHAIN_PIECES = 64
 
 
-def ring(topology: Topology, collective: str, options: Options) -> Schedule:
+def ring(net: Network, collective: str, options: Options) -> Schedule:
     """Ring schedule for ``collective`` over the best rings of ``topology``.
 
     Supports allreduce, reducescatter, allgather, broadcast and reduce.  A hop
     between ranks without a GPU-free route is relayed through other GPUs.
     """
+    topology = net.topology
     collective = canonical_collective(collective)
     if collective == "alltoall":
         raise NotApplicableError("ring does not implement alltoall (use direct)")
@@ -55,8 +56,8 @@ def ring(topology: Topology, collective: str, options: Options) -> Schedule:
     if p == 1:
         return single_rank(collective, 1, 1, "ring", meta, options.root if collective in ("broadcast", "reduce")
                            else None)
-    rings = _rings(topology, options)
-    relay = relays(topology)  # hops between ranks without a GPU-free route go through other GPUs
+    rings = _rings(net, options)
+    relay = relays(net)  # hops between ranks without a GPU-free route go through other GPUs
     c = len(rings)
     meta["channels"] = c
     if p <= 64:
@@ -113,11 +114,11 @@ def ring(topology: Topology, collective: str, options: Options) -> Schedule:
     return b.build("ring", meta)
 
 
-def _rings(topology: Topology, options: Options) -> list[list[int]]:
+def _rings(net: Network, options: Options) -> list[list[int]]:
     """The rings of ``options.channels`` channels (memoised per topology by :func:`find_rings`)."""
     if options.channels is not None and options.channels < 1:
         raise NotApplicableError(f"ring needs at least one channel, got {options.channels}")
-    return find_rings(topology, options.channels)
+    return find_rings(net, options.channels)
 
 
 def _chain(ring: list[int], root: int, collective: str) -> list[int]:
@@ -126,7 +127,7 @@ def _chain(ring: list[int], root: int, collective: str) -> list[int]:
     return ring[at:] + ring[:at] if collective == "broadcast" else ring[at + 1:] + ring[:at + 1]
 
 
-def ring_link_floor(topology: Topology, collective: str, options: Options) -> float:
+def ring_link_floor(net: Network, collective: str, options: Options) -> float:
     """A lower bound of :func:`topocc.planner.compiler.compile.link_time` of the ring schedule, from its rings alone.
 
     Over each of its ``c`` rings a rank sends its successor ``(p-1)/p`` of the
@@ -138,13 +139,14 @@ def ring_link_floor(topology: Topology, collective: str, options: Options) -> fl
     The rings are memoised for the build; the schedule (129k operations on 64
     ranks, 2 s) is what ``auto`` saves where this already loses.
     """
+    topology = net.topology
     collective = canonical_collective(collective)
     if collective == "alltoall":
         raise NotApplicableError("ring does not implement alltoall (use direct)")
     p = topology.size
     if p == 1:
         return 0.0
-    rings = _rings(topology, options)
+    rings = _rings(net, options)
     share = options.size_bytes / len(rings)
     edges: list[tuple[int, int]] = []
     if collective in ("allreduce", "reducescatter", "allgather"):
@@ -154,4 +156,4 @@ def ring_link_floor(topology: Topology, collective: str, options: Options) -> fl
         root = root_rank(options, p)
         for rg in rings:
             edges += list(itertools.pairwise(_chain(rg, root, collective)))
-    return topology.common_link_time((a, b, share) for src, dst in edges for a, b in hops(topology, src, dst))
+    return net.common_link_time((a, b, share) for src, dst in edges for a, b in hops(net, src, dst))

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms._order import depth_order, pieces, ring_order, root_rank, single_rank, split
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.errors import NotApplicableError
 from topocc.planner.routing.relay import hops, relays
-from topocc.planner.topology.model import Topology
+from topocc.planner.routing.network import Network
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["binary_tree", "double_binary_tree", "tree_link_floor"]
@@ -50,8 +50,9 @@ def binary_tree(nodes: Sequence[int]) -> tuple[int, dict[int, int]]:
     return root, parent
 
 
-def _check(topology: Topology, collective: str, options: Options) -> str:
+def _check(net: Network, collective: str, options: Options) -> str:
     """The canonical collective, or :class:`NotApplicableError` for one the tree cannot build."""
+    topology = net.topology
     collective = canonical_collective(collective)
     if collective not in ("allreduce", "broadcast", "reduce"):
         raise NotApplicableError(f"tree does not implement {collective} (it builds allreduce, broadcast, reduce)")
@@ -60,9 +61,9 @@ def _check(topology: Topology, collective: str, options: Options) -> str:
     return collective
 
 
-def _trees(topology: Topology, root: int | None) -> list[tuple[int, dict[int, int]]]:
+def _trees(net: Network, root: int | None) -> list[tuple[int, dict[int, int]]]:
     """The two trees (root, parent of every other rank) over the ring order; rooted at ``root`` when given."""
-    order = ring_order(topology)
+    order = ring_order(net)
     if root is None:
         return [binary_tree(shifted) for shifted in (order, order[1:] + order[:1])]
     at = order.index(root)
@@ -74,7 +75,7 @@ def _trees(topology: Topology, root: int | None) -> list[tuple[int, dict[int, in
     return trees
 
 
-def tree_link_floor(topology: Topology, collective: str, options: Options) -> float:
+def tree_link_floor(net: Network, collective: str, options: Options) -> float:
     """A lower bound of :func:`topocc.planner.compiler.compile.link_time` of the tree's schedule, without building it.
 
     Each tree carries half the buffer over each of its edges, up to reduce and
@@ -84,31 +85,33 @@ def tree_link_floor(topology: Topology, collective: str, options: Options) -> fl
     holds under any routing and channel assignment.  At 1024 ranks this costs
     a fraction of a second where the build costs about ten.
     """
-    collective = _check(topology, collective, options)
+    topology = net.topology
+    collective = _check(net, collective, options)
     if topology.size == 1:
         return 0.0
     up, down = collective != "broadcast", collective != "reduce"
-    edges = [edge for _, parent in _trees(topology, options.root if collective != "allreduce" else None)
+    edges = [edge for _, parent in _trees(net, options.root if collective != "allreduce" else None)
              for child, par in parent.items() for edge in [(child, par)] * up + [(par, child)] * down]
-    return topology.common_link_time((a, b, options.size_bytes / 2)
-                                     for src, dst in edges for a, b in hops(topology, src, dst))
+    return net.common_link_time((a, b, options.size_bytes / 2)
+                                     for src, dst in edges for a, b in hops(net, src, dst))
 
 
-def double_binary_tree(topology: Topology, collective: str, options: Options) -> Schedule:
+def double_binary_tree(net: Network, collective: str, options: Options) -> Schedule:
     """Double-binary-tree schedule for allreduce, broadcast or reduce (root: ``options.root``)."""
-    collective = _check(topology, collective, options)
+    topology = net.topology
+    collective = _check(net, collective, options)
     p = topology.size
     meta = options.as_dict()
     rooted = collective != "allreduce"
     root = options.root if rooted else None
     if p == 1:
         return single_rank(collective, 1, 1, "tree", meta, root)
-    trees = _trees(topology, options.root if rooted else None)
+    trees = _trees(net, options.root if rooted else None)
     q = pieces(options.pipeline, options.size_bytes / 2, _MAX_PIECES)
     meta.update(pipeline=q, channels=2, trees=[sorted(parent.items()) for _, parent in trees] if p <= 64 else None)
     n = 2 * q
     # a tree edge between ranks without a GPU-free route is relayed through other GPUs
-    b = ScheduleBuilder(collective, p, n, n, root=root, relay=relays(topology))
+    b = ScheduleBuilder(collective, p, n, n, root=root, relay=relays(net))
     for r in range(p):
         if collective != "broadcast" or r == root:
             b.copy(r, Chunk("i", 0, n), Chunk("o", 0, n))

@@ -62,14 +62,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms._arborescence import Packing, pack, pack_phases, rank_graph
 from topocc.planner.compiler.algorithms._order import depth_order
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.analysis.collectives import chunk_counts
 from topocc.planner.errors import NotApplicableError
 from topocc.planner.solvers import LinearProgram, SolverOptions, solve
-from topocc.planner.topology.model import Topology
+from topocc.planner.routing.network import Memo, Network
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["Undirected", "pack_undirected", "treepack", "treepack_link_floor"]
@@ -262,7 +262,7 @@ def _gather(b: ScheduleBuilder, packing: Packing, cut: _Pieces, block: int, *, s
     return sends
 
 
-def _mirror(topology: Topology, packing: Packing, cut: _Pieces, block: int, size_bytes: int) -> list[_Transfer]:
+def _mirror(net: Network, packing: Packing, cut: _Pieces, block: int, size_bytes: int) -> list[_Transfer]:
     """The transfers of a reduction over ``packing``'s trees (of the reversed fabric), in the order to send them.
 
     A reduction up trees is a gather down them run backwards in time, with each
@@ -275,6 +275,7 @@ def _mirror(topology: Topology, packing: Packing, cut: _Pieces, block: int, size
     inner ranks queued behind them: dgx-a100-4node reduce-scatter at 1 GiB
     reaches 57% of the bound that way, against 99% for all-gather.)
     """
+    topology = net.topology
     from topocc.planner.analysis.simulate import simulate
 
     p = topology.size
@@ -289,7 +290,7 @@ def _mirror(topology: Topology, packing: Packing, cut: _Pieces, block: int, size
         finish[src, send] = end_s  # a send completes as its message arrives
 
     # the lean hook rather than ``record``, which keeps every operation's and flow's interval (a third of the time)
-    simulate(topology.reversed(), gather.build("treepack"), size_bytes, on_message=arrived)
+    simulate(net.reversed(), gather.build("treepack"), size_bytes, on_message=arrived)
     return [sends[key] for key in sorted(sends, key=lambda key: (-finish[key], key))]
 
 
@@ -361,19 +362,25 @@ class _Plan:
     joint: bool = False  # ``up`` and ``down`` packed together (all-reduce): its phases must overlap
 
 
-def _plan(topology: Topology, collective: str, options: Options) -> _Plan:
+#: The trees packed per (collective, size, channels, pipeline, root): ``auto`` packs them for
+#: :func:`treepack_link_floor`, then builds the schedule from the same packing where it may win.
+_PLANS: Memo[dict[tuple[object, ...], _Plan]] = Memo("treepack: plans", lambda net: {})
+
+
+def _plan(net: Network, collective: str, options: Options) -> _Plan:
     """The trees of ``collective``'s schedule (see the module docstring), kept with the topology: ``auto``
     packs them for :func:`treepack_link_floor` and builds the schedule from the same packing where it may win."""
     key = (collective, options.size_bytes, options.channels, options.pipeline, options.root)
-    plans: dict[tuple[object, ...], _Plan] = topology.derived("treepack.plans", dict)
+    plans = net.memo(_PLANS)
     found = plans.get(key)
     if found is None:
-        found = plans[key] = _new_plan(topology, collective, options)
+        found = plans[key] = _new_plan(net, collective, options)
     return found
 
 
-def _new_plan(topology: Topology, collective: str, options: Options) -> _Plan:
+def _new_plan(net: Network, collective: str, options: Options) -> _Plan:
     """The trees of :func:`_plan`, packed."""
+    topology = net.topology
     p = topology.size
     if p == 1:
         raise NotApplicableError("tree packing needs at least two ranks")
@@ -387,34 +394,34 @@ def _new_plan(topology: Topology, collective: str, options: Options) -> _Plan:
     cut = _cut(p, len(roots) * (2 if collective == "allreduce" else 1), options.size_bytes / len(roots), options)
     down = up = None
     if collective in ("allgather", "allreduce", "broadcast"):
-        down = pack(rank_graph(topology), roots, cut.units)
+        down = pack(rank_graph(net), roots, cut.units)
     if collective in ("reducescatter", "allreduce", "reduce"):
         # on a full-duplex fabric the reversed graph is the same graph: reduce along the broadcast trees
-        up = down if down is not None and topology.symmetric else pack(rank_graph(topology, reverse=True),
+        up = down if down is not None and topology.symmetric else pack(rank_graph(net, reverse=True),
                                                                        roots, cut.units)
     if collective != "allreduce":
         return _Plan(cut, down, up)
     assert up is not None and down is not None
     if topology.symmetric and _undirected_pieces(p, options) >= min(
             MIN_UNDIRECTED_PIECES, max(1, options.size_bytes // ALLREDUCE_PIECE_BYTES)):
-        undirected = pack_undirected(topology)
+        undirected = pack_undirected(net)
         # reduce-scatter + all-gather move 2 blocks of N/p per root over the rooted trees
         gain = 1 + 1e-9 if p <= UNDIRECTED_TIES_UP_TO else UNDIRECTED_GAIN
         if undirected.load < gain * 2 * down.load / p:
             weights = [w for w, _ in undirected.trees]
             if max(weights) <= UNEVEN_TREES * min(weights):
                 return _Plan(undirected=undirected)
-            joint = _joint(topology, roots, cut, up, down, options)
+            joint = _joint(net, roots, cut, up, down, options)
             if joint is None or joint.up is None or joint.down is None:
                 return _Plan(undirected=undirected)
             # the joint trees' busiest link per byte of the buffer, in the undirected load's units
             if undirected.load < gain * _phases_load(joint.up, joint.down) * down.graph.top_bandwidth / (p * cut.units):
                 return _Plan(undirected=undirected)
             return joint
-    return _joint(topology, roots, cut, up, down, options) or _Plan(cut, down, up)
+    return _joint(net, roots, cut, up, down, options) or _Plan(cut, down, up)
 
 
-def _joint(topology: Topology, roots: list[int], cut: _Pieces, up: Packing, down: Packing,
+def _joint(net: Network, roots: list[int], cut: _Pieces, up: Packing, down: Packing,
            options: Options) -> _Plan | None:
     """All-reduce's two phases packed together (:func:`~topocc.planner.compiler.algorithms._arborescence.pack_phases`), where
     that loads the busiest link :data:`JOINT_GAIN` less than ``up`` and ``down`` packed on their own, from
@@ -422,7 +429,7 @@ def _joint(topology: Topology, roots: list[int], cut: _Pieces, up: Packing, down
     if options.size_bytes < JOINT_FROM_BYTES:
         return None
     # the graphs the phases were packed on alone; on a full-duplex fabric both used the forward one
-    reverse = rank_graph(topology, reverse=True) if up is down else up.graph
+    reverse = rank_graph(net, reverse=True) if up is down else up.graph
     joint_up, joint_down = pack_phases([reverse, down.graph], roots, cut.units)
     if _phases_load(joint_up, joint_down) < JOINT_GAIN * _phases_load(up, down):
         return _Plan(cut, joint_down, joint_up, joint=True)
@@ -440,9 +447,10 @@ def _phases_load(*packings: Packing) -> float:
     return max(load.values())
 
 
-def _rooted(topology: Topology, collective: str, options: Options, plan: _Plan) -> Schedule:
+def _rooted(net: Network, collective: str, options: Options, plan: _Plan) -> Schedule:
     """All-gather, reduce-scatter, broadcast, reduce, and all-reduce as reduce-scatter + all-gather, over
     ``plan``'s packings."""
+    topology = net.topology
     p = topology.size
     rooted = collective in ("broadcast", "reduce")
     cut, down, up = plan.cut, plan.down, plan.up
@@ -461,7 +469,7 @@ def _rooted(topology: Topology, collective: str, options: Options, plan: _Plan) 
         acc = "s" if collective == "reducescatter" else "o"
         for rank in range(p):
             b.copy(rank, Chunk("i", 0, in_chunks), Chunk(acc, 0, in_chunks))
-        order = _mirror(topology, up, cut, block, options.size_bytes)
+        order = _mirror(net, up, cut, block, options.size_bytes)
         # the second phase has its own channel, so its messages never queue behind the first's; one, as
         # depth channels gain nothing here (4x4x4 torus at 256 MiB: 92.3% of the bound either way) and
         # with the first phase's traffic make the simulation 10x slower
@@ -510,7 +518,7 @@ class Undirected:
     load: float
 
 
-def pack_undirected(topology: Topology, solver: SolverOptions | None = None) -> Undirected:
+def pack_undirected(net: Network, solver: SolverOptions | None = None) -> Undirected:
     """Undirected spanning trees for all-reduce, every tree edge carrying data both ways.
 
     The fractional packing is found by column generation without duals: a
@@ -519,8 +527,9 @@ def pack_undirected(topology: Topology, solver: SolverOptions | None = None) -> 
     spanning tree under link prices that grow with each link's load, and a small
     LP then weighs the trees found to minimise the busiest link's load.
     """
+    topology = net.topology
     p = topology.size
-    graph = rank_graph(topology, both_ways=True)
+    graph = rank_graph(net, both_ways=True)
     arc_of = {(int(u), int(v)): k for k, (u, v) in enumerate(zip(graph.tail, graph.head))}
     pairs = sorted((u, v) for u, v in arc_of if u < v and (v, u) in arc_of)
     both = [(arc_of[u, v], arc_of[v, u]) for u, v in pairs]
@@ -624,7 +633,7 @@ def _outward(parent: dict[int, int], root: int) -> list[tuple[int, int]]:
     return [(parent[v], v) for v in depth_order(root, dict(sorted(parent.items())))]
 
 
-def _centred(topology: Topology, parent: dict[int, int]) -> list[tuple[int, int]]:
+def _centred(net: Network, parent: dict[int, int]) -> list[tuple[int, int]]:
     """The tree's edges (parent, child) outward from its latency centre, the root that makes pipelines shortest.
 
     A piece's reduce and broadcast both take the tree's height from the root, so
@@ -641,7 +650,7 @@ def _centred(topology: Topology, parent: dict[int, int]) -> list[tuple[int, int]
         while stack:
             u, came, dist, depth = stack.pop()
             far, hops = max(far, dist), max(hops, depth)
-            stack.extend((v, u, dist + topology.route_latency(u, v), depth + 1) for v in adjacency[u] if v != came)
+            stack.extend((v, u, dist + net.route_latency(u, v), depth + 1) for v in adjacency[u] if v != came)
         return round(far, 12), hops
 
     root = min(sorted(adjacency), key=eccentricity)
@@ -672,13 +681,14 @@ def _undirected_pieces(p: int, options: Options) -> int:
     return max(1, min(MAX_TRANSFERS // (2 * (p - 1)), options.size_bytes // ALLREDUCE_PIECE_BYTES))
 
 
-def _allreduce(topology: Topology, packing: Undirected, options: Options) -> Schedule:
+def _allreduce(net: Network, packing: Undirected, options: Options) -> Schedule:
     """All-reduce over undirected packed trees: each piece reduced up its tree, then broadcast down it."""
+    topology = net.topology
     p = topology.size
     k = _undirected_pieces(p, options)
     counts = _assign_pieces([w for w, _ in packing.trees], k)
     used = [(parent, n) for (_, parent), n in zip(packing.trees, counts) if n]
-    orders = [_centred(topology, parent) for parent, _ in used]
+    orders = [_centred(net, parent) for parent, _ in used]
     b = ScheduleBuilder("allreduce", p, k, k)
     for rank in range(p):
         b.copy(rank, Chunk("i", 0, k), Chunk("o", 0, k))
@@ -699,18 +709,18 @@ def _allreduce(topology: Topology, packing: Undirected, options: Options) -> Sch
                                 "load": round(packing.load, 6)})
 
 
-def treepack(topology: Topology, collective: str, options: Options) -> Schedule:
+def treepack(net: Network, collective: str, options: Options) -> Schedule:
     """Tree-packing schedule for ``collective`` (see the module docstring).
 
     >>> treepack(load_topology("topologies/ndv2-2chassis.yaml"), "allgather", Options())  # doctest: +SKIP
     """
-    plan = _plan(topology, collective, options)
+    plan = _plan(net, collective, options)
     if plan.undirected is not None:
-        return _allreduce(topology, plan.undirected, options)
-    return _rooted(topology, collective, options, plan)
+        return _allreduce(net, plan.undirected, options)
+    return _rooted(net, collective, options, plan)
 
 
-def treepack_link_floor(topology: Topology, collective: str, options: Options) -> float:
+def treepack_link_floor(net: Network, collective: str, options: Options) -> float:
     """A lower bound of :func:`topocc.planner.compiler.compile.link_time` of the schedule, from its trees alone.
 
     Every tree edge carries its tree's share of the data (each way, for an
@@ -721,7 +731,8 @@ def treepack_link_floor(topology: Topology, collective: str, options: Options) -
     operations are what ``auto`` saves where this already loses (a 64-rank
     rail fabric: 6 s of build, 2.5 of them packing).
     """
-    plan = _plan(topology, collective, options)
+    topology = net.topology
+    plan = _plan(net, collective, options)
     size = options.size_bytes
     traffic: dict[tuple[int, int], float] = {}
     if plan.undirected is not None:
@@ -744,4 +755,4 @@ def treepack_link_floor(topology: Topology, collective: str, options: Options) -
                     for child, parent in packing.parents(r, j).items():
                         pair = (child, parent) if toward_root else (parent, child)
                         traffic[pair] = traffic.get(pair, 0.0) + share
-    return topology.common_link_time((a, b, nbytes) for (a, b), nbytes in traffic.items())
+    return net.common_link_time((a, b, nbytes) for (a, b), nbytes in traffic.items())

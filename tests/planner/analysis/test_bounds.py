@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from topocc.planner.compiler.algorithms import ALGORITHMS, Options
+from topocc.planner.compiler.algorithms import ALGORITHMS
+from topocc.planner.compiler.options import Options
 from topocc.planner.analysis.bounds import Bound, lower_bound
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.errors import NotApplicableError, UsageError

@@ -198,7 +198,8 @@ def test_refilling_above_the_changes_matches_filling_from_scratch(seed: int, rou
 def test_refilling_matches_filling_from_scratch_on_shipped_schedules(topology: str, algorithm: str,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The same on schedules the planner emits, at a size where their pieces pipeline."""
-    from topocc.planner.compiler.algorithms import ALGORITHMS, Options
+    from topocc.planner.compiler.algorithms import ALGORITHMS
+    from topocc.planner.compiler.options import Options
     from topocc.planner.topology.catalogue import resolve_topology
 
     topo = resolve_topology(topology)

@@ -471,8 +471,9 @@ def random_fabric(seed: int, routing: str) -> Topology:
 def test_link_time_is_a_lower_bound_of_the_simulated_time(seed: int, routing: str) -> None:
     """``auto`` skips a candidate whose link time exceeds the best simulated time: that needs link <= simulated,
     under every routing (on a source-routed fabric with the paths the planner records)."""
-    from topocc.planner.compiler.algorithms import ALGORITHMS, Options
-    from topocc.planner.compiler.compile import link_time
+    from topocc.planner.compiler.algorithms import ALGORITHMS
+    from topocc.planner.compiler.options import Options
+    from topocc.planner.compiler.evaluate import link_time
     from topocc.planner.errors import NotApplicableError
 
     topology = random_topology(seed) if routing == "spray" else random_fabric(seed, routing)
@@ -493,7 +494,7 @@ def test_link_time_is_a_lower_bound_of_the_simulated_time(seed: int, routing: st
 def test_link_time_is_the_simulated_time_of_one_message(routing: str) -> None:
     """A lone message's link time is its busiest link's bytes over bandwidth: the simulation less latency,
     so link time sees the very paths the simulator takes (spray's halves, ECMP's one spine)."""
-    from topocc.planner.compiler.compile import link_time
+    from topocc.planner.compiler.evaluate import link_time
 
     topology = two_spines(routing) if routing != "dimension-order" else mesh_2x2(routing)
     schedule = messages(4, [(0, 3)], [12])
@@ -525,7 +526,8 @@ def test_the_latest_results_are_kept_for_the_same_schedule_object() -> None:
 def test_the_run_without_contention_is_a_lower_bound_of_the_simulated_time(seed: int, routing: str) -> None:
     """``simulate_within`` gives a schedule up when its run without contention already passes the deadline: that
     needs the run's time <= the simulated time, for every algorithm and routing, here on random fabrics."""
-    from topocc.planner.compiler.algorithms import ALGORITHMS, Options
+    from topocc.planner.compiler.algorithms import ALGORITHMS
+    from topocc.planner.compiler.options import Options
     from topocc.planner.errors import NotApplicableError
     from topocc.planner.analysis.simulate import _paused_collector
 

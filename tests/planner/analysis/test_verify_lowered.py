@@ -8,7 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from topocc.planner.compiler.algorithms import ALGORITHMS, Options
+from topocc.planner.compiler.algorithms import ALGORITHMS
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.errors import NotApplicableError, VerificationError
 from benchmarks.fabrics import grid

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 import topocc.planner.compiler.compile as compile_module
-from topocc.planner.compiler.algorithms import Options
-from topocc.planner.compiler.compile import compile_schedule, link_time
+from topocc.planner.compiler.options import Options
+from topocc.planner.compiler.compile import compile_schedule
+from topocc.planner.compiler.evaluate import link_time
 from topocc.planner.errors import VerificationError
 from topocc.planner.analysis.simulate import simulate
 from topocc.planner.topology.parse import parse_topology_text
@@ -158,7 +159,7 @@ def test_auto_skips_the_costly_tiers_once_it_is_near_the_bound() -> None:
     tree packing, MultiTree or the flow LP (seconds to minutes at scale); where the cheap tier falls short
     (a 3x2 mesh, 90.9% with the bucket algorithm) it goes on to them."""
     from topocc.planner.compiler.algorithms import ALGORITHMS
-    from topocc.planner.compiler.compile import GOOD_ENOUGH
+    from topocc.planner.compiler.race import GOOD_ENOUGH
     from topocc.planner.topology.catalogue import resolve_topology
     from benchmarks.fabrics import grid
 
@@ -176,7 +177,7 @@ def test_auto_stops_simulating_a_tier_once_it_is_near_the_bound() -> None:
     """Within a tier too: on dgx2 halving-doubling's all-gather reaches 99.9% of the bound, so direct and
     hierarchical, built and able to tie it by their busiest links, are not simulated."""
     from topocc.planner.compiler.algorithms import ALGORITHMS
-    from topocc.planner.compiler.compile import GOOD_ENOUGH
+    from topocc.planner.compiler.race import GOOD_ENOUGH
     from topocc.planner.topology.catalogue import resolve_topology
 
     compiled = compile_schedule(resolve_topology("dgx2"), "allgather", "auto", Options(size_bytes=256 << 20))
@@ -207,7 +208,7 @@ def test_auto_simulates_the_finest_of_equally_loaded_candidates_first() -> None:
 def test_ring_never_beats_its_chain_of_least_latencies(name: str, collective: str) -> None:
     """The floor auto uses to skip the ring unbuilt is a lower bound of its simulated time (relays included)."""
     from topocc.planner.compiler.algorithms import ALGORITHMS
-    from topocc.planner.compiler.compile import least_latency
+    from topocc.planner.compiler.evaluate import least_latency
     from topocc.planner.topology.catalogue import resolve_topology
     from topocc.planner.analysis.simulate import simulate
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.compile import compile_schedule
 from topocc.planner.topology.catalogue import resolve_topology
 from topocc.planner.formats.chrome_trace import simulated_trace

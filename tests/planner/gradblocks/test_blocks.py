@@ -26,7 +26,7 @@ from topocc.planner.gradblocks.blocks import (
 )
 from topocc.runtime.training import ParamProfile, Profile, load_block_plan
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "profile_example.yaml"
 TEN_GBE = LinearCost(20e-6, 1.25e9)
 

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from topocc.planner.compiler.algorithms import Options, get_algorithm
+from topocc.planner.compiler.options import Options
+from topocc.planner.compiler.algorithms import get_algorithm
 from topocc.planner.compiler.compile import compile_schedule
 from topocc.planner.topology.catalogue import resolve_topology
 from topocc.planner.report._run import Run, record_run

@@ -59,7 +59,7 @@ def test_dgx1_report_has_every_view(dgx1_ring: Plan) -> None:
     assert "ring (this plan)" in table and "<td>tree</td>" in table
     # step data: one entry per step, indices of drawn links, bytes adding up to what the links carried
     data = _json(html, "step-data")
-    steps = {s for _, _, s in link_step_bytes(p.topology, p.run)}
+    steps = {s for _, _, s in link_step_bytes(p.run)}
     assert set(data["steps"]) == {str(s) for s in steps}
     n_lines = html.count('class="se"')
     assert n_lines == len(build_view(p.topology).edges)
@@ -97,7 +97,7 @@ links:
   - {ends: ["g<b>0", "g\\"1"], bandwidth: 10 GB/s, latency: 1 us}
 """
     )
-    from topocc.planner.compiler.algorithms import Options
+    from topocc.planner.compiler.options import Options
     from topocc.planner.compiler.compile import compile_schedule
 
     schedule = compile_schedule(topo, "allreduce", "ring", Options(size_bytes=1 << 20)).schedule

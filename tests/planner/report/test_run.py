@@ -47,7 +47,7 @@ def test_link_bytes_per_step_match_the_recorded_flows(racks_plan: Plan) -> None:
     want: dict[tuple[str, str, int], float] = defaultdict(float)
     for e in full.link_events:
         want[(e.src, e.dst, e.step)] += e.bytes
-    got = link_step_bytes(p.topology, p.run)
+    got = link_step_bytes(p.run)
     assert set(got) == set(want)
     for key, nbytes in want.items():
         assert got[key] == pytest.approx(nbytes, rel=1e-9)
@@ -81,7 +81,7 @@ def test_host_and_rack_strips_account_for_every_byte(racks_plan: Plan) -> None:
 def test_link_bins_add_up_to_the_bytes_carried(racks_plan: Plan) -> None:
     p = racks_plan
     used = [i for i, ln in enumerate(p.topology.links) if p.result.link_bytes[(ln.src, ln.dst)] > 0]
-    carried = link_bins(p.topology, p.run, used, 500)
+    carried = link_bins(p.run, used, 500)
     want = [p.result.link_bytes[(p.topology.links[i].src, p.topology.links[i].dst)] for i in used]
     assert carried.sum(axis=1) == pytest.approx(want, rel=1e-9)
     assert (carried >= 0).all()

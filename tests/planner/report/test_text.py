@@ -22,7 +22,7 @@ def test_rings_are_listed_per_channel(dgx1_ring: Plan) -> None:
     start = lines.index("busiest links (of 32 used):")
     assert len([line for line in lines[start + 3: start + 8] if "->" in line]) == 5
     step_rows = [line for line in lines if line.startswith("  ") and line.split()[0].isdigit()]
-    assert len(step_rows) == len({s for _, _, s in link_step_bytes(p.topology, p.run)})
+    assert len(step_rows) == len({s for _, _, s in link_step_bytes(p.run)})
 
 
 def test_trees_are_recognised(dgx1_tree: Plan) -> None:

@@ -71,7 +71,7 @@ def test_recorded_paths_become_links_and_bad_ones_are_refused() -> None:
 def test_spread_channels_balance_the_spines_and_keep_the_messages() -> None:
     """Under ECMP, renumbered channels hash the four crossing connections onto both spines (3 + 1 and 2 + 2,
     not all on whichever spine channel 0 hashes to); every message keeps its partner and its order."""
-    from topocc.planner.compiler.compile import link_time
+    from topocc.planner.compiler.evaluate import link_time
     from topocc.planner.routing.paths import spread_channels
     topology = fabric("ecmp")
     schedule = crossing([3, 2, 2, 1], local=True)
@@ -95,7 +95,7 @@ def test_auto_spreads_a_hierarchical_schedule_over_a_fat_trees_uplinks() -> None
     """Issue #11: a 4:1 fat-tree of 4 two-GPU hosts, two per leaf, under 4 spines: hierarchical's channels hash
     its cross-leaf connections onto the same uplinks (50% of the bound by busiest link); spread, 100% (measured
     99%+ simulated), and the NCCL lowering proof still holds."""
-    from topocc.planner.compiler.algorithms import Options
+    from topocc.planner.compiler.options import Options
     from topocc.planner.compiler.compile import compile_schedule
     from benchmarks.fabrics import fat_tree
     from topocc.planner.analysis.verify_lowered import verify_lowering

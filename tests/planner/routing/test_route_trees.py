@@ -15,7 +15,7 @@ from topocc.planner.routing.route_trees import HubSearches, hubs, route_tree, se
 from topocc.planner.topology.model import Device, Link, Topology
 from topocc.planner.topology.parse import load_topology, parse_topology_text
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _fabrics() -> list[tuple[str, Topology]]:

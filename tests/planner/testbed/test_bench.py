@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.options import Options
 from topocc.planner.testbed.bench import EmulatedRow, bench_emulated, format_emulated_table, iterations_for, regime
 from topocc.planner.analysis.bounds import lower_bound
 from topocc.planner.compiler.compile import compile_schedule

@@ -20,7 +20,7 @@ from topocc.planner.routing.network import ecmp_hash
 from topocc.planner.topology.parse import load_topology, parse_topology_text
 from topocc.runtime.errors import TopoccError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TOPOLOGIES = ROOT / "topologies"
 BAD = ROOT / "tests" / "data" / "bad_topologies"
 

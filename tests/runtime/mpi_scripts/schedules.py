@@ -181,7 +181,8 @@ cluster:
 def planner_schedules(algorithms: Sequence[str] = ("ring", "tree", "halving-doubling", "direct", "hierarchical"),
                       size_bytes: int = 1 << 16) -> dict[str, Schedule]:
     """Every collective each algorithm builds on :data:`TINY_2X2`, by ``algorithm-collective``."""
-    from topocc.planner.compiler.algorithms import ALGORITHMS, Options
+    from topocc.planner.compiler.algorithms import ALGORITHMS
+    from topocc.planner.compiler.options import Options
     from topocc.planner.errors import NotApplicableError
     from topocc.planner.topology.parse import parse_topology_text
 
@@ -198,7 +199,7 @@ def planner_schedules(algorithms: Sequence[str] = ("ring", "tree", "halving-doub
 def grid_schedules(size_bytes: int = 1 << 16) -> dict[str, Schedule]:
     """The bucket all-reduce, reduce-scatter and all-gather (in scratch, copied to and from the buffers) on a ring
     of 4 (both ways round) and a 2x2 mesh (lines of two), by name."""
-    from topocc.planner.compiler.algorithms import Options
+    from topocc.planner.compiler.options import Options
     from topocc.planner.compiler.algorithms.bucket import bucket
     from benchmarks.fabrics import grid
 

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topocc.planner.compiler.algorithms import ALGORITHMS, Options
+from topocc.planner.compiler.algorithms import ALGORITHMS
+from topocc.planner.compiler.options import Options
 from topocc.planner.errors import NotApplicableError
 from topocc.planner.topology.model import Topology
 from topocc.planner.topology.parse import parse_topology_text
@@ -44,7 +45,7 @@ def check_schedule(topology: Topology, schedule: Schedule, collective: str, algo
 def check_link_floor(topology: Topology, floor: float, schedule: Schedule, size_bytes: int) -> None:
     """A link floor ``auto`` checks before building never exceeds the built schedule's link time, and is that
     time where every pair has one path (the same bytes on the same links)."""
-    from topocc.planner.compiler.compile import link_time
+    from topocc.planner.compiler.evaluate import link_time
 
     actual = link_time(topology, schedule, size_bytes)
     assert 0 < floor <= actual * (1 + 1e-9)

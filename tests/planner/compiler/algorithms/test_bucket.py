@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 import topocc.planner.compiler.algorithms.bucket as bucket_module
-from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms.bucket import _line, bucket, grid_of
 from topocc.planner.analysis.bounds import lower_bound
-from topocc.planner.compiler.compile import link_time
+from topocc.planner.compiler.evaluate import link_time
 from topocc.planner.errors import NotApplicableError
 from benchmarks.fabrics import grid, multi_chassis
 from topocc.planner.analysis.simulate import simulate

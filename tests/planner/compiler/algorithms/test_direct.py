@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms.direct import direct
 from topocc.planner.topology.parse import parse_topology_text
 from tests.planner.compiler.algorithms.test_baselines import check_schedule, switch_cluster

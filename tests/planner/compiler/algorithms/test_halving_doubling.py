@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms.halving_doubling import halving_doubling
 from tests.planner.compiler.algorithms.test_baselines import check_schedule, switch_cluster
 from tests.planner.routing.test_relay import chain

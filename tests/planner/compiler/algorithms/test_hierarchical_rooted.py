@@ -6,7 +6,7 @@ import functools
 
 import pytest
 
-from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms.hierarchical import hierarchical
 from topocc.planner.compiler.algorithms.hierarchical_rooted import (
     CHAIN_HOSTS,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from topocc.planner.compiler.algorithms import ALGORITHMS, Options
+from topocc.planner.compiler.algorithms import ALGORITHMS
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms.mcf import mcf
 from topocc.planner.analysis.bounds import lower_bound
 from topocc.planner.errors import InfeasibleError, NotApplicableError

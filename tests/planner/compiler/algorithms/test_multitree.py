@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms.multitree import (
     TreePlan,
     _all_pairs_limit,

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms._order import LinkLoads, find_rings, ring_order
 from topocc.planner.compiler.algorithms.ring import ring
 from topocc.planner.topology.model import Topology

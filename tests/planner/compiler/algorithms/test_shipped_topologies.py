@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from topocc.planner.compiler.algorithms import ALGORITHMS, Options
+from topocc.planner.compiler.algorithms import ALGORITHMS
+from topocc.planner.compiler.options import Options
 from topocc.planner.topology.catalogue import SCHEDULED_MAX_RANKS
 from topocc.planner.topology.model import Topology
 from topocc.planner.topology.parse import load_topology

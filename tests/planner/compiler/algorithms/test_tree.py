@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms.tree import binary_tree, double_binary_tree, tree_link_floor
-from topocc.planner.compiler.compile import _build, link_time
+from topocc.planner.compiler.build import build
+from topocc.planner.compiler.evaluate import link_time
 from topocc.planner.topology.catalogue import resolve_topology
 from topocc.planner.errors import NotApplicableError
 from tests.planner.compiler.algorithms.test_baselines import check_schedule, switch_cluster
@@ -73,7 +74,7 @@ def test_link_floor_bounds_the_built_tree(name: str, routing: str, collective: s
         topology = topology.with_routing(routing)
     options = Options(size_bytes=64 << 20, root=root)
     floor = tree_link_floor(topology, collective, options)
-    built = link_time(topology, _build(topology, collective, "tree", options), options.size_bytes)
+    built = link_time(topology, build(topology, collective, "tree", options), options.size_bytes)
     assert 0 < floor <= built * (1 + 1e-9)
 
 

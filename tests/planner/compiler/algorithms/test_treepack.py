@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from topocc.planner.compiler.algorithms import Options
+from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms import _arborescence as arborescence
 from topocc.planner.compiler.algorithms import treepack as treepack_module
 from topocc.planner.compiler.algorithms._arborescence import Packing, min_arborescence, optimum, pack, pack_phases, rank_graph

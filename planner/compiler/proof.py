@@ -1,0 +1,73 @@
+"""The proof of a compiled schedule, run in a forked process beside the simulations where it is large.
+
+The verifier (:func:`~topocc.planner.analysis.verify.verify`) costs about as much as a simulation on a
+large schedule; ``auto`` starts the proof of its likeliest winner in a child while it simulates the others,
+on the machine's other core, and waits for it only if that candidate wins.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+
+from topocc.planner.analysis.verify import VerifyReport, verify
+from topocc.planner.errors import VerificationError
+from topocc.runtime.schedule import Schedule
+
+__all__ = ["PARALLEL_VERIFY_OPS", "Proof"]
+
+
+#: Schedules with at least this many operations are verified in a forked process while the planner
+#: simulates, on the machine's other core (fattree-1024: 9 s of proof behind 15 s of simulation;
+#: fattree-64-4to1's 1 MiB reduce-scatter: 1.1 s of a 7 s compile).
+PARALLEL_VERIFY_OPS = 20_000
+
+
+class Proof:
+    """``verify(schedule)``, started in a forked child for large schedules where the platform forks.
+
+    The child inherits the schedule (nothing is pickled but the small report or
+    the error's text); :meth:`result` waits for it, and verifies in this process
+    when there is no child or it died.
+    """
+
+    def __init__(self, schedule: Schedule) -> None:
+        self.schedule = schedule
+        self._child: multiprocessing.process.BaseProcess | None = None
+        if schedule.op_count >= PARALLEL_VERIFY_OPS and "fork" in multiprocessing.get_all_start_methods():
+            context = multiprocessing.get_context("fork")
+            self._conn, sender = context.Pipe(duplex=False)
+            self._child = context.Process(target=_prove_to, args=(sender, schedule), daemon=True)
+            self._child.start()
+            sender.close()
+
+    def result(self) -> VerifyReport:
+        if self._child is None:
+            return verify(self.schedule)
+        try:
+            outcome = self._conn.recv()
+        except EOFError:  # the child died (killed, out of memory): prove it here
+            outcome = (True, verify(self.schedule))
+        finally:
+            self.cancel()
+        if outcome[0]:
+            return outcome[1]
+        _, message, where, fix = outcome
+        raise VerificationError(message, where=where, fix=fix)
+
+    def cancel(self) -> None:
+        if self._child is not None:
+            if self._child.is_alive():
+                self._child.terminate()
+            self._child.join()
+            self._conn.close()
+            self._child = None
+
+
+def _prove_to(conn: multiprocessing.connection.Connection, schedule: Schedule) -> None:
+    try:
+        conn.send((True, verify(schedule)))
+    except VerificationError as exc:
+        conn.send((False, exc.message, exc.where, exc.fix))
+    finally:
+        conn.close()
