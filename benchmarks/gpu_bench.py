@@ -31,6 +31,7 @@ for peers and moving data) and between them (the reductions and copies), and the
 
 from __future__ import annotations
 
+from topocc.planner.routing.network import Network
 import argparse
 import itertools
 import json
@@ -124,7 +125,8 @@ def schedule_for(config: str, ranks: int) -> tuple[Any, Any]:
 
     if config == "plain":
         topology = parse_topology_text(PLAIN_TOPOLOGY.format(ranks=ranks), f"plain-{ranks}")
-        return topology, ALGORITHMS["ring"].load()(topology, "allreduce", Options(size_bytes=64 * MIB))
+        net = Network(topology)
+        return topology, ALGORITHMS["ring"].load()(net, "allreduce", Options(size_bytes=64 * MIB))
     return resolve_topology(config), load_schedule(REPO / "schedules" / f"{config}-allreduce.json")
 
 

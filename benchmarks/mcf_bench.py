@@ -15,7 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from topocc.planner.compiler.options import Options
+from topocc.planner.compiler.options import McfOptions, Options
+from topocc.planner.routing.network import Network
 from topocc.planner.compiler.algorithms.mcf import mcf
 from topocc.planner.compiler.algorithms.treepack import treepack
 from topocc.planner.analysis.bounds import lower_bound
@@ -42,12 +43,13 @@ def rows(cases: list[tuple[str, str, int, tuple[str, ...]]]) -> list[tuple[objec
     out: list[tuple[object, ...]] = []
     for name, collective, size, backends in cases:
         topology = resolve_topology(name)
-        bound = lower_bound(topology, collective, size).time_s
+        net = Network(topology)
+        bound = lower_bound(net, collective, size).time_s
         runs = [(b, mcf, {"solver": b, "time_limit_s": 300}) for b in backends] + [("treepack", treepack, {})]
         for label, fn, extra in runs:
             started = time.perf_counter()
             try:
-                schedule = fn(topology, collective, Options(size_bytes=size, extra=extra))
+                schedule = fn(net, collective, Options(size_bytes=size, mcf=McfOptions(**extra)))
             except TopoccError as exc:
                 out.append((name, collective, format_size(size), label, "-", "-", "-", "-", "-", exc.message[:50]))
                 continue

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from topocc.planner.routing.network import Network
 from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms.multitree import multitree
 from topocc.planner.compiler.algorithms.ring import ring
@@ -38,15 +39,16 @@ def main() -> None:
           f"{'vs ring':>7} {'build':>6}")
     for name in names:
         topology = resolve_topology(name)
+        net = Network(topology)
         for text in args.sizes.split(","):
             size = parse_size(text)
             options = Options(size_bytes=size, pipeline=args.pipeline)
             started = time.perf_counter()
-            schedule = multitree(topology, args.collective, options)
+            schedule = multitree(net, args.collective, options)
             built = time.perf_counter() - started
             mt = simulate(topology, schedule, size).time_s
             try:
-                rg = simulate(topology, ring(topology, args.collective, Options(size_bytes=size, channels=1)),
+                rg = simulate(topology, ring(net, args.collective, Options(size_bytes=size, channels=1)),
                               size).time_s
             except NotApplicableError:
                 rg = float("nan")

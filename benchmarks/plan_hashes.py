@@ -3,7 +3,7 @@
 ``record`` compiles every case (every shipped topology and every fabric of the
 suite, each collective, 1 MiB and 256 MiB, ``auto`` and each algorithm by name
 that applies) and writes one JSON line per case: the SHA-256 of the schedule's
-JSON (its metadata's ``topology_file`` left out, as it names the checkout), its
+JSON (its metadata's ``topology_file`` and the solver's wall time left out), its
 predicted time, its lower bound, and ``auto``'s candidates; or the one-line
 error a case ended with.  ``compare`` prints a table of what differs between two
 such files and exits 1 if anything does.
@@ -29,11 +29,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from fabrics import shipped_fabrics, suite
 from topocc.planner.compiler.algorithms import ALGORITHMS
-from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.compile import compile_schedule
+from topocc.planner.compiler.options import Options
 from topocc.planner.errors import TopoccError
-from benchmarks.fabrics import shipped_fabrics, suite
+from topocc.planner.topology.parse import parse_topology_text
 from topocc.runtime.schedule import dump_schedule
 
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall")
@@ -41,6 +42,8 @@ SIZES = (1 << 20, 256 << 20)
 #: Above this many ranks only ``auto`` runs; above the second, only its all-reduce at 1 MiB.
 NAMED_MAX_RANKS = 64
 AUTO_MAX_RANKS = 4096
+#: Metadata options that are wall-clock times (the flow solver's): left out of the hash.
+_WALL_CLOCK = ("solve_s",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +81,6 @@ def cases() -> Iterator[Case]:
 
 def run(case: Case) -> dict[str, object]:
     """Compile one case; its fingerprint, or the error it ended with."""
-    from topocc.planner.topology.parse import parse_topology_text
-
     out: dict[str, object] = {"case": case.key}
     started = time.perf_counter()
     try:
@@ -88,7 +89,10 @@ def run(case: Case) -> dict[str, object]:
     except TopoccError as exc:
         out["error"] = str(exc).splitlines()[0]
     else:
-        schedule = compiled.schedule.with_metadata(topology_file=None)
+        meta = compiled.schedule.metadata
+        # the checkout's path and the solver's wall time are not the schedule's
+        schedule = compiled.schedule.with_metadata(
+            topology_file=None, options={k: v for k, v in meta.options.items() if k not in _WALL_CLOCK})
         out["hash"] = hashlib.sha256(dump_schedule(schedule).encode()).hexdigest()
         out["algorithm"] = schedule.metadata.algorithm
         out["operations"] = schedule.op_count
@@ -118,9 +122,12 @@ def _load(path: Path) -> dict[str, dict[str, object]]:
     return {row["case"]: row for row in rows}
 
 
-def compare(before: Path, after: Path) -> int:
-    """Print the cases whose hash, predicted time, bound or error differ, or that one file lacks; 1 if any."""
+def compare(before: Path, after: Path, subset: bool = False) -> int:
+    """Print the cases whose hash, predicted time, bound or error differ, or that one file lacks; 1 if any.
+    ``subset``: compare only the cases ``after`` holds (a partial run)."""
     a, b = _load(before), _load(after)
+    if subset:
+        a = {key: row for key, row in a.items() if key in b}
     fields = ("hash", "error", "predicted_s", "bound_s", "algorithm", "candidates")
     differ = [key for key in a.keys() & b.keys() if any(a[key].get(f) != b[key].get(f) for f in fields)]
     missing = sorted(a.keys() ^ b.keys())
@@ -147,9 +154,10 @@ def main() -> None:
     cmp = sub.add_parser("compare", help="compare two recordings")
     cmp.add_argument("before", type=Path)
     cmp.add_argument("after", type=Path)
+    cmp.add_argument("--subset", action="store_true", help="compare only the cases the second file holds")
     args = parser.parse_args()
     if args.command == "compare":
-        sys.exit(compare(args.before, args.after))
+        sys.exit(compare(args.before, args.after, args.subset))
     if args.list:
         for case in cases():
             print(case.key)

@@ -46,10 +46,10 @@ from topocc.planner.topology.catalogue import SCHEDULED_MAX_RANKS, resolve_topol
 from topocc.planner.compiler.race import Candidate
 from topocc.planner.compiler.compile import compile_schedule
 from topocc.planner.errors import TopoccError
-from benchmarks.fabrics import Fabric, shipped_fabrics, small_suite, suite
+from fabrics import Fabric, shipped_fabrics, small_suite, suite
 from topocc.planner.analysis.simulate import simulate
 from topocc.planner.report.summary import format_table
-from benchmarks.targets import LARGE_BYTES, SMALL_BYTES, Measured, Verdict, judge
+from targets import LARGE_BYTES, SMALL_BYTES, Measured, Verdict, judge
 from topocc.planner.topology.parse import parse_topology_text
 from topocc.planner.units import UnitError, format_size, format_time, parse_size
 

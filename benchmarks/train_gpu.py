@@ -30,6 +30,7 @@ SVG of eval loss against training time (and a PNG beside it where matplotlib is 
 
 from __future__ import annotations
 
+from topocc.planner.routing.network import Network
 import argparse
 import itertools
 import json
@@ -338,7 +339,7 @@ def _node_schedule(ranks: int) -> Any:
 
     text = (f"name: node-{ranks}\ncluster:\n  hosts: 1\n  host:\n    gpus: {ranks}\n    fabric: fully-connected\n"
             "    gpu_link: {bandwidth: 10 GB/s, latency: 1 us, kind: shm}\n")
-    return ALGORITHMS["ring"].load()(parse_topology_text(text, f"node-{ranks}"), "allreduce",
+    return ALGORITHMS["ring"].load()(Network(parse_topology_text(text, f"node-{ranks}")), "allreduce",
                                      Options(size_bytes=1 << 20))
 
 

@@ -1,1 +1,6 @@
-"""TODO"""
+"""An emulated cluster on one Linux machine, and the benchmark that runs plans on it.
+
+``emulation`` (a network namespace per host, veth links shaped by ``tc``), ``bench`` (a plan beside MPI's
+and gloo's own collectives, measured against the simulator's prediction).  Uses the compiler and the
+runtime's launcher; nothing in the compiler imports it.
+"""

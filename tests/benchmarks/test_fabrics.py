@@ -8,6 +8,7 @@ import functools
 import networkx as nx
 import pytest
 
+from topocc.planner.routing.network import Network
 from topocc.planner.compiler.algorithms import ALGORITHMS
 from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.compile import compile_schedule
@@ -60,7 +61,8 @@ def test_fabric_loads_and_is_connected(fabric: Fabric) -> None:
                          ids=lambda f: f.name)
 def test_switch_based_fabrics_route_every_pair(fabric: Fabric) -> None:
     topology = fabric.topology()
-    assert all(topology.has_route(a, b) for a in range(topology.size) for b in range(topology.size) if a != b)
+    net = Network(topology)
+    assert all(net.has_route(a, b) for a in range(topology.size) for b in range(topology.size) if a != b)
 
 
 @pytest.mark.parametrize("fabric", [FULL["chassis-4x8-one-way"], FULL["chassis-4x16-subset"], FULL["rail-only-4x8"]],
@@ -68,8 +70,9 @@ def test_switch_based_fabrics_route_every_pair(fabric: Fabric) -> None:
 def test_relay_fabrics_leave_some_pair_without_a_route(fabric: Fabric) -> None:
     """The multi-chassis and rail-only fabrics exist to need GPU relays: some pair has no GPU-free route."""
     topology = fabric.topology()
+    net = Network(topology)
     assert not fabric.switch_based
-    assert not all(topology.has_route(a, b) for a in range(topology.size) for b in range(topology.size) if a != b)
+    assert not all(net.has_route(a, b) for a in range(topology.size) for b in range(topology.size) if a != b)
 
 
 @pytest.mark.parametrize(("chassis", "gpus"), [(2, 8), (4, 16)])

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from topocc.planner.routing.network import Network
 from topocc.planner.compiler.algorithms import ALGORITHMS
 from topocc.planner.compiler.options import Options
 from topocc.planner.analysis.bounds import Bound, lower_bound
@@ -196,12 +197,13 @@ def test_bound_never_exceeds_a_simulated_ring(index: int, size: int) -> None:
 def assert_no_algorithm_beats_the_bound(topology: Topology, collective: str, size: int,
                                         names: tuple[str, ...]) -> None:
     """Every algorithm of ``names`` that builds ``collective`` here simulates no faster than the bound."""
+    net = Network(topology)
     bound = lower_bound(topology, collective, size).time_s
     for name in names:
         if collective not in ALGORITHMS[name].collectives:
             continue
         try:
-            schedule = ALGORITHMS[name].load()(topology, collective, Options(size_bytes=size))
+            schedule = ALGORITHMS[name].load()(net, collective, Options(size_bytes=size))
         except NotApplicableError:
             continue
         assert bound <= simulate(topology, schedule, size).time_s * (1 + 1e-9), name
@@ -231,9 +233,10 @@ def test_routes_bound_the_dgx1_below_its_link_capacity() -> None:
     """DGX-1: a GPU's PCIe link only carries messages from GPUs it has no NVLink to, which also cross the
     CPUs' interconnect; the routed LP sees that, so its 6-channel ring comes within a few percent."""
     topology = load_topology(TOPOLOGIES / "dgx1-v100.yaml")
+    net = Network(topology)
     bound = lower_bound(topology, "allreduce", 1 << 30)
     assert "over the routes" in bound.cut
-    sim = simulate(topology, ALGORITHMS["ring"].load()(topology, "allreduce", Options(size_bytes=1 << 30)), 1 << 30)
+    sim = simulate(topology, ALGORITHMS["ring"].load()(net, "allreduce", Options(size_bytes=1 << 30)), 1 << 30)
     assert 0.95 <= bound.time_s / sim.time_s <= 1.0
 
 
@@ -243,11 +246,12 @@ def test_routes_bound_every_rank_of_the_dgx1(collective: str) -> None:
     DGX-1's routes a GPU gets 150 GB/s of NVLink and a share of the 6 GB/s CPU interconnect, not the 16 GB/s
     of its PCIe link the cut counts, so the 6-channel ring is at 98.9% of the bound, not 90.4%."""
     topology = load_topology(TOPOLOGIES / "dgx1-v100.yaml")
+    net = Network(topology)
     size = 256 << 20
     bound = lower_bound(topology, collective, size)
     assert "over the routes" in bound.cut
     assert bound.time_s == pytest.approx(size * 7 / 8 / 151.5e9, rel=1e-6)
-    sim = simulate(topology, ALGORITHMS["ring"].load()(topology, collective, Options(size_bytes=size)), size)
+    sim = simulate(topology, ALGORITHMS["ring"].load()(net, collective, Options(size_bytes=size)), size)
     assert 0.98 <= bound.time_s / sim.time_s <= 1.0
 
 
@@ -257,10 +261,11 @@ def test_the_routed_bound_allows_any_split_where_channels_choose_paths(routing: 
     than spray's fixed halves allow (24 GB/s: b's 12 GB/s caps its half).  The bound must stay below it,
     so under ECMP and source routing the routed LP lets every pair split its bytes over its paths as it likes."""
     topo = two_paths(routing)
+    net = Network(topo)
     via = {}  # (src, dst, first switch) -> a channel ECMP hashes there
     for src, dst in ((0, 1), (1, 0)):
         for channel in range(64):
-            via.setdefault((src, dst, topo.connection_paths(src, dst, channel)[0][0].dst), channel)
+            via.setdefault((src, dst, net.connection_paths(src, dst, channel)[0][0].dst), channel)
     b = ScheduleBuilder("allreduce", 2, 32, 32)
     for r in range(2):
         b.copy(r, Chunk("i", 0, 32), Chunk("o", 0, 32))
@@ -391,7 +396,8 @@ def test_the_max_flow_cuts_a_host_off_both_ways() -> None:
                   f"  - {{ends: [h{h}nic, h{h}nvs], bandwidth: 100 GB/s, latency: 1 us, direction: forward}}",
                   f"  - {{ends: [h{h}nic, tor], bandwidth: 50 GB/s, latency: 1 us}}"]
     topology = parse_topology_text("\n".join(lines) + "\n")
-    out = {c.label: c for c in _CutFamily(topology).cuts}["min cut out of host h0 (2 ranks)"]
+    net = Network(topology)
+    out = {c.label: c for c in _CutFamily(net).cuts}["min cut out of host h0 (2 ranks)"]
     assert out.ranks == frozenset({0, 1}) and out.cap_out == pytest.approx(10 * GB)
     size = 60 << 20
     bound = lower_bound(topology, "reducescatter", size)

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from topocc.planner.routing.network import Network
 from topocc.planner.analysis import fairshare
 from topocc.planner.analysis.fairshare import fair_rates, fair_rates_vector
 from topocc.planner.analysis.simulate import simulate
@@ -203,7 +204,8 @@ def test_refilling_matches_filling_from_scratch_on_shipped_schedules(topology: s
     from topocc.planner.topology.catalogue import resolve_topology
 
     topo = resolve_topology(topology)
-    schedule = ALGORITHMS[algorithm].load()(topo, "allreduce", Options(size_bytes=64 << 20))
+    net = Network(topo)
+    schedule = ALGORITHMS[algorithm].load()(net, "allreduce", Options(size_bytes=64 << 20))
     warm = simulate(topo, schedule, 64 << 20)
     monkeypatch.setattr(fairshare.Fabric, "_refill", _filled_from_scratch)
     assert simulate(topo, schedule, 64 << 20).time_s == pytest.approx(warm.time_s, rel=1e-9)

@@ -10,6 +10,7 @@ import weakref
 import numpy as np
 import pytest
 
+from topocc.planner.routing.network import Network
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.errors import SimulationError
 from topocc.planner.routing.paths import assign_paths
@@ -191,7 +192,8 @@ links:
 
 def test_messages_split_evenly_over_equal_cost_paths() -> None:
     topo = two_paths("spray", (10, 10), (10, 10))
-    assert len(topo.routes(0, 1)) == 2
+    net = Network(topo)
+    assert len(net.routes(0, 1)) == 2
     size = 12 * 10**8
     result = simulate(topo, messages(2, [(0, 1)], [12]), size)
     assert result.time_s == pytest.approx(size / (20 * GB) + 2e-6, rel=1e-9)
@@ -203,10 +205,11 @@ def test_messages_split_evenly_over_equal_cost_paths() -> None:
 @pytest.mark.parametrize("routing", ["ecmp", "source"])
 def test_a_hashed_connection_takes_one_path(routing: str) -> None:
     topo = two_paths(routing, (10, 10), (10, 10))
+    net = Network(topo)
     size = 12 * 10**8
     result = simulate(topo, messages(2, [(0, 1)], [12]), size)
     assert result.time_s == pytest.approx(size / (10 * GB) + 2e-6, rel=1e-9)
-    (path,) = topo.connection_paths(0, 1)
+    (path,) = net.connection_paths(0, 1)
     assert [result.link_bytes[(ln.src, ln.dst)] for ln in path] == pytest.approx([size, size])
 
 
@@ -247,8 +250,9 @@ def two_spines(routing: str) -> Topology:
 
 def colliding_pair(topo: Topology) -> tuple[int, Schedule]:
     """Connections g0 -> g2 (channel 0) and g1 -> g3 on the first channel ECMP hashes onto g0's spine."""
-    spine = topo.connection_paths(0, 2)[0][1].dst
-    channel = next(c for c in range(64) if topo.connection_paths(1, 3, c)[0][1].dst == spine)
+    net = Network(topo)
+    spine = net.connection_paths(0, 2)[0][1].dst
+    channel = next(c for c in range(64) if net.connection_paths(1, 3, c)[0][1].dst == spine)
     b = ScheduleBuilder("allreduce", ranks=4, input_chunks=12, output_chunks=12)
     b.transfer(0, 2, Chunk("i", 0, 6), Chunk("o", 0, 6))
     b.transfer(1, 3, Chunk("i", 6, 6), Chunk("o", 6, 6), channel=channel)
@@ -263,8 +267,9 @@ def test_ecmp_collides_where_source_routing_does_not() -> None:
     assert simulate(ecmp, schedule, size).time_s == pytest.approx(2 * half + 4e-6, rel=1e-9)
     assert simulate(two_spines("spray"), schedule, size).time_s == pytest.approx(half + 4e-6, rel=1e-9)
     source = two_spines("source")
+    source_net = Network(source)
     assert simulate(source, schedule, size).time_s == pytest.approx(2 * half + 4e-6, rel=1e-9)  # no record: hashed
-    routed = assign_paths(source, schedule)
+    routed = assign_paths(source_net, schedule)
     assert {c.via[1] for c in routed.paths} == {"spine0", "spine1"}
     assert simulate(source, routed, size).time_s == pytest.approx(half + 4e-6, rel=1e-9)
 
@@ -285,10 +290,11 @@ def test_recorded_paths_count_only_where_the_fabric_is_source_routed() -> None:
 
 def reference_finish_times(topo: Topology, msgs: list[tuple[int, int, float]]) -> list[float]:
     """Brute force: every flow alive at t=0, global progressive filling redone after every completion."""
+    net = Network(topo)
     flows = []  # [remaining bytes, links, message]
     latency = []
     for i, (src, dst, nbytes) in enumerate(msgs):
-        paths = topo.routes(src, dst)
+        paths = net.routes(src, dst)
         latency.append(max(sum(link.latency for link in path) for path in paths))
         flows += [[nbytes / len(paths), [(link.src, link.dst) for link in path], i] for path in paths]
     now, sent = 0.0, [0.0] * len(msgs)
@@ -410,7 +416,8 @@ links:
   - {ends: [g1, g2], bandwidth: 10 GB/s}
 """
     )
-    assert not topo.has_route(0, 2)
+    net = Network(topo)
+    assert not net.has_route(0, 2)
     with pytest.raises(SimulationError, match=r"rank 0 sends to rank 2.*relay") as info:
         simulate(topo, messages(3, [(0, 2)]), 1024)
     assert "\n" not in str(info.value)
@@ -477,15 +484,16 @@ def test_link_time_is_a_lower_bound_of_the_simulated_time(seed: int, routing: st
     from topocc.planner.errors import NotApplicableError
 
     topology = random_topology(seed) if routing == "spray" else random_fabric(seed, routing)
+    net = Network(topology)
     size = random.Random(seed).choice([1 << 10, 1 << 20, 64 << 20])
     checked = 0
     for name in ("ring", "tree", "halving-doubling", "direct", "hierarchical"):
         try:
-            schedule = assign_paths(topology, ALGORITHMS[name].load()(topology, "allreduce", Options(size_bytes=size)))
+            schedule = assign_paths(net, ALGORITHMS[name].load()(net, "allreduce", Options(size_bytes=size)))
             simulated = simulate(topology, schedule, size).time_s
         except (NotApplicableError, SimulationError):
             continue
-        assert 0 < link_time(topology, schedule, size) <= simulated * (1 + 1e-9)
+        assert 0 < link_time(net, schedule, size) <= simulated * (1 + 1e-9)
         checked += 1
     assert checked
 
@@ -497,28 +505,13 @@ def test_link_time_is_the_simulated_time_of_one_message(routing: str) -> None:
     from topocc.planner.compiler.evaluate import link_time
 
     topology = two_spines(routing) if routing != "dimension-order" else mesh_2x2(routing)
+    net = Network(topology)
     schedule = messages(4, [(0, 3)], [12])
-    schedule = assign_paths(topology, schedule)
+    schedule = assign_paths(net, schedule)
     size = 12 * 10**9
     simulated = simulate(topology, schedule, size)
-    latency = max(sum(ln.latency for ln in path) for path in topology.connection_paths(0, 3))
-    assert link_time(topology, schedule, size) == pytest.approx(simulated.time_s - latency, rel=1e-9)
-
-
-def test_the_latest_results_are_kept_for_the_same_schedule_object() -> None:
-    """A builder that simulates a candidate to choose it, then auto timing it again: simulated once (the
-    latest result per topology is kept)."""
-    topo, schedule = ring_topology(4), ring_allreduce(4)
-    first = simulate(topo, schedule, 1 << 20)
-    assert simulate(topo, schedule, 1 << 20) is first  # kept
-    assert simulate_within(topo, schedule, 1 << 20, first.time_s * 1.01) is first
-    assert simulate_within(topo, schedule, 1 << 20, first.time_s * 0.99) is None  # longer than the deadline
-    other = simulate(topo, schedule, 1 << 21)
-    assert other is not first and other.time_s > first.time_s
-    copy = ring_allreduce(4)  # equal, but another object: simulated anew
-    assert simulate(topo, copy, 1 << 20) is not first
-    assert simulate(topo, copy, 1 << 20, record=True).op_events  # a recorded run is never taken from the kept
-    assert simulate(ring_topology(4), schedule, 1 << 20) is not first  # kept per topology
+    latency = max(sum(ln.latency for ln in path) for path in net.connection_paths(0, 3))
+    assert link_time(net, schedule, size) == pytest.approx(simulated.time_s - latency, rel=1e-9)
 
 
 @pytest.mark.parametrize("routing", ROUTING_MODES)
@@ -532,15 +525,16 @@ def test_the_run_without_contention_is_a_lower_bound_of_the_simulated_time(seed:
     from topocc.planner.analysis.simulate import _paused_collector
 
     topology = random_topology(seed) if routing == "spray" else random_fabric(seed, routing)
+    net = Network(topology)
     size = random.Random(seed).choice([1 << 10, 1 << 20, 64 << 20])
     checked = 0
     for name in ("ring", "tree", "halving-doubling", "direct", "hierarchical", "treepack"):
         try:
-            schedule = assign_paths(topology, ALGORITHMS[name].load()(topology, "allreduce", Options(size_bytes=size)))
+            schedule = assign_paths(net, ALGORITHMS[name].load()(net, "allreduce", Options(size_bytes=size)))
             simulated = simulate(topology, schedule, size).time_s
         except (NotApplicableError, SimulationError):
             continue
-        alone = _paused_collector(topology, schedule, size, False, None, math.inf, alone=True)
+        alone = _paused_collector(net, schedule, size, False, None, math.inf, alone=True)
         assert alone is not None and 0 < alone.time_s <= simulated * (1 + 1e-9)
         checked += 1
     assert checked
@@ -597,10 +591,11 @@ def test_the_bound_does_without_the_link_term_past_its_entries(monkeypatch: pyte
     from topocc.planner.analysis import simulate as module
 
     topology = random_fabric(5, "ecmp")
+    net = Network(topology)
     schedule = ring_allreduce(topology.size)
     size = 64 << 20
     simulated = simulate(topology, copy_of(schedule), size).time_s
-    full = module._paused_collector(topology, schedule, size, False, None, math.inf, alone=True).time_s
+    full = module._paused_collector(net, schedule, size, False, None, math.inf, alone=True).time_s
     monkeypatch.setattr(module, "_LOADS_MAX", 4)
-    capped = module._paused_collector(topology, schedule, size, False, None, math.inf, alone=True).time_s
+    capped = module._paused_collector(net, schedule, size, False, None, math.inf, alone=True).time_s
     assert 1.5 * capped < full <= simulated * (1 + 1e-9)

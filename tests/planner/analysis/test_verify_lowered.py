@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from topocc.planner.routing.network import Network
 from topocc.planner.compiler.algorithms import ALGORITHMS
 from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.builder import ScheduleBuilder
@@ -61,10 +62,11 @@ def test_every_algorithm_and_collective_on_small_topologies(algorithm: str) -> N
     entry = ALGORITHMS[algorithm]
     built = 0
     for topology in small_topologies():
+        net = Network(topology)
         for collective in entry.collectives:
             for root in (0, topology.size - 1) if collective in ROOTED else (0,):
                 try:
-                    schedule = entry.load()(topology, collective, Options(size_bytes=1 << 20, root=root, pipeline=3))
+                    schedule = entry.load()(net, collective, Options(size_bytes=1 << 20, root=root, pipeline=3))
                 except NotApplicableError:
                     continue
                 verify(schedule)
@@ -77,6 +79,7 @@ def test_every_algorithm_and_collective_on_small_topologies(algorithm: str) -> N
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(topology=topologies(max_hosts=3, max_gpus=3), data=st.data())
 def test_random_topologies_and_algorithms(topology: Topology, data: st.DataObject) -> None:
+    net = Network(topology)
     algorithm = data.draw(st.sampled_from(("ring", "tree", "halving-doubling", "direct", "hierarchical")))
     entry = ALGORITHMS[algorithm]
     collective = data.draw(st.sampled_from(entry.collectives))
@@ -84,7 +87,7 @@ def test_random_topologies_and_algorithms(topology: Topology, data: st.DataObjec
     options = Options(size_bytes=data.draw(st.sampled_from((1 << 10, 8 << 20))), root=root,
                       pipeline=data.draw(st.sampled_from((None, 1, 3))))
     try:
-        schedule = entry.load()(topology, collective, options)
+        schedule = entry.load()(net, collective, options)
     except NotApplicableError:
         return
     check(schedule, data.draw(st.integers(1, 8)))

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import topocc.planner.compiler.compile as compile_module
+from topocc.planner.routing.network import Network
 from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.compile import compile_schedule
 from topocc.planner.compiler.evaluate import link_time
@@ -140,6 +141,7 @@ def test_source_routed_fabrics_get_their_paths_chosen_and_kept(tmp_path: Path) -
     through a save and a load, and the choices beat ECMP's hashing (hierarchical: 99.6% against 93.8%)."""
     options = Options(size_bytes=64 << 20)
     source = parse_topology_text(FAT_TREE.format(routing="source"))
+    source_net = Network(source)
     compiled = compile_schedule(source, "allreduce", "hierarchical", options)
     assert compiled.schedule.paths and compiled.schedule.metadata.fingerprint == source.fingerprint
     path = tmp_path / "routed.json"
@@ -147,7 +149,7 @@ def test_source_routed_fabrics_get_their_paths_chosen_and_kept(tmp_path: Path) -
     loaded = load_schedule(path)
     assert loaded.paths == compiled.schedule.paths
     assert simulate(source, loaded, options.size_bytes).time_s == compiled.sim.time_s
-    assert link_time(source, loaded, options.size_bytes) <= compiled.sim.time_s
+    assert link_time(source_net, loaded, options.size_bytes) <= compiled.sim.time_s
     hashed = compile_schedule(parse_topology_text(FAT_TREE.format(routing="ecmp")), "allreduce", "hierarchical",
                               options)
     assert not hashed.schedule.paths

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from topocc.planner.routing.network import Network
 from topocc.planner.errors import TopologyError
 from topocc.planner.formats.nccl_topo import convert_nccl_topo, import_nccl_topo, pcie_bandwidth
 from topocc.planner.topology.model import Topology
@@ -32,9 +33,10 @@ def kinds(topo: Topology, kind: str) -> list[str]:
 def test_cloud_files_import_as_pci_trees(name: str, gpus: int, nics: int, cpus: int, switches: int) -> None:
     result = convert_nccl_topo(REF / name)
     topo = parse_topology_text(result.yaml, name)
+    net = Network(topo)
     assert topo.size == gpus
     assert (len(kinds(topo, "nic")), len(kinds(topo, "cpu")), len(kinds(topo, "pcie"))) == (nics, cpus, switches)
-    assert all(topo.has_route(0, r) for r in range(1, gpus))
+    assert all(net.has_route(0, r) for r in range(1, gpus))
     assert not kinds(topo, "nvswitch") and not any(ln.kind == "nvlink" for ln in topo.links)
     assert any("NVLink" in n for n in result.notes)
 
@@ -42,10 +44,11 @@ def test_cloud_files_import_as_pci_trees(name: str, gpus: int, nics: int, cpus: 
 @needs_ref
 def test_p4d_gpus_and_nic_share_switches() -> None:
     topo = load(REF / "aws-p4d-24xl-topo.xml")
+    net = Network(topo)
     # GPU 0, GPU 1 and NIC 0 sit behind the first switch, at 8 GT/s x16
     assert topo.link("gpu0", "pcie0").bandwidth == pytest.approx(pcie_bandwidth("8 GT/s", 16))
     assert topo.link("gpu1", "pcie0") and topo.link("nic0", "pcie0")
-    assert topo.route_latency(0, 4) > topo.route_latency(0, 1)  # across sockets costs more hops
+    assert net.route_latency(0, 4) > net.route_latency(0, 1)  # across sockets costs more hops
 
 
 @needs_ref
@@ -64,10 +67,11 @@ def test_pcie_bandwidth_units() -> None:
 
 def test_full_dump_with_nvswitch_and_nics() -> None:
     topo = load(DATA / "dgx_a100_dump.xml")
+    net = Network(topo)
     assert topo.size == 4 and kinds(topo, "nvswitch") == ["nvswitch"]
     for g in kinds(topo, "gpu"):
         assert topo.link(g, "nvswitch").count == 12  # six NVSwitches x 2 lanes, merged
-    assert topo.route_bandwidth(0, 3) == pytest.approx(300e9)
+    assert net.route_bandwidth(0, 3) == pytest.approx(300e9)
     # the NIC's link is capped by its port speed (200 Gb/s = 25 GB/s)
     assert topo.link("nic0", "pcie0").bandwidth == pytest.approx(25e9)
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from topocc.planner.routing.network import Network
 from topocc.planner.errors import TopologyError
 from topocc.planner.formats.nvidia_smi import convert_nvidia_smi, import_nvidia_smi
 from topocc.planner.topology.model import Topology
@@ -30,10 +31,11 @@ def kinds(topo: Topology, kind: str) -> list[str]:
 ])
 def test_samples_load_with_their_ranks(name: str, ranks: int, nics: int, cpus: int) -> None:
     topo = load(name)
+    net = Network(topo)
     assert topo.size == ranks
     assert len(kinds(topo, "nic")) == nics
     assert len(kinds(topo, "cpu")) == cpus
-    assert all(topo.has_route(0, r) for r in range(1, ranks))
+    assert all(net.has_route(0, r) for r in range(1, ranks))
     assert len(topo.hosts) == 1
 
 
@@ -58,11 +60,12 @@ def test_space_padded_copy_gives_the_same_topology() -> None:
 @pytest.mark.parametrize(("name", "lanes"), [("dgx2.txt", 6), ("dgx_a100.txt", 12), ("h100_sxm.txt", 18)])
 def test_switched_systems_get_an_nvswitch(name: str, lanes: int) -> None:
     topo = load(name)
+    net = Network(topo)
     assert kinds(topo, "nvswitch") == ["nvswitch"]
     for g in kinds(topo, "gpu"):
         link = topo.link(g, "nvswitch")
         assert link is not None and link.count == lanes
-    assert topo.route_bandwidth(0, 1) == pytest.approx(lanes * 25e9)
+    assert net.route_bandwidth(0, 1) == pytest.approx(lanes * 25e9)
 
 
 def test_nvswitch_rule_can_be_overridden_and_bandwidths_set() -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from topocc.planner.routing.network import Network
 from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms import get_algorithm
 from topocc.planner.compiler.compile import compile_schedule
@@ -64,7 +65,8 @@ def fattree_plan() -> Plan:
     Built with the algorithm directly (the verifier and lower bound at this size belong to their own tests).
     """
     topo = resolve_topology("fattree-1024")
-    schedule = get_algorithm("tree").load()(topo, "broadcast", Options(size_bytes=SIZE))
+    net = Network(topo)
+    schedule = get_algorithm("tree").load()(net, "broadcast", Options(size_bytes=SIZE))
     return Plan(topo, schedule, record_run(topo, schedule, SIZE), {})
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from topocc.planner.routing.network import Network
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.errors import SimulationError
 from topocc.planner.routing.paths import assign_paths, connection_chunks, recorded_paths
@@ -37,7 +38,7 @@ def crossing(sizes: list[int], local: bool = False) -> Schedule:
 
 def test_heaviest_connections_choose_first_and_balance_the_spines() -> None:
     schedule = crossing([3, 2, 2, 1], local=True)
-    routed = assign_paths(fabric("source"), schedule)
+    routed = assign_paths(Network(fabric("source")), schedule)
     assert routed.programs == schedule.programs
     spine = {(c.src, c.dst): c.via[1] for c in routed.paths}
     # 3 -> spine0; 2 -> spine1; 2 -> spine1 (4 < 5); 1 -> spine0 (4 < 5); g0 -> g1 has one path: no record
@@ -49,20 +50,21 @@ def test_heaviest_connections_choose_first_and_balance_the_spines() -> None:
 @pytest.mark.parametrize("routing", ["spray", "ecmp"])
 def test_fabrics_that_cannot_steer_get_no_paths(routing: str) -> None:
     schedule = crossing([1, 1])
-    assert assign_paths(fabric(routing), schedule) is schedule
-    steered = assign_paths(fabric("source"), schedule)
-    assert steered.paths and recorded_paths(fabric(routing), steered) == {}
+    assert assign_paths(Network(fabric(routing)), schedule) is schedule
+    steered = assign_paths(Network(fabric("source")), schedule)
+    assert steered.paths and recorded_paths(Network(fabric(routing)), steered) == {}
 
 
 def test_recorded_paths_become_links_and_bad_ones_are_refused() -> None:
     topo = fabric("source")
+    net = Network(topo)
     schedule = crossing([1])
-    chosen = recorded_paths(topo, schedule.with_paths([PathChoice(0, 4, 0, ("leaf0", "spine1", "leaf1"))]))
+    chosen = recorded_paths(net, schedule.with_paths([PathChoice(0, 4, 0, ("leaf0", "spine1", "leaf1"))]))
     assert [ln.dst for ln in chosen[(0, 4, 0)]] == ["leaf0", "spine1", "leaf1", "g4"]
     with pytest.raises(SimulationError, match="joins rank 0 to rank 9, but the topology has 8 ranks"):
-        recorded_paths(topo, schedule.with_paths([PathChoice(0, 9, 0, ())]))
+        recorded_paths(net, schedule.with_paths([PathChoice(0, 9, 0, ())]))
     with pytest.raises(SimulationError, match=r"\(via leaf0, spine1\) is not one of the pair's cheapest paths"):
-        recorded_paths(topo, schedule.with_paths([PathChoice(0, 4, 0, ("leaf0", "spine1"))]))
+        recorded_paths(net, schedule.with_paths([PathChoice(0, 4, 0, ("leaf0", "spine1"))]))
 
 
 # --------------------------------------------------------------------------- ECMP: spreading channels
@@ -74,21 +76,22 @@ def test_spread_channels_balance_the_spines_and_keep_the_messages() -> None:
     from topocc.planner.compiler.evaluate import link_time
     from topocc.planner.routing.paths import spread_channels
     topology = fabric("ecmp")
+    net = Network(topology)
     schedule = crossing([3, 2, 2, 1], local=True)
-    spread = spread_channels(topology, schedule)
+    spread = spread_channels(net, schedule)
     for before, after in zip(schedule.programs, spread.programs):  # only channels change
         assert [op.kind for op in before] == [op.kind for op in after]
         assert [(op.peer, op.src, op.dst, op.deps) for op in before] == [(op.peer, op.src, op.dst, op.deps)
                                                                           for op in after]
     load: dict[str, int] = {}
     for (src, dst, channel), chunks in connection_chunks(spread).items():
-        spine = [key for key in topology.route_shares(src, dst, channel) if key[1].startswith("spine")]
+        spine = [key for key in net.route_shares(src, dst, channel) if key[1].startswith("spine")]
         for _, switch in spine:
             load[switch] = load.get(switch, 0) + chunks
     assert sorted(load.values()) == [4, 4]
-    assert link_time(topology, spread, 1 << 20) <= link_time(topology, schedule, 1 << 20)
+    assert link_time(net, spread, 1 << 20) <= link_time(net, schedule, 1 << 20)
     assert {(s, d) for s, d, _ in connection_chunks(spread)} == {(s, d) for s, d, _ in connection_chunks(schedule)}
-    assert spread_channels(fabric("spray"), schedule) is schedule
+    assert spread_channels(Network(fabric("spray")), schedule) is schedule
 
 
 def test_auto_spreads_a_hierarchical_schedule_over_a_fat_trees_uplinks() -> None:

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topocc.planner.topology import model as topology_module
+from topocc.planner.routing.network import Network
+from topocc.planner.routing import network as network_module
 from benchmarks.fabrics import fat_tree, small_suite, suite
 from topocc.planner.routing.route_trees import HubSearches, hubs, route_tree, search
 from topocc.planner.topology.model import Device, Link, Topology
@@ -31,7 +32,8 @@ FABRICS = _fabrics()
 
 def check_shared_trees(name: str, topo: Topology) -> None:
     """Every rank's shared tree answers each device's cost and parent links as its own search does."""
-    adjacency, is_rank, rank_device = topo._graph
+    net = Network(topo)
+    adjacency, is_rank, rank_device = net._graph
     shared = HubSearches(adjacency, is_rank, hubs(adjacency, is_rank))
     for src in range(topo.size):
         own = route_tree(search(adjacency, is_rank, rank_device[src]), rank_device)
@@ -64,7 +66,8 @@ def test_shared_trees_on_random_graphs(gpus: int, others: int, data: st.DataObje
 
 def test_hubs_are_the_devices_with_two_ways_on_into_the_fabric() -> None:
     topo = parse_topology_text(fat_tree(4, 2, 2, 1).yaml, "fat-tree")
-    adjacency, is_rank, _ = topo._graph
+    net = Network(topo)
+    adjacency, is_rank, _ = net._graph
     flags = hubs(adjacency, is_rank)
     named = {d.name for d, flag in zip(topo.devices, flags, strict=True) if flag}
     # a NIC leads on to its leaf only (and back to its GPU), an NVSwitch only to GPUs: neither is a hub
@@ -73,13 +76,13 @@ def test_hubs_are_the_devices_with_two_ways_on_into_the_fabric() -> None:
 
 def test_a_large_fabric_reads_its_routes_off_shared_searches(monkeypatch: pytest.MonkeyPatch) -> None:
     text = fat_tree(4, 2, 2, 1).yaml
-    alone = parse_topology_text(text, "fat-tree")
+    alone = Network(parse_topology_text(text, "fat-tree"))
     assert alone._hub_searches is None  # 32 ranks: a search per rank
-    monkeypatch.setattr(topology_module, "SHARED_ROUTES_RANKS", 4)
-    shared = parse_topology_text(text, "fat-tree")
+    monkeypatch.setattr(network_module, "SHARED_ROUTES_RANKS", 4)
+    shared = Network(parse_topology_text(text, "fat-tree"))
     assert shared._hub_searches is not None
-    for src in range(alone.size):
-        for dst in range(alone.size):
+    for src in range(alone.topology.size):
+        for dst in range(alone.topology.size):
             assert set(shared.routes(src, dst)) == set(alone.routes(src, dst))
             assert shared.route_bandwidth(src, dst) == pytest.approx(alone.route_bandwidth(src, dst))
             assert set(shared.common_links(src, dst)) == set(alone.common_links(src, dst))
@@ -91,12 +94,13 @@ def test_the_16384_gpu_fat_tree_reads_its_routes_off_its_leaves_and_spines() -> 
     DAG equals a search of its own, on every device."""
     path = ROOT / "topologies" / "fattree-16384.yaml"
     topo = load_topology(path)
-    shared = topo._hub_searches
+    net = Network(topo)
+    shared = net._hub_searches
     assert shared is not None
-    adjacency, is_rank, rank_device = topo._graph
+    adjacency, is_rank, rank_device = net._graph
     for src in (0, 9, 16383):
         own = route_tree(search(adjacency, is_rank, rank_device[src]), rank_device)
-        tree = topo._shortest_from(src)
+        tree = net._shortest_from(src)
         assert list(tree.cost[r] for r in range(topo.size)) == pytest.approx(list(own.cost))
         for node in range(len(adjacency)):
             assert {tree.first[node], *(tree.extra.get(node) or ())} == {own.first[node], *own.extra.get(node, ())}

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from topocc.planner.routing.network import Network
 from topocc.planner.testbed.emulation import (
     EmulatedCluster,
     cleanup_stale,
@@ -129,13 +130,15 @@ def test_plan_refuses_what_it_cannot_build() -> None:
 
 def test_scaled_topology_scales_only_the_network() -> None:
     topo = racks_topology(2, 1, 2, host_bw="10 Gbit/s", uplink_bw="4 Gbit/s")
+    net = Network(topo)
     scaled = scaled_topology(topo, 1e-3)
     for old, new in zip(topo.links, scaled.links):
         inter = "leaf" in old.src + old.dst or "spine" in old.src + old.dst
         assert new.bandwidth == pytest.approx(old.bandwidth * (1e-3 if inter else 1.0))
         assert new.latency == old.latency
-    assert scaled.route_bandwidth(0, 2) == pytest.approx(4 * GBIT * 1e-3)
-    assert scaled.route_bandwidth(0, 1) == pytest.approx(topo.route_bandwidth(0, 1))
+    scaled_net = Network(scaled)
+    assert scaled_net.route_bandwidth(0, 2) == pytest.approx(4 * GBIT * 1e-3)
+    assert scaled_net.route_bandwidth(0, 1) == pytest.approx(net.route_bandwidth(0, 1))
     assert scale_for_rate(topo, 100e6) == pytest.approx(1e-2)
 
 
@@ -230,7 +233,7 @@ def test_tcp_rate_matches_the_shaped_rate(shape: str, src: int, dst: int, tmp_pa
         topo = racks_topology(2, 1, 1, host_bw="10 Gbit/s", uplink_bw="2.5 Gbit/s")
     before = our_state()
     with EmulatedCluster(topo, scale=1e-2) as cluster:
-        expected = cluster.scaled_topology().route_bandwidth(cluster.hosts[src].ranks[0], cluster.hosts[dst].ranks[0])
+        expected = Network(cluster.scaled_topology()).route_bandwidth(cluster.hosts[src].ranks[0], cluster.hosts[dst].ranks[0])
         rate = measure_tcp(cluster, src, dst, tmp_path)
     assert rate == pytest.approx(expected, rel=0.25), f"measured {rate * 8e-6:.1f} Mbit/s for {expected * 8e-6:.1f}"
     assert_gone(cluster, before)

@@ -10,6 +10,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from topocc.planner.routing.network import Network
 from topocc.planner.errors import TopologyError
 from topocc.planner.topology.templates import HYBRID_CUBE_MESH_LANES
 from topocc.planner.topology.model import Topology
@@ -92,15 +93,16 @@ PCIE_HOST = {"gpus": 8, "fabric": "pcie-tree",
 
 def test_pcie_tree() -> None:
     topo = build({"hosts": 1, "host": PCIE_HOST})
+    net = Network(topo)
     check_template(topo, 1, 8)
     assert topo.link("h0.gpu5", "h0.pcie2").bandwidth == 16e9  # type: ignore[union-attr]
     assert topo.link("h0.pcie1", "h0.cpu0").bandwidth == 32e9  # type: ignore[union-attr]
     assert topo.link("h0.pcie2", "h0.cpu1") is not None and topo.link("h0.pcie2", "h0.cpu0") is None
     assert topo.link("h0.cpu0", "h0.cpu1").kind == "qpi"  # type: ignore[union-attr]
-    (path,) = topo.routes(0, 7)
+    (path,) = net.routes(0, 7)
     assert [ln.dst for ln in path] == ["h0.pcie0", "h0.cpu0", "h0.cpu1", "h0.pcie3", "h0.gpu7"]
-    assert topo.route_bandwidth(0, 7) == pytest.approx(6e9)
-    assert topo.route_bandwidth(0, 1) == pytest.approx(16e9)  # same switch
+    assert net.route_bandwidth(0, 7) == pytest.approx(6e9)
+    assert net.route_bandwidth(0, 1) == pytest.approx(16e9)  # same switch
 
 
 @pytest.mark.parametrize(
@@ -210,11 +212,12 @@ def test_fat_tree_last_leaf_may_be_partly_filled() -> None:
     """10 hosts, 4 per leaf: the third leaf serves 2, with a full leaf's uplinks (its ports are there)."""
     topo = build({"hosts": 10, "host": {"gpus": 1, "nic": NIC},
                   "network": {"type": "fat-tree", "hosts_per_leaf": 4, "spines": 2}})
+    net = Network(topo)
     assert {ln.src for ln in topo.links if ln.dst == "leaf2"} == {"h8.nic0", "h9.nic0", "spine0", "spine1"}
     up = {ln.dst: ln.bandwidth for ln in topo.links if ln.src == "leaf2"}
     assert up["spine0"] == up["spine1"] == pytest.approx(4 * 25e9 / 2)
     assert [len(r) for r in topo.racks.values()] == [4, 4, 2]
-    assert all(topo.has_route(a, b) for a in range(10) for b in range(10) if a != b)
+    assert all(net.has_route(a, b) for a in range(10) for b in range(10) if a != b)
 
 
 def test_hosts_per_rack_overrides_leaves() -> None:
@@ -226,18 +229,20 @@ def test_hosts_per_rack_overrides_leaves() -> None:
 def test_rail_optimized_without_spines() -> None:
     """Rails alone: GPUs on different rails of different hosts have no GPU-free route."""
     topo = build({"hosts": 2, "host": {**NVSWITCH_HOST, "nics": 4, "nic": NIC}, "network": {"type": "rail-optimized"}})
+    net = Network(topo)
     check_template(topo, 2, 4)
     assert {ln.src for ln in topo.links if ln.dst == "rail2"} == {"h0.nic2", "h1.nic2"}
-    assert topo.has_route(0, 4 + 0) and not topo.has_route(0, 4 + 1)
-    assert topo.has_route(0, 1)  # inside the host, through the NVSwitch
+    assert net.has_route(0, 4 + 0) and not net.has_route(0, 4 + 1)
+    assert net.has_route(0, 1)  # inside the host, through the NVSwitch
 
 
 def test_rail_optimized_spines() -> None:
     net = {"type": "rail-optimized", "spines": 2, "oversubscription": 2}
     topo = build({"hosts": 4, "host": {**NVSWITCH_HOST, "nics": 4, "nic": NIC}, "network": net})
+    topo_net = Network(topo)
     up = [ln for ln in topo.links if ln.src == "rail3" and ln.dst.startswith("spine")]
     assert len(up) == 2 and all(ln.bandwidth == pytest.approx(4 * 25e9 / 2 / 2) for ln in up)
-    assert all(topo.has_route(0, b) for b in range(1, 16))
+    assert all(topo_net.has_route(0, b) for b in range(1, 16))
 
 
 def grid_edges(dims: list[int], wrap: bool) -> int:
@@ -271,7 +276,8 @@ def test_grid_corner_to_corner(kind: str, hops: int) -> None:
     """Row-major layout: host 15 sits at (3, 3); the torus wraps around, the mesh does not."""
     net = {"type": kind, "dims": [4, 4], "link": {"bandwidth": "25 GB/s", "latency": "0.5 us"}}
     topo = build({"hosts": 16, "host": {"gpus": 1, "nic": NIC}, "network": net})
-    path = topo.routes(0, 15)[0]
+    topo_net = Network(topo)
+    path = topo_net.routes(0, 15)[0]
     assert sum(1 for ln in path if ln.src.startswith("r") and ln.dst.startswith("r")) == hops
     assert topo.link("r0", "r3") is (None if kind == "mesh" else topo.link("r0", "r3"))
     assert (topo.link("r0", "r12") is None) == (kind == "mesh")
@@ -333,12 +339,13 @@ links:
 
 def test_host_extra_devices_links_and_explicit_sections() -> None:
     topo = parse_topology_text(MINSKY, "minsky.yaml")
+    net = Network(topo)
     check_template(topo, 2, 2)
     assert topo.device("h1.cpu1").host == "h1" and topo.device("h1.cpu1").kind == "cpu"
     assert topo.link("h1.cpu0", "h1.cpu1").kind == "xbus"  # type: ignore[union-attr]
     assert nic_ends(topo, "h1.nic0") == {"h1.cpu0"}
     assert topo.link("storage", "sw0") is not None and topo.device("storage").host is None
-    (path,) = topo.routes(1, 2)
+    (path,) = net.routes(1, 2)
     assert [ln.dst for ln in path] == ["h0.cpu1", "h0.cpu0", "h0.nic0", "sw0", "h1.nic0", "h1.cpu0", "h1.gpu0"]
 
 

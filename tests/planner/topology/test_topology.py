@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from topocc.planner.errors import TopologyError
 from topocc.planner.topology.model import ROUTING_MODES, Topology
-from topocc.planner.routing.network import ecmp_hash
+from topocc.planner.routing.network import Network, ecmp_hash
 from topocc.planner.topology.parse import load_topology, parse_topology_text
 from topocc.runtime.errors import TopoccError
 
@@ -97,18 +97,20 @@ def test_shipped_loads(name: str, expected: tuple[int, int, int]) -> None:
 )
 def test_all_pairs_routable(name: str) -> None:
     topo = load(name)
+    net = Network(topo)
     for a in range(topo.size):
         for b in range(topo.size):
             if a != b:
-                assert topo.has_route(a, b), (topo.ranks[a], topo.ranks[b])
+                assert net.has_route(a, b), (topo.ranks[a], topo.ranks[b])
 
 
 def test_large_clusters_routable_from_a_sample() -> None:
     for name, sources in (("fattree-1024.yaml", (0, 5, 517, 1023)), ("ibm-s822lc-48x4.yaml", (0, 3, 100, 191)),
                           ("fattree-16384.yaml", (0, 9, 8191, 16383))):
         topo = load(name)
+        net = Network(topo)
         for a in sources:
-            assert all(topo.has_route(a, b) for b in range(topo.size) if b != a), (name, a)
+            assert all(net.has_route(a, b) for b in range(topo.size) if b != a), (name, a)
 
 
 def test_dgx1_lanes() -> None:
@@ -124,10 +126,11 @@ def test_dgx1_lanes() -> None:
 def test_dgx1_pcie_route() -> None:
     """GPUs 0 and 5 share no NVLink: their route crosses both PCIe trees and the QPI link."""
     topo = load("dgx1-v100.yaml")
-    (path,) = topo.routes(0, 5)
+    net = Network(topo)
+    (path,) = net.routes(0, 5)
     assert [ln.dst for ln in path] == ["h0.pcie0", "h0.cpu0", "h0.cpu1", "h0.pcie2", "h0.gpu5"]
-    assert topo.route_bandwidth(0, 5) == pytest.approx(6e9)
-    assert topo.route_bandwidth(0, 3) == pytest.approx(50e9)
+    assert net.route_bandwidth(0, 5) == pytest.approx(6e9)
+    assert net.route_bandwidth(0, 3) == pytest.approx(50e9)
 
 
 def test_ndv2_nvlink_matrix() -> None:
@@ -143,16 +146,17 @@ def test_ndv2_nvlink_matrix() -> None:
 
 def test_ndv2_inter_chassis_links_one_way() -> None:
     topo = load("ndv2-2chassis.yaml")
+    net = Network(topo)
     cross = sorted((ln.src, ln.dst) for ln in topo.links if ln.src[:2] != ln.dst[:2])
     assert cross == [("c0.gpu0", "c1.gpu1"), ("c1.gpu0", "c0.gpu1")]
     for src, dst in cross:
         link = topo.link(src, dst)
         assert link is not None and link.bandwidth == pytest.approx(12.5e9) and link.latency == pytest.approx(1.3e-6)
         assert topo.link(dst, src) is None
-    assert topo.has_route(0, 9) and topo.has_route(8, 1)
-    assert not topo.has_route(9, 0) and not topo.has_route(1, 8) and not topo.has_route(0, 8)
+    assert net.has_route(0, 9) and net.has_route(8, 1)
+    assert not net.has_route(9, 0) and not net.has_route(1, 8) and not net.has_route(0, 8)
     # inside a chassis only NVLink neighbours are direct (no switch, no PCIe)
-    assert not topo.has_route(0, 5) and topo.has_route(0, 4)
+    assert not net.has_route(0, 5) and net.has_route(0, 4)
 
 
 def test_ndv2_allgather_cut_bound() -> None:
@@ -205,9 +209,10 @@ def test_groupings() -> None:
 def test_rail_optimized_prefers_the_rail() -> None:
     """Same-rail GPUs talk through their rail switch; other rails go up through a spine."""
     topo = load("dgx-a100-4node.yaml")
-    (same_rail,) = topo.routes(0, 8 + 0)
+    net = Network(topo)
+    (same_rail,) = net.routes(0, 8 + 0)
     assert [ln.dst for ln in same_rail] == ["h0.nic0", "rail0", "h1.nic0", "h1.gpu0"]
-    paths = topo.routes(0, 8 + 1)
+    paths = net.routes(0, 8 + 1)
     assert sorted(ln.dst for path in paths for ln in path if ln.dst.startswith("spine")) == ["spine0", "spine1"]
     for path in paths:
         dsts = [ln.dst for ln in path]
@@ -291,8 +296,8 @@ def test_fingerprint_covers_routing() -> None:
 
 def test_dimension_order_on_a_2x2_mesh_takes_one_path_where_spray_takes_two() -> None:
     """Rank 0 sits at (0, 0) and rank 3 at (1, 1): dimension 0 (rows, stride 2) is corrected first."""
-    spray, ordered = grid("mesh", [2, 2], "spray"), grid("mesh", [2, 2])
-    assert ordered.routing == "dimension-order"
+    spray, ordered = Network(grid("mesh", [2, 2], "spray")), Network(grid("mesh", [2, 2]))
+    assert ordered.topology.routing == "dimension-order"
     assert len(spray.connection_paths(0, 3)) == 2
     (path,) = ordered.connection_paths(0, 3)
     assert [ln.dst for ln in path] == ["h0.nic0", "r0", "r2", "r3", "h3.nic0", "h3.gpu0"]
@@ -307,15 +312,16 @@ def test_dimension_order_on_a_2x2_mesh_takes_one_path_where_spray_takes_two() ->
 def test_dimension_order_corrects_each_dimension_in_turn(kind: str, dims: list[int]) -> None:
     """Every path: dimensions in increasing order, each moved in one direction, and as short as any route."""
     topo = grid(kind, dims)
+    net = Network(topo)
     for a in range(topo.size):
         for b in range(topo.size):
             if a == b:
                 continue
-            (path,) = topo.connection_paths(a, b)
+            (path,) = net.connection_paths(a, b)
             moves = [(ln.dim, ln.ascending) for ln in path if ln.dim is not None]
             assert [d for d, _ in moves] == sorted(d for d, _ in moves), (a, b)
             assert all(len({up for d2, up in moves if d2 == d}) == 1 for d, _ in moves), (a, b)
-            assert len(path) == len(topo.routes(a, b)[0])
+            assert len(path) == len(net.routes(a, b)[0])
             # a torus ring of 4 is as short either way at distance 2: the ascending direction wins
             if kind == "torus" and dims == [4, 4] and (a, b) == (0, 10):
                 assert moves == [(0, True), (0, True), (1, True), (1, True)]
@@ -338,52 +344,56 @@ links:
 
 def test_ecmp_puts_each_connection_on_one_hashed_path() -> None:
     topo = two_paths("ecmp")
-    assert len(topo.routes(0, 1)) == 2
+    net = Network(topo)
+    assert len(net.routes(0, 1)) == 2
     via = {}
     for channel in range(16):
-        (path,) = topo.connection_paths(0, 1, channel)
-        assert path in topo.routes(0, 1)
+        (path,) = net.connection_paths(0, 1, channel)
+        assert path in net.routes(0, 1)
         via[channel] = path[0].dst
         # the hash at g0, the one device with a choice, picks among its out-links in declaration order
         assert via[channel] == ("a", "b")[ecmp_hash(0, 1, channel, "g0") % 2]
-        assert topo.route_shares(0, 1, channel) == {(ln.src, ln.dst): 1.0 for ln in path}
-        assert topo.route_bandwidth(0, 1, channel) == (20e9 if via[channel] == "a" else 12e9)
+        assert net.route_shares(0, 1, channel) == {(ln.src, ln.dst): 1.0 for ln in path}
+        assert net.route_bandwidth(0, 1, channel) == (20e9 if via[channel] == "a" else 12e9)
     assert set(via.values()) == {"a", "b"}  # channels spread over both paths
-    assert all(topo.hashed_path(0, 1, c) == topo.connection_paths(0, 1, c)[0] for c in range(16))  # uncached
-    assert topo.route_key(0, 1, 3) == (0, 1, 3) and topo.route_key(1, 0, 3) == (1, 0, 3)
-    spray = two_paths("spray")
+    assert all(net.hashed_path(0, 1, c) == net.connection_paths(0, 1, c)[0] for c in range(16))  # uncached
+    assert net.route_key(0, 1, 3) == (0, 1, 3) and net.route_key(1, 0, 3) == (1, 0, 3)
+    spray = Network(two_paths("spray"))
     assert spray.route_key(0, 1, 3) == (0, 1, 0) and len(spray.connection_paths(0, 1, 3)) == 2
 
 
 def test_ecmp_hash_is_documented_and_the_same_in_every_process() -> None:
     assert ecmp_hash(3, 7, 1, "leaf0") == zlib.crc32(b"3 7 1 leaf0")
-    code = ("from topocc.planner.topology.model import parse_topology_text as p, load_topology as l;"
+    code = ("from topocc.planner.topology.parse import load_topology as l;"
+            "from topocc.planner.routing.network import Network;"
             "t = l('topologies/dgx-a100-4node.yaml');"
-            "print([t.connection_paths(a, b, c)[0][2].dst for a in (0, 3) for b in (9, 30) for c in range(4)])")
+            "print([Network(t).connection_paths(a, b, c)[0][2].dst for a in (0, 3) for b in (9, 30) for c in range(4)])")
     runs = set()
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}
         runs.add(subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                                 check=True).stdout)
     topo = load("dgx-a100-4node.yaml")
-    here = [topo.connection_paths(a, b, c)[0][2].dst for a in (0, 3) for b in (9, 30) for c in range(4)]
+    net = Network(topo)
+    here = [net.connection_paths(a, b, c)[0][2].dst for a in (0, 3) for b in (9, 30) for c in range(4)]
     assert runs == {f"{here}\n"}
     assert set(here) == {"spine0", "spine1"}
 
 
 def test_source_routing_hashes_connections_without_a_recorded_path() -> None:
-    ecmp = two_paths("ecmp")
-    source = two_paths("source")
+    ecmp = Network(two_paths("ecmp"))
+    source = Network(two_paths("source"))
     assert all(source.connection_paths(0, 1, c) == ecmp.connection_paths(0, 1, c) for c in range(8))
 
 
 def test_path_through_accepts_only_cheapest_paths() -> None:
     topo = two_paths("source")
-    assert [ln.dst for ln in topo.path_through(0, 1, ["b"])] == ["b", "g1"]  # type: ignore[union-attr]
-    assert topo.path_through(0, 1, ["a", "b"]) is None
-    assert topo.path_through(0, 1, ["nowhere"]) is None
-    assert topo.path_through(0, 1, []) is None  # no direct link
-    assert {ln.dst for ln in topo.equal_cost_links(0, 1)} == {"a", "b", "g1"}
+    net = Network(topo)
+    assert [ln.dst for ln in net.path_through(0, 1, ["b"])] == ["b", "g1"]  # type: ignore[union-attr]
+    assert net.path_through(0, 1, ["a", "b"]) is None
+    assert net.path_through(0, 1, ["nowhere"]) is None
+    assert net.path_through(0, 1, []) is None  # no direct link
+    assert {ln.dst for ln in net.equal_cost_links(0, 1)} == {"a", "b", "g1"}
 
 
 # --------------------------------------------------------------------------- explicit format
@@ -404,6 +414,7 @@ links:
 
 def test_explicit_format() -> None:
     topo = parse_topology_text(EXPLICIT)
+    net = Network(topo)
     check_invariants(topo)
     assert topo.ranks == ("gpu0", "gpu1")
     assert topo.device("gpu1").host == "a" and topo.device("gpu1").rack == "r"
@@ -412,7 +423,7 @@ def test_explicit_format() -> None:
     assert topo.link("gpu1", "sw").latency == pytest.approx(1e-6)  # type: ignore[union-attr]
     assert topo.link("gpu0", "gpu1") is not None and topo.link("gpu1", "gpu0") is None
     # gpu0 -> gpu1: the 1 GB/s direct link costs more than the switch for a 1 MiB reference message
-    assert [ln.dst for ln in topo.routes(0, 1)[0]] == ["sw", "gpu1"]
+    assert [ln.dst for ln in net.routes(0, 1)[0]] == ["sw", "gpu1"]
 
 
 def test_defaults_bandwidth() -> None:
@@ -540,14 +551,15 @@ def test_common_links_are_those_every_cheapest_path_crosses() -> None:
     from tests.planner.routing.test_relay import chain
 
     topology = parse_topology_text(FAT_TREE.format(routing="spray"))
+    net = Network(topology)
     across = topology.size - 1  # another leaf
-    common = topology.common_links(0, across)
-    paths = topology.routes(0, across)
+    common = net.common_links(0, across)
+    paths = net.routes(0, across)
     assert len(paths) > 1 and all(set(common) <= set(path) for path in paths)
     assert len(common) == 4 and not any("spine" in ln.src or "spine" in ln.dst for ln in common)
-    (path,) = topology.routes(0, 1)  # over the host's NVSwitch
-    assert topology.common_links(0, 1) == path
-    assert chain(3).common_links(0, 2) == () and chain(3).common_links(1, 1) == ()
+    (path,) = net.routes(0, 1)  # over the host's NVSwitch
+    assert net.common_links(0, 1) == path
+    assert Network(chain(3)).common_links(0, 2) == () and Network(chain(3)).common_links(1, 1) == ()
 
 
 @pytest.mark.parametrize("name", ["dgx-a100-4node.yaml", "torus-4x4.yaml", "pcie-4x4-10gbe.yaml", "emu-racks.yaml"])
@@ -557,29 +569,31 @@ def test_spray_bandwidth_by_counting_paths_is_the_listed_paths_float(name: str) 
     from topocc.planner.routing.network import MAX_PATHS
 
     topo = load(name).with_routing("spray")
+    net = Network(topo)
     declined = 0
     for a in range(topo.size):
         for b in range(topo.size):
-            counted = topo._spray_bandwidth(a, b)
-            if a == b or not topo.has_route(a, b):
+            counted = net._spray_bandwidth(a, b)
+            if a == b or not net.has_route(a, b):
                 assert counted is None
                 continue
-            listed = min(topo.link(*key).bandwidth / share for key, share in topo.route_shares(a, b).items())
+            listed = min(topo.link(*key).bandwidth / share for key, share in net.route_shares(a, b).items())
             if counted is None:
                 declined += 1
-                assert len(topo.routes(a, b)) == MAX_PATHS
+                assert len(net.routes(a, b)) == MAX_PATHS
             else:
                 assert counted == listed
-                assert topo.route_bandwidth(a, b) == listed
+                assert net.route_bandwidth(a, b) == listed
     assert declined == (16 if name == "torus-4x4.yaml" else 0)  # the pairs with more than MAX_PATHS paths
 
 
 def test_spray_bandwidth_on_a_fat_tree_sample() -> None:
     """Across leaves of fattree-1024 a pair has 16 paths (one per spine): counted as listed."""
     topo = load("fattree-1024.yaml")
+    net = Network(topo)
     for a, b in [(0, 1), (0, 8), (0, 31), (0, 32), (5, 1000), (1023, 17)]:
-        counted = topo._spray_bandwidth(a, b)
-        assert counted == min(topo.link(*key).bandwidth / share for key, share in topo.route_shares(a, b).items())
+        counted = net._spray_bandwidth(a, b)
+        assert counted == min(topo.link(*key).bandwidth / share for key, share in net.route_shares(a, b).items())
 
 
 def test_a_pair_behind_more_than_16_spines_sprays_over_16_that_its_hash_picks() -> None:
@@ -588,10 +602,11 @@ def test_a_pair_behind_more_than_16_spines_sprays_over_16_that_its_hash_picks() 
     from benchmarks.fabrics import fat_tree
 
     topo = parse_topology_text(fat_tree(4, 2, 20, 1).yaml, "fat-tree").with_routing("spray")
+    net = Network(topo)
     used: dict[str, int] = {}
     for a in range(16):
         for b in range(16, 32):
-            paths = topo.routes(a, b)
+            paths = net.routes(a, b)
             assert len(paths) == 16 and len(set(paths)) == 16
             for path in paths:
                 assert [link.src for link in path[1:]] == [link.dst for link in path[:-1]]

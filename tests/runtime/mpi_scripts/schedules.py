@@ -12,6 +12,7 @@ import contextlib
 import itertools
 from collections.abc import Sequence
 
+from topocc.planner.routing.network import Network
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.runtime.schedule import Chunk, Metadata, Op, Schedule, build_schedule
 
@@ -187,12 +188,13 @@ def planner_schedules(algorithms: Sequence[str] = ("ring", "tree", "halving-doub
     from topocc.planner.topology.parse import parse_topology_text
 
     topology = parse_topology_text(TINY_2X2, "tiny-2x2")
+    net = Network(topology)
     schedules = {}
     for name in algorithms:
         for collective in ALGORITHMS[name].collectives:
             with contextlib.suppress(NotApplicableError):
                 schedules[f"{name}-{collective}"] = ALGORITHMS[name].load()(
-                    topology, collective, Options(size_bytes=size_bytes, pipeline=2))
+                    net, collective, Options(size_bytes=size_bytes, pipeline=2))
     return schedules
 
 
@@ -204,6 +206,6 @@ def grid_schedules(size_bytes: int = 1 << 16) -> dict[str, Schedule]:
     from benchmarks.fabrics import grid
 
     return {f"bucket-{collective}-{kind}-{'x'.join(map(str, dims))}": bucket(
-        grid(kind, dims).topology(), collective, Options(size_bytes=size_bytes))
+        Network(grid(kind, dims).topology()), collective, Options(size_bytes=size_bytes))
         for kind, dims in (("torus", (4,)), ("mesh", (2, 2))) for collective in ("allreduce", "reducescatter",
                                                                                    "allgather")}

@@ -14,6 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from topocc.planner.compiler.evaluate import link_time
+from topocc.planner.routing.network import Network, network_of
 from topocc.planner.compiler.algorithms import ALGORITHMS
 from topocc.planner.compiler.options import Options
 from topocc.planner.errors import NotApplicableError
@@ -30,8 +32,10 @@ ROOTED = ("broadcast", "reduce")
 REASONS = re.compile(r"equal-sized hosts|hosts of several GPUs")
 
 
-def check_schedule(topology: Topology, schedule: Schedule, collective: str, algorithm: str) -> None:
+def check_schedule(where: Topology | Network, schedule: Schedule, collective: str, algorithm: str) -> None:
     """The schedule verifies, matches the topology, and only sends over routes."""
+    net = network_of(where)
+    topology = net.topology
     assert schedule.collective == collective
     assert schedule.ranks == topology.size
     assert schedule.metadata.algorithm == algorithm
@@ -39,29 +43,32 @@ def check_schedule(topology: Topology, schedule: Schedule, collective: str, algo
     for rank, program in enumerate(schedule.programs):
         for op in program:
             if op.kind == "send":
-                assert topology.has_route(rank, op.peer), f"rank {rank} sends to {op.peer} without a route"
+                assert net.has_route(rank, op.peer), f"rank {rank} sends to {op.peer} without a route"
 
 
-def check_link_floor(topology: Topology, floor: float, schedule: Schedule, size_bytes: int) -> None:
+def check_link_floor(where: Topology | Network, floor: float, schedule: Schedule, size_bytes: int) -> None:
     """A link floor ``auto`` checks before building never exceeds the built schedule's link time, and is that
     time where every pair has one path (the same bytes on the same links)."""
-    from topocc.planner.compiler.evaluate import link_time
+    net = network_of(where)
+    topology = net.topology
 
-    actual = link_time(topology, schedule, size_bytes)
+    actual = link_time(net, schedule, size_bytes)
     assert 0 < floor <= actual * (1 + 1e-9)
-    if all(len(topology.routes(a, b)) == 1 for a in range(topology.size) for b in range(topology.size) if a != b):
+    if all(len(net.routes(a, b)) == 1 for a in range(topology.size) for b in range(topology.size) if a != b):
         assert floor == pytest.approx(actual, rel=1e-9)
 
 
-def compile_checked(topology: Topology, algorithm: str, collective: str, options: Options) -> Schedule | None:
+def compile_checked(where: Topology | Network, algorithm: str, collective: str,
+                    options: Options) -> Schedule | None:
     """Build and check a schedule; None when the algorithm declines for an allowed reason."""
+    net = network_of(where)
     fn = ALGORITHMS[algorithm].load()
     try:
-        schedule = fn(topology, collective, options)
+        schedule = fn(net, collective, options)
     except NotApplicableError as exc:
         assert REASONS.search(exc.message), f"{algorithm} declined {collective} for no stated reason: {exc}"
         return None
-    check_schedule(topology, schedule, collective, ALGORITHMS[algorithm].name)
+    check_schedule(net, schedule, collective, ALGORITHMS[algorithm].name)
     return schedule
 
 
@@ -118,12 +125,12 @@ def test_unsupported_collective_declines(algorithm: str) -> None:
                if c not in ALGORITHMS[algorithm].collectives]
     for collective in missing:
         with pytest.raises(NotApplicableError, match="does not implement"):
-            ALGORITHMS[algorithm].load()(switch_cluster(4), collective, Options())
+            ALGORITHMS[algorithm].load()(Network(switch_cluster(4)), collective, Options())
 
 
 @pytest.mark.parametrize("algorithm", BASELINES)
 def test_options_are_recorded(algorithm: str) -> None:
-    schedule = ALGORITHMS[algorithm].load()(switch_cluster(4, hosts=2), "allreduce", Options(pipeline=2))
+    schedule = ALGORITHMS[algorithm].load()(Network(switch_cluster(4, hosts=2)), "allreduce", Options(pipeline=2))
     assert schedule.metadata.options["pipeline"] == 2
     assert schedule.metadata.options["size_bytes"] == Options().size_bytes
 

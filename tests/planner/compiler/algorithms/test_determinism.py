@@ -14,12 +14,14 @@ from tests.conftest import REPO
 
 SCRIPT = """
 import hashlib
-from topocc.planner.compiler.algorithms import Options, get_algorithm
-from topocc.planner.compiler.compile import resolve_topology
+from topocc.planner.compiler.algorithms import get_algorithm
+from topocc.planner.compiler.options import Options
+from topocc.planner.routing.network import Network
+from topocc.planner.topology.catalogue import resolve_topology
 from topocc.runtime.schedule import dump_schedule
 topology = resolve_topology("emu-racks")
 for name in ("ring", "tree", "hierarchical", "multitree", "treepack"):
-    schedule = get_algorithm(name).load()(topology, "allreduce", Options(size_bytes=64 << 20))
+    schedule = get_algorithm(name).load()(Network(topology), "allreduce", Options(size_bytes=64 << 20))
     print(name, hashlib.sha256(dump_schedule(schedule).encode()).hexdigest())
 """
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from topocc.planner.routing.network import Network
 from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms.halving_doubling import halving_doubling
 from tests.planner.compiler.algorithms.test_baselines import check_schedule, switch_cluster
@@ -14,7 +15,8 @@ from tests.planner.routing.test_relay import chain
 @pytest.mark.parametrize("collective", ["allreduce", "reducescatter", "allgather"])
 def test_non_power_of_two(collective: str, ranks: int) -> None:
     topology = switch_cluster(ranks)
-    schedule = halving_doubling(topology, collective, Options(pipeline=2))
+    net = Network(topology)
+    schedule = halving_doubling(net, collective, Options(pipeline=2))
     extras = ranks - (1 << (ranks.bit_length() - 1))
     assert schedule.metadata.options["folded"] == extras
     check_schedule(topology, schedule, collective, "halving-doubling")
@@ -23,7 +25,8 @@ def test_non_power_of_two(collective: str, ranks: int) -> None:
 @pytest.mark.parametrize("ranks", [2, 4, 8, 16])
 def test_log_steps(ranks: int) -> None:
     topology = switch_cluster(ranks)
-    schedule = halving_doubling(topology, "allreduce", Options(pipeline=1))
+    net = Network(topology)
+    schedule = halving_doubling(net, "allreduce", Options(pipeline=1))
     steps = {op.step for p in schedule.programs for op in p if op.kind == "send"}
     assert len(steps) == 2 * (ranks.bit_length() - 1)
     # each rank talks to log2(p) partners
@@ -32,7 +35,8 @@ def test_log_steps(ranks: int) -> None:
 
 def test_partners_without_a_route_exchange_through_the_ranks_between() -> None:
     topology = chain(4)
+    net = Network(topology)
     for collective in ("allreduce", "reducescatter", "allgather"):
-        schedule = halving_doubling(topology, collective, Options(pipeline=2))
+        schedule = halving_doubling(net, collective, Options(pipeline=2))
         check_schedule(topology, schedule, collective, "halving-doubling")  # every message goes to a neighbour
         assert schedule.scratch_chunks > (4 if collective == "reducescatter" else 0)  # relay slots beyond its own

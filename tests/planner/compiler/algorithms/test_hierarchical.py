@@ -6,7 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from topocc.planner.compiler.options import Options
+from topocc.planner.routing.network import Network
+from topocc.planner.compiler.options import HierarchicalOptions, Options
 from topocc.planner.compiler.algorithms.hierarchical import (
     _DIRECT_MAX_MEMBERS,
     _DOUBLING,
@@ -41,7 +42,8 @@ def cluster(gpus: list[int], racks: int = 0) -> Topology:
 
 def test_three_levels() -> None:
     topology = cluster([2] * 8, racks=2)  # 2 racks x 4 hosts x 2 GPUs
-    levels = stages(topology)
+    net = Network(topology)
+    levels = stages(net)
     assert [(s.level, s.size, len(s.groups)) for s in levels] == [("host", 2, 8), ("rack", 4, 4), ("cluster", 2, 8)]
     host_of = {r: h for h, ranks in enumerate(topology.hosts.values()) for r in ranks}
     rack_of = {r: k for k, ranks in enumerate(topology.racks.values()) for r in ranks}
@@ -57,22 +59,24 @@ def test_three_levels() -> None:
 
 
 def test_trivial_levels_are_skipped() -> None:
-    assert [s.level for s in stages(cluster([4, 4, 4]))] == ["host", "cluster"]
-    assert [s.level for s in stages(cluster([1, 1, 1]))] == ["cluster"]
-    assert [s.level for s in stages(cluster([6]))] == ["host"]
+    assert [s.level for s in stages(Network(cluster([4, 4, 4])))] == ["host", "cluster"]
+    assert [s.level for s in stages(Network(cluster([1, 1, 1])))] == ["cluster"]
+    assert [s.level for s in stages(Network(cluster([6])))] == ["host"]
 
 
 @pytest.mark.parametrize("collective", ["allreduce", "reducescatter", "allgather"])
 @pytest.mark.parametrize("shape", [([2] * 8, 2), ([3] * 4, 0), ([4] * 3, 3), ([1] * 5, 0)])
 def test_schedules_verify(collective: str, shape: tuple[list[int], int]) -> None:
     topology = cluster(*shape)
-    schedule = hierarchical(topology, collective, Options(pipeline=2))
+    net = Network(topology)
+    schedule = hierarchical(net, collective, Options(pipeline=2))
     check_schedule(topology, schedule, collective, "hierarchical")
 
 
 def test_intra_host_stage_stays_in_host() -> None:
     topology = cluster([4, 4])
-    schedule = hierarchical(topology, "allreduce", Options(pipeline=1))
+    net = Network(topology)
+    schedule = hierarchical(net, "allreduce", Options(pipeline=1))
     host_of = {r: h for h, ranks in enumerate(topology.hosts.values()) for r in ranks}
     cross = [op for r, p in enumerate(schedule.programs) for op in p
              if op.kind == "send" and host_of[op.peer] != host_of[r]]
@@ -82,15 +86,16 @@ def test_intra_host_stage_stays_in_host() -> None:
 
 def test_unequal_hosts_decline() -> None:
     with pytest.raises(NotApplicableError, match="equal-sized hosts"):
-        hierarchical(cluster([2, 3]), "allreduce", Options())
+        hierarchical(Network(cluster([2, 3])), "allreduce", Options())
 
 
 @pytest.mark.parametrize("collective", ["allreduce", "reducescatter", "allgather"])
 def test_unequal_racks_make_one_level_across_the_hosts(collective: str) -> None:
     """Racks of 2 and 1 hosts (a partly filled last leaf): no rack level, the hosts one level as on one switch."""
     topology = cluster([2, 2, 2], racks=2)
-    assert [(s.level, s.size) for s in stages(topology)] == [("host", 2), ("rack", 3)]
-    check_schedule(topology, hierarchical(topology, collective, Options(pipeline=2)), collective, "hierarchical")
+    net = Network(topology)
+    assert [(s.level, s.size) for s in stages(net)] == [("host", 2), ("rack", 3)]
+    check_schedule(topology, hierarchical(net, collective, Options(pipeline=2)), collective, "hierarchical")
 
 
 # --------------------------------------------------------------------------- pipelined stages
@@ -134,8 +139,9 @@ def test_pipelined_schedules_verify_on_shipped_clusters(name: str, pipeline: int
     from topocc.planner.topology.catalogue import resolve_topology
 
     topology = resolve_topology(name)
+    net = Network(topology)
     extra = {"stage_method": method} if method else {}
-    schedule = hierarchical(topology, "allreduce", Options(size_bytes=16 << 20, pipeline=pipeline, extra=extra))
+    schedule = hierarchical(net, "allreduce", Options(size_bytes=16 << 20, pipeline=pipeline, hierarchical=HierarchicalOptions(**extra)))
     check_schedule(topology, schedule, "allreduce", "hierarchical")
     shape = [int(x) for x in schedule.metadata.options["slice_shape"].split(":")]
     assert len(shape) == schedule.metadata.options["pipeline"]
@@ -152,17 +158,19 @@ def test_pipelined_schedules_verify_on_shipped_clusters(name: str, pipeline: int
 @pytest.mark.parametrize("collective", ["allreduce", "reducescatter", "allgather"])
 def test_pipelined_schedules_verify_on_small_clusters(shape: tuple[list[int], int], collective: str) -> None:
     topology = cluster(*shape)
+    net = Network(topology)
     for pipeline in (2, 5):
-        schedule = hierarchical(topology, collective, Options(size_bytes=8 << 20, pipeline=pipeline))
+        schedule = hierarchical(net, collective, Options(size_bytes=8 << 20, pipeline=pipeline))
         check_schedule(topology, schedule, collective, "hierarchical")
 
 
 def test_every_phase_has_its_own_channel() -> None:
     """A channel carries one level's reduce-scatter or all-gather, so phases never queue behind each other."""
     topology = cluster([2] * 8, racks=2)
+    net = Network(topology)
     # halving-doubling reduces as it receives (recv_reduce), so the receive's kind tells the phase
-    schedule = hierarchical(topology, "allreduce", Options(pipeline=4, extra={"stage_method": "halving-doubling"}))
-    levels = stages(topology)
+    schedule = hierarchical(net, "allreduce", Options(pipeline=4, hierarchical=HierarchicalOptions(stage_method="halving-doubling")))
+    levels = stages(net)
     group_of = [{r: gi for gi, g in enumerate(s.groups) for r in g} for s in levels]
     phase_of: dict[int, tuple[int, str]] = {}
     for rank, program in enumerate(schedule.programs):
@@ -180,22 +188,23 @@ def test_pipelining_overlaps_the_levels() -> None:
     from topocc.planner.analysis.simulate import simulate
 
     topology = resolve_topology("dgx-a100-4node")
+    net = Network(topology)
     size = 64 << 20
-    one = simulate(topology, hierarchical(topology, "allreduce", Options(size_bytes=size, pipeline=1)), size)
-    many = simulate(topology, hierarchical(topology, "allreduce", Options(size_bytes=size, pipeline=16)), size)
+    one = simulate(topology, hierarchical(net, "allreduce", Options(size_bytes=size, pipeline=1)), size)
+    many = simulate(topology, hierarchical(net, "allreduce", Options(size_bytes=size, pipeline=16)), size)
     assert many.time_s < 0.8 * one.time_s
 
 
 def test_unknown_stage_method_declines() -> None:
     with pytest.raises(NotApplicableError, match="stage_method"):
-        hierarchical(cluster([4] * 4), "allreduce", Options(extra={"stage_method": "tree"}))
+        hierarchical(Network(cluster([4] * 4)), "allreduce", Options(hierarchical=HierarchicalOptions(stage_method="tree")))
 
 
 @pytest.mark.parametrize("gpus", [[2, 3], [4, 4, 2], [1, 2]])
 def test_uneven_clusters_decline_with_any_pipeline(gpus: list[int]) -> None:
     for pipeline in (None, 4):
         with pytest.raises(NotApplicableError, match="equal-sized hosts"):
-            hierarchical(cluster(gpus), "allreduce", Options(pipeline=pipeline))
+            hierarchical(Network(cluster(gpus)), "allreduce", Options(pipeline=pipeline))
 
 
 # --------------------------------------------------------------------------- sliced reduce-scatter, all-gather
@@ -224,18 +233,19 @@ def test_all_reduce_shapes_few_slices_and_keeps_them_in_order(monkeypatch: pytes
     from benchmarks.fabrics import shipped_fabrics, small_suite, suite
 
     topology = next(f for f in (*suite(), *small_suite(), *shipped_fabrics()) if f.name == name).topology()
+    net = Network(topology)
     monkeypatch.setattr(module, "_MAX_CHUNKS", 8 * topology.size)
     size = 256 << 20
-    shaped = hierarchical(topology, "allreduce", Options(size_bytes=size))
+    shaped = hierarchical(net, "allreduce", Options(size_bytes=size))
     slices = shaped.metadata.options["pipeline"]
     assert shaped.metadata.options["slice_shape"] == ":".join(map(str, _slice_shape(slices, _DOUBLING)))
     check_schedule(topology, shaped, "allreduce", "hierarchical")
-    equal = hierarchical(topology, "allreduce", Options(size_bytes=size, pipeline=slices))
+    equal = hierarchical(net, "allreduce", Options(size_bytes=size, pipeline=slices))
     assert set(equal.metadata.options["slice_shape"].split(":")) == {"1"}
     fast, slow = simulate(topology, shaped, size).time_s, simulate(topology, equal, size).time_s
     assert lower_bound(topology, "allreduce", size).time_s <= fast < 0.97 * slow
     # small slices stay equal: the doubled ends would be latency-bound
-    small = hierarchical(topology, "allreduce", Options(size_bytes=8 << 20, extra={"layout": "virtual"}))
+    small = hierarchical(net, "allreduce", Options(size_bytes=8 << 20, hierarchical=HierarchicalOptions(layout="virtual")))
     assert set(small.metadata.options["slice_shape"].split(":")) == {"1"}
 
 
@@ -247,8 +257,9 @@ def test_reduce_scatter_in_virtual_order_verifies(shape: tuple[list[int], int], 
     that straddle two ranks' blocks too: at 256 MiB the slices are shaped); it verifies and never beats the
     bound."""
     topology = cluster(*shape)
-    schedule = hierarchical(topology, "reducescatter",
-                            Options(size_bytes=size, pipeline=pipeline, extra={"layout": "virtual"}))
+    net = Network(topology)
+    schedule = hierarchical(net, "reducescatter",
+                            Options(size_bytes=size, pipeline=pipeline, hierarchical=HierarchicalOptions(layout="virtual")))
     assert schedule.metadata.options["layout"] == "virtual"
     check_schedule(topology, schedule, "reducescatter", "hierarchical")
     assert simulate(topology, schedule, size).time_s >= lower_bound(topology, "reducescatter", size).time_s * (
@@ -266,7 +277,7 @@ def test_reduce_scatter_turns_to_virtual_order_where_blocks_leave_few_slices() -
     size = 256 << 20
 
     def run(**extra: object) -> tuple[float, dict[str, object]]:
-        compiled = compile_schedule(topology, "reducescatter", "hierarchical", Options(size_bytes=size, extra=extra))
+        compiled = compile_schedule(topology, "reducescatter", "hierarchical", Options(size_bytes=size, hierarchical=HierarchicalOptions(**extra)))
         return compiled.efficiency, dict(compiled.schedule.metadata.options)
 
     blocks, _ = run(layout="blocks", waves=False)
@@ -285,7 +296,8 @@ def test_waves_follow_the_level_above() -> None:
     from benchmarks.fabrics import fat_tree
 
     topology = fat_tree(2, 1, 2, 2).topology()  # two 8-GPU hosts
-    levels = stages(topology)
+    net = Network(topology)
+    levels = stages(net)
     phases = [(0, False), (1, False)]
     spans = [16, 2]
     position = [{r: i for g in s.groups for i, r in enumerate(g)} for s in levels]
@@ -298,7 +310,8 @@ def test_waves_follow_the_level_above() -> None:
         assert sorted(first) == [block[r] ^ 1 for r in g] and sorted(kept) == [block[r] for r in g]
 
     three = cluster([4] * 3)
-    levels = stages(three)
+    three_net = Network(three)
+    levels = stages(three_net)
     position = [{r: i for g in s.groups for i, r in enumerate(g)} for s in levels]
     block = {r: position[0][r] * 3 + position[1][r] for r in range(12)}
     steps = {(0, False): _METHODS["ring"](4, False), (1, False): _METHODS["direct"](3, False)}
@@ -315,12 +328,13 @@ def test_reduce_scatter_in_waves_mirrors_the_all_gather() -> None:
     from benchmarks.fabrics import fat_tree
 
     topology = fat_tree(2, 1, 2, 2).topology()
+    net = Network(topology)
     size = 256 << 20
     times = {}
     for collective, extra in (("allgather", {}), ("reducescatter", {}), ("reducescatter", {"waves": False})):
-        options = Options(size_bytes=size, pipeline=1, extra={"layout": "blocks", **extra} if
-                          collective == "reducescatter" else {})
-        schedule = hierarchical(topology, collective, options)
+        pinned = HierarchicalOptions(layout="blocks", **extra) if collective == "reducescatter" else HierarchicalOptions()
+        options = Options(size_bytes=size, pipeline=1, hierarchical=pinned)
+        schedule = hierarchical(net, collective, options)
         check_schedule(topology, schedule, collective, "hierarchical")
         times[(collective, bool(extra))] = simulate(topology, schedule, size).time_s
     assert times[("reducescatter", False)] == pytest.approx(times[("allgather", False)], rel=1e-3)
@@ -331,9 +345,10 @@ def test_reduce_scatter_in_waves_mirrors_the_all_gather() -> None:
 @pytest.mark.parametrize("topology", [cluster([4] * 3), cluster([2] * 4, racks=2)], ids=["hosts", "racks"])
 def test_all_reduce_of_whole_blocks_verifies(topology: Topology, pipeline: int | None) -> None:
     """An all-reduce with each rank's block whole: a reduce-scatter in waves, then an all-gather, in place."""
+    net = Network(topology)
     for size in (1 << 20, 256 << 20):
-        schedule = hierarchical(topology, "allreduce", Options(size_bytes=size, pipeline=pipeline,
-                                                               extra={"layout": "blocks"}))
+        schedule = hierarchical(net, "allreduce", Options(size_bytes=size, pipeline=pipeline,
+                                                               hierarchical=HierarchicalOptions(layout="blocks")))
         assert schedule.metadata.options["layout"] == "blocks"
         check_schedule(topology, schedule, "allreduce", "hierarchical")
         assert simulate(topology, schedule, size).time_s >= lower_bound(topology, "allreduce", size).time_s * (
@@ -350,20 +365,22 @@ def test_all_reduce_takes_whole_blocks_where_they_win(monkeypatch: pytest.Monkey
 
     size = 256 << 20
     topology = rail_optimized(16).topology()
+    net = Network(topology)
     times = {}
     for layout in ("blocks", "virtual"):
-        built = hierarchical(topology, "allreduce", Options(size_bytes=size, extra={"layout": layout}))
+        built = hierarchical(net, "allreduce", Options(size_bytes=size, hierarchical=HierarchicalOptions(layout=layout)))
         times[layout] = simulate(topology, built, size).time_s
     bound = lower_bound(topology, "allreduce", size).time_s
     assert bound >= 0.97 * times["blocks"]
-    chosen = hierarchical(topology, "allreduce", Options(size_bytes=size))
+    chosen = hierarchical(net, "allreduce", Options(size_bytes=size))
     assert chosen.metadata.options["layout"] == "blocks"
     monkeypatch.setattr(module, "_BLOCKS_GOOD", 1.01)  # never near enough: both built, the faster kept
-    chosen = hierarchical(topology, "allreduce", Options(size_bytes=size))
+    chosen = hierarchical(net, "allreduce", Options(size_bytes=size))
     assert simulate(topology, chosen, size).time_s == pytest.approx(min(times.values()))
     monkeypatch.undo()
     small = rail_optimized(4).topology()  # 98.6% in virtual order: nothing else is tried
-    assert "layout" not in hierarchical(small, "allreduce", Options(size_bytes=size)).metadata.options
+    small_net = Network(small)
+    assert "layout" not in hierarchical(small_net, "allreduce", Options(size_bytes=size)).metadata.options
 
 
 def test_all_reduce_tries_whole_blocks_where_virtual_order_falls_short(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -375,21 +392,23 @@ def test_all_reduce_tries_whole_blocks_where_virtual_order_falls_short(monkeypat
 
     size = 4 << 20
     topology = multi_chassis(2, 16, "subset").topology()
-    times = {layout: simulate(topology, hierarchical(topology, "allreduce", Options(
-        size_bytes=size, extra={"layout": layout})), size).time_s for layout in ("blocks", "virtual")}
+    net = Network(topology)
+    times = {layout: simulate(topology, hierarchical(net, "allreduce", Options(
+        size_bytes=size, hierarchical=HierarchicalOptions(layout=layout))), size).time_s for layout in ("blocks", "virtual")}
     assert lower_bound(topology, "allreduce", size).time_s < 0.97 * times["virtual"]
     assert times["blocks"] < times["virtual"]
-    chosen = hierarchical(topology, "allreduce", Options(size_bytes=size))
+    chosen = hierarchical(net, "allreduce", Options(size_bytes=size))
     assert chosen.metadata.options["layout"] == "blocks"
     assert simulate(topology, chosen, size).time_s == pytest.approx(times["blocks"])
     monkeypatch.setattr(module, "_BLOCKS_TRIED_RANKS", 16)
-    assert "layout" not in hierarchical(topology, "allreduce", Options(size_bytes=size)).metadata.options
+    assert "layout" not in hierarchical(net, "allreduce", Options(size_bytes=size)).metadata.options
     monkeypatch.undo()
     built: list[str | None] = []
     real = module._hierarchical
     monkeypatch.setattr(module, "_hierarchical", lambda *a: built.append(a[-1]) or real(*a))
     near = rail_optimized(4).topology()  # 98.6% in virtual order at 256 MiB
-    hierarchical(near, "allreduce", Options(size_bytes=256 << 20))
+    near_net = Network(near)
+    hierarchical(near_net, "allreduce", Options(size_bytes=256 << 20))
     assert built == ["virtual"]
 
 
@@ -434,15 +453,16 @@ def test_direct_over_the_sharing_cap_only_where_its_latency_wins(fed: bool) -> N
     from benchmarks.fabrics import fat_tree
 
     topology = fat_tree(32, 4, 8, 2).topology()
-    levels = stages(topology)
+    net = Network(topology)
+    levels = stages(net)
     assert [s.size for s in levels] == [8, 4, 8]
-    assert _sharing(topology, levels[-1], 2) > _DIRECT_MAX_SHARING
+    assert _sharing(net, levels[-1], 2) > _DIRECT_MAX_SHARING
     mib = 1 << 20
-    assert stage_methods(topology, levels, mib / 8, 8, fed=fed)[-1] != "direct"
-    assert stage_methods(topology, levels, mib / 8, 8, fed=fed, sharing_cap=math.inf)[-1] == "direct"
+    assert stage_methods(net, levels, mib / 8, 8, fed=fed)[-1] != "direct"
+    assert stage_methods(net, levels, mib / 8, 8, fed=fed, sharing_cap=math.inf)[-1] == "direct"
     for size in (4 * mib, 256 * mib):
-        assert stage_methods(topology, levels, size / 8, 8, fed=fed, sharing_cap=math.inf)[-1] != "direct"
-    assert stage_methods(topology, levels, mib, 4, fed=fed, sharing_cap=math.inf, contend=False)[-1] == "direct"
+        assert stage_methods(net, levels, size / 8, 8, fed=fed, sharing_cap=math.inf)[-1] != "direct"
+    assert stage_methods(net, levels, mib, 4, fed=fed, sharing_cap=math.inf, contend=False)[-1] == "direct"
 
 
 @pytest.mark.parametrize("collective", ["reducescatter", "allgather"])
@@ -474,7 +494,8 @@ def test_direct_stages_take_one_step_and_reduce_from_their_own_slots(collective:
     """A direct level is one step; its reduce-scatter receives each peer's part into a slot of its own (plain
     receives that run at once), then reduces locally, so it pays one path latency, not one per peer."""
     topology = cluster([4] * 3)
-    schedule = hierarchical(topology, collective, Options(size_bytes=1 << 20, extra={"stage_method": "direct"}))
+    net = Network(topology)
+    schedule = hierarchical(net, collective, Options(size_bytes=1 << 20, hierarchical=HierarchicalOptions(stage_method="direct")))
     check_schedule(topology, schedule, collective, "hierarchical")
     assert schedule.metadata.options["methods"] == ["direct", "direct"]
     assert schedule.metadata.options["pipeline"] > 1  # several slices even at 1 MiB: the levels overlap
@@ -492,9 +513,10 @@ def test_direct_levels_meet_the_latency_target_on_a_dgx_a100_cluster() -> None:
     from topocc.planner.analysis.simulate import simulate
 
     topology = resolve_topology("dgx-a100-4node")
+    net = Network(topology)
     size = 1 << 20
     for collective in ("allgather", "reducescatter", "allreduce"):
-        schedule = hierarchical(topology, collective, Options(size_bytes=size))
+        schedule = hierarchical(net, collective, Options(size_bytes=size))
         assert schedule.metadata.options["methods"] == ["direct", "direct"]
         ratio = simulate(topology, schedule, size).time_s / lower_bound(topology, collective, size).time_s
         assert 1 <= ratio <= 1.3, (collective, ratio)
@@ -505,6 +527,7 @@ def test_direct_levels_meet_the_latency_target_on_a_dgx_a100_cluster() -> None:
 def test_direct_levels_on_random_topologies(topology: Topology, data: st.DataObject) -> None:
     """Forced direct levels, in either buffer order, verify, lower into NCCL groups the proof accepts, and
     never beat the bound."""
+    net = Network(topology)
     from topocc.planner.analysis.bounds import lower_bound
     from topocc.planner.analysis.simulate import simulate
     from topocc.planner.analysis.verify_lowered import verify_lowering
@@ -516,7 +539,7 @@ def test_direct_levels_on_random_topologies(topology: Topology, data: st.DataObj
     if collective == "reducescatter":  # either buffer order (virtual: the sums handed on at the end)
         extra["layout"] = data.draw(st.sampled_from(["blocks", "virtual"]))
     try:
-        schedule = hierarchical(topology, collective, Options(size_bytes=size, extra=extra))
+        schedule = hierarchical(net, collective, Options(size_bytes=size, hierarchical=HierarchicalOptions(**extra)))
     except NotApplicableError:
         return
     check_schedule(topology, schedule, collective, "hierarchical")
@@ -537,20 +560,23 @@ def test_ownership_follows_each_hosts_nics() -> None:
     """Issue #11: the ranks of the fast hosts reduce the last level's data for the slow ones, whose NICs then
     carry it once each way (owning a quarter, they would carry it 1.5 times); equal NICs keep equal parts."""
     topology = heterogeneous_nics(UNEQUAL_NICS, gpus=2).topology()
-    levels = stages(topology)
-    owned = ownership(topology, levels[-1], len(levels) - 1)
+    net = Network(topology)
+    levels = stages(net)
+    owned = ownership(net, levels[-1], len(levels) - 1)
     assert owned is not None
     host = {r: h for h, ranks in enumerate(topology.hosts.values()) for r in ranks}
     assert {host[r]: parts for r, parts in owned.items()} == {0: 2, 1: 2, 2: 0, 3: 0}
     equal = heterogeneous_nics(((1, 100),) * 4, gpus=2).topology()
-    assert ownership(equal, stages(equal)[-1], 1) is None
+    equal_net = Network(equal)
+    assert ownership(equal_net, stages(equal_net)[-1], 1) is None
 
 
 @pytest.mark.parametrize(("size", "within"), [(1 << 20, 1.3), (64 << 20, 1.05)])
 def test_all_reduce_on_unequal_nics_comes_near_the_bound(size: int, within: float) -> None:
     """The bound is the slow host's cut (the data once each way over its NIC); equal ownership took 1.5x it."""
     topology = heterogeneous_nics(UNEQUAL_NICS, gpus=2).topology()
-    schedule = hierarchical(topology, "allreduce", Options(size_bytes=size))
+    net = Network(topology)
+    schedule = hierarchical(net, "allreduce", Options(size_bytes=size))
     check_schedule(topology, schedule, "allreduce", "hierarchical")
     assert schedule.metadata.options["methods"][-1] == "direct"
     ratio = simulate(topology, schedule, size).time_s / lower_bound(topology, "allreduce", size).time_s
@@ -563,7 +589,8 @@ def test_all_reduce_on_unequal_nics_comes_near_the_bound(size: int, within: floa
 def test_unequal_ownership_verifies_and_never_beats_the_bound(nics: list[tuple[int, int]], gpus: int,
                                                               size: int) -> None:
     topology = heterogeneous_nics(tuple(nics), gpus=gpus).topology()
-    schedule = hierarchical(topology, "allreduce", Options(size_bytes=size))
+    net = Network(topology)
+    schedule = hierarchical(net, "allreduce", Options(size_bytes=size))
     check_schedule(topology, schedule, "allreduce", "hierarchical")
     assert simulate(topology, schedule, size).time_s >= lower_bound(topology, "allreduce", size).time_s * (1 - 1e-9)
 
@@ -591,13 +618,14 @@ def test_windowed_reduce_scatter_keeps_halving_doubling_where_ring_latencies_rul
     from benchmarks.fabrics import fat_tree
 
     topology = fat_tree(32, 1, 2, 1, gpus=2).topology()
+    net = Network(topology)
     compiled = compile_schedule(topology, "reducescatter", "hierarchical", Options(size_bytes=1 << 20))
     assert compiled.schedule.metadata.options["methods"] == ["halving-doubling", "halving-doubling"]
     assert compiled.efficiency >= 0.65
-    levels = stages(topology)
-    assert _windowed(topology, levels, ["halving-doubling"] * 2, (1 << 20) / 8, 8) == ["halving-doubling"] * 2
+    levels = stages(net)
+    assert _windowed(net, levels, ["halving-doubling"] * 2, (1 << 20) / 8, 8) == ["halving-doubling"] * 2
     # a level of two members runs one step whatever the method
-    assert _windowed(topology, levels, ["halving-doubling"] * 2, (256 << 20) / 8, 8) == ["halving-doubling", "ring"]
+    assert _windowed(net, levels, ["halving-doubling"] * 2, (256 << 20) / 8, 8) == ["halving-doubling", "ring"]
 
 
 def test_small_all_reduces_also_try_whole_blocks() -> None:
@@ -613,9 +641,10 @@ def test_small_all_reduces_also_try_whole_blocks() -> None:
     assert compiled.efficiency >= 0.91
     small = Options(size_bytes=1 << 20)
     wide = fat_tree(32, 4, 8, 2).topology()  # 256 ranks
-    assert _blocks_may_help(wide, stages(wide), small)
-    assert not _blocks_may_help(wide, stages(wide), Options(size_bytes=1 << 20, pipeline=4))
-    assert not _blocks_may_help(wide, stages(wide), Options(size_bytes=256 << 20))
+    wide_net = Network(wide)
+    assert _blocks_may_help(wide_net, stages(wide_net), small)
+    assert not _blocks_may_help(wide_net, stages(wide_net), Options(size_bytes=1 << 20, pipeline=4))
+    assert not _blocks_may_help(wide_net, stages(wide_net), Options(size_bytes=256 << 20))
 
 
 def test_direct_across_the_network_may_send_twice_the_messages() -> None:
@@ -641,13 +670,14 @@ def test_small_reduce_scatters_split_a_large_last_level() -> None:
     from topocc.planner.topology.catalogue import resolve_topology
 
     topology = resolve_topology("fattree-1024")
-    levels = stages(topology)
-    split = _split_last(topology, levels, Options(size_bytes=1 << 20))
+    net = Network(topology)
+    levels = stages(net)
+    split = _split_last(net, levels, Options(size_bytes=1 << 20))
     assert [s.size for s in split] == [8, 4, 4, 8]
     for level in split[-2:]:  # each a partition of the ranks, within the racks' groups
         assert sorted(r for g in level.groups for r in g) == list(range(1024))
         assert all(any(set(g) <= set(whole) for whole in levels[-1].groups) for g in level.groups)
-    assert _split_last(topology, levels, Options(size_bytes=16 << 20)) == levels
+    assert _split_last(net, levels, Options(size_bytes=16 << 20)) == levels
 
 
 @pytest.mark.parametrize("collective", ["allgather", "allreduce"])
@@ -661,10 +691,11 @@ def test_a_last_level_kept_from_direct_by_the_sharing_cap_splits_on_small_messag
     from topocc.planner.analysis.simulate import simulate
 
     topology = fat_tree(10, 4, 4, 2).topology()
-    levels = stages(topology)
+    net = Network(topology)
+    levels = stages(net)
     assert [s.size for s in levels] == [8, 10]
-    assert _split_last(topology, levels, Options(size_bytes=256 << 20)) == levels
-    schedule = hierarchical(topology, collective, Options(size_bytes=1 << 20))
+    assert _split_last(net, levels, Options(size_bytes=256 << 20)) == levels
+    schedule = hierarchical(net, collective, Options(size_bytes=1 << 20))
     assert schedule.metadata.options["levels"] == ["host:8", "rack:2", "rack:5"]
     check_schedule(topology, schedule, collective, "hierarchical")
     ratio = simulate(topology, schedule, 1 << 20).time_s / lower_bound(topology, collective, 1 << 20).time_s
@@ -684,9 +715,10 @@ def test_a_reduce_scatter_runs_its_first_level_direct_where_its_pairs_meet_alike
     from topocc.planner.analysis.simulate import simulate
 
     topology = resolve_topology(name)
-    assert _alike(topology, stages(topology)[0]) == (first == "direct")
+    net = Network(topology)
+    assert _alike(net, stages(net)[0]) == (first == "direct")
     size = 256 << 20
-    schedule = hierarchical(topology, "reducescatter", Options(size_bytes=size))
+    schedule = hierarchical(net, "reducescatter", Options(size_bytes=size))
     assert schedule.metadata.options["methods"][0] == first
     assert lower_bound(topology, "reducescatter", size).time_s >= share * simulate(topology, schedule, size).time_s
 
@@ -700,8 +732,9 @@ def test_a_half_full_last_leaf_meets_the_all_reduce_target() -> None:
     from topocc.planner.analysis.simulate import simulate
 
     topology = fat_tree(10, 4, 4, 2).topology()
+    net = Network(topology)
     size = 256 << 20
-    schedule = hierarchical(topology, "allreduce", Options(size_bytes=size))
+    schedule = hierarchical(net, "allreduce", Options(size_bytes=size))
     assert schedule.metadata.options["layout"] == "blocks"
     assert lower_bound(topology, "allreduce", size).time_s >= 0.95 * simulate(topology, schedule, size).time_s
 
@@ -714,10 +747,11 @@ def test_a_split_last_level_verifies(collective: str) -> None:
     from benchmarks.fabrics import fat_tree
 
     topology = fat_tree(16, 1, 2, 1, gpus=2).topology()
-    levels = stages(topology)
+    net = Network(topology)
+    levels = stages(net)
     assert [s.size for s in levels] == [2, 16]
     split = [levels[0], *_split(levels[1], 4)]
-    schedule = _hierarchical(topology, collective, Options(size_bytes=1 << 20), split, None)
+    schedule = _hierarchical(net, collective, Options(size_bytes=1 << 20), split, None)
     assert schedule.metadata.options["levels"] == ["host:2", "cluster:4", "cluster:4"]
     check_schedule(topology, schedule, collective, "hierarchical")
 
@@ -731,6 +765,7 @@ def test_an_all_reduce_splits_its_last_level_only_where_it_builds_one_layout(mon
     from benchmarks.fabrics import fat_tree
 
     topology = fat_tree(16, 1, 2, 1, gpus=2).topology()
+    net = Network(topology)
 
     asked: list[bool] = []
 
@@ -739,10 +774,10 @@ def test_an_all_reduce_splits_its_last_level_only_where_it_builds_one_layout(mon
         return [levels[0], *_split(levels[1], 4)] if large else levels
 
     monkeypatch.setattr(module, "_split_last", split_hosts)
-    both = hierarchical(topology, "allreduce", Options(size_bytes=1 << 20))
+    both = hierarchical(net, "allreduce", Options(size_bytes=1 << 20))
     assert asked == [False] and both.metadata.options["levels"] == ["host:2", "cluster:16"]
     monkeypatch.setattr(module, "_BLOCKS_SMALL_RANKS", 16)
-    one = hierarchical(topology, "allreduce", Options(size_bytes=1 << 20))
+    one = hierarchical(net, "allreduce", Options(size_bytes=1 << 20))
     assert asked[-1] and one.metadata.options["levels"] == ["host:2", "cluster:4", "cluster:4"]
     check_schedule(topology, one, "allreduce", "hierarchical")
 
@@ -758,14 +793,15 @@ def test_a_small_collective_left_one_slice_by_the_budget_may_send_more(collectiv
     from benchmarks.fabrics import rail_optimized
 
     topology = rail_optimized(4).topology()
+    net = Network(topology)
     monkeypatch.setattr(module, "_MAX_TRANSFERS", 1024)
     monkeypatch.setattr(module, "_TRANSFERS_PER_RANK", 0)
     bound = lower_bound(topology, collective, 1 << 20).time_s
-    more = hierarchical(topology, collective, Options(size_bytes=1 << 20))
+    more = hierarchical(net, collective, Options(size_bytes=1 << 20))
     assert more.metadata.options["pipeline"] == 4
     check_schedule(topology, more, collective, "hierarchical")
     monkeypatch.setattr(module, "_SMALL_BUDGET", 1)
-    one = hierarchical(topology, collective, Options(size_bytes=1 << 20))
+    one = hierarchical(net, collective, Options(size_bytes=1 << 20))
     assert one.metadata.options["pipeline"] == 1
     assert simulate(topology, more, 1 << 20).time_s < 1.25 * bound
     assert simulate(topology, one, 1 << 20).time_s > 1.45 * bound
@@ -781,8 +817,8 @@ def test_a_small_all_reduce_of_whole_blocks_keeps_the_budget(monkeypatch: pytest
 
     monkeypatch.setattr(module, "_MAX_TRANSFERS", 1024)
     monkeypatch.setattr(module, "_TRANSFERS_PER_RANK", 0)
-    schedule = hierarchical(rail_optimized(4).topology(), "allreduce",
-                            Options(size_bytes=1 << 20, extra={"layout": "blocks"}))
+    schedule = hierarchical(Network(rail_optimized(4).topology()), "allreduce",
+                            Options(size_bytes=1 << 20, hierarchical=HierarchicalOptions(layout="blocks")))
     assert schedule.metadata.options["pipeline"] == 1
 
 
@@ -800,7 +836,8 @@ def test_a_small_collective_left_one_slice_by_the_cap_runs_direct_over_it(collec
     monkeypatch.setattr(module, "_MAX_TRANSFERS", 8192)
     monkeypatch.setattr(module, "_TRANSFERS_PER_RANK", 0)
     topology = fat_tree(16, 4, 2, 2).topology()
-    schedule = hierarchical(topology, collective, Options(size_bytes=1 << 20))
+    net = Network(topology)
+    schedule = hierarchical(net, collective, Options(size_bytes=1 << 20))
     assert schedule.metadata.options["methods"] == ["direct"] * 3
     assert schedule.metadata.options["pipeline"] > 1
     check_schedule(topology, schedule, collective, "hierarchical")
@@ -815,7 +852,8 @@ def test_a_small_reduce_scatter_runs_its_first_level_direct_behind_no_window() -
     from benchmarks.fabrics import fat_tree
 
     topology = fat_tree(8, 8, 2, 4, gpus=4).topology()
-    schedule = hierarchical(topology, "reducescatter", Options(size_bytes=1 << 20))
+    net = Network(topology)
+    schedule = hierarchical(net, "reducescatter", Options(size_bytes=1 << 20))
     assert schedule.metadata.options["methods"][0] == "direct"
     check_schedule(topology, schedule, "reducescatter", "hierarchical")
     bound = lower_bound(topology, "reducescatter", 1 << 20).time_s
@@ -831,6 +869,7 @@ def test_methods_are_chosen_again_for_the_one_slice_the_budget_leaves(monkeypatc
     from benchmarks.fabrics import fat_tree
 
     topology = fat_tree(8, 8, 2, 4, gpus=4).topology()
+    net = Network(topology)
     monkeypatch.setattr(module, "_MAX_TRANSFERS", 256)
     monkeypatch.setattr(module, "_TRANSFERS_PER_RANK", 0)
     timed: list[int] = []
@@ -841,7 +880,7 @@ def test_methods_are_chosen_again_for_the_one_slice_the_budget_leaves(monkeypatc
         return original(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(module, "stage_methods", spy)
-    schedule = hierarchical(topology, "reducescatter", Options(size_bytes=1 << 20))
+    schedule = hierarchical(net, "reducescatter", Options(size_bytes=1 << 20))
     assert schedule.metadata.options["pipeline"] == 1
     assert max(timed) > 1 and timed[-1] == 1  # (a first call, for one slice, asks whether the last level splits)
     assert schedule.metadata.options["methods"][0] != "direct"  # one slice: no window penalty, so the ring

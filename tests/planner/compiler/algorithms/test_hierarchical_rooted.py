@@ -6,6 +6,7 @@ import functools
 
 import pytest
 
+from topocc.planner.routing.network import Network
 from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms.hierarchical import hierarchical
 from topocc.planner.compiler.algorithms.hierarchical_rooted import (
@@ -40,7 +41,8 @@ def test_every_root_verifies_and_crosses_hosts_on_rails(collective: str, root: i
     """From (to) any root the schedule verifies, and every message between hosts joins GPUs of one local index,
     each host entered once per rail and slice: the NICs carry N / k each way."""
     topology = leaves()
-    schedule = hierarchical(topology, collective, Options(size_bytes=16 << 20, root=root))
+    net = Network(topology)
+    schedule = hierarchical(net, collective, Options(size_bytes=16 << 20, root=root))
     check_schedule(topology, schedule, collective, "hierarchical")
     host = host_of(topology)
     local = {r: ranks.index(r) for ranks in topology.hosts.values() for r in ranks}
@@ -55,7 +57,8 @@ def test_the_root_sends_its_buffer_once() -> None:
     """The root's piece goes to its host in parts, so the root's link to its switch carries N, not N plus
     (k - 1) / k N; and its NIC N / k, its rail's piece."""
     topology = leaves()
-    schedule = hierarchical(topology, "broadcast", Options(size_bytes=64 << 20, root=5))
+    net = Network(topology)
+    schedule = hierarchical(net, "broadcast", Options(size_bytes=64 << 20, root=5))
     host = host_of(topology)
     sends = [op for op in schedule.programs[5] if op.kind == "send"]
     assert sum(op.count for op in sends if host[op.peer] == host[5]) == schedule.output_chunks
@@ -65,7 +68,8 @@ def test_the_root_sends_its_buffer_once() -> None:
 def test_the_chain_crosses_each_rack_boundary_once() -> None:
     """Hosts in rack order from the root's: a rail's chain leaves the root's leaf once."""
     topology = leaves()
-    schedule = hierarchical(topology, "broadcast", Options(size_bytes=1 << 20, root=40, pipeline=1))
+    net = Network(topology)
+    schedule = hierarchical(net, "broadcast", Options(size_bytes=1 << 20, root=40, pipeline=1))
     rack_of = {r: name for name, ranks in topology.racks.items() for r in ranks}
     host = host_of(topology)
     for rail in range(8):
@@ -79,7 +83,8 @@ def test_the_chain_crosses_each_rack_boundary_once() -> None:
 def test_reduce_scratch_does_not_grow_with_slices() -> None:
     """A reduce's slots are reused every few slices: its scratch is the same at 8 and 64 slices."""
     topology = cluster([4, 4, 4])
-    small, large = (hierarchical(topology, "reduce", Options(size_bytes=64 << 20, pipeline=s)) for s in (8, 64))
+    net = Network(topology)
+    small, large = (hierarchical(net, "reduce", Options(size_bytes=64 << 20, pipeline=s)) for s in (8, 64))
     assert small.scratch_chunks == large.scratch_chunks == SLOT_SLICES * 4 * 3
 
 
@@ -98,7 +103,7 @@ def test_near_the_bound_where_the_ring_chain_is_not(collective: str) -> None:
 def test_one_gpu_hosts_decline(collective: str) -> None:
     """With one GPU a host there are no rails to cross on: the tree and the ring cover that, in one line why."""
     with pytest.raises(NotApplicableError, match="hosts of several GPUs"):
-        hierarchical(cluster([1, 1, 1, 1]), collective, Options(root=2))
+        hierarchical(Network(cluster([1, 1, 1, 1])), collective, Options(root=2))
 
 
 @pytest.mark.parametrize("n", range(1, 70))
@@ -125,7 +130,8 @@ def test_many_hosts_take_two_trees(collective: str) -> None:
     GPU sends more than one piece a slice to other hosts (fattree-80-2to1 at 256 MiB, ten hosts: broadcast
     89.2% of the bound, 81.6% on a chain; rail-32x8 72.7%, 32.9%)."""
     topology = cluster([2] * (CHAIN_HOSTS + 4))
-    schedule = hierarchical(topology, collective, Options(size_bytes=4 << 20, root=5, pipeline=2))
+    net = Network(topology)
+    schedule = hierarchical(net, collective, Options(size_bytes=4 << 20, root=5, pipeline=2))
     check_schedule(topology, schedule, collective, "hierarchical")
     assert schedule.metadata.options["trees"] == 2
     host = host_of(topology)
@@ -154,7 +160,8 @@ def test_grouped_fan_outs_verify(collective: str, monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(rooted, "MAX_TRANSFERS", 700)
     topology = cluster([4] * (CHAIN_HOSTS + 4))
-    schedule = hierarchical(topology, collective, Options(size_bytes=64 << 20, root=3))
+    net = Network(topology)
+    schedule = hierarchical(net, collective, Options(size_bytes=64 << 20, root=3))
     check_schedule(topology, schedule, collective, "hierarchical")
     slices, group = schedule.metadata.options["pipeline"], schedule.metadata.options["fan_out_slices"]
     assert group > 1

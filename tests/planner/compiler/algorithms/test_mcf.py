@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from topocc.planner.routing.network import Network
 from topocc.planner.compiler.algorithms import ALGORITHMS
-from topocc.planner.compiler.options import Options
+from topocc.planner.compiler.options import McfOptions, Options
 from topocc.planner.compiler.algorithms.mcf import mcf
 from topocc.planner.analysis.bounds import lower_bound
 from topocc.planner.errors import InfeasibleError, NotApplicableError
@@ -61,8 +62,9 @@ TOPOLOGIES_SMALL = {
 def run(topology: Topology, collective: str, pipeline: int | None = None,
         **extra: object) -> tuple[float, dict[str, object]]:
     """Build, check and simulate one mcf schedule; (predicted time, metadata options)."""
-    options = Options(size_bytes=SIZE, root=topology.size - 1, pipeline=pipeline, extra=extra)
-    schedule = mcf(topology, collective, options)
+    net = Network(topology)
+    options = Options(size_bytes=SIZE, root=topology.size - 1, pipeline=pipeline, mcf=McfOptions(**extra))
+    schedule = mcf(net, collective, options)
     check_schedule(topology, schedule, collective, "mcf")
     time_s = simulate(topology, schedule, SIZE).time_s
     assert time_s >= lower_bound(topology, collective, SIZE, topology.size - 1).time_s * (1 - 1e-9)
@@ -113,14 +115,15 @@ def test_time_limit_is_respected_and_reported() -> None:
 
 def test_declines_large_clusters_with_a_reason() -> None:
     with pytest.raises(NotApplicableError, match="hierarchical"):
-        mcf(switch_cluster(3, hosts=11), "allgather", Options())
+        mcf(Network(switch_cluster(3, hosts=11)), "allgather", Options())
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (TOPOLOGIES / "ndv2-2chassis.yaml").exists(), reason="ndv2-2chassis.yaml not shipped")
 def test_ndv2_allgather_beats_te_ccl() -> None:
     topology = load_topology(TOPOLOGIES / "ndv2-2chassis.yaml")
+    net = Network(topology)
     size = 1 << 30
-    schedule = mcf(topology, "allgather", Options(size_bytes=size))
+    schedule = mcf(net, "allgather", Options(size_bytes=size))
     check_schedule(topology, schedule, "allgather", "mcf")
     assert simulate(topology, schedule, size).algbw_GBps >= 24.0

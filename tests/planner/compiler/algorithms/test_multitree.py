@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from topocc.planner.routing.network import Network
 from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms.multitree import (
     TreePlan,
@@ -85,6 +86,7 @@ def clusters(draw: st.DrawFn) -> Topology:
 def check_plan(topology: Topology, plan: TreePlan) -> None:
     """Every tree spans all ranks from its root, parents joined earlier, and no step overloads a link (tree ``i``
     sends on channel ``i``, which ECMP may route apart from the others)."""
+    net = Network(topology)
     p = topology.size
     per_step: dict[tuple[int, tuple[str, str]], float] = {}
     for i, tree in enumerate(plan.edges):
@@ -94,8 +96,8 @@ def check_plan(topology: Topology, plan: TreePlan) -> None:
             assert e.child not in joined, (i, e)
             joined[e.child] = e.step
             a, b = (e.child, e.parent) if plan.reverse else (e.parent, e.child)
-            assert topology.has_route(a, b)
-            for key, f in topology.route_shares(a, b, i).items():
+            assert net.has_route(a, b)
+            for key, f in net.route_shares(a, b, i).items():
                 per_step[(e.step, key)] = per_step.get((e.step, key), 0.0) + f
         assert sorted(joined) == list(range(p))
     for (step, key), load in per_step.items():
@@ -103,11 +105,12 @@ def check_plan(topology: Topology, plan: TreePlan) -> None:
 
 
 def check_all(topology: Topology, pipeline: int | None = None) -> None:
+    net = Network(topology)
     for reverse in (False, True):
-        check_plan(topology, build_trees(topology, range(topology.size), reverse=reverse))
+        check_plan(topology, build_trees(net, range(topology.size), reverse=reverse))
     for collective in COLLECTIVES:
         for root in {0, topology.size - 1} if collective == "broadcast" else {0}:
-            schedule = multitree(topology, collective, Options(size_bytes=1 << 20, pipeline=pipeline, root=root))
+            schedule = multitree(net, collective, Options(size_bytes=1 << 20, pipeline=pipeline, root=root))
             verify(schedule)
             assert schedule.collective == collective and schedule.ranks == topology.size
 
@@ -128,7 +131,8 @@ def test_grids_verify(rows: int, cols: int, wrap: bool) -> None:
 def test_torus_trees_are_shallow(routing: str) -> None:
     """On a 4x4 torus every tree spans 16 nodes in a handful of steps (BFS depth is 4)."""
     topology = parse_topology_text(grid_yaml(4, 4, wrap=True) + f"routing: {routing}\n")
-    plan = build_trees(topology, range(16))
+    net = Network(topology)
+    plan = build_trees(net, range(16))
     check_plan(topology, plan)
     assert plan.steps <= 5
     if routing != "spray":
@@ -136,7 +140,7 @@ def test_torus_trees_are_shallow(routing: str) -> None:
     # sprayed, the trees use direct router neighbours only, as in the paper
     for tree in plan.edges:
         for e in tree:
-            shares = topology.route_shares(e.parent, e.child)
+            shares = net.route_shares(e.parent, e.child)
             hops = [k for k in shares if k[0].startswith("r") and k[1].startswith("r")]
             assert len(hops) == 1
 
@@ -145,17 +149,18 @@ def test_allreduce_trees_balance_the_torus() -> None:
     """One tree pair per root leaves some torus links 8 trees where 7.5 would balance; more trees per root even
     them out, and the reduction trees grown against the broadcast trees' load keep the total balanced."""
     topology = parse_topology_text(grid_yaml(4, 4, wrap=True))
-    down = build_trees(topology, range(16))
-    alone = _congestion(topology, down, build_trees(topology, range(16), reverse=True))
-    balanced = _congestion(topology, down, build_trees(topology, range(16), reverse=True, prior=down))
+    net = Network(topology)
+    down = build_trees(net, range(16))
+    alone = _congestion(net, down, build_trees(net, range(16), reverse=True))
+    balanced = _congestion(net, down, build_trees(net, range(16), reverse=True, prior=down))
     assert balanced <= alone * (1 + 1e-9)
-    best_down, best_up = _allreduce_trees(topology, None, 64 << 20)
+    best_down, best_up = _allreduce_trees(net, None, 64 << 20)
     check_plan(topology, best_down)
     check_plan(topology, best_up)
     copies = len(best_down.roots) // 16
     assert copies > 1
     # every tree pair carries 1/(16 copies) of the data: the busiest link's load per byte of the buffer
-    assert _congestion(topology, best_down, best_up) / (16 * copies) < alone / 16
+    assert _congestion(net, best_down, best_up) / (16 * copies) < alone / 16
 
 
 def test_allreduce_tries_more_trees_per_root_only_where_they_pay_and_cost_little() -> None:
@@ -195,8 +200,9 @@ links:
 
 def test_pipeline_splits_blocks() -> None:
     topology = parse_topology_text(grid_yaml(2, 2, wrap=False))
-    one = multitree(topology, "allgather", Options(pipeline=1))
-    three = multitree(topology, "allgather", Options(pipeline=3))
+    net = Network(topology)
+    one = multitree(net, "allgather", Options(pipeline=1))
+    three = multitree(net, "allgather", Options(pipeline=3))
     assert three.input_chunks == 3 and three.output_chunks == 12
     assert three.op_count > 2 * one.op_count
     verify(three)
@@ -206,10 +212,11 @@ def test_single_rank_and_unsupported() -> None:
     from topocc.planner.errors import NotApplicableError
 
     topology = parse_topology_text("name: one\ndevices:\n  - {name: g, type: gpu}\n")
+    net = Network(topology)
     for collective in COLLECTIVES:
-        verify(multitree(topology, collective, Options()))
+        verify(multitree(net, collective, Options()))
     with pytest.raises(NotApplicableError):
-        multitree(parse_topology_text(grid_yaml(2, 2, wrap=False)), "alltoall", Options())
+        multitree(Network(parse_topology_text(grid_yaml(2, 2, wrap=False))), "alltoall", Options())
 
 
 SMALL_SHIPPED = ("torus-4x4", "mesh-4x4", "dgx1-v100", "ndv2-2chassis", "dgx2", "pcie-4x4-10gbe", "dgx-a100-4node")
@@ -233,15 +240,16 @@ def test_link_floor_bounds_the_schedule_from_the_same_trees(name: str, collectiv
     from topocc.planner.topology.catalogue import resolve_topology
 
     topology = resolve_topology(name)
+    net = Network(topology)
     options = Options(size_bytes=256 << 20)
-    floor = module.multitree_link_floor(topology, collective, options)
+    floor = module.multitree_link_floor(net, collective, options)
 
     def no_trees(*args: object, **kwargs: object) -> None:
         raise AssertionError("trees grown again")
 
     monkeypatch.setattr(module, "build_trees", no_trees)
-    check_link_floor(topology, floor, multitree(topology, collective, options), options.size_bytes)
-    assert module.multitree_link_floor(topology, "broadcast", options) == 0.0  # its tree count comes with the build
+    check_link_floor(topology, floor, multitree(net, collective, options), options.size_bytes)
+    assert module.multitree_link_floor(net, "broadcast", options) == 0.0  # its tree count comes with the build
 
 
 def test_steps_fit_the_slots_where_routes_depend_on_the_channel() -> None:
@@ -251,9 +259,10 @@ def test_steps_fit_the_slots_where_routes_depend_on_the_channel() -> None:
     from topocc.planner.compiler.algorithms.multitree import _Fabric
 
     topology = load_topology(TOPOLOGIES / "dgx-a100-4node.yaml")
-    assert any(topology.channels_change_path(a, b) for a in range(8) for b in range(8, 16))
-    plan = build_trees(topology, range(topology.size))
-    fab = _Fabric(topology, reverse=False, quota=None)
+    net = Network(topology)
+    assert any(net.channels_change_path(a, b) for a in range(8) for b in range(8, 16))
+    plan = build_trees(net, range(topology.size))
+    fab = _Fabric(net, reverse=False, quota=None)
     index = {key: j for j, key in enumerate(fab.keys)}
     candidates = set(zip(fab.edge_u.tolist(), fab.edge_v.tolist()))
     members = [{r} for r in plan.roots]
@@ -264,7 +273,7 @@ def test_steps_fit_the_slots_where_routes_depend_on_the_channel() -> None:
             for e in (e for e in tree if e.step == step):
                 assert (e.parent, e.child) in candidates
                 assert e.parent in members[i] and e.child not in joined[i]
-                for key, f in topology.route_shares(e.parent, e.child, i).items():
+                for key, f in net.route_shares(e.parent, e.child, i).items():
                     used[index[key]] += f
                 joined[i].add(e.child)
         assert all(x <= c + 1e-9 for x, c in zip(used, fab.cap))

@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from topocc.planner.routing.network import Network
 from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms._order import LinkLoads, find_rings, ring_order
 from topocc.planner.compiler.algorithms.ring import ring
@@ -40,7 +41,8 @@ def hops(cycle: list[int]) -> list[tuple[int, int]]:
 
 def test_two_hosts_crossed_twice() -> None:
     topology = switch_cluster(4, hosts=2)
-    order = ring_order(topology)
+    net = Network(topology)
+    order = ring_order(net)
     assert order is not None and sorted(order) == list(range(8))
     host = {r: h for h, ranks in enumerate(topology.hosts.values()) for r in ranks}
     assert sum(host[a] != host[b] for a, b in hops(order)) == 2
@@ -48,14 +50,16 @@ def test_two_hosts_crossed_twice() -> None:
 
 def test_hosts_visited_contiguously_on_four_hosts() -> None:
     topology = switch_cluster(3, hosts=4)
-    for rg in find_rings(topology, None):
+    net = Network(topology)
+    for rg in find_rings(net, None):
         host = {r: h for h, ranks in enumerate(topology.hosts.values()) for r in ranks}
         assert sum(host[a] != host[b] for a, b in hops(rg)) == 4
 
 
 def test_dgx1_rings_are_nvlink_and_lane_disjoint() -> None:
     topology = dgx1()
-    rings = find_rings(topology, None)
+    net = Network(topology)
+    rings = find_rings(net, None)
     assert len(rings) >= 2
     used: dict[tuple[int, int], int] = {}
     for rg in rings:
@@ -65,7 +69,7 @@ def test_dgx1_rings_are_nvlink_and_lane_disjoint() -> None:
     for (a, b), n in used.items():
         lanes = DGX1_LANES.get((min(a, b), max(a, b)), 0)
         assert n <= lanes, f"{n} rings use the {lanes}-lane NVLink {a}->{b}"
-    schedule = ring(topology, "allreduce", Options())
+    schedule = ring(net, "allreduce", Options())
     assert schedule.metadata.options["channels"] == len(rings)
     assert {op.channel for p in schedule.programs for op in p if op.kind == "send"} == set(range(len(rings)))
     check_schedule(topology, schedule, "allreduce", "ring")
@@ -73,7 +77,7 @@ def test_dgx1_rings_are_nvlink_and_lane_disjoint() -> None:
 
 def test_dgx1_first_ring_uses_double_links() -> None:
     # 0-3-2-1-5-6-7-4 runs over 2-lane NVLinks only: the best single ring has 50 GB/s hops
-    order = ring_order(dgx1())
+    order = ring_order(Network(dgx1()))
     assert order is not None
     assert all(DGX1_LANES.get((min(a, b), max(a, b))) == 2 for a, b in hops(order))
 
@@ -90,16 +94,18 @@ def directed_ring(n: int, perm: list[int]) -> Topology:
 def test_directed_links_are_followed(collective: str) -> None:
     perm = [0, 3, 1, 4, 2]
     topology = directed_ring(5, perm)
-    order = ring_order(topology)
+    net = Network(topology)
+    order = ring_order(net)
     assert order is not None
     assert set(hops(order)) == set(hops(perm))
     for root in range(5):
-        check_schedule(topology, ring(topology, collective, Options(root=root)), collective, "ring")
+        check_schedule(topology, ring(net, collective, Options(root=root)), collective, "ring")
 
 
 def test_explicit_channels_and_pipeline() -> None:
     topology = switch_cluster(4)
-    schedule = ring(topology, "allreduce", Options(channels=3, pipeline=2))
+    net = Network(topology)
+    schedule = ring(net, "allreduce", Options(channels=3, pipeline=2))
     assert schedule.metadata.options["channels"] == 3
     assert schedule.input_chunks == 3 * 4 * 2
     # each rank sends 2 (p-1) segments of 2 pieces on each of 3 channels
@@ -109,8 +115,9 @@ def test_explicit_channels_and_pipeline() -> None:
 
 def test_pipeline_default_follows_size() -> None:
     topology = switch_cluster(4)
-    small = ring(topology, "broadcast", Options(size_bytes=4 << 10))
-    large = ring(topology, "broadcast", Options(size_bytes=256 << 20))
+    net = Network(topology)
+    small = ring(net, "broadcast", Options(size_bytes=4 << 10))
+    large = ring(net, "broadcast", Options(size_bytes=256 << 20))
     assert small.metadata.options["pipeline"] == 1
     assert large.metadata.options["pipeline"] > 8
 
@@ -122,11 +129,12 @@ def test_without_a_cycle_of_routes_the_ring_relays() -> None:
         "  - {ends: [g0, g1], bandwidth: 10 GB/s, latency: 1 us}",
         "  - {ends: [g0, g2], bandwidth: 10 GB/s, latency: 1 us}",
     ]))
-    order = ring_order(topology)
+    net = Network(topology)
+    order = ring_order(net)
     assert sorted(order) == [0, 1, 2]
-    assert sum(not topology.has_route(a, b) for a, b in hops(order)) == 1
+    assert sum(not net.has_route(a, b) for a, b in hops(order)) == 1
     for collective in ("allreduce", "reducescatter", "allgather", "broadcast", "reduce"):
-        schedule = ring(topology, collective, Options(root=2))
+        schedule = ring(net, collective, Options(root=2))
         check_schedule(topology, schedule, collective, "ring")
         if collective not in ("broadcast", "reduce"):  # a chain from the root may leave the relayed hop out
             assert schedule.scratch_chunks > (schedule.input_chunks if collective == "reducescatter" else 0)
@@ -139,12 +147,13 @@ def test_multi_chassis_rings_use_only_direct_hops(shape: tuple[int, int, str]) -
     chassis, gpus, inside = shape
     for one_way in (True, False):
         topology = parse_topology_text(chassis_yaml(chassis, gpus, inside, one_way))
-        rings = find_rings(topology, None)
+        net = Network(topology)
+        rings = find_rings(net, None)
         assert len(rings) == (1 if one_way else 2)  # two-way: one ring each way round the chassis
         host = {r: h for h, ranks in enumerate(topology.hosts.values()) for r in ranks}
         for rg in rings:
             assert sorted(rg) == list(range(topology.size))
-            assert all(topology.has_route(a, b) for a, b in hops(rg))
+            assert all(net.has_route(a, b) for a, b in hops(rg))
             assert sum(host[a] != host[b] for a, b in hops(rg)) == chassis
 
 
@@ -161,16 +170,17 @@ def test_a_relayed_hop_weighs_the_relay_links() -> None:
         "  - {ends: [h0nic, h1nic], bandwidth: 10 GB/s, latency: 1 us}",
     ])
     topology = parse_topology_text(text)
-    loads = LinkLoads(topology)
+    net = Network(topology)
+    loads = LinkLoads(net)
     assert loads.weight(1, 2) == pytest.approx(10e9)  # h0g1 -> h0g0 -> h1g0: the NICs' 10 GB/s bind
     loads.add_ring([0, 1, 2, 3])  # 1 -> 2 relays through 0, 3 -> 0 through 2
     assert loads.load[("h0g1", "h0g0")] == 1.0 and loads.load[("h0g0", "h0g1")] == 1.0
     assert loads.load[("h0nic", "h1nic")] == 1.0 and loads.load[("h1nic", "h0nic")] == 1.0
     assert loads.weight(1, 2) == pytest.approx(5e9)  # its links now carry one ring already
-    order = ring_order(topology)
-    assert sum(not topology.has_route(a, b) for a, b in hops(order)) == 2
+    order = ring_order(net)
+    assert sum(not net.has_route(a, b) for a, b in hops(order)) == 2
     for collective in ("allreduce", "allgather"):
-        check_schedule(topology, ring(topology, collective, Options()), collective, "ring")
+        check_schedule(topology, ring(net, collective, Options()), collective, "ring")
 
 
 @pytest.mark.parametrize("name", ["torus-4x4", "mesh-4x4", "dgx-a100-4node", "ndv2-2chassis", "pcie-4x4-10gbe"])
@@ -181,6 +191,7 @@ def test_link_floor_bounds_the_schedule(name: str, collective: str) -> None:
     from topocc.planner.topology.catalogue import resolve_topology
 
     topology = resolve_topology(name)
+    net = Network(topology)
     options = Options(size_bytes=256 << 20, root=1)
-    floor = ring_link_floor(topology, collective, options)
-    check_link_floor(topology, floor, ring(topology, collective, options), options.size_bytes)
+    floor = ring_link_floor(net, collective, options)
+    check_link_floor(topology, floor, ring(net, collective, options), options.size_bytes)

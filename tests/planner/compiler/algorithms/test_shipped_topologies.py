@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from topocc.planner.routing.network import Network
 from topocc.planner.compiler.algorithms import ALGORITHMS
 from topocc.planner.compiler.options import Options
 from topocc.planner.topology.catalogue import SCHEDULED_MAX_RANKS
@@ -67,13 +68,14 @@ def test_shipped(path_name: str, algorithm: str) -> None:
 
 @pytest.mark.skipif(not (TOPOLOGIES / "dgx1-v100.yaml").exists(), reason="dgx1-v100.yaml not shipped")
 def test_shipped_dgx1_has_several_channels() -> None:
-    schedule = ALGORITHMS["ring"].load()(shipped("dgx1-v100.yaml"), "allreduce", Options())
+    schedule = ALGORITHMS["ring"].load()(Network(shipped("dgx1-v100.yaml")), "allreduce", Options())
     assert schedule.metadata.options["channels"] >= 2
 
 
 @pytest.mark.skipif(not (TOPOLOGIES / "ndv2-2chassis.yaml").exists(), reason="ndv2-2chassis.yaml not shipped")
 def test_shipped_ndv2_ring_follows_one_way_links() -> None:
     topology = shipped("ndv2-2chassis.yaml")
-    schedule = ALGORITHMS["ring"].load()(topology, "allreduce", Options())
+    net = Network(topology)
+    schedule = ALGORITHMS["ring"].load()(net, "allreduce", Options())
     for ring in schedule.metadata.options["rings"]:
-        assert all(topology.has_route(a, b) for a, b in zip(ring, [*ring[1:], ring[0]]))
+        assert all(net.has_route(a, b) for a, b in zip(ring, [*ring[1:], ring[0]]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from topocc.planner.routing.network import Network
 from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms.tree import binary_tree, double_binary_tree, tree_link_floor
 from topocc.planner.compiler.build import build
@@ -35,7 +36,8 @@ def test_binary_tree_is_balanced_and_spanning(n: int) -> None:
 def test_trees_are_complementary() -> None:
     # NCCL's double binary tree: few ranks are interior in both trees, so the load spreads
     topology = switch_cluster(16)
-    schedule = double_binary_tree(topology, "allreduce", Options())
+    net = Network(topology)
+    schedule = double_binary_tree(net, "allreduce", Options())
     trees = schedule.metadata.options["trees"]
     interior = [{par for _, par in edges} for edges in trees]
     assert len(interior[0] & interior[1]) <= 2
@@ -46,7 +48,8 @@ def test_trees_are_complementary() -> None:
 @pytest.mark.parametrize("root", [0, 3, 6])
 def test_rooted_trees_hang_from_the_root(collective: str, root: int) -> None:
     topology = switch_cluster(7)
-    schedule = double_binary_tree(topology, collective, Options(root=root, pipeline=3))
+    net = Network(topology)
+    schedule = double_binary_tree(net, collective, Options(root=root, pipeline=3))
     for edges in schedule.metadata.options["trees"]:
         parents = dict(edges)
         assert root not in parents and len(parents) == 6
@@ -56,7 +59,8 @@ def test_rooted_trees_hang_from_the_root(collective: str, root: int) -> None:
 
 def test_tree_edges_without_a_route_are_relayed() -> None:
     topology = chain(4)
-    schedule = double_binary_tree(topology, "allreduce", Options())
+    net = Network(topology)
+    schedule = double_binary_tree(net, "allreduce", Options())
     edges = {(child, par) for tree in schedule.metadata.options["trees"] for child, par in tree}
     assert any(abs(child - par) > 1 for child, par in edges)  # a tree edge between ranks with no route
     check_schedule(topology, schedule, "allreduce", "tree")  # every message goes to a neighbour
@@ -68,20 +72,23 @@ def test_tree_edges_without_a_route_are_relayed() -> None:
 def test_link_floor_bounds_the_built_tree(name: str, routing: str, collective: str, root: int) -> None:
     # auto skips the tree unbuilt when this floor loses, so it must never exceed the built schedule's link time
     topology = resolve_topology(name)
+    net = Network(topology)
     if routing != topology.routing:
         if name == "torus-4x4" and routing == "source":
             pytest.skip("one routing per torus suffices")
         topology = topology.with_routing(routing)
+        net = Network(topology)
     options = Options(size_bytes=64 << 20, root=root)
-    floor = tree_link_floor(topology, collective, options)
-    built = link_time(topology, build(topology, collective, "tree", options), options.size_bytes)
+    floor = tree_link_floor(net, collective, options)
+    built = link_time(net, build(net, collective, "tree", options), options.size_bytes)
     assert 0 < floor <= built * (1 + 1e-9)
 
 
 def test_link_floor_meets_the_link_time_where_each_pair_has_one_path() -> None:
     topology = chain(5)  # relayed edges included
+    net = Network(topology)
     options = Options(size_bytes=1 << 20)
-    built = double_binary_tree(topology, "allreduce", options)
-    assert tree_link_floor(topology, "allreduce", options) == pytest.approx(link_time(topology, built, 1 << 20))
+    built = double_binary_tree(net, "allreduce", options)
+    assert tree_link_floor(net, "allreduce", options) == pytest.approx(link_time(net, built, 1 << 20))
     with pytest.raises(NotApplicableError):
-        tree_link_floor(topology, "allgather", options)
+        tree_link_floor(net, "allgather", options)

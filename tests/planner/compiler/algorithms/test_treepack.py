@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from topocc.planner.routing.network import Network
 from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.algorithms import _arborescence as arborescence
 from topocc.planner.compiler.algorithms import treepack as treepack_module
@@ -63,11 +64,12 @@ cluster:
 
 def undirected_load(topology: Topology, trees: tuple[tuple[float, dict[int, int]], ...]) -> float:
     """The busiest link's load of weighted undirected trees, each edge used both ways (in packing units)."""
+    net = Network(topology)
     load: dict[tuple[str, str], float] = {}
     for weight, parent in trees:
         for child, par in parent.items():
             for a, b in ((par, child), (child, par)):
-                for key, share in topology.route_shares(a, b).items():
+                for key, share in net.route_shares(a, b).items():
                     load[key] = load.get(key, 0.0) + weight * share
     top = max(topology.link(*key).bandwidth for key in load)  # type: ignore[union-attr]
     return max(x * top / topology.link(*key).bandwidth for key, x in load.items())  # type: ignore[union-attr]
@@ -77,12 +79,13 @@ def undirected_load(topology: Topology, trees: tuple[tuple[float, dict[int, int]
 @given(topology=topologies(max_hosts=3, max_gpus=3), data=st.data())
 def test_random_topologies(topology: Topology, data: st.DataObject) -> None:
     """Every schedule verifies, sends only over routes, and is never faster than the lower bound."""
+    net = Network(topology)
     collective = data.draw(st.sampled_from(COLLECTIVES))
     root = data.draw(st.integers(0, topology.size - 1))
     size = data.draw(st.sampled_from((1 << 16, 1 << 22, 1 << 28)))
     options = Options(size_bytes=size, root=root)
     try:
-        schedule = treepack(topology, collective, options)
+        schedule = treepack(net, collective, options)
     except NotApplicableError as exc:
         assert topology.size == 1, exc.message
         return
@@ -96,14 +99,15 @@ def test_random_topologies(topology: Topology, data: st.DataObject) -> None:
 @given(topology=topologies(max_hosts=3, max_gpus=3))
 def test_random_topologies_with_phases_packed_together(topology: Topology, monkeypatch: pytest.MonkeyPatch) -> None:
     """All-reduce over jointly packed, overlapped phases (forced) verifies and is never faster than the bound."""
+    net = Network(topology)
     monkeypatch.setattr(treepack_module, "JOINT_GAIN", math.inf)
     monkeypatch.setattr(treepack_module, "_undirected_pieces", lambda p, options: 0)
     if topology.size == 1:
         return
     size = 1 << 28
     options = Options(size_bytes=size)
-    schedule = treepack(topology, "allreduce", options)
-    assert _plan(topology, "allreduce", options).joint
+    schedule = treepack(net, "allreduce", options)
+    assert _plan(net, "allreduce", options).joint
     check_schedule(topology, schedule, "allreduce", "treepack")
     assert simulate(topology, schedule, size).time_s >= lower_bound(topology, "allreduce", size).time_s * (1 - 1e-9)
 
@@ -154,7 +158,8 @@ def test_packing_meets_the_optimum(name: str) -> None:
     """Four trees per root reach the exact fractional optimum over the same arcs (Edmonds' LP, max-flow cuts),
     and on these fabrics that optimum is the all-gather cut bound."""
     topology = load_topology(TOPOLOGIES / f"{name}.yaml")
-    graph = rank_graph(topology)
+    net = Network(topology)
+    graph = rank_graph(net)
     best = optimum(graph, range(topology.size))
     packing = pack(graph, range(topology.size), 4)
     assert packing.oracle == "edmonds"
@@ -167,7 +172,8 @@ def test_packing_meets_the_optimum(name: str) -> None:
 
 def test_every_tree_spans_from_its_root() -> None:
     topology = chassis_pair()
-    packing = pack(rank_graph(topology), range(topology.size), 2)
+    net = Network(topology)
+    packing = pack(rank_graph(net), range(topology.size), 2)
     for r, j in itertools.product(range(topology.size), range(2)):
         parent = packing.parents(r, j)
         assert set(parent) == set(range(topology.size)) - {r}
@@ -182,7 +188,7 @@ def test_every_tree_spans_from_its_root() -> None:
 def test_of_equal_loads_the_shallowest_packing_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     """torus-4x4: both depth biases reach the optimum (15); the packing kept is the shallower one, and
     shallower than what one bias alone gives."""
-    graph = rank_graph(load_topology(TOPOLOGIES / "torus-4x4.yaml"))
+    graph = rank_graph(Network(load_topology(TOPOLOGIES / "torus-4x4.yaml")))
     both = pack(graph, range(16), 4)
     monkeypatch.setattr(arborescence, "DEPTH_BIASES", arborescence.DEPTH_BIASES[:1])
     one = pack(graph, range(16), 4)
@@ -195,7 +201,7 @@ def test_of_equal_loads_the_shallowest_packing_is_kept(monkeypatch: pytest.Monke
 
 def test_mean_depth_of_a_path_and_a_star() -> None:
     """Pointer jumping gives the hop counts: a path 0-1-2-3 from 0 averages 2, a star from 0 averages 1."""
-    graph = rank_graph(switch_cluster(4))
+    graph = rank_graph(Network(switch_cluster(4)))
     arc = {(int(u), int(v)): k for k, (u, v) in enumerate(zip(graph.tail, graph.head))}
     if not {(0, 1), (1, 2), (2, 3), (0, 2), (0, 3)} <= set(arc):
         pytest.skip("the candidate arcs of a 4-rank switch changed")
@@ -208,7 +214,8 @@ def test_mean_depth_of_a_path_and_a_star() -> None:
 def test_restricted_oracle_meets_the_optimum_on_a_torus() -> None:
     """The forward-arc oracle (used where Edmonds' would cost too much) is optimal on a 4x4x4 torus."""
     topology = torus([4, 4, 4])
-    graph = rank_graph(topology)
+    net = Network(topology)
+    graph = rank_graph(net)
     packing = pack(graph, range(64), 4, exact=False)
     assert packing.oracle == "forward"
     assert packing.load == pytest.approx(optimum(graph, range(64)), rel=1e-6) == 63
@@ -235,9 +242,10 @@ def test_two_chassis_with_one_way_links(collective: str) -> None:
 def test_four_chassis_ring_of_one_way_links() -> None:
     """64 GPUs in 4 chassis, one-way links round a ring of chassis: verified, exact oracle, at the optimum."""
     topology = chassis_pair(4)
-    schedule = treepack(topology, "allgather", Options(size_bytes=1 << 20))
+    net = Network(topology)
+    schedule = treepack(net, "allgather", Options(size_bytes=1 << 20))
     check_schedule(topology, schedule, "allgather", "treepack")
-    graph = rank_graph(topology)
+    graph = rank_graph(net)
     assert schedule.metadata.options["load"] == pytest.approx(optimum(graph, range(64)), rel=1e-6)
 
 
@@ -245,9 +253,10 @@ def test_128_rank_torus() -> None:
     """128 ranks: a small all-gather verifies; two trees per root come within 2% of the optimum (one within
     4%: the optimum has each rank take 127 blocks evenly over 6 links, which whole trees can only approach)."""
     topology = torus([4, 4, 8])
-    schedule = treepack(topology, "allgather", Options(size_bytes=1 << 20))
+    net = Network(topology)
+    schedule = treepack(net, "allgather", Options(size_bytes=1 << 20))
     check_schedule(topology, schedule, "allgather", "treepack")
-    graph = rank_graph(topology)
+    graph = rank_graph(net)
     best = optimum(graph, range(128))
     assert schedule.metadata.options["load"] <= 1.04 * best
     assert pack(graph, range(128), 2).load <= 1.02 * best
@@ -257,7 +266,8 @@ def test_128_rank_torus() -> None:
 def test_switch_packing_is_optimal(ranks: int) -> None:
     """p ranks on one switch: trees used both ways cannot beat 2(p-1)/p of the link time per byte."""
     topology = switch_cluster(ranks)
-    packing = pack_undirected(topology)
+    net = Network(topology)
+    packing = pack_undirected(net)
     assert sum(w for w, _ in packing.trees) == pytest.approx(1.0)
     assert all(len(parent) == ranks - 1 for _, parent in packing.trees)
     optimum_load = 2 * (ranks - 1) / ranks
@@ -268,7 +278,8 @@ def test_switch_packing_is_optimal(ranks: int) -> None:
 def test_mesh_packing_meets_the_partition_bound() -> None:
     """On the 4x4 mesh every router link is needed: the packing is within 3% of the router-partition bound."""
     topology = load_topology(TOPOLOGIES / "mesh-4x4.yaml")
-    packing = pack_undirected(topology)
+    net = Network(topology)
+    packing = pack_undirected(net)
     # 2(p-1) = 30 crossings per byte over the 48 directed 25 GB/s router links, in units of the 100 GB/s port
     optimum_load = 30 / (48 * 25 / 100)
     assert undirected_load(topology, packing.trees) == pytest.approx(packing.load, rel=1e-6)
@@ -297,7 +308,8 @@ def test_allreduce_overlaps_reduce_and_broadcast() -> None:
     """Undirected trees: pieces are reduced on channel 0 and broadcast on channel 1 (mesh-4x4, where they
     carry a third less than reduce-scatter + all-gather)."""
     topology = load_topology(TOPOLOGIES / "mesh-4x4.yaml")
-    schedule = treepack(topology, "allreduce", Options(size_bytes=64 << 20))
+    net = Network(topology)
+    schedule = treepack(net, "allreduce", Options(size_bytes=64 << 20))
     assert schedule.metadata.options["trees"] >= 1
     channels = {(op.step, op.channel) for program in schedule.programs for op in program if op.kind != "copy"}
     assert channels == {(0, 0), (1, 1)}
@@ -306,24 +318,26 @@ def test_allreduce_overlaps_reduce_and_broadcast() -> None:
 def test_allreduce_on_equal_loads_is_two_phases() -> None:
     """Where undirected trees carry no less (16 ranks on a switch), all-reduce is reduce-scatter then all-gather;
     on 8 ranks undirected trees win ties."""
-    schedule = treepack(switch_cluster(16), "allreduce", Options(size_bytes=64 << 20))
+    schedule = treepack(Network(switch_cluster(16)), "allreduce", Options(size_bytes=64 << 20))
     assert "trees_per_root" in schedule.metadata.options
     check_schedule(switch_cluster(16), schedule, "allreduce", "treepack")
-    assert "trees" in treepack(switch_cluster(8), "allreduce", Options(size_bytes=64 << 20)).metadata.options
+    assert "trees" in treepack(Network(switch_cluster(8)), "allreduce", Options(size_bytes=64 << 20)).metadata.options
 
 
 def test_operations_stay_bounded_at_any_size() -> None:
     """The piece count follows the transfer budget, not the message size."""
     topology = load_topology(TOPOLOGIES / "ndv2-2chassis.yaml")
-    counts = [treepack(topology, "allgather", Options(size_bytes=size)).op_count for size in (1 << 28, 1 << 34)]
+    net = Network(topology)
+    counts = [treepack(net, "allgather", Options(size_bytes=size)).op_count for size in (1 << 28, 1 << 34)]
     assert counts[0] == counts[1] <= 2 * (1 << 15) + topology.size * 64
 
 
 def test_one_way_links_use_rooted_trees() -> None:
     """ndv2-2chassis has one-way links between its chassis: all-reduce is reduce-scatter + all-gather."""
     topology = load_topology(TOPOLOGIES / "ndv2-2chassis.yaml")
+    net = Network(topology)
     assert not topology.symmetric
-    schedule = treepack(topology, "allreduce", Options(size_bytes=1 << 20))
+    schedule = treepack(net, "allreduce", Options(size_bytes=1 << 20))
     check_schedule(topology, schedule, "allreduce", "treepack")
     assert "trees" not in schedule.metadata.options
 
@@ -332,9 +346,10 @@ def test_phases_packed_together_load_less() -> None:
     """On mesh-4x4 (corner routers with two links, inner ones with four) a reduction and a gather packed
     together load the busiest link 30% less than one packing used both ways; every tree still spans."""
     topology = load_topology(TOPOLOGIES / "mesh-4x4.yaml")
+    net = Network(topology)
     p = topology.size
-    alone = pack(rank_graph(topology), range(p), 2)
-    up, down = pack_phases([rank_graph(topology, reverse=True), rank_graph(topology)], range(p), 2)
+    alone = pack(rank_graph(net), range(p), 2)
+    up, down = pack_phases([rank_graph(net, reverse=True), rank_graph(net)], range(p), 2)
     assert _phases_load(up, down) < 0.75 * _phases_load(alone, alone)
     for packing in (up, down):
         for r in range(p):
@@ -369,9 +384,10 @@ def test_allreduce_on_uneven_racks_packs_its_phases_together() -> None:
     (82.1% of the bound at 64 MiB); the phases' rooted trees packed together reach 90.3%, every rank's
     reduction of a unit tree held back until the gather two units before it is under way."""
     topology = parse_topology_text(UNEVEN_RACKS, "uneven-racks.yaml")
+    net = Network(topology)
     options = Options(size_bytes=64 << 20)
     compiled = compile_schedule(topology, "allreduce", "treepack", options)
-    plan = _plan(topology, "allreduce", options)
+    plan = _plan(net, "allreduce", options)
     assert plan.joint and plan.up is not plan.down
     assert compiled.efficiency >= 0.88
 
@@ -387,12 +403,13 @@ def test_link_floor_bounds_the_schedule_from_the_same_packing(name: str, collect
     from topocc.planner.topology.catalogue import resolve_topology
 
     topology = resolve_topology(name)
+    net = Network(topology)
     options = Options(size_bytes=256 << 20)
-    floor = module.treepack_link_floor(topology, collective, options)
+    floor = module.treepack_link_floor(net, collective, options)
 
     def no_packing(*args: object, **kwargs: object) -> None:
         raise AssertionError("packed again")
 
     monkeypatch.setattr(module, "pack", no_packing)
     monkeypatch.setattr(module, "pack_undirected", no_packing)
-    check_link_floor(topology, floor, treepack(topology, collective, options), options.size_bytes)
+    check_link_floor(topology, floor, treepack(net, collective, options), options.size_bytes)
