@@ -25,9 +25,9 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from topocc.planner.compiler.options import Options
 from topocc.planner.analysis.bounds import lower_bound
 from topocc.planner.compiler.compile import compile_schedule
+from topocc.planner.compiler.options import Options
 from topocc.planner.testbed.emulation import EmulatedCluster, emulation_available, scaled_topology
 from topocc.planner.topology.model import Topology
 from topocc.planner.topology.parse import load_topology

@@ -20,10 +20,10 @@ import json
 import sys
 import time
 
-from topocc.planner.testbed.bench import EmulatedRow, bench_emulated, format_emulated_table
 from topocc.planner.compiler.plans import compile_plan
-from topocc.planner.topology.catalogue import resolve_topology
+from topocc.planner.testbed.bench import EmulatedRow, bench_emulated, format_emulated_table
 from topocc.planner.testbed.emulation import DEFAULT_SCALE, emulation_available
+from topocc.planner.topology.catalogue import resolve_topology
 
 MIB = 1 << 20
 SIZES = [MIB, 4 * MIB, 16 * MIB, 64 * MIB]

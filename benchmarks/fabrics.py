@@ -31,11 +31,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from topocc.planner.topology.catalogue import shipped_topologies
 from topocc.planner.errors import UsageError
-from topocc.planner.topology.templates import HYBRID_CUBE_MESH_LANES
+from topocc.planner.topology.catalogue import shipped_topologies
 from topocc.planner.topology.model import Topology
 from topocc.planner.topology.parse import parse_topology_text
+from topocc.planner.topology.templates import HYBRID_CUBE_MESH_LANES
 
 __all__ = [
     "FAMILIES",

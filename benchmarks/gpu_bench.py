@@ -31,7 +31,6 @@ for peers and moving data) and between them (the reductions and copies), and the
 
 from __future__ import annotations
 
-from topocc.planner.routing.network import Network
 import argparse
 import itertools
 import json
@@ -50,10 +49,12 @@ if str(REPO) not in sys.path:
 
 MIB = 1 << 20
 CONFIGS = ("plain", "emu-uniform", "emu-racks")
-#: Inter-host links at 1% of their bandwidth: emu-racks' 100 Gbit/s NICs run at 1 Gbit/s, which NCCL's
-#: sockets fill (0.118 GB/s busbw measured at 1 Gbit/s, ../shared/GPU.md) while 256 MiB stays within seconds.
+#: Inter-host links at 1% of their bandwidth: emu-racks' 100 Gbit/s NICs run at 1 Gbit/s, slow enough that
+#: NCCL's sockets fill the shaped links (the network, not the host, limits the run), fast enough that the
+#: largest size takes seconds.
 DEFAULT_SCALE = 1e-2
-#: Seconds a rank may wait for a peer (a 256 MiB call on emu-racks at 1e-2 takes about 10 s).
+#: Seconds a rank may wait for a peer: well above the slowest call (the largest size on emu-racks at the
+#: default scale), so that only a dead or hung peer reaches it.
 TIMEOUT_S = 180.0
 
 PLAIN_TOPOLOGY = """
@@ -119,6 +120,7 @@ def schedule_for(config: str, ranks: int) -> tuple[Any, Any]:
     """(topology, schedule) of a configuration: the planner's ring for plain, the shipped schedule otherwise."""
     from topocc.planner.compiler.algorithms import ALGORITHMS
     from topocc.planner.compiler.options import Options
+    from topocc.planner.routing.network import Network
     from topocc.planner.topology.catalogue import resolve_topology
     from topocc.planner.topology.parse import parse_topology_text
     from topocc.runtime.schedule import load_schedule
@@ -145,8 +147,8 @@ def prove(schedule: Any, sizes_bytes: Sequence[int], group_bytes: int) -> dict[i
 
 
 def predicted(topology: Any, schedule: Any, size: int, scale: float) -> float:
-    from topocc.planner.testbed.emulation import scaled_topology
     from topocc.planner.analysis.simulate import simulate
+    from topocc.planner.testbed.emulation import scaled_topology
 
     return simulate(scaled_topology(topology, scale), schedule, size).time_s
 
@@ -347,8 +349,8 @@ def rank_main(argv: Sequence[str]) -> int:
 
 def gpu_waiter(how: str) -> Any:
     """How a rank waits for its GPU work: ``cuda`` (``torch.cuda.synchronize``, which spins a core) or
-    ``poll`` (an event queried with short sleeps: twelve ranks spinning beside NCCL's busy proxy threads
-    would take more than the machine's 16 cores, and descheduled proxies stall every handshake)."""
+    ``poll`` (an event queried with short sleeps: ranks spinning beside NCCL's busy proxy threads can take
+    more cores than the machine has, and descheduled proxies stall every handshake)."""
     import torch
 
     from topocc.runtime.transports.torch_ops import wait_for_gpu
@@ -360,11 +362,13 @@ def _measure(comm: Any, transport: Any, device: Any, size: int, budget: float, m
              profile: bool = False, wait: str = "poll") -> dict[str, Any]:
     import torch
 
+    from topocc.runtime.baselines import native
+
     sync = gpu_waiter(wait) if device.type == "cuda" else (lambda: None)
     g = torch.Generator().manual_seed(1000 * comm.rank + size % 997)
     x = torch.randn(size // 4, generator=g).to(device)
     ref = x.clone()
-    transport.native("allreduce", ref, ref, "sum", 0)
+    native(transport, "allreduce", ref, ref, "sum", 0)
     buf = x.clone()
 
     def ours() -> None:
@@ -372,9 +376,9 @@ def _measure(comm: Any, transport: Any, device: Any, size: int, budget: float, m
         comm.allreduce(buf)
         sync()
 
-    def native() -> None:
+    def library() -> None:
         buf.copy_(x)
-        transport.native("allreduce", buf, buf, "sum", 0)
+        native(transport, "allreduce", buf, buf, "sum", 0)
         sync()
 
     ours()  # set-up, handshake and warm-up
@@ -387,9 +391,9 @@ def _measure(comm: Any, transport: Any, device: Any, size: int, budget: float, m
             fn()
         return transport.max_float((time.perf_counter() - start) / iters)
 
-    first = (timed(ours, 1), timed(native, 1))
+    first = (timed(ours, 1), timed(library, 1))
     iters = max(1, min(max_iters, int(budget / max(first))))  # every rank computes it from the same maxima
-    mine, theirs = first if iters == 1 else (timed(ours, iters), timed(native, iters))
+    mine, theirs = first if iters == 1 else (timed(ours, iters), timed(library, iters))
     row = {"size": size, "time_s": mine, "native_s": theirs, "max_error": error, "iters": iters}
     if profile:
         buf.copy_(x)

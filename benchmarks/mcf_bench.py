@@ -15,17 +15,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from topocc.planner.compiler.options import McfOptions, Options
-from topocc.planner.routing.network import Network
+from topocc.planner.analysis.bounds import lower_bound
+from topocc.planner.analysis.simulate import simulate
+from topocc.planner.analysis.verify import verify
 from topocc.planner.compiler.algorithms.mcf import mcf
 from topocc.planner.compiler.algorithms.treepack import treepack
-from topocc.planner.analysis.bounds import lower_bound
-from topocc.planner.topology.catalogue import resolve_topology
+from topocc.planner.compiler.options import McfOptions, Options
 from topocc.planner.errors import TopoccError
-from topocc.planner.analysis.simulate import simulate
-from topocc.planner.report.summary import format_table
+from topocc.planner.report.table import format_table
+from topocc.planner.routing.network import Network
+from topocc.planner.topology.catalogue import resolve_topology
 from topocc.planner.units import format_size, format_time
-from topocc.planner.analysis.verify import verify
 
 #: (topology, collective, size, backends): the first case compares backends on one LP model.
 CASES = [

@@ -14,14 +14,14 @@ from __future__ import annotations
 import argparse
 import time
 
-from topocc.planner.routing.network import Network
-from topocc.planner.compiler.options import Options
+from topocc.planner.analysis.bounds import lower_bound
+from topocc.planner.analysis.simulate import simulate
 from topocc.planner.compiler.algorithms.multitree import multitree
 from topocc.planner.compiler.algorithms.ring import ring
-from topocc.planner.analysis.bounds import lower_bound
-from topocc.planner.topology.catalogue import resolve_topology, shipped_topologies
+from topocc.planner.compiler.options import Options
 from topocc.planner.errors import NotApplicableError
-from topocc.planner.analysis.simulate import simulate
+from topocc.planner.routing.network import Network
+from topocc.planner.topology.catalogue import resolve_topology, shipped_topologies
 from topocc.planner.units import format_time, parse_size
 
 DEFAULT = ("torus-4x4", "mesh-4x4", "dgx1-v100", "ndv2-2chassis", "dgx2", "dgx-a100-4node", "pcie-4x4-10gbe")

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fabrics import shipped_fabrics, suite
+
 from topocc.planner.compiler.algorithms import ALGORITHMS
 from topocc.planner.compiler.compile import compile_schedule
 from topocc.planner.compiler.options import Options

@@ -38,18 +38,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from topocc.planner.compiler.algorithms import ALGORITHMS
-from topocc.planner.compiler.options import Options
+from fabrics import Fabric, shipped_fabrics, small_suite, suite
+from targets import LARGE_BYTES, SMALL_BYTES, Measured, Verdict, judge
+
 from topocc.planner.analysis.bounds import lower_bound
 from topocc.planner.analysis.collectives import canonical_collective
-from topocc.planner.topology.catalogue import SCHEDULED_MAX_RANKS, resolve_topology, scheduled_topologies
-from topocc.planner.compiler.race import Candidate
-from topocc.planner.compiler.compile import compile_schedule
-from topocc.planner.errors import TopoccError
-from fabrics import Fabric, shipped_fabrics, small_suite, suite
 from topocc.planner.analysis.simulate import simulate
-from topocc.planner.report.summary import format_table
-from targets import LARGE_BYTES, SMALL_BYTES, Measured, Verdict, judge
+from topocc.planner.compiler.algorithms import ALGORITHMS
+from topocc.planner.compiler.compile import compile_schedule
+from topocc.planner.compiler.options import Options
+from topocc.planner.compiler.race import Candidate
+from topocc.planner.errors import TopoccError
+from topocc.planner.report.table import format_table
+from topocc.planner.topology.catalogue import SCHEDULED_MAX_RANKS, resolve_topology, scheduled_topologies
 from topocc.planner.topology.parse import parse_topology_text
 from topocc.planner.units import UnitError, format_size, format_time, parse_size
 
@@ -110,7 +111,7 @@ def scale_rows(gpu_counts: tuple[int, ...], size: int = 64 << 20, routing: str |
         loaded = time.perf_counter() - started
         compiled = compile_schedule(topology, "allreduce", "auto", Options(size_bytes=size))
         total, cpu = time.perf_counter() - started, time.process_time() - cpu
-        # large schedules are proved in a forked child (topocc.planner.compiler.compile.PARALLEL_VERIFY_OPS): both peaks count
+        # large schedules are proved in a forked child (topocc.planner.compiler.proof): both peaks count
         planner_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         proof_gib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
         sim_cpu = time.process_time()

@@ -19,15 +19,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from topocc.planner.report.summary import format_table
+from topocc.planner.report.table import format_table
 
 SCHEDULES = Path(__file__).resolve().parent.parent / "schedules"
 
 
 def one(path: str, baselines: list[str]) -> dict[str, object]:
     """Write the report of ``path`` in this process; measure it."""
-    from topocc.planner.report.summary import inspect_schedule
-    from topocc.runtime.plan import as_plan, load_any
+    from topocc.planner.report.inspect import inspect_schedule
+    from topocc.runtime.plan import as_plan
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "report.html"
@@ -35,7 +35,7 @@ def one(path: str, baselines: list[str]) -> dict[str, object]:
         inspect_schedule(path, html=str(out), baselines=baselines)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         size = out.stat().st_size
-    schedule = as_plan(load_any(path)).schedules[0]
+    schedule = as_plan(path).schedules[0]
     return {"ranks": schedule.ranks, "operations": schedule.op_count, "wall_s": wall, "cpu_s": cpu,
             "peak_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "html_bytes": size}
 

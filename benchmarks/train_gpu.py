@@ -1,16 +1,17 @@
 """Training on an emulated cluster of NCCL ranks: plain DDP, topocc's DDP hook, Prophet's blocks and DASO (#13).
 
 Every rank is a process on the one GPU, in its emulated host's network namespace (as
-``benchmarks/gpu_bench.py`` sets them up: ``topocc.planner.testbed.emulation``, inter-host links shaped to ``--scale`` of
-their bandwidth), with its own ``NCCL_HOSTID``.  Each trains the same randomly initialised transformer
+``benchmarks/gpu_bench.py`` sets them up: ``topocc.planner.testbed.emulation``, inter-host links shaped
+to ``--scale`` of their bandwidth), with its own ``NCCL_HOSTID``.  Each trains the same randomly initialised transformer
 language model on synthetic data (a fixed random token mapping to learn; nothing downloaded), one
 configuration after another in the same processes:
 
 * ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` over torch's NCCL (its default buckets);
 * ``hook``: the same DDP with :func:`topocc.runtime.training.topocc_allreduce_hook`, the topology's shipped
   all-reduce schedule replayed over :class:`topocc.runtime.transports.nccl.NCCLTransport`;
-* ``prophet``: :class:`topocc.runtime.training.BlockScheduler` with blocks that ``topocc.planner.gradblocks.blocks`` plans from this
-  run's own profile (``profile_model`` on the first batch) and the schedule's all-reduce time measured here
+* ``prophet``: :class:`topocc.runtime.training.BlockScheduler` with blocks that
+  ``topocc.planner.gradblocks.plan`` plans from this run's own profile (``profile_model`` on the first
+  batch) and the schedule's all-reduce time measured here
   at three sizes and for all the gradients at once, before any configuration is timed; its prediction, and
   DDP's default buckets' (the ``hook`` row), are printed beside the measurement;
 * ``daso``: :class:`topocc.runtime.training.DASO` over the same global communicator and one per host; it trains
@@ -30,7 +31,6 @@ SVG of eval loss against training time (and a PNG beside it where matplotlib is 
 
 from __future__ import annotations
 
-from topocc.planner.routing.network import Network
 import argparse
 import itertools
 import json
@@ -41,6 +41,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from topocc.planner.routing.network import Network
 
 REPO = Path(__file__).resolve().parent.parent
 for where in (REPO, REPO / "benchmarks"):
@@ -446,9 +448,10 @@ def rank_main(argv: Sequence[str]) -> int:
             # 39 MiB all-reduce at 1573 ms where it took 1210 (with the point: 1255)
             points = [*_measured_cost(comm, device, sync, transport), (4 * report["params"], report["replay_s"])]
             if rank == 0:
-                from topocc.planner.gradblocks.blocks import fit_cost, plan_buckets
+                from topocc.planner.gradblocks.cost import fit_cost
+                from topocc.planner.gradblocks.plan import plan_blocks
 
-                plan = plan_buckets(profile, fit_cost(points))
+                plan = plan_blocks(profile, fit_cost(points))
                 store.set("blocks", json.dumps({"blocks": [list(map(list, b.pieces)) for b in plan.blocks],
                                                 "prophet": plan.predicted_time_s, "hook": plan.ddp_time_s,
                                                 "strategy": plan.strategy, "cost": points}))

@@ -12,7 +12,7 @@ it.  It then trains the same seeded model on the same synthetic data five ways:
 2. DDP with :func:`topocc.runtime.training.topocc_allreduce_hook` (the compiled plan
    over MPI): the loss curves of 1 and 2 must match to float tolerance;
 3. topocc blocks laid out like DDP's default buckets, update after all arrive;
-4. topocc blocks planned by ``topocc.planner.gradblocks.blocks`` (Prophet) from a profile of
+4. topocc blocks planned by ``topocc.planner.gradblocks.plan`` (Prophet) from a profile of
    this model, updates gated per layer in the next forward pass; 3 and 4 print
    the planner's predicted iteration time next to the measured one;
 5. DASO: gradients averaged inside each "host" (2 ranks) every step, parameters
@@ -284,13 +284,14 @@ def main() -> None:
     blocks_ddp = blocks_prophet = None
     report: dict[str, Any] = {}
     if rank == 0:
-        from topocc.planner.gradblocks.blocks import ddp_blocks, fit_cost, format_bucket_plan, plan_buckets, plan_cost, simulate_blocks
+        from topocc.planner.gradblocks.cost import fit_cost, plan_cost
+        from topocc.planner.gradblocks.plan import ddp_blocks, format_block_plan, plan_blocks, simulate_blocks
 
         cost = fit_cost(points)
-        bucket_plan = plan_buckets(profile, cost)
-        out("\n" + format_bucket_plan(bucket_plan, profile))
+        bucket_plan = plan_blocks(profile, cost)
+        out("\n" + format_block_plan(bucket_plan, profile))
         model_cost = plan_cost(load_plan(plan_path))
-        on_topology = plan_buckets(profile, model_cost)
+        on_topology = plan_blocks(profile, model_cost)
         report = {"prophet": bucket_plan.predicted_time_s, "ddp-blocks": bucket_plan.ddp_time_s,
                   "topo_prophet": on_topology.predicted_time_s, "topo_ddp": on_topology.ddp_time_s}
         blocks_ddp = ddp_blocks(profile)

@@ -10,6 +10,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -70,6 +71,7 @@ def _emit(doc: Any, as_json: bool, text: str | None = None) -> None:
     if as_json:
         click.echo(json.dumps(doc, indent=2, default=str))
     else:
+        # loaded on use: every command starts without the others' modules
         from topocc.planner.report.summary import format_summary
 
         click.echo(text if text is not None else format_summary(doc))
@@ -103,11 +105,12 @@ def cli() -> None:
 def compile_cmd(topology: str, collective: str, size: tuple[int, int], algorithm: str, channels: int | None,
                 pipeline: int | None, root: int, output: str | None, as_json: bool, progress: bool | None) -> None:
     """Compile COLLECTIVE for TOPOLOGY (a YAML file or a shipped name), verify and simulate it."""
+    # loaded on use: every command starts without the others' modules
+    from topocc.planner.compiler.compile import compile_schedule
     from topocc.planner.compiler.options import Options
     from topocc.planner.compiler.plans import compile_plan
-    from topocc.planner.compiler.compile import compile_schedule
-    from topocc.planner.topology.catalogue import resolve_topology
     from topocc.planner.report.summary import compiled_summary, format_plan, plan_summary
+    from topocc.planner.topology.catalogue import resolve_topology
     from topocc.runtime.plan import save_plan
     from topocc.runtime.schedule import save_schedule
 
@@ -134,8 +137,9 @@ def compile_cmd(topology: str, collective: str, size: tuple[int, int], algorithm
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
 def verify_cmd(schedule: str, as_json: bool) -> None:
     """Prove that SCHEDULE implements its collective (exit 0 only if it does)."""
-    from topocc.planner.report.summary import verify_summary
+    # loaded on use: every command starts without the others' modules
     from topocc.planner.analysis.verify import verify
+    from topocc.planner.report.summary import verify_summary
     from topocc.runtime.schedule import load_schedule
 
     loaded = load_schedule(schedule)
@@ -154,11 +158,12 @@ def verify_cmd(schedule: str, as_json: bool) -> None:
 def simulate_cmd(schedule: str, topology: str | None, what_if: bool, size: int | None, candidates: bool,
                  trace: str | None, as_json: bool) -> None:
     """Predict SCHEDULE's time on its topology, against the lower bound."""
-    from topocc.planner.topology.catalogue import schedule_topology
+    # loaded on use: every command starts without the others' modules
     from topocc.planner.report.summary import simulation_summary
-    from topocc.runtime.plan import as_plan, load_any
+    from topocc.planner.topology.catalogue import schedule_topology
+    from topocc.runtime.plan import as_plan
 
-    plan = as_plan(load_any(schedule))
+    plan = as_plan(schedule)
     size = size or plan.schedules[0].metadata.size_bytes or (64 << 20)
     loaded = plan.select(size)
     topo = schedule_topology(loaded, schedule, topology, what_if=what_if)
@@ -177,13 +182,13 @@ def topo_group() -> None:
 @click.option("--html", type=click.Path(dir_okay=False), default=None, help="Also draw it as a self-contained page.")
 def topo_show(topology: str, as_json: bool, html: str | None) -> None:
     """Ranks, devices, links and cut bound of TOPOLOGY."""
-    from topocc.planner.topology.catalogue import resolve_topology
+    # loaded on use: every command starts without the others' modules
     from topocc.planner.report.summary import topology_summary
+    from topocc.planner.topology.catalogue import resolve_topology
 
     topo = resolve_topology(topology)
     if html:
-        from pathlib import Path
-
+        # loaded on use: every command starts without the others' modules
         from topocc.planner.report import render_topology_html
 
         Path(html).write_text(render_topology_html(topo))
@@ -201,8 +206,7 @@ def topo_show(topology: str, as_json: bool, html: str | None) -> None:
 def topo_import(source: str, nvidia_smi: bool, name: str | None, hosts: int | None, network: str | None,
                 output: str | None) -> None:
     """Convert NCCL topology XML (or nvidia-smi topo -m output) into topology YAML."""
-    from pathlib import Path
-
+    # loaded on use: every command starts without the others' modules
     from topocc.planner.formats import combine_hosts, convert_nccl_topo, convert_nvidia_smi
     from topocc.planner.topology.parse import parse_topology_text
 
@@ -227,9 +231,10 @@ def topo_import(source: str, nvidia_smi: bool, name: str | None, hosts: int | No
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Schedule JSON to write.")
 def import_cmd(source: str, output: str) -> None:
     """Import an MSCCL XML algorithm as a topocc schedule (verified before it is written)."""
+    # loaded on use: every command starts without the others' modules
+    from topocc.planner.analysis.verify import verify
     from topocc.planner.formats import import_msccl
     from topocc.planner.report.summary import verify_summary
-    from topocc.planner.analysis.verify import verify
     from topocc.runtime.schedule import save_schedule
 
     schedule = import_msccl(source)
@@ -247,10 +252,9 @@ def import_cmd(source: str, output: str) -> None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here (default: stdout).")
 def export_cmd(schedule: str, fmt: str, proto: str, name: str | None, output: str | None) -> None:
     """Export SCHEDULE as MSCCL XML (loadable by MSCCL and RCCL)."""
-    from pathlib import Path
-
-    from topocc.planner.formats import export_msccl
+    # loaded on use: every command starts without the others' modules
     from topocc.planner.analysis.verify import verify
+    from topocc.planner.formats import export_msccl
     from topocc.runtime.schedule import load_schedule
 
     loaded = load_schedule(schedule)
@@ -275,14 +279,17 @@ def export_cmd(schedule: str, fmt: str, proto: str, name: str | None, output: st
 @click.option("--timeout", type=click.FloatRange(0.1), default=30.0, show_default=True,
               help="Seconds a rank waits for a peer before failing.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--progress/--no-progress", default=None, help=PROGRESS_HELP)
 def run_cmd(schedule: str, nprocs: int | None, size: int, dtype: str, op: str, iters: int, warmup: int,
-            timeout: float, as_json: bool) -> None:
+            timeout: float, as_json: bool, progress: bool | None) -> None:
     """Replay SCHEDULE on --np MPI ranks (mpiexec): PASS or FAIL against numpy, time, algbw and busbw."""
+    # loaded on use: every command starts without the others' modules
     from topocc.planner.errors import CommunicatorError
-    from topocc.planner.report.summary import format_run, run_summary, wrong_result
+    from topocc.planner.report.runs import format_run, run_summary, wrong_result
     from topocc.runtime.launch import run_schedule
 
-    result = run_schedule(schedule, nprocs, size, dtype=dtype, op=op, timeout=timeout, repeat=iters, warmup=warmup)
+    result = run_schedule(schedule, nprocs, size, dtype=dtype, op=op, timeout=timeout, repeat=iters, warmup=warmup,
+                          progress=_progress_echo(progress))
     if not result.ok:
         raise CommunicatorError(f"replay failed: {result.failure()}", where=schedule)
     doc = run_summary(result)
@@ -313,8 +320,9 @@ def bench_cmd(schedule: str, nprocs: int | None, sizes: tuple[int, int], factor:
               dtype: str, timeout: float, topology: str | None, what_if: bool, emulate: str | None, scale: float,
               trace: str | None, as_json: bool, progress: bool | None) -> None:
     """Time SCHEDULE (or a plan) against the MPI's native collective, nccl-tests style."""
+    # loaded on use: every command starts without the others' modules
     from topocc.planner.compiler.plans import bucket_sizes
-    from topocc.planner.report.summary import bench_progress, bench_rows, format_bench, predicted_times, wrong_result
+    from topocc.planner.report.runs import bench_progress, bench_rows, format_bench, predicted_times, wrong_result
     from topocc.runtime.launch import bench_schedule, bench_sizes, check_ranks
     from topocc.runtime.plan import load_any
 
@@ -322,6 +330,7 @@ def bench_cmd(schedule: str, nprocs: int | None, sizes: tuple[int, int], factor:
     size_list = bucket_sizes(*sizes, factor=factor)
     echo = _progress_echo(progress)
     if emulate:
+        # loaded on use: every command starts without the others' modules
         from topocc.planner.testbed.bench import bench_emulated, format_emulated_table
         from topocc.planner.topology.catalogue import resolve_topology
 
@@ -355,7 +364,8 @@ def bench_cmd(schedule: str, nprocs: int | None, sizes: tuple[int, int], factor:
 def inspect_cmd(schedule: str, topology: str | None, what_if: bool, size: int | None, html: str | None,
                 dot: str | None, baselines: str) -> None:
     """Show a plan: terminal tables, or an HTML report / DOT drawing of topology, structure and timeline."""
-    from topocc.planner.report.summary import inspect_schedule
+    # loaded on use: every command starts without the others' modules
+    from topocc.planner.report.inspect import inspect_schedule
 
     click.echo(inspect_schedule(schedule, topology, size, html=html, dot=dot,
                                 baselines=[b for b in baselines.split(",") if b], what_if=what_if))
@@ -370,8 +380,9 @@ def inspect_cmd(schedule: str, topology: str | None, what_if: bool, size: int | 
 @click.option("--progress/--no-progress", default=None, help=PROGRESS_HELP)
 def emulate_cmd(topology: str, command: tuple[str, ...], scale: float, timeout: float, progress: bool | None) -> None:
     """Run COMMAND as every rank of TOPOLOGY on an emulated cluster (network namespaces, tc; needs root)."""
-    from topocc.planner.testbed.bench import run_emulated
+    # loaded on use: every command starts without the others' modules
     from topocc.planner.errors import CommunicatorError
+    from topocc.planner.testbed.bench import run_emulated
 
     result = run_emulated(topology, list(command), scale=scale, timeout_s=timeout, progress=_progress_echo(progress))
     click.echo(result.stdout, nl=False)
@@ -388,30 +399,25 @@ def emulate_cmd(topology: str, command: tuple[str, ...], scale: float, timeout: 
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def plan_buckets_cmd(profile: str, plan_path: str, output: str | None, as_json: bool) -> None:
     """Group gradients into blocks and order them (Prophet) against DDP's default and per-tensor priority."""
-    from pathlib import Path
-
-    from topocc.planner.gradblocks.blocks import bucket_plan_to_dict, format_bucket_plan, load_profile, plan_buckets, plan_cost
-    from topocc.planner.topology.catalogue import schedule_topology
-    from topocc.planner.errors import TopoccError
-    from topocc.runtime.plan import as_plan, load_any
+    # loaded on use: every command starts without the others' modules
+    from topocc.planner.gradblocks.cost import plan_cost
+    from topocc.planner.gradblocks.plan import block_plan_to_dict, format_block_plan, plan_blocks
+    from topocc.planner.gradblocks.profile import load_profile
+    from topocc.runtime.plan import as_plan
 
     loaded = load_profile(profile)
-    plan = as_plan(load_any(plan_path))
-    try:
-        topo = schedule_topology(plan.schedules[0], plan_path)
-    except TopoccError:
-        topo = None
-    result = plan_buckets(loaded, plan_cost(plan, topo))
-    doc = bucket_plan_to_dict(result, loaded)
+    result = plan_blocks(loaded, plan_cost(as_plan(plan_path), plan_path=plan_path))
+    doc = block_plan_to_dict(result, loaded)
     if output:
         Path(output).write_text(json.dumps(doc, indent=1))
-    _emit(doc, as_json, format_bucket_plan(result, loaded))
+    _emit(doc, as_json, format_block_plan(result, loaded))
 
 
 @cli.command("algorithms")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def algorithms_cmd(as_json: bool) -> None:
     """List the algorithms and the collectives each implements."""
+    # loaded on use: every command starts without the others' modules
     from topocc.planner.report.summary import algorithms_table, format_algorithms
 
     rows = algorithms_table()
@@ -424,8 +430,9 @@ def algorithms_cmd(as_json: bool) -> None:
 @click.argument("names", nargs=-1)
 def compile_shipped_cmd(output: str, size: int, names: tuple[str, ...]) -> None:
     """Recompile the allreduce schedules of the shipped topologies (those up to 4096 ranks, or NAMES) into OUTPUT."""
+    # loaded on use: every command starts without the others' modules
     from topocc.planner.compiler.plans import compile_shipped
-    from topocc.planner.report.summary import format_table
+    from topocc.planner.report.table import format_table
     from topocc.planner.units import format_time
 
     rows = []

@@ -42,8 +42,7 @@ import sys
 import time
 import weakref
 import zlib
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from topocc.runtime.errors import CommunicatorError
@@ -58,28 +57,11 @@ from topocc.runtime.executor import (
 )
 from topocc.runtime.group_executor import GroupProgram, Work
 from topocc.runtime.lowering import DEFAULT_GROUP_BYTES, RankLowering, chunks_per_round_for, lower
-from topocc.runtime.plan import Plan, as_plan, load_any
+from topocc.runtime.plan import Plan, PlanSource, as_plan
 from topocc.runtime.schedule import Schedule, dump_schedule
 from topocc.runtime.transports import GroupTransport, PeerFailure, Transport
 
-__all__ = ["Communicator", "load_plan_source", "select_schedule"]
-
-PlanSource = str | Path | Schedule | Plan | Sequence[Schedule | str | Path]
-
-
-def load_plan_source(source: PlanSource) -> Plan:
-    """A :class:`~topocc.runtime.plan.Plan` from a path (schedule or plan file), a schedule, a plan, or a list of these."""
-    if isinstance(source, (str, Path)):
-        loaded = load_any(source)
-        return loaded if isinstance(loaded, Plan) else as_plan(loaded)
-    if isinstance(source, (Schedule, Plan)):
-        return as_plan(source)
-    items = [load_any(s) if isinstance(s, (str, Path)) else s for s in source]
-    if len(items) == 1:
-        return as_plan(items[0])  # type: ignore[arg-type]
-    if any(not isinstance(s, Schedule) for s in items):
-        raise CommunicatorError("a list of schedules must hold schedules only (not plans)")
-    return as_plan(items)  # type: ignore[arg-type]
+__all__ = ["Communicator", "PlanSource", "select_schedule"]
 
 
 def select_schedule(plan: Plan, nbytes: int) -> Schedule:
@@ -165,7 +147,7 @@ class Communicator:
         self._closed = True
         self._failed: CommunicatorError | None = None
         self._pending_failure: CommunicatorError | None = None  # found by a transport's watchdog thread
-        self.plan = load_plan_source(source)
+        self.plan = as_plan(source)
         if fingerprint is not None:
             for s in self.plan.schedules:
                 if s.metadata.fingerprint != fingerprint:
@@ -176,6 +158,7 @@ class Communicator:
                         fix="recompile the schedule for this topology",
                     )
         if transport is None:
+            # mpi4py, loaded only for this default: importing it starts MPI, which a gloo or NCCL job must not
             from topocc.runtime.transports.mpi import MPITransport
 
             transport = MPITransport(mpi_comm)
@@ -497,13 +480,6 @@ class Communicator:
             buffers = {"i": self._inputs(program, s, aliased=False), "o": r}
         self._run(program, buffers, "sum", self.ops.count(s))
         return recvbuf
-
-    def run_native(self, send: Any, recv: Any, op: str = "sum") -> None:
-        """The transport's own collective of this kind (benchmark baseline), if it has one."""
-        native = getattr(self.transport, "native", None)
-        if native is None:
-            raise CommunicatorError(f"the {self.transport.name} transport has no native collectives")
-        native(self.plan.collective, send, recv, op, self.plan.schedules[0].root or 0)
 
     # ------------------------------------------------------------------ lifetime
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from topocc.runtime.errors import CommunicatorError
+from topocc.runtime.matching import RECEIVES, sequence_numbers, streams
 from topocc.runtime.schedule import Chunk, Schedule
 from topocc.runtime.transports import GroupTransport, PeerFailure, Transport
 
@@ -233,20 +233,6 @@ def message_tag_space(schedule: Schedule) -> int:
     return 1 + max((op.channel for program in schedule.programs for op in program), default=0)
 
 
-def _sequence_numbers(program: Sequence[Any], rank: int) -> list[int]:
-    """Per-(pair, channel) sequence number of every send/receive, counted in program order."""
-    counters: dict[tuple[bool, int, int], int] = defaultdict(int)
-    seqs = []
-    for op in program:
-        if op.peer is None:
-            seqs.append(-1)
-            continue
-        key = (op.kind == "send", op.peer, op.channel)
-        seqs.append(counters[key])
-        counters[key] += 1
-    return seqs
-
-
 def _chunk_sizes(schedule: Schedule, layout: Layout, rank: int) -> list[list[int]]:
     """Elements in each chunk an operation of ``rank`` touches (per op, one entry per chunk).
 
@@ -268,15 +254,15 @@ def _infer_with_scratch(schedule: Schedule, layout: Layout) -> list[list[list[in
     programs = schedule.programs
     sizes: list[list[list[int]]] = [[[] for _ in p] for p in programs]
     content: list[dict[int, int]] = [{} for _ in programs]
-    seqs = [_sequence_numbers(p, r) for r, p in enumerate(programs)]
+    send_of = {(b, kr): (a, ks) for (a, b, _), stream in streams(schedule).items() for ks, kr in stream.messages()}
     remaining = [[len(op.deps) for op in p] for p in programs]
     succ: list[list[list[int]]] = [[[] for _ in p] for p in programs]
     for r, p in enumerate(programs):
         for k, op in enumerate(p):
             for d in op.deps:
                 succ[r][d].append(k)
-    sent: dict[tuple[int, int, int, int], list[int]] = {}
-    parked: dict[tuple[int, int, int, int], int] = {}
+    sent: dict[tuple[int, int], list[int]] = {}  # what each send carried, by (rank, op), until received
+    parked: dict[tuple[int, int], tuple[int, int]] = {}  # receives that came before their sends, by send
     work = [(r, k) for r, p in enumerate(programs) for k, op in enumerate(p) if not op.deps]
     done = 0
 
@@ -292,22 +278,20 @@ def _infer_with_scratch(schedule: Schedule, layout: Layout) -> list[list[list[in
         r, k = work.pop()
         op = programs[r][k]
         where = f"rank {r} op {k}"
-        if op.kind in ("recv", "recv_reduce"):
-            assert op.peer is not None
-            key = (op.peer, r, op.channel, seqs[r][k])
-            if key not in sent:
-                parked[key] = k
+        if op.kind in RECEIVES:
+            send = send_of.get((r, k))
+            if send is None or send not in sent:  # unmatched (never runs), or its send has not run yet
+                if send is not None:
+                    parked[send] = (r, k)
                 continue
-            got = sent.pop(key)
+            got = sent.pop(send)
         else:
             assert op.src is not None
             got = ref_sizes(r, op.src, where)
             if op.kind == "send":
-                assert op.peer is not None
-                key = (r, op.peer, op.channel, seqs[r][k])
-                sent[key] = got
-                if key in parked:
-                    work.append((op.peer, parked.pop(key)))
+                sent[(r, k)] = got
+                if (r, k) in parked:
+                    work.append(parked.pop((r, k)))
         if op.dst is not None and op.dst.buffer == "s":
             for t, z in enumerate(got):
                 content[r][op.dst.index + t] = z
@@ -384,7 +368,7 @@ class Program:
         program = schedule.programs[rank]
         self.n = len(program)
         sizes = _chunk_sizes(schedule, layout, rank)
-        seqs = _sequence_numbers(program, rank)
+        seqs = sequence_numbers(program)
         self.kinds = [_KIND[op.kind] for op in program]
         self.peers = [op.peer for op in program]
         self.channels = [op.channel for op in program]
@@ -456,89 +440,32 @@ class Program:
         With ``events`` (a list), append ``(op index, start, end)`` in ``time.perf_counter()`` seconds for
         every operation (a message: from its start until this rank saw it complete); None records nothing.
         """
+        replay = _Replay(self, binding, reduce, events)
         transport = binding.transport
-        kinds, succ, reqs = self.kinds, self.succ, binding.requests
-        local, packs, unpacks, folds = binding.local, binding.packs, binding.unpacks, binding.folds
-        copyto = self.ops.copyto
-        remaining = self.ndeps.copy()
-        ready = self.roots.copy()
-        active: list[Any] = []
-        active_ops: list[int] = []
-        starting: list[Any] = []
-        done = 0
-        n = self.n
+        test_some, idle = transport.test_some, os.sched_yield
         deadline = time.monotonic() + timeout
-        test_some = transport.test_some
-        idle = os.sched_yield
-        clock = time.perf_counter
-        started: dict[int, float] = {}
         while True:
-            while ready:
-                k = ready.pop()
-                kind = kinds[k]
-                if events is not None:
-                    started[k] = clock()
-                if kind >= SEND:
-                    if kind == SEND and k in packs:
-                        for d, s in packs[k]:
-                            copyto(d, s)
-                    starting.append(reqs[k])
-                    active_ops.append(k)
-                    continue
-                if kind == COPY:
-                    for d, s in local[k]:
-                        copyto(d, s)
-                else:
-                    for d, s in local[k]:
-                        reduce(d, s, out=d)
-                if events is not None:
-                    events.append((k, started.pop(k), clock()))
-                done += 1
-                for s in succ[k]:
-                    remaining[s] -= 1
-                    if not remaining[s]:
-                        ready.append(s)
-            if starting:
+            if replay.ready:
+                replay.issue()
+            if replay.starting:
                 try:
-                    transport.start(starting)
+                    transport.start(replay.starting)
                 except PeerFailure as exc:
-                    raise self.failure(str(exc), active_ops, exc.peers, what) from None
-                active.extend(starting)
-                starting = []
-            if done == n:
+                    raise self.failure(str(exc), replay.active_ops, exc.peers, what) from None
+                replay.active.extend(replay.starting)
+                replay.starting = []
+            if replay.done == self.n:
                 return
             try:
-                finished = test_some(active)
+                finished = test_some(replay.active)
             except PeerFailure as exc:
-                raise self.failure(str(exc), active_ops, exc.peers, what) from None
-            if not finished:
-                if time.monotonic() > deadline:
-                    raise self.failure(f"timed out after {timeout:g} s", active_ops, (), what)
-                idle()  # let a peer sharing this core run (ranks often outnumber cores)
-                continue
-            for j in finished:
-                k = active_ops[j]
-                kind = kinds[k]
-                if kind == RECV_REDUCE:
-                    for d, left, s in folds[k]:
-                        reduce(left, s, out=d)
-                elif kind == RECV and k in unpacks:
-                    for d, s in unpacks[k]:
-                        copyto(d, s)
-                if events is not None:
-                    events.append((k, started.pop(k), clock()))
-                done += 1
-                for s in succ[k]:
-                    remaining[s] -= 1
-                    if not remaining[s]:
-                        ready.append(s)
-            if len(finished) == len(active):
-                active = []
-                active_ops = []
+                raise self.failure(str(exc), replay.active_ops, exc.peers, what) from None
+            if finished:
+                replay.retire(finished)
+            elif time.monotonic() > deadline:
+                raise self.failure(f"timed out after {timeout:g} s", replay.active_ops, (), what)
             else:
-                gone = set(finished)
-                active = [r for j, r in enumerate(active) if j not in gone]
-                active_ops = [k for j, k in enumerate(active_ops) if j not in gone]
+                idle()  # let a peer sharing this core run (ranks often outnumber cores)
 
     def failure(self, reason: str, active_ops: Sequence[int], peers: Sequence[int], what: str) -> CommunicatorError:
         """One line naming the peers this rank was still waiting for."""
@@ -555,6 +482,90 @@ class Program:
             where=f"rank {self.rank}: {what}",
             fix="a peer died, hangs, or runs a different schedule; check its output",
         )
+
+
+class _Replay:
+    """One execution of a :class:`Program` (see :meth:`Program.run`): the operations ready to start, the
+    requests in flight and their operations, and how many operations are done."""
+
+    __slots__ = ("active", "active_ops", "binding", "done", "events", "program", "ready", "reduce", "remaining",
+                 "started", "starting")
+
+    def __init__(self, program: Program, binding: Binding, reduce: Callable[..., Any],
+                 events: list[tuple[int, float, float]] | None) -> None:
+        self.program = program
+        self.binding = binding
+        self.reduce = reduce
+        self.events = events
+        self.remaining = program.ndeps.copy()  # dependencies each operation still waits for
+        self.ready = program.roots.copy()
+        self.starting: list[Any] = []  # requests to start
+        self.active: list[Any] = []  # requests started and not yet complete
+        self.active_ops: list[int] = []  # the operations of ``starting`` and ``active``, in that order
+        self.started: dict[int, float] = {}  # with events: when each operation in progress started
+        self.done = 0
+
+    def issue(self) -> None:
+        """Take every ready operation: a send's or receive's request is to start (a staged send packed first),
+        a local copy or reduction runs at once (and may make others ready)."""
+        program, binding, reduce, events = self.program, self.binding, self.reduce, self.events
+        kinds, reqs, local, packs = program.kinds, binding.requests, binding.local, binding.packs
+        copyto = program.ops.copyto
+        ready, starting, active_ops = self.ready, self.starting, self.active_ops
+        while ready:
+            k = ready.pop()
+            kind = kinds[k]
+            if events is not None:
+                self.started[k] = time.perf_counter()
+            if kind >= SEND:
+                if kind == SEND and k in packs:
+                    for d, s in packs[k]:
+                        copyto(d, s)
+                starting.append(reqs[k])
+                active_ops.append(k)
+                continue
+            if kind == COPY:
+                for d, s in local[k]:
+                    copyto(d, s)
+            else:
+                for d, s in local[k]:
+                    reduce(d, s, out=d)
+            self.finish(k)
+
+    def retire(self, finished: Sequence[int]) -> None:
+        """The requests at positions ``finished`` of the active ones completed: unpack or reduce what they
+        received, finish their operations, and drop them from the active lists."""
+        kinds, unpacks, folds = self.program.kinds, self.binding.unpacks, self.binding.folds
+        copyto, reduce = self.program.ops.copyto, self.reduce
+        active_ops = self.active_ops
+        for j in finished:
+            k = active_ops[j]
+            kind = kinds[k]
+            if kind == RECV_REDUCE:
+                for d, left, s in folds[k]:
+                    reduce(left, s, out=d)
+            elif kind == RECV and k in unpacks:
+                for d, s in unpacks[k]:
+                    copyto(d, s)
+            self.finish(k)
+        if len(finished) == len(self.active):
+            self.active = []
+            self.active_ops = []
+        else:
+            gone = set(finished)
+            self.active = [r for j, r in enumerate(self.active) if j not in gone]
+            self.active_ops = [k for j, k in enumerate(active_ops) if j not in gone]
+
+    def finish(self, k: int) -> None:
+        """Operation ``k`` is done: record its interval, and make ready the operations it was the last wait of."""
+        if self.events is not None:
+            self.events.append((k, self.started.pop(k), time.perf_counter()))
+        self.done += 1
+        remaining, ready = self.remaining, self.ready
+        for s in self.program.succ[k]:
+            remaining[s] -= 1
+            if not remaining[s]:
+                ready.append(s)
 
 
 class Binding:

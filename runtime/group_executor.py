@@ -311,7 +311,7 @@ class Work:
         caller's current stream after the collective, so a DDP hook that returns it lets backward go on
         while the bucket is reduced.  On the host it is returned completed.
         """
-        import torch
+        import torch  # optional dependency: only torch callers ask for a future
 
         device = getattr(value, "device", None)
         if device is None or device.type != "cuda":
@@ -337,7 +337,7 @@ _SIDE_STREAMS: dict[Any, Any] = {}
 
 def _side_stream(device: Any) -> Any:
     """One stream per device on which :meth:`Work.get_future` marks completions (never the caller's)."""
-    import torch
+    import torch  # optional dependency: only reached from get_future on CUDA
 
     if device not in _SIDE_STREAMS:
         _SIDE_STREAMS[device] = torch.cuda.Stream(device)

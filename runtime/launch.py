@@ -24,23 +24,27 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 from typing import IO, Any
 
+import topocc
+from topocc.runtime.bandwidth import bus_factor
 from topocc.runtime.errors import CommunicatorError, UsageError
 from topocc.runtime.executor import resolve_dtype
 from topocc.runtime.plan import Plan, load_any, save_plan
 from topocc.runtime.schedule import Schedule, save_schedule
-from topocc.runtime.worker import case_count, count_bytes
+from topocc.runtime.trace import write_trace as write_chrome_trace
+from topocc.runtime.worker import PROGRESS, case_count, count_bytes
 
 __all__ = [
     "BenchRow",
     "RunResult",
     "bench_schedule",
     "bench_sizes",
-    "bus_factor",
     "check_ranks",
+    "checkout_root",
     "exit_on_sigterm",
     "find_mpiexec",
     "launch_worker",
@@ -66,11 +70,11 @@ RANK_WRAPPER = ("sh", "-c", 'trap : USR1; "$0" "$@"')
 STARTUP_S = 30.0
 
 
-def find_mpiexec(explicit: str | None = None) -> str:
-    """``explicit``, else the mpiexec next to this Python (a venv with the mpich wheel), else the one on PATH."""
+def find_mpiexec(explicit: str | None = None, *, python: str = sys.executable) -> str:
+    """``explicit``, else the ``mpiexec`` beside ``python`` (a venv with MPICH from PyPI), else the one on PATH."""
     if explicit:
         return explicit
-    beside = Path(sys.executable).parent / "mpiexec"
+    beside = Path(python).parent / "mpiexec"
     if beside.exists():
         return str(beside)
     found = shutil.which("mpiexec")
@@ -79,20 +83,33 @@ def find_mpiexec(explicit: str | None = None) -> str:
     return found
 
 
-def bus_factor(collective: str, ranks: int) -> float:
-    """nccl-tests' bus bandwidth factor: busbw = algbw * factor."""
-    if collective == "allreduce":
-        return 2 * (ranks - 1) / ranks
-    if collective in ("allgather", "reducescatter", "alltoall"):
-        return (ranks - 1) / ranks
-    return 1.0
+def checkout_root() -> Path | None:
+    """The folder that holds the ``topocc`` in use when that is a source checkout run without installing it.
+
+    Such a checkout's ``topocc/__init__.py`` extends the package to the ``planner/`` and ``runtime/`` beside it
+    (its path then holds the checkout's root), and a rank's interpreter imports it only with that folder on its
+    path.  None for an installed topocc, which it finds by itself: a wheel holds both folders inside the package,
+    and an editable install of this very checkout is found through its install.
+    """
+    root = Path(topocc.__file__).resolve().parent.parent
+    if str(root) not in topocc.__path__:
+        return None
+    try:
+        origin = json.loads(distribution("topocc").read_text("direct_url.json") or "{}")
+    except PackageNotFoundError:
+        return root
+    editable = bool(origin.get("dir_info", {}).get("editable"))
+    return None if editable and origin.get("url") == root.as_uri() else root
 
 
 def worker_env() -> dict[str, str]:
-    """The environment for the ranks: this checkout importable, nothing else changed."""
+    """The environment for the ranks: this process's, with the checkout on PYTHONPATH where it must be
+    (:func:`checkout_root`) so that the ranks import the same topocc."""
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    root = checkout_root()
+    paths = env["PYTHONPATH"].split(os.pathsep) if env.get("PYTHONPATH") else []
+    if root is not None and str(root) not in paths:
+        env["PYTHONPATH"] = os.pathsep.join([str(root), *paths])
     return env
 
 
@@ -268,6 +285,9 @@ class RunResult:
     collective: str
     ranks: int
     stderr: str = field(repr=False, default="")
+    #: The size asked for, where the one run was rounded to whole elements (per rank where the collective
+    #: splits the buffer); None where it ran as asked.
+    requested_size: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -418,15 +438,18 @@ def _name(source: str | Path | Schedule | Plan | Sequence[Any]) -> str:
 
 def run_schedule(path: str | Path | Schedule, np: int | None, size_bytes: int, *, dtype: str = "float32",
                  op: str = "sum", timeout: float = 30.0, mpiexec: str | None = None, seed: int = 0,
-                 repeat: int = 1, warmup: int = 0, worker_args: Sequence[str] = ()) -> RunResult:
+                 repeat: int = 1, warmup: int = 0, worker_args: Sequence[str] = (),
+                 progress: Callable[[str], None] | None = None) -> RunResult:
     """Replay a schedule on ``np`` ranks (None: the schedule's) with deterministic random data, check and time it.
 
-    ``size_bytes`` is nccl-tests' size (bytes of the larger buffer); ``warmup``
+    ``size_bytes`` is nccl-tests' size (bytes of the larger buffer), rounded down to whole elements (per rank
+    where the collective splits the buffer: the result's ``requested_size`` says so); ``warmup``
     untimed calls come first, then ``repeat`` timed ones, every result checked
     against numpy.  Returns the rank-0 row (time, wrong elements and
     ``max_error`` over all ranks) and every rank's error line.  A rank count
     other than the schedule's is refused (:class:`~topocc.runtime.errors.UsageError`)
-    before anything starts.
+    before anything starts.  ``progress`` gets a line at each step: the launch, the ranks up, the data
+    ready, each call.
 
     >>> run_schedule("ring.json", 4, 1 << 20).passed   # doctest: +SKIP
     True
@@ -436,11 +459,29 @@ def run_schedule(path: str | Path | Schedule, np: int | None, size_bytes: int, *
         collective, ranks = _collective(files)
         np = check_ranks(ranks, np, _name(path))
         count = _elements(collective, ranks, size_bytes, dtype)
+        actual = count_bytes(collective, ranks, count, resolve_dtype(dtype))
         args = ["check", *files, "--dtypes", dtype, "--ops", op, "--counts", str(count), "--seed", str(seed),
                 "--timeout", str(timeout), "--repeat", str(repeat), "--warmup", str(warmup), *worker_args]
+        if progress is not None:
+            progress(f"launching {np} ranks for {warmup} warm-up and {repeat} timed calls of {actual} bytes"
+                     + (f" (asked {size_bytes}: rounded down to whole elements)" if actual != size_bytes else ""))
         start = time.monotonic()
-        proc = launch_worker(np, args, limit_s=timeout * (warmup + repeat + 2) + STARTUP_S, mpiexec=mpiexec)
-        return _parse(proc, time.monotonic() - start, collective, ranks)
+        proc = launch_worker(np, args, limit_s=timeout * (warmup + repeat + 2) + STARTUP_S, mpiexec=mpiexec,
+                             on_line=_progress_lines(progress, start))
+        result = _parse(proc, time.monotonic() - start, collective, ranks)
+        return replace(result, requested_size=size_bytes) if actual != size_bytes else result
+
+
+def _progress_lines(progress: Callable[[str], None] | None, start: float) -> Callable[[str], None] | None:
+    """Passes the worker's progress lines on to ``progress``, each with the seconds since ``start``."""
+    if progress is None:
+        return None
+
+    def on_line(line: str) -> None:
+        if line.startswith(PROGRESS):
+            progress(f"[{time.monotonic() - start:6.1f} s] {line[len(PROGRESS):].rstrip()}")
+
+    return on_line
 
 
 def bench_sizes(collective: str, ranks: int, sizes: Sequence[int], dtype: str = "float32") -> list[int]:
@@ -517,8 +558,6 @@ def write_trace(records: Sequence[tuple[Any, ...]], path: str | Path) -> Path:
     Converted by :func:`topocc.runtime.trace.chrome_trace` (the project's one writer) from ``OpEvent``-like
     mappings; ``step`` is the traced call's number and ``chunk`` the elements moved.
     """
-    from topocc.runtime.trace import write_trace as write_chrome_trace
-
     events = [{"rank": rank, "index": k, "kind": kind, "peer": peer, "step": call, "channel": channel,
                "chunk": f"{elements} el", "start_s": start, "end_s": end}
               for rank, call, _c, _a, k, kind, peer, channel, elements, start, end in records]

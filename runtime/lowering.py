@@ -7,7 +7,7 @@ and the k-th send from rank a to rank b meets the k-th receive that b posts from
 a, whatever the schedule's channels.  The executor's dataflow replay (start an
 operation as soon as its dependencies complete, match by tag) cannot run there:
 each rank would batch what is ready into groups that its peers' groups do not
-mirror, and stall (issue #10).  So the schedule is lowered once, at set-up, into
+mirror, and stall.  So the schedule is lowered once, at set-up, into
 a sequence of groups per rank:
 
 * group ``g`` of a rank posts its sends and receives together, then (after they
@@ -56,25 +56,24 @@ schedule computes the same values.
 
 from __future__ import annotations
 
-import itertools
 from collections import defaultdict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from topocc.runtime.errors import CommunicatorError
-from topocc.runtime.schedule import Schedule
+from topocc.runtime.matching import P2P, sequence_numbers, streams
+from topocc.runtime.schedule import Op, Schedule
 
 __all__ = ["DEFAULT_GROUP_BYTES", "Group", "Lowering", "RankLowering", "chunks_per_round_for", "lower",
            "message_keys"]
 
 #: Bytes a (sender, receiver, channel) stream carries per round at least, unless a message alone is larger:
 #: below it, NCCL's cost per group (a kernel launch and a handshake per peer, tens of microseconds over
-#: sockets) outweighs the pipelining that smaller groups buy.  Measured on the H200 machine (4 ranks over
-#: loopback sockets, ring all-reduce against NCCL's own): 512 KiB groups 1.55x NCCL's time at 64 MiB, 2 MiB
-#: 1.26x (1.20x at 256 MiB), 4 MiB 1.07x (1.00x), 8 MiB 1.18x (1.34x): a group waits for its slowest message,
-#: and a message must fill NCCL's channels to a peer (4, with 512 KiB chunks: ``P2P_TUNING``) to go at speed.
+#: sockets) outweighs the pipelining that smaller groups buy; above it, a group waits longer for its slowest
+#: message and the pipeline fills later.  A message must also fill NCCL's channels to a peer (four of them,
+#: with 512 KiB chunks each: its ``P2P_TUNING``) to go at speed.  A ring all-reduce lowered so came closest
+#: to NCCL's own at this size, against groups of half and of twice as much.
 DEFAULT_GROUP_BYTES = 4 << 20
-
-_P2P = frozenset({"send", "recv", "recv_reduce"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,22 +131,13 @@ def chunks_per_round_for(chunk_bytes: float, group_bytes: int = DEFAULT_GROUP_BY
 def message_keys(schedule: Schedule) -> list[list[tuple[int, int]]]:
     """For every operation, its (channel, sequence number) on its (sender, receiver, channel) stream.
 
-    Local operations get ``(-1, -1)``.  The k-th send of a stream matches its k-th receive (the
-    schedule format's FIFO rule), so a key names a message identically on both of its ranks.
+    Local operations get ``(-1, -1)``.  A key names a message identically on both of its ranks
+    (:func:`topocc.runtime.matching.sequence_numbers`).
     """
     keys: list[list[tuple[int, int]]] = []
     for program in schedule.programs:
-        counters: dict[tuple[bool, int, int], int] = defaultdict(int)
-        mine = []
-        for op in program:
-            if op.kind not in _P2P:
-                mine.append((-1, -1))
-                continue
-            assert op.peer is not None
-            stream = (op.kind == "send", op.peer, op.channel)
-            mine.append((op.channel, counters[stream]))
-            counters[stream] += 1
-        keys.append(mine)
+        seqs = sequence_numbers(program)
+        keys.append([(op.channel, seq) if seq >= 0 else (-1, -1) for op, seq in zip(program, seqs)])
     return keys
 
 
@@ -164,107 +154,126 @@ def lower(schedule: Schedule, chunks_per_round: int = 1) -> Lowering:
     """
     if chunks_per_round < 1:
         raise CommunicatorError(f"chunks_per_round must be at least 1, got {chunks_per_round}")
-    programs = schedule.programs
+    graph = _Graph.of(schedule)
+    value = graph.rounds(chunks_per_round)
     keys = message_keys(schedule)
-    # one node per local operation and per message (a send and its receive share one)
-    node: list[list[int]] = [[-1] * len(p) for p in programs]
-    size: list[int] = []  # per node: the chunks a message moves (0 for a local operation)
-    streams: dict[tuple[int, int, int], list[int]] = defaultdict(list)  # (sender, receiver, channel) -> nodes
-    pending: dict[tuple[int, int, int, int], int] = {}  # a message's (sender, receiver, channel, seq) -> node
-    for rank, program in enumerate(programs):
-        for k, op in enumerate(program):
-            if op.kind not in _P2P:
-                node[rank][k] = len(size)
-                size.append(0)
-                continue
-            assert op.peer is not None
-            channel, seq = keys[rank][k]
-            sender, receiver = (rank, op.peer) if op.kind == "send" else (op.peer, rank)
-            key = (sender, receiver, channel, seq)
-            other = pending.pop(key, None)
-            if other is None:
-                other = pending[key] = len(size)
-                size.append(0)
-                streams[(sender, receiver, channel)].append(other)
-            node[rank][k] = other
-            if op.kind == "send":
-                assert op.src is not None
-                size[other] = op.src.count
-    if pending:
-        sender, receiver, channel, seq = min(pending)
-        raise CommunicatorError(
-            f"cannot lower the schedule: message {seq} from rank {sender} to rank {receiver} on channel "
-            f"{channel} has no partner", fix="verify the schedule with topocc verify")
-    n = len(size)
-    succ: list[list[int]] = [[] for _ in range(n)]  # dependencies: a node starts after its value
-    for rank, program in enumerate(programs):
-        mine = node[rank]
-        for k, op in enumerate(program):
-            for d in op.deps:
-                succ[mine[d]].append(mine[k])
-    follower = [-1] * n  # the next message of the same stream, placed after this one
-    for members in streams.values():
-        for a, b in itertools.pairwise(members):
-            follower[a] = b
-    indegree = [0] * n
-    for i in range(n):
-        for t in succ[i]:
-            indegree[t] += 1
-        if follower[i] >= 0:
-            indegree[follower[i]] += 1
-    # a message's value is its round, a local operation's the round it runs after; ``after[i]`` is the
-    # largest value among node i's dependencies, and a stream's state its last round and the chunks used there
-    value = [0] * n
-    after = [0] * n
-    state: dict[tuple[int, int, int], tuple[int, int]] = {}
-    stream_of: list[tuple[int, int, int] | None] = [None] * n
-    for stream, members in streams.items():
-        for m in members:
-            stream_of[m] = stream
-    ready = deque(i for i in range(n) if indegree[i] == 0)
-    done = 0
-    while ready:
-        i = ready.popleft()
-        done += 1
-        stream = stream_of[i]
-        if stream is None:
-            value[i] = after[i]
-        else:
-            earliest = after[i] + 1
-            last, used = state.get(stream, (0, 0))
-            if earliest > last:
-                value[i], used = earliest, size[i]
-            elif used + size[i] <= chunks_per_round:
-                value[i], used = last, used + size[i]
-            else:
-                value[i], used = last + 1, size[i]
-            state[stream] = (value[i], used)
-            nxt = follower[i]
-            if nxt >= 0:
-                indegree[nxt] -= 1
-                if indegree[nxt] == 0:
-                    ready.append(nxt)
-        for t in succ[i]:
-            if value[i] > after[t]:
-                after[t] = value[i]
-            indegree[t] -= 1
-            if indegree[t] == 0:
-                ready.append(t)
-    if done != n:
-        raise CommunicatorError("cannot lower the schedule: its dependencies wait on themselves through messages",
-                                fix="verify the schedule with topocc verify")
-    ranks = []
-    for rank, program in enumerate(programs):
-        mine = node[rank]
-        p2p: dict[int, list[int]] = defaultdict(list)
-        local: dict[int, list[int]] = defaultdict(list)
-        for k, op in enumerate(program):
-            (p2p if op.kind in _P2P else local)[value[mine[k]]].append(k)
-        groups = []
-        rank_keys = keys[rank]
-        for r in sorted(p2p.keys() | local.keys()):
-            issued = sorted(p2p.get(r, ()), key=lambda k: (program[k].peer, rank_keys[k], program[k].kind == "send"))
-            groups.append(Group(r, tuple(issued), tuple(local.get(r, ()))))
-        ranks.append(RankLowering(tuple(groups)))
-    return Lowering(tuple(ranks), chunks_per_round)
+    ranks = tuple(_rank_groups(program, graph.node[rank], value, keys[rank])
+                  for rank, program in enumerate(schedule.programs))
+    return Lowering(ranks, chunks_per_round)
 
+
+@dataclass(frozen=True, slots=True)
+class _Graph:
+    """The schedule as one graph: a node per local operation and one per message (its send and its receive).
+
+    A node depends on the nodes of its operations' dependencies (``succ`` runs the other way) and a message
+    on the one before it on its stream (``follower`` is the next).
+    """
+
+    node: list[list[int]]  # per rank and operation: its node
+    size: list[int]  # per node: the chunks a message moves (0 for a local operation)
+    stream_of: list[int]  # per node: the number of its message's stream (-1 for a local operation)
+    follower: list[int]  # per node: the next message of its stream (-1 if none)
+    succ: list[list[int]]  # per node: the nodes that depend on it
+
+    @staticmethod
+    def of(schedule: Schedule) -> _Graph:
+        """Messages first, numbered along their streams, then local operations; raises on unmatched messages."""
+        programs = schedule.programs
+        found = streams(schedule)
+        unmatched = [(*key, min(len(s.sends), len(s.recvs))) for key, s in found.items() if not s.matched]
+        if unmatched:
+            sender, receiver, channel, seq = min(unmatched)
+            raise CommunicatorError(
+                f"cannot lower the schedule: message {seq} from rank {sender} to rank {receiver} on channel "
+                f"{channel} has no partner", fix="verify the schedule with topocc verify")
+        node = [[-1] * len(p) for p in programs]
+        size: list[int] = []
+        stream_of: list[int] = []
+        follower: list[int] = []
+        for number, ((sender, receiver, _), stream) in enumerate(found.items()):
+            for ks, kr in stream.messages():
+                node[sender][ks] = node[receiver][kr] = len(size)
+                size.append(programs[sender][ks].count)
+                stream_of.append(number)
+                follower.append(len(size))
+            follower[-1] = -1  # the stream's last message
+        for mine in node:
+            for k, n in enumerate(mine):
+                if n < 0:
+                    mine[k] = len(size)
+                    size.append(0)
+                    stream_of.append(-1)
+                    follower.append(-1)
+        succ: list[list[int]] = [[] for _ in size]
+        for mine, program in zip(node, programs):
+            for k, op in enumerate(program):
+                for d in op.deps:
+                    succ[mine[d]].append(mine[k])
+        return _Graph(node, size, stream_of, follower, succ)
+
+    def rounds(self, chunks_per_round: int) -> list[int]:
+        """Every node's value: a message's round, a local operation's the round it runs after.
+
+        Nodes are taken in dependency order (a message after its stream's previous one); ``after[i]`` is the
+        largest value among node i's dependencies, and a stream's state its last round and the chunks used there.
+        """
+        size, stream_of, follower, succ = self.size, self.stream_of, self.follower, self.succ
+        n = len(size)
+        indegree = [0] * n
+        for i in range(n):
+            for t in succ[i]:
+                indegree[t] += 1
+            if follower[i] >= 0:
+                indegree[follower[i]] += 1
+        value = [0] * n
+        after = [0] * n
+        state: dict[int, tuple[int, int]] = {}
+        ready = deque(i for i in range(n) if indegree[i] == 0)
+        done = 0
+        while ready:
+            i = ready.popleft()
+            done += 1
+            stream = stream_of[i]
+            if stream < 0:
+                value[i] = after[i]
+            else:
+                earliest = after[i] + 1
+                last, used = state.get(stream, (0, 0))
+                if earliest > last:
+                    value[i], used = earliest, size[i]
+                elif used + size[i] <= chunks_per_round:
+                    value[i], used = last, used + size[i]
+                else:
+                    value[i], used = last + 1, size[i]
+                state[stream] = (value[i], used)
+                nxt = follower[i]
+                if nxt >= 0:
+                    indegree[nxt] -= 1
+                    if indegree[nxt] == 0:
+                        ready.append(nxt)
+            for t in succ[i]:
+                if value[i] > after[t]:
+                    after[t] = value[i]
+                indegree[t] -= 1
+                if indegree[t] == 0:
+                    ready.append(t)
+        if done != n:
+            raise CommunicatorError("cannot lower the schedule: its dependencies wait on themselves through messages",
+                                    fix="verify the schedule with topocc verify")
+        return value
+
+
+def _rank_groups(program: Sequence[Op], node: list[int], value: list[int],
+                 keys: list[tuple[int, int]]) -> RankLowering:
+    """One rank's groups: its operations by round, the sends and receives of each in issue order (by peer,
+    then the schedule's (channel, sequence number), so both ends of a pair issue its messages alike)."""
+    p2p: dict[int, list[int]] = defaultdict(list)
+    local: dict[int, list[int]] = defaultdict(list)
+    for k, op in enumerate(program):
+        (p2p if op.kind in P2P else local)[value[node[k]]].append(k)
+    groups = []
+    for r in sorted(p2p.keys() | local.keys()):
+        issued = sorted(p2p.get(r, ()), key=lambda k: (program[k].peer, keys[k], program[k].kind == "send"))
+        groups.append(Group(r, tuple(issued), tuple(local.get(r, ()))))
+    return RankLowering(tuple(groups))

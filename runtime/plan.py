@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from topocc.runtime.errors import ScheduleFormatError
+from topocc.runtime.errors import CommunicatorError, ScheduleFormatError
 from topocc.runtime.schedule import Schedule, parse_schedule, read_json_document, schedule_to_dict
 
-__all__ = ["PLAN_FORMAT", "PLAN_VERSION", "Plan", "load_any", "load_plan", "save_plan"]
+__all__ = ["PLAN_FORMAT", "PLAN_VERSION", "Plan", "PlanSource", "as_plan", "load_any", "load_plan", "save_plan"]
 
 PLAN_FORMAT = "topocc-plan"
 PLAN_VERSION = 1
@@ -62,6 +62,11 @@ class Plan:
             if s.metadata.max_bytes is None or nbytes < s.metadata.max_bytes:
                 return s
         return self.schedules[-1]
+
+
+#: What names a plan (:func:`as_plan`): a schedule or plan file, a schedule, a plan, or a list of schedules (or
+#: their files) that are one plan's buckets.
+PlanSource = str | Path | Schedule | Plan | Sequence[Schedule | str | Path]
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
@@ -116,10 +121,23 @@ def load_any(path: str | Path) -> Schedule | Plan:
     return parse_schedule(doc, str(path))
 
 
-def as_plan(item: Schedule | Plan | Sequence[Schedule]) -> Plan:
-    """A plan from a plan, a single schedule (one bucket covering every size) or a list of schedules."""
-    if isinstance(item, Plan):
-        return item
-    if isinstance(item, Schedule):
-        return Plan((item.with_metadata(min_bytes=0, max_bytes=None),))
-    return Plan(tuple(item))
+def as_plan(source: PlanSource) -> Plan:
+    """The plan that ``source`` names, the one way every part of topocc reads one.
+
+    A file is loaded first (:func:`load_any`).  A plan is itself; a single schedule is one bucket covering
+    every size; a list of schedules (or their files) is the plan of their buckets, and a list of one is that
+    one alone.
+    """
+    if isinstance(source, (str, Path)):
+        source = load_any(source)
+    if isinstance(source, Plan):
+        return source
+    if isinstance(source, Schedule):
+        return Plan((source.with_metadata(min_bytes=0, max_bytes=None),))
+    items = [load_any(s) if isinstance(s, (str, Path)) else s for s in source]
+    if len(items) == 1:
+        return as_plan(items[0])
+    schedules = [s for s in items if isinstance(s, Schedule)]
+    if len(schedules) != len(items):
+        raise CommunicatorError("a list of schedules must hold schedules only (not plans)")
+    return Plan(tuple(schedules))

@@ -27,6 +27,7 @@ does not depend on them.
 
 from __future__ import annotations
 
+import enum
 import gzip
 import json
 import math
@@ -42,13 +43,16 @@ __all__ = [
     "BUFFERS",
     "COLLECTIVES",
     "FORMAT",
-    "OP_KINDS",
+    "OP_RULES",
     "VERSION",
     "VERSIONS",
     "Chunk",
     "Metadata",
     "Op",
+    "OpFault",
+    "OpRule",
     "PathChoice",
+    "Ref",
     "Schedule",
     "build_schedule",
     "canonical_collective",
@@ -69,15 +73,6 @@ VERSIONS = (1, 2)
 #: Buffer names as stored (MSCCL's letters): input, output, scratch.
 BUFFERS = ("i", "o", "s")
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall")
-#: Operations and which chunk references each one takes.
-OP_KINDS: Mapping[str, tuple[bool, bool, bool]] = {
-    # kind: (has peer, has src, has dst)
-    "send": (True, True, False),
-    "recv": (True, False, True),
-    "recv_reduce": (True, False, True),  # dst := dst (+) received; src, if given, replaces dst as left operand
-    "copy": (False, True, True),
-    "reduce": (False, True, True),  # dst := dst (+) src
-}
 ROOTED = ("broadcast", "reduce")
 
 
@@ -104,6 +99,86 @@ class Chunk:
         return f"{self.buffer}[{span}]"
 
 
+class Ref(enum.Enum):
+    """Whether an operation of a kind takes a chunk reference (``src`` or ``dst``)."""
+
+    ABSENT = "absent"
+    OPTIONAL = "optional"
+    REQUIRED = "required"
+
+
+#: Read as module globals by the checks that run on every operation: an enum member's lookup costs several times more.
+_ABSENT, _REQUIRED = Ref.ABSENT, Ref.REQUIRED
+
+
+class OpFault(enum.Enum):
+    """Why an operation does not fit its kind's :class:`OpRule`; each reader of operations words it its own way."""
+
+    NO_PEER = "no peer"
+    PEER_OUT_OF_RANGE = "peer out of range"
+    SELF_PEER = "peer is the rank itself"
+    STRAY_PEER = "a peer on a local operation"
+    NO_SRC = "no src"
+    NO_DST = "no dst"
+    STRAY_SRC = "a src it does not take"
+    STRAY_DST = "a dst it does not take"
+    COUNTS_DIFFER = "src and dst counts differ"
+
+
+@dataclass(frozen=True, slots=True)
+class OpRule:
+    """What an operation of one kind must name, and which chunks it reads and writes.
+
+    ``peer``: it exchanges a message with another rank (named by ``peer``), else it is local.
+    ``src``/``dst``: whether it takes that chunk reference.  It reads its ``src`` and, where
+    ``reads_dst``, its ``dst`` (the left operand of a reduction into it); it writes its ``dst``.  A
+    ``src`` and a ``dst`` given together span as many chunks.  The loader's two parsers and the verifier
+    check operations by these rules (:meth:`peer_fault`, :meth:`refs_fault`), each with its own messages.
+    """
+
+    peer: bool
+    src: Ref
+    dst: Ref
+    reads_dst: bool = False
+
+    def peer_fault(self, given: bool, peer: int | None, rank: int, ranks: int) -> OpFault | None:
+        """What is wrong with the peer of an operation of rank ``rank`` (``given``: it names one), if anything."""
+        if not self.peer:
+            return OpFault.STRAY_PEER if given else None
+        if not given or peer is None:
+            return OpFault.NO_PEER
+        if not 0 <= peer < ranks:
+            return OpFault.PEER_OUT_OF_RANGE
+        return OpFault.SELF_PEER if peer == rank else None
+
+    def refs_fault(self, src: Chunk | None, dst: Chunk | None) -> OpFault | None:
+        """What is wrong with an operation's chunk references, if anything: a missing one, then one it does not
+        take, then unequal counts."""
+        if src is None and self.src is _REQUIRED:
+            return OpFault.NO_SRC
+        if dst is None and self.dst is _REQUIRED:
+            return OpFault.NO_DST
+        if src is not None and self.src is _ABSENT:
+            return OpFault.STRAY_SRC
+        if dst is not None and self.dst is _ABSENT:
+            return OpFault.STRAY_DST
+        if src is not None and dst is not None and src.count != dst.count:
+            return OpFault.COUNTS_DIFFER
+        return None
+
+
+#: The operation kinds and their rules.
+OP_RULES: Mapping[str, OpRule] = {
+    "send": OpRule(peer=True, src=Ref.REQUIRED, dst=Ref.ABSENT),
+    "recv": OpRule(peer=True, src=Ref.ABSENT, dst=Ref.REQUIRED),
+    # dst := dst (+) received; a src, if given, replaces dst as the left operand
+    "recv_reduce": OpRule(peer=True, src=Ref.OPTIONAL, dst=Ref.REQUIRED, reads_dst=True),
+    "copy": OpRule(peer=False, src=Ref.REQUIRED, dst=Ref.REQUIRED),
+    # dst := dst (+) src
+    "reduce": OpRule(peer=False, src=Ref.REQUIRED, dst=Ref.REQUIRED, reads_dst=True),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Op:
     """One operation of a rank's program.
@@ -126,6 +201,20 @@ class Op:
     def count(self) -> int:
         ref = self.src if self.src is not None else self.dst
         return ref.count if ref is not None else 0
+
+    @property
+    def reads(self) -> tuple[Chunk, ...]:
+        """The chunk references it reads (:class:`OpRule`): its ``src``, then its ``dst`` where its kind reduces
+        into it."""
+        src, dst = self.src, self.dst
+        if dst is not None and OP_RULES[self.kind].reads_dst:
+            return (dst,) if src is None else (src, dst)
+        return () if src is None else (src,)
+
+    @property
+    def writes(self) -> Chunk | None:
+        """The chunk reference it writes: its ``dst``, if it has one."""
+        return self.dst
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,9 +311,9 @@ def _op_to_json(op: Op) -> dict[str, Any]:
 
 
 def _program_json(program: Sequence[Op]) -> str:
-    """``json.dumps`` of the program's :func:`_op_to_json` dicts, compact, written directly: a 1024-rank
-    schedule's 328,704 operations in a third of the time.  Every field is an int but the op kind and the
-    buffer names, which go through ``json.dumps`` (once each) so that any string is escaped as it would be."""
+    """``json.dumps`` of the program's :func:`_op_to_json` dicts, compact, written directly: no dict per
+    operation, which is most of the cost of writing a large schedule.  Every field is an int but the op kind and
+    the buffer names, which go through ``json.dumps`` (once each) so that any string is escaped as it would be."""
     quoted: dict[str, str] = {}
 
     def quote(text: str) -> str:
@@ -571,30 +660,24 @@ _OP_FIELDS = frozenset(("op", "peer", "src", "dst", "deps", "step", "ch"))
 
 def _quick_op(doc: Any, rank: int, k: int, ranks: int, limits: Mapping[str, int]) -> Op | None:
     """:func:`_parse_op` of a well-formed operation, checked without building the places its errors name
-    (loading a 1024-rank schedule: 3.8 s -> 2.6 s); None for anything that :func:`_parse_op` might refuse, so
-    that it says why.  As strict as it: every check there has its twin here."""
+    (building them is much of the cost of loading a large schedule); None for anything that :func:`_parse_op`
+    might refuse, so that it says why.  As strict as it: the same :class:`OpRule`, and every check of the
+    format there has its twin here."""
     if type(doc) is not dict or not _OP_FIELDS.issuperset(doc):
         return None
     kind = doc.get("op")
-    spec = OP_KINDS.get(kind) if type(kind) is str else None
-    if spec is None:
+    if type(kind) is not str:
         return None
-    has_peer, has_src, has_dst = spec
+    rule = OP_RULES.get(kind)
+    if rule is None:
+        return None
+    given = "peer" in doc
     peer = doc.get("peer")
-    if has_peer:
-        if type(peer) is not int or not 0 <= peer < ranks or peer == rank:
-            return None
-    elif "peer" in doc:
+    if (given and type(peer) is not int) or rule.peer_fault(given, peer, rank, ranks) is not None:
         return None
     src = _quick_chunk(doc["src"], limits) if "src" in doc else None
     dst = _quick_chunk(doc["dst"], limits) if "dst" in doc else None
-    if ("src" in doc and src is None) or ("dst" in doc and dst is None):
-        return None
-    if (has_src and src is None) or (has_dst and dst is None):
-        return None
-    if (src is not None and not has_src and kind != "recv_reduce") or (dst is not None and not has_dst):
-        return None
-    if src is not None and dst is not None and src.count != dst.count:
+    if ("src" in doc and src is None) or ("dst" in doc and dst is None) or rule.refs_fault(src, dst) is not None:
         return None
     deps = doc.get("deps", [])
     if type(deps) is not list or not all(type(d) is int and 0 <= d < k for d in deps):
@@ -639,30 +722,21 @@ def _parse_chunk(r: _Reader, doc: Any, place: str, limits: Mapping[str, int]) ->
 def _parse_op(r: _Reader, doc: Any, place: str, rank: int, k: int, ranks: int, limits: Mapping[str, int]) -> Op:
     op = r.obj(doc, place, ("op",), ("peer", "src", "dst", "deps", "step", "ch"))
     kind = op["op"]
-    if not isinstance(kind, str) or kind not in OP_KINDS:
-        raise r.fail(f"{place}.op", f"unknown operation {_short(kind)}", fix=f"use one of {', '.join(OP_KINDS)}")
-    has_peer, has_src, has_dst = OP_KINDS[kind]
-    peer = None
-    if has_peer:
-        if "peer" not in op:
-            raise r.fail(place, f"{kind} needs a peer")
-        peer = r.integer(op["peer"], f"{place}.peer", 0, ranks - 1)
-        if peer == rank:
-            raise r.fail(f"{place}.peer", f"rank {rank} {kind}s to itself", fix="use copy or reduce for local data")
-    elif "peer" in op:
-        raise r.fail(place, f"{kind} takes no peer")
+    if not isinstance(kind, str) or kind not in OP_RULES:
+        raise r.fail(f"{place}.op", f"unknown operation {_short(kind)}", fix=f"use one of {', '.join(OP_RULES)}")
+    rule = OP_RULES[kind]
+    given = "peer" in op
+    peer = r.integer(op["peer"], f"{place}.peer", 0, ranks - 1) if given and rule.peer else None
+    fault = rule.peer_fault(given, peer, rank, ranks)
+    if fault is OpFault.SELF_PEER:
+        raise r.fail(f"{place}.peer", f"rank {rank} {kind}s to itself", fix="use copy or reduce for local data")
+    if fault is not None:  # a peer out of range was refused above, with its bounds
+        raise r.fail(place, f"{kind} needs a peer" if fault is OpFault.NO_PEER else f"{kind} takes no peer")
     src = _parse_chunk(r, op["src"], f"{place}.src", limits) if "src" in op else None
     dst = _parse_chunk(r, op["dst"], f"{place}.dst", limits) if "dst" in op else None
-    if has_src and src is None:
-        raise r.fail(place, f"{kind} needs a src chunk")
-    if has_dst and dst is None:
-        raise r.fail(place, f"{kind} needs a dst chunk")
-    if src is not None and not has_src and kind != "recv_reduce":
-        raise r.fail(place, f"{kind} takes no src")
-    if dst is not None and not has_dst:
-        raise r.fail(place, f"{kind} takes no dst")
-    if src is not None and dst is not None and src.count != dst.count:
-        raise r.fail(place, f"src has {src.count} chunks but dst has {dst.count}")
+    fault = rule.refs_fault(src, dst)
+    if fault is not None:
+        raise r.fail(place, _REF_FAULTS[fault].format(kind=kind, src=src, dst=dst))
     deps_doc = r.array(op.get("deps", []), f"{place}.deps")
     deps = tuple(r.integer(d, f"{place}.deps[{j}]", 0) for j, d in enumerate(deps_doc))
     for d in deps:
@@ -674,6 +748,16 @@ def _parse_op(r: _Reader, doc: Any, place: str, rank: int, k: int, ranks: int, l
     step = r.integer(op.get("step", 0), f"{place}.step", 0)
     channel = r.integer(op.get("ch", 0), f"{place}.ch", 0, 1 << 16)
     return Op(kind, peer, src, dst, deps, step, channel)
+
+
+#: How the loader words a fault of an operation's chunk references (``src``/``dst``: the references).
+_REF_FAULTS = {
+    OpFault.NO_SRC: "{kind} needs a src chunk",
+    OpFault.NO_DST: "{kind} needs a dst chunk",
+    OpFault.STRAY_SRC: "{kind} takes no src",
+    OpFault.STRAY_DST: "{kind} takes no dst",
+    OpFault.COUNTS_DIFFER: "src has {src.count} chunks but dst has {dst.count}",
+}
 
 
 def build_schedule(

@@ -3,7 +3,7 @@
 The runtime records measured operations with the same fields as the
 simulator's ``OpEvent`` (``rank, index, kind, peer, step, channel, chunk,
 start_s, end_s``) and turns them into a trace with :func:`chrome_trace`; the
-planner's simulated traces (``topocc.planner.formats.chrome_trace``) add link tracks
+planner's simulated traces (``topocc.planner.report.trace``) add link tracks
 through :class:`TraceWriter`.  This module imports only the standard library,
 so a training job can write traces without loading the planner.
 

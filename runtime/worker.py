@@ -23,14 +23,21 @@ import signal
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
 
+from topocc.runtime.baselines import gloo_allreduce, has_native, native
+from topocc.runtime.communicator import Communicator
 from topocc.runtime.errors import CommunicatorError, TopoccError
 from topocc.runtime.executor import REDUCTIONS, resolve_dtype
+from topocc.runtime.lowering import DEFAULT_GROUP_BYTES
 
-__all__ = ["case_count", "count_wrong", "main", "make_input", "reference", "tolerance"]
+__all__ = ["PROGRESS", "case_count", "count_wrong", "main", "make_input", "reference", "tolerance"]
+
+#: Rank 0's progress lines on stdout start with this (rows are JSON objects, so they never do).
+PROGRESS = "progress: "
 
 
 def case_count(collective: str, ranks: int, size_bytes: int, itemsize: int) -> int:
@@ -89,7 +96,7 @@ def _eps(dtype: np.dtype) -> float:
     try:
         return float(np.finfo(dtype).eps)
     except ValueError:
-        import ml_dtypes
+        import ml_dtypes  # optional dependency: numpy's own dtypes have no bfloat16
 
         return float(ml_dtypes.finfo(dtype).eps)
 
@@ -172,11 +179,18 @@ def _die(how: str) -> None:
     os._exit(9)
 
 
+def _progress(rank: int, text: str) -> None:
+    """A progress line from rank 0 (the launcher passes it on; the others stay quiet)."""
+    if rank == 0:
+        print(PROGRESS + text, flush=True)
+
+
 def _check(comm: Any, args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     """Per case: ``--warmup`` and then ``--repeat`` calls, every result checked, the ``--repeat`` calls timed."""
     collective, ranks, rank = comm.collective, comm.size, comm.rank
     root = comm.plan.schedules[0].root or 0
     calls = 0
+    total = args.warmup + args.repeat
     for dtype_name in args.dtypes:
         dtype = resolve_dtype(dtype_name)
         ops = args.ops if collective in ("allreduce", "reduce", "reducescatter") else args.ops[:1]
@@ -184,19 +198,26 @@ def _check(comm: Any, args: argparse.Namespace) -> Iterator[dict[str, Any]]:
             if op == "avg" and dtype.kind in "iu":
                 continue
             for count in args.counts:
+                started = time.perf_counter()
+                # every rank builds all ranks' inputs to compute its expected result: O(ranks x count) work
                 inputs = [make_input(collective, ranks, r, count, dtype, args.seed, args.data, op)
                           for r in range(ranks)]
                 want = reference(collective, inputs, rank, root, op)
                 tol = tolerance(collective, inputs, rank, root, op, want)
                 mine = inputs[rank]
                 del inputs
+                _progress(rank, f"{count} x {dtype} {op}: inputs and expected result ready in "
+                                f"{time.perf_counter() - started:.1f} s")
                 err, wrong, timed = 0.0, 0, 0.0
-                for j in range(args.warmup + args.repeat):
+                for j in range(total):
                     data = mine.copy()
                     start = time.perf_counter()
                     got = call(comm, collective, data, op)
+                    took = time.perf_counter() - start
                     if j >= args.warmup:
-                        timed += time.perf_counter() - start
+                        timed += took
+                    _progress(rank, f"call {j + 1}/{total} ({'timed' if j >= args.warmup else 'warm-up'}) "
+                                    f"took {took:.3f} s on rank 0")
                     err = max(err, max_error(got, want))
                     wrong = max(wrong, count_wrong(got, want, tol))
                     calls += 1
@@ -215,11 +236,11 @@ def _bench(comm: Any, args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     dtype = resolve_dtype(args.dtypes[0])
     op = args.ops[0]
     iters = args.iters if len(args.iters) == len(args.sizes) else [args.iters[0]] * len(args.sizes)
+    root = comm.plan.schedules[0].root or 0
     traces: list[Any] = []
     for size, n_iter in zip(args.sizes, iters):
         count = case_count(collective, ranks, size, dtype.itemsize)
         data = make_input(collective, ranks, rank, count, dtype, args.seed, "random", op)
-        root = comm.plan.schedules[0].root or 0
         inputs = [make_input(collective, ranks, r, count, dtype, args.seed, "random", op) for r in range(ranks)]
         want = reference(collective, inputs, rank, root, op)
         tol = tolerance(collective, inputs, rank, root, op, want)
@@ -236,11 +257,12 @@ def _bench(comm: Any, args: argparse.Namespace) -> Iterator[dict[str, Any]]:
             call(comm, collective, work, op, recv)
             traces.extend(comm.stop_trace())
         native_s = None
-        if getattr(comm.transport, "native", None) is not None:
+        if has_native(comm.transport):
             nrecv = work if collective in ("allreduce", "broadcast") else _recv_buffer(collective, ranks, count,
                                                                                        dtype, native=True)
             try:
-                native_s = _time(comm, lambda w=work, r=nrecv: comm.run_native(w, r, op), args.warmup, n_iter)
+                native_s = _time(comm, lambda w=work, r=nrecv: native(comm.transport, collective, w, r, op, root),
+                                 args.warmup, n_iter)
             except Exception as exc:  # e.g. a dtype this MPI cannot reduce: report, do not fail the run
                 print(f"note: native {collective} unavailable for {dtype}: {exc}", file=sys.stderr)
         gloo_s = _time_gloo(comm, collective, work, op, args.warmup, n_iter) if args.gloo else None
@@ -255,9 +277,7 @@ def _bench(comm: Any, args: argparse.Namespace) -> Iterator[dict[str, Any]]:
 
 def _init_gloo(comm: Any, address: str, timeout: float) -> None:
     """Join torch.distributed (gloo) with the MPI ranks and size, rendezvous at ``address`` (rank 0's HOST:PORT)."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
+    import torch.distributed as dist  # optional dependency
 
     if not dist.is_initialized():
         dist.init_process_group("gloo", init_method=f"tcp://{address}", rank=comm.rank, world_size=comm.size,
@@ -268,16 +288,13 @@ def _time_gloo(comm: Any, collective: str, work: np.ndarray, op: str, warmup: in
     """torch.distributed's gloo allreduce on the same data (a baseline); None for other collectives."""
     if collective != "allreduce" or op not in ("sum", "max", "min", "prod"):
         return None
-    import torch
-    import torch.distributed as dist
+    import torch  # optional dependency
 
-    rop = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
-           "prod": dist.ReduceOp.PRODUCT}[op]
     try:
         tensor = torch.from_numpy(work)
     except TypeError:  # a dtype torch cannot wrap (ml_dtypes' bfloat16)
         return None
-    return _time(comm, lambda: dist.all_reduce(tensor, op=rop), warmup, iters)
+    return _time(comm, lambda: gloo_allreduce(tensor, op), warmup, iters)
 
 
 def count_bytes(collective: str, ranks: int, count: int, dtype: np.dtype) -> int:
@@ -336,9 +353,6 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one worker; returns the exit code."""
     args = parser().parse_args(argv)
-    from topocc.runtime.communicator import Communicator
-    from topocc.runtime.lowering import DEFAULT_GROUP_BYTES
-
     rank = -1
     try:
         sources = args.schedule if args.each else [args.schedule[0] if len(args.schedule) == 1 else args.schedule]
@@ -347,12 +361,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for source in sources:
             transport = None
             if args.lowered:
+                # mpi4py, loaded where it is used (the communicator loads it for its default transport too)
                 from topocc.runtime.transports.mpi import MPIGroupTransport
 
                 transport = MPIGroupTransport()
             comm = Communicator(source, fingerprint=args.fingerprint, timeout=args.timeout, transport=transport,
                                 group_bytes=args.group_bytes or DEFAULT_GROUP_BYTES)
             rank = comm.rank
+            _progress(rank, f"{comm.size} ranks up, schedule loaded and agreed")
             if args.gloo and args.mode == "bench":
                 _init_gloo(comm, args.gloo, args.timeout)
             for row in _check(comm, args) if args.mode == "check" else _bench(comm, args):

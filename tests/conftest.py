@@ -49,8 +49,8 @@ links:
 @pytest.fixture(scope="session")
 def two_rank_schedule(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A ring allreduce compiled for a 2-GPU topology, the topology file beside it (so it can be simulated)."""
-    from topocc.planner.compiler.options import Options
     from topocc.planner.compiler.compile import compile_schedule
+    from topocc.planner.compiler.options import Options
     from topocc.planner.topology.parse import load_topology
     from topocc.runtime.schedule import save_schedule
 

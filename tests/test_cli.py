@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import REPO, TOPOLOGIES
 from topocc.planner.cli import main
 from topocc.planner.testbed.emulation import emulation_available
-from tests.conftest import REPO, TOPOLOGIES
 
 DATA = REPO / "tests" / "data"
 DGX1_SCHEDULE = str(REPO / "schedules" / "dgx1-v100-allreduce.json")
@@ -130,9 +130,9 @@ def test_console_script_installed() -> None:
 def test_compile_reports_progress_per_candidate() -> None:
     """Every candidate is announced and settled once; the winner is verified last."""
     from topocc.planner.compiler.algorithms import ALGORITHMS
+    from topocc.planner.compiler.compile import compile_schedule
     from topocc.planner.compiler.options import Options
     from topocc.planner.compiler.race import Progress
-    from topocc.planner.compiler.compile import compile_schedule
     from topocc.planner.topology.catalogue import resolve_topology
 
     events: list[Progress] = []
@@ -239,6 +239,25 @@ def test_run_passes_with_time_and_bandwidth(two_rank_schedule: Path, capsys: pyt
 
 
 @pytest.mark.mpi
+def test_run_says_what_it_does_and_when_it_rounds_the_size(two_rank_schedule: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """--progress names each step on stderr as it happens; a size of no whole elements is rounded, visibly."""
+    code, out, err = run(capsys, "run", str(two_rank_schedule), "--size", "4098", "--iters", "1", "--progress")
+    assert code == 0, err
+    assert out.splitlines()[1] == "  size:           4096 bytes, the 4098 asked rounded down to whole float32 elements"
+    steps = err.splitlines()
+    assert steps[0] == ("launching 2 ranks for 1 warm-up and 1 timed calls of 4096 bytes "
+                        "(asked 4098: rounded down to whole elements)")
+    assert re.fullmatch(r"\[ *[\d.]+ s\] 2 ranks up, schedule loaded and agreed", steps[1])
+    assert re.fullmatch(r"\[ *[\d.]+ s\] 1024 x float32 sum: inputs and expected result ready in [\d.]+ s", steps[2])
+    assert [re.sub(r"took [\d.]+ s", "took T s", line.split("] ")[1]) for line in steps[3:]] == [
+        "call 1/2 (warm-up) took T s on rank 0", "call 2/2 (timed) took T s on rank 0"]
+    code, out, err = run(capsys, "run", str(two_rank_schedule), "--size", "4098", "--iters", "1", "--json")
+    doc = json.loads(out)
+    assert code == 0 and err == "" and (doc["size_bytes"], doc["requested_size_bytes"]) == (4096, 4098)
+
+
+@pytest.mark.mpi
 def test_run_fails_on_a_wrong_result(two_rank_schedule: Path, tmp_path: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     wrong = _broken(two_rank_schedule, tmp_path, "wrong")
@@ -263,7 +282,7 @@ def test_failing_ranks_are_one_line(two_rank_schedule: Path, tmp_path: Path,
 
 @pytest.mark.mpi
 def test_bench_table_and_json_share_names(two_rank_schedule: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from topocc.planner.report.summary import BENCH_COLUMNS
+    from topocc.planner.report.runs import BENCH_COLUMNS
 
     argv = ["bench", str(two_rank_schedule), "--sizes", "4KiB:16KiB", "--iters", "2", "--warmup", "1"]
     code, out, err = run(capsys, *argv, "--progress")

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from topocc.planner.testbed.bench import EmulatedRow
-from topocc.planner.cli import main
 from tests.conftest import REPO
+from topocc.planner.cli import main
+from topocc.planner.testbed.bench import EmulatedRow
 
 DOC = REPO / "docs" / "json.md"
 DGX1 = str(REPO / "schedules" / "dgx1-v100-allreduce.json")

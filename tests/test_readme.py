@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO, run_bounded
 from topocc.planner.cli import cli
 from topocc.runtime.launch import find_mpiexec
-from tests.conftest import REPO, run_bounded
 
 README = REPO / "README.md"
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from topocc.planner.topology.catalogue import schedule_topology, scheduled_topologies
-from topocc.planner.analysis.verify import verify
-from topocc.runtime.schedule import load_schedule
 from tests.conftest import REPO
+from topocc.planner.analysis.verify import verify
+from topocc.planner.topology.catalogue import schedule_topology, scheduled_topologies
+from topocc.runtime.schedule import load_schedule
 
 SCHEDULES = sorted((REPO / "schedules").glob("*.json*"))
 

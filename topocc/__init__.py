@@ -33,7 +33,8 @@ _EXPORTS = {
     "Topology": "topocc.planner.topology.model",
     "load_topology": "topocc.planner.topology.parse",
     "parse_topology_text": "topocc.planner.topology.parse",
-    "Options": "topocc.planner.compiler.algorithms",
+    "Network": "topocc.planner.routing.network",
+    "Options": "topocc.planner.compiler.options",
     "ALGORITHMS": "topocc.planner.compiler.algorithms",
     "compile_schedule": "topocc.planner.compiler.compile",
     "compile_plan": "topocc.planner.compiler.plans",
@@ -55,9 +56,10 @@ if TYPE_CHECKING:
     from topocc.planner.analysis.simulate import simulate as simulate
     from topocc.planner.analysis.verify import verify as verify
     from topocc.planner.compiler.algorithms import ALGORITHMS as ALGORITHMS
-    from topocc.planner.compiler.options import Options as Options
     from topocc.planner.compiler.compile import compile_schedule as compile_schedule
+    from topocc.planner.compiler.options import Options as Options
     from topocc.planner.compiler.plans import compile_plan as compile_plan
+    from topocc.planner.routing.network import Network as Network
     from topocc.planner.topology.model import Topology as Topology
     from topocc.planner.topology.parse import load_topology as load_topology
     from topocc.planner.topology.parse import parse_topology_text as parse_topology_text

@@ -100,8 +100,8 @@ import networkx as nx
 
 from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.errors import InfeasibleError, NotApplicableError, UsageError
-from topocc.planner.solvers import LinearProgram, SolverOptions, solve
 from topocc.planner.routing.network import PER_CONNECTION, Memo, Network, network_of
+from topocc.planner.solvers import LinearProgram, SolverOptions, solve
 from topocc.planner.topology.model import Topology
 from topocc.planner.units import format_bandwidth, format_time
 
@@ -266,7 +266,7 @@ class _CutFamily:
         if any(len(g) > 1 for g in groups):
             self._add_partition(f"each of the {p} ranks with the devices nearest to it alone", groups, net)
             # one such group alone: a mesh corner's three router links, found without the per-host max-flow
-            # cuts that large fabrics skip (mesh-8x8x8: 75 GB/s into a corner, where its GPU's port gave 100)
+            # cuts that large fabrics skip (a corner's routers can carry less than its GPU's own port)
             for r, g in enumerate(groups):
                 if len(g) > 1:
                     self._add(f"rank {r} ({devices[self.rank_dev[r]].name}) with the devices nearest to it", g)
@@ -356,7 +356,7 @@ class _CutFamily:
     def _min_cuts(self, hosts: dict[str, tuple[int, ...]]) -> None:
         """The cheapest device sets holding exactly each host's ranks, into and out of it (max-flow min-cut).
 
-        Solved by OR-Tools' push-relabel (C++; networkx's took 3 s of a 64-rank mesh's 10 s compile) on
+        Solved by OR-Tools' push-relabel (in C++: networkx's, in Python, was a third of a 64-rank compile) on
         capacities in whole bytes/s; the sink side is the least one, the devices that still reach the sink in
         the residual graph, which every maximum flow leaves alike.
         """

@@ -39,18 +39,21 @@ does.  The flows live in numpy arrays with their finish times
 (:class:`topocc.planner.analysis.fairshare.Fabric`), so a rate change costs no event; small
 components get the scalar progressive filling, large ones (a fat-tree under
 ECMP joins most inter-leaf flows into one) a vectorised filling whose rounds
-are the distinct bottleneck levels, not the flows.  Halving-doubling on
-fattree-1024 at 256 MiB (21k messages, ~1000 flows contending on spines)
-takes about 17 s of CPU.  Routes are computed once per rank pair (per
-connection where the routing tells channels apart) and kept by the network
-(:class:`~topocc.planner.routing.network.Network`), so a caller that simulates
-many schedules on one topology passes its network.
+are the distinct bottleneck levels, not the flows.  Routes are computed
+once per rank pair (per connection where the routing tells channels apart)
+and kept by the network (:class:`~topocc.planner.routing.network.Network`), so
+a caller that simulates many schedules on one topology passes its network.
+
+The code follows the model's steps: :class:`_Setup` flattens the programs
+(one numbering of all operations, their dependents, each message's two ends
+by :mod:`topocc.runtime.matching`'s rule) and routes every connection; a
+:class:`_Run` holds the run's state and its event loop; :class:`_ContentionFree`
+is the same run without contention, for a lower bound (:func:`simulate_within`).
 """
 
 from __future__ import annotations
 
 import bisect
-import gc
 import heapq
 import math
 from array import array
@@ -61,15 +64,19 @@ from types import MappingProxyType
 
 import numpy as np
 
-from topocc.planner.errors import SimulationError
 from topocc.planner.analysis.fairshare import SAME_INSTANT, Fabric, Route, Unshared, make_route
-from topocc.planner.routing.paths import connection_chunks, recorded_paths
+from topocc.planner.collector import collector_paused
+from topocc.planner.errors import SimulationError
 from topocc.planner.routing.network import Memo, Network, network_of
+from topocc.planner.routing.paths import connection_chunks, recorded_paths
 from topocc.planner.topology.model import Link, Topology
+from topocc.runtime import matching
+from topocc.runtime.bandwidth import bus_factor
+from topocc.runtime.matching import Connection
 from topocc.runtime.schedule import Op, Schedule
 
 __all__ = [
-    "LinkEvent", "MessageHook", "OpEvent", "SimResult", "bus_factor", "chunk_bytes", "simulate", "simulate_within",
+    "LinkEvent", "MessageHook", "OpEvent", "SimResult", "chunk_bytes", "simulate", "simulate_within",
 ]
 
 #: Connections whose routes are kept per topology (up to 16 paths each).
@@ -123,7 +130,7 @@ class SimResult:
     """Predicted time and bandwidths of a schedule, with per-link loads.
 
     ``algbw_GBps`` and ``busbw_GBps`` follow nccl-tests (doc/PERFORMANCE.md):
-    algbw = size / time, busbw = algbw * :func:`bus_factor`, in 1e9 bytes/s.
+    algbw = size / time, busbw = algbw * :func:`~topocc.runtime.bandwidth.bus_factor`, in 1e9 bytes/s.
     """
 
     time_s: float
@@ -146,22 +153,6 @@ class SimResult:
 def chunk_bytes(schedule: Schedule, size_bytes: int) -> float:
     """Bytes per chunk: ``size_bytes`` is the larger of the input and output buffers (nccl-tests' size)."""
     return size_bytes / max(schedule.input_chunks, schedule.output_chunks)
-
-
-def bus_factor(collective: str, ranks: int) -> float:
-    """busbw / algbw for a collective on ``ranks`` ranks (nccl-tests doc/PERFORMANCE.md).
-
-    >>> bus_factor("allreduce", 8)
-    1.75
-    """
-    n = ranks
-    if collective == "allreduce":
-        return 2.0 * (n - 1) / n
-    if collective in ("allgather", "reducescatter", "alltoall"):
-        return (n - 1) / n
-    if collective in ("broadcast", "reduce"):
-        return 1.0
-    raise SimulationError(f"unknown collective {collective!r}")
 
 
 # --------------------------------------------------------------------------- the network's links as integers
@@ -201,11 +192,11 @@ class _LinkIndex:
 _LINKS = Memo("simulator: link index", _LinkIndex)
 
 
-# --------------------------------------------------------------------------- the simulation
+# --------------------------------------------------------------------------- the contention-free bound
 
 #: The contention-free run records at most this many (start, link, bytes) entries for :func:`_suffix_bound`
-#: (48 MiB, and three times that to sort them), and does without it beyond: fattree-1024's all-reduce at
-#: 256 MiB, sprayed over its spines, made 5.5M of them (550 MiB at the peak).
+#: (48 MiB, and three times that to sort them), and does without it beyond: a large fat-tree's all-reduce,
+#: its messages sprayed over the spines, makes millions of them, and the bound is not worth that memory.
 _LOADS_MAX = 1 << 21
 
 
@@ -213,9 +204,9 @@ def _suffix_bound(start: np.ndarray, link: np.ndarray, nbytes: np.ndarray, bandw
     """The latest, over links and over flows' starts t, of t plus the bytes that flows starting at t or later
     put on the link over its bandwidth, for flows given by their ``start``, ``link`` and ``nbytes``.  Where no
     flow starts earlier than given, this bounds the end: those bytes cross the link after t, at its bandwidth
-    at most.  With the starts of a contention-free run it joins dependency chains and link loads (tree
-    packing's all-reduce on ibm-s822lc-48x4 at 1 MiB: 254.9 us, where the run ends at 206.5 us and the
-    busiest link needs 209.2 us)."""
+    at most.  With the starts of a contention-free run it joins dependency chains and link loads, so it can
+    exceed both the contention-free run's end and the busiest link's time (as for tree packing, whose chains
+    load the same links one after another)."""
     order = np.lexsort((-start, link))  # by link, latest start first
     start, link, nbytes = start[order], link[order], nbytes[order]
     total = np.cumsum(nbytes)
@@ -228,8 +219,8 @@ def _heavy_links(chunks: Mapping[tuple[int, int, int], int], conn_route: Mapping
                  bandwidth: list[float]) -> dict[tuple[int, int, int], tuple[int, ...]]:
     """Per connection, its paths' links (each once a path) whose bytes take at least half the busiest link's
     time, from the ``chunks`` each connection sends.  :func:`_suffix_bound` over any links bounds the end,
-    and a lightly loaded link seldom sets it; all of them held fattree-1024's all-reduce at 256 MiB, its
-    messages sprayed over the spines, to 800 MiB more memory."""
+    and a lightly loaded link seldom sets it, where keeping every link would multiply the entries (and the
+    memory) by the length of the paths, for messages sprayed over many paths by their number too."""
     load = [0.0] * len(bandwidth)
     for key, sent in chunks.items():
         paths = conn_route[key].paths
@@ -274,11 +265,8 @@ def simulate(where: Topology | Network, schedule: Schedule, size_bytes: int, *, 
     >>> result = simulate(topology, schedule, 1 << 26)  # doctest: +SKIP
     >>> result.busbw_GBps, result.bottlenecks(3)  # doctest: +SKIP
     """
-    net = network_of(where)
-    if record or on_message is not None:
-        result = _paused_collector(net, schedule, size_bytes, record, on_message, math.inf)
-    else:
-        result = simulate_within(net, schedule, size_bytes, math.inf)
+    with collector_paused():
+        result = _Run(_Setup.of(network_of(where), schedule, size_bytes), record, on_message).result_within(math.inf)
     assert result is not None  # no deadline
     return result
 
@@ -286,270 +274,351 @@ def simulate(where: Topology | Network, schedule: Schedule, size_bytes: int, *, 
 def simulate_within(where: Topology | Network, schedule: Schedule, size_bytes: int,
                     deadline_s: float) -> SimResult | None:
     """:func:`simulate`, given up once the simulated clock passes ``deadline_s`` with work left: None then, as
-    the schedule takes longer.  ``auto`` times a candidate so against the best so far (torus-4x4x4: direct's
-    all-reduce takes 125 ms where halving-doubling, timed before it, took 24 ms).
+    the schedule takes longer.  ``auto`` times a candidate so against the best so far: a candidate several
+    times slower than the leader is given up after a fraction of its own simulation.
 
-    Against a deadline a lower bound comes first, from a run without contention (:func:`_simulate`'s
-    ``alone``) at a fraction of the cost, and the schedule is given up if that passes the deadline already:
-    tree packing's chains of dependent messages on fattree-256-2to1 at 4 MiB take 63.0 us so (1.9 s), where
-    hierarchical's all-reduce took 53.7 us and tree packing's simulation ran 38 s to see it pass.
+    Against a deadline a lower bound comes first, from a run without contention (:class:`_ContentionFree`)
+    at a fraction of the cost, and the schedule is given up if that passes the deadline already: a schedule
+    of long chains of dependent messages (tree packing's on a large fat-tree) is then rejected in a small part
+    of the time its full simulation would take to pass the deadline.  Both runs start from one set-up.
     """
-    net = network_of(where)
-    if math.isfinite(deadline_s):
-        bound = _paused_collector(net, schedule, size_bytes, False, None, deadline_s, alone=True)
-        if bound is None or bound.time_s > deadline_s:
-            return None
-    return _paused_collector(net, schedule, size_bytes, False, None, deadline_s)
+    with collector_paused():
+        setup = _Setup.of(network_of(where), schedule, size_bytes)
+        if math.isfinite(deadline_s):
+            bound = _ContentionFree(setup).result_within(deadline_s)
+            if bound is None or bound.time_s > deadline_s:
+                return None
+        return _Run(setup).result_within(deadline_s)
 
 
-def _paused_collector(net: Network, schedule: Schedule, size_bytes: int, record: bool,
-                      on_message: MessageHook | None, deadline_s: float, alone: bool = False) -> SimResult | None:
-    # The simulation allocates millions of small, acyclic objects; the cyclic
-    # collector would rescan them over and over (a 3x slowdown), so pause it.
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return _simulate(net, schedule, size_bytes, record, on_message, deadline_s, alone)
-    finally:
-        if enabled:
-            gc.enable()
+def _bound(where: Topology | Network, schedule: Schedule, size_bytes: int) -> SimResult:
+    """The result of the run without contention (:class:`_ContentionFree`): its time bounds :func:`simulate`'s
+    from below."""
+    with collector_paused():
+        result = _ContentionFree(_Setup.of(network_of(where), schedule, size_bytes)).result_within(math.inf)
+    assert result is not None  # no deadline
+    return result
 
 
-def _simulate(net: Network, schedule: Schedule, size_bytes: int, record: bool,
-              on_message: MessageHook | None, deadline_s: float, alone: bool = False) -> SimResult | None:
-    """The simulation (see the module docstring); None once the clock passes ``deadline_s`` with work left.
+# --------------------------------------------------------------------------- the set-up: programs and routes
 
-    ``alone``: a lower bound of its time instead.  Every message goes on the wire as soon as both its
-    operations are posted (its connection's earlier messages need not be out) and each of its flows runs at
-    its path's narrowest bandwidth (:class:`~topocc.planner.analysis.fairshare.Unshared`).  Each event is then
-    the latest of the events it waits for plus a duration no longer than the simulation's (a fair share
-    never exceeds a path's narrowest link, and a connection's order only adds waits), so by induction over
-    the operations no event comes later than in the simulation.  So no flow starts earlier there either, and
-    the time is also at least :func:`_suffix_bound` of the flows' starts here.
-    """
-    topology = net.topology
-    where = f"{schedule.collective} schedule ({schedule.metadata.algorithm}) on {topology.name}"
-    if schedule.ranks != topology.size:
-        raise SimulationError(
-            f"the schedule has {schedule.ranks} ranks but the topology has {topology.size}", where=where,
-            fix=f"compile the schedule for this topology, or simulate it on a topology with {schedule.ranks} ranks",
-        )
-    if size_bytes < 0:
-        raise SimulationError(f"negative size {size_bytes}", where=where)
-    index = net.memo(_LINKS)
-    cb = chunk_bytes(schedule, size_bytes)
-    programs = schedule.programs
 
-    # ---- flatten the programs: global op ids, dependency counters, dependents, message partners
+@dataclass(frozen=True, slots=True)
+class _Programs:
+    """Every rank's operations under one numbering (rank r's k-th is ``base[r] + k``), as flat lists."""
+
+    base: list[int]  # each rank's first operation, then the number of operations
+    kinds: list[int]  # _LOCAL, _SEND or _RECV
+    deps: list[int]  # how many operations each one depends on
+    op_rank: list[int]
+    dependents: list[list[int] | None]  # the operations that depend on each (None: none do)
+    partner: list[int]  # the other end of each message; -1 for a local operation
+    conn_of: dict[int, Connection]  # each send's connection
+    connections: list[Connection]  # every connection, in order of first use
+
+
+def _flatten(schedule: Schedule, where: str) -> _Programs:
+    """The programs under one numbering, each message's ends paired (see :func:`_match`)."""
     base: list[int] = []
     kinds: list[int] = []
-    waiting: list[int] = []
+    deps: list[int] = []
     op_rank: list[int] = []
-    for rank, program in enumerate(programs):
+    for rank, program in enumerate(schedule.programs):
         base.append(len(kinds))
         try:
             kinds += [_KIND_CODES[op.kind] for op in program]
         except KeyError as exc:
             raise SimulationError(f"rank {rank}: unknown operation {exc.args[0]!r}", where=where) from None
-        waiting += [len(op.deps) for op in program]
+        deps += [len(op.deps) for op in program]
         op_rank += [rank] * len(program)
-    total = len(kinds)
-    base.append(total)
-    dependents: list[list[int] | None] = [None] * total
-    partner = [-1] * total
-    sends: dict[tuple[int, int, int], list[int]] = {}
-    recvs: dict[tuple[int, int, int], list[int]] = {}
-    for rank, program in enumerate(programs):
-        g = base[rank]
-        for op in program:
+    base.append(len(kinds))
+    streams = _streams(schedule, where)
+    partner, conn_of = _match(streams, base)
+    return _Programs(base, kinds, deps, op_rank, _dependents(schedule, base), partner, conn_of, list(streams))
+
+
+def _dependents(schedule: Schedule, base: list[int]) -> list[list[int] | None]:
+    """For every operation, the operations that depend on it, in program order (None where none does)."""
+    dependents: list[list[int] | None] = [None] * base[-1]
+    for first, program in zip(base, schedule.programs):
+        for g, op in enumerate(program, first):
             for d in op.deps:
-                deps_of = dependents[base[rank] + d]
-                if deps_of is None:
-                    dependents[base[rank] + d] = [g]
-                else:
-                    deps_of.append(g)
-            code = kinds[g]
-            if code == _SEND:
-                key = (rank, op.peer, op.channel)
-                found = sends.get(key)
+                found = dependents[first + d]
                 if found is None:
-                    sends[key] = [g]
+                    dependents[first + d] = [g]
                 else:
                     found.append(g)
-            elif code == _RECV:
-                key = (op.peer, rank, op.channel)
-                found = recvs.get(key)
-                if found is None:
-                    recvs[key] = [g]
-                else:
-                    found.append(g)
-            g += 1
-    pairs: set[tuple[int, int]] = set()
-    for key in sends.keys() | recvs.keys():
-        s, r = sends.get(key, ()), recvs.get(key, ())
-        if len(s) != len(r):
-            src, dst, ch = key
+    return dependents
+
+
+def _streams(schedule: Schedule, where: str) -> dict[Connection, matching.Stream]:
+    """Every connection's stream (:mod:`topocc.runtime.matching`), once each is matched and joins two distinct
+    ranks."""
+    streams = matching.streams(schedule)
+    for (src, dst, ch), stream in streams.items():
+        if not stream.matched:
             raise SimulationError(
-                f"rank {src} sends {len(s)} message(s) to rank {dst}{f' on channel {ch}' if ch else ''} "
-                f"but rank {dst} receives {len(r)}", where=where, fix="verify the schedule first (topocc.planner.analysis.verify)",
+                f"rank {src} sends {len(stream.sends)} message(s) to rank {dst}{f' on channel {ch}' if ch else ''} "
+                f"but rank {dst} receives {len(stream.recvs)}", where=where,
+                fix="verify the schedule first (topocc.planner.analysis.verify)",
             )
-        for a, b in zip(s, r):
-            partner[a] = b
-            partner[b] = a
-        pairs.add(key[:2])
-    for src, dst in pairs:
+    for src, dst, _ in streams:
         if src == dst or not all(isinstance(r, int) and 0 <= r < schedule.ranks for r in (src, dst)):
             raise SimulationError(f"a message from rank {src!r} to rank {dst!r}: not a pair of distinct ranks",
                                   where=where, fix="verify the schedule first (topocc.planner.analysis.verify)")
-    for src, dst in sorted(pairs):
+    return streams
+
+
+def _match(streams: Mapping[Connection, matching.Stream], base: list[int]) -> tuple[list[int], dict[int, Connection]]:
+    """Each operation's partner (-1 for a local one), and each send's connection."""
+    partner = [-1] * base[-1]
+    conn_of: dict[int, Connection] = {}
+    for key, stream in streams.items():
+        first_send, first_recv = base[key[0]], base[key[1]]
+        for s, r in stream.messages():
+            send, recv = first_send + s, first_recv + r
+            partner[send] = recv
+            partner[recv] = send
+            conn_of[send] = key
+    return partner, conn_of
+
+
+def _routes(net: Network, schedule: Schedule, connections: list[Connection], where: str) -> dict[Connection, Route]:
+    """Every connection's route: the path the schedule records for it where the topology allows that (source
+    routing), else the topology's routing."""
+    for src, dst in sorted({key[:2] for key in connections}):
         if not net.has_route(src, dst):
             raise SimulationError(
                 f"rank {src} sends to rank {dst}, but no route joins them without passing through another GPU",
                 where=where, fix=f"relay the data through a rank that has a route to rank {dst}",
             )
-
-    # ---- routes, per connection (a schedule's recorded paths replace the topology's routing where it allows)
+    index = net.memo(_LINKS)
     recorded = recorded_paths(net, schedule)
-    conn_route: dict[tuple[int, int, int], Route] = {
-        key: index.indexed((recorded[key],)) if key in recorded else index.route(*key) for key in sends}
+    return {key: index.indexed((recorded[key],)) if key in recorded else index.route(*key) for key in connections}
 
-    # every path's links one after the other: a message adds its share to each, in this order
-    conn_links = {key: tuple(link for path in route.paths for link in path) for key, route in conn_route.items()}
 
-    # ---- state
-    conn_of: dict[int, tuple[int, int, int]] = {g: key for key, ids in sends.items() for g in ids}
-    conn_queue: dict[tuple[int, int, int], deque[int]] = {}  # busy connections and their waiting messages
-    posted = [False] * total
-    finished = bytearray(total)
-    start_time = [0.0] * total if record else None
-    rank_finish = [0.0] * len(programs)
-    done_count = 0
-    fabric = Unshared(index.bandwidth) if alone else Fabric(index.bandwidth, total, record)
-    # with ``alone``: each flow's start, link and bytes, per link it crosses of those it keeps (see _heavy_links)
-    loads = (array("d"), array("q"), array("d")) if alone else None
-    heavy = _heavy_links(connection_chunks(schedule), conn_route, index.bandwidth) if alone else {}
-    names = index.names
-    link_bytes = [0.0] * len(names)
-    msg_start: dict[int, float] = {}  # when each message in flight went on the wire (only for on_message)
-    arrivals: list[tuple[float, int]] = []  # (time, send): a message's last byte arrives after its latency
-    op_events: list[OpEvent] = []
-    link_events: list[LinkEvent] = []
-    ready = [i for i in range(total) if not waiting[i]]
+@dataclass(frozen=True, slots=True)
+class _Setup:
+    """What a run starts from: the schedule checked against the topology, its programs flattened, its routes.
+    Runs only read it, so several may start from one."""
 
-    def complete(op: int, now: float) -> None:
-        nonlocal done_count
-        done_count += 1
-        finished[op] = 1
-        r = op_rank[op]
-        if now > rank_finish[r]:
-            rank_finish[r] = now
-        if start_time is not None:
-            k = op - base[r]
-            o = programs[r][k]
-            op_events.append(OpEvent(r, k, o.kind, o.peer, o.step, o.channel, _op_chunk(o), start_time[op], now))
-        deps_of = dependents[op]
-        if deps_of is not None:
-            for j in deps_of:
-                waiting[j] -= 1
-                if not waiting[j]:
-                    ready.append(j)
+    schedule: Schedule
+    size_bytes: int
+    where: str  # the schedule and topology, for errors
+    links: _LinkIndex
+    programs: _Programs
+    routes: dict[Connection, Route]
+    route_links: dict[Connection, tuple[int, ...]]  # every path's links one after the other, per connection
 
-    def message_done(send: int, now: float) -> None:
-        recv = partner[send]
-        complete(send, now)
-        complete(recv, now)
-        if on_message is not None:
-            src, dst = op_rank[send], op_rank[recv]
-            latency = conn_route[conn_of[send]].latency
-            on_message(src, send - base[src], dst, recv - base[dst], msg_start.pop(send), now - latency, now)
+    @staticmethod
+    def of(net: Network, schedule: Schedule, size_bytes: int) -> _Setup:
+        topology = net.topology
+        where = f"{schedule.collective} schedule ({schedule.metadata.algorithm}) on {topology.name}"
+        if schedule.ranks != topology.size:
+            raise SimulationError(
+                f"the schedule has {schedule.ranks} ranks but the topology has {topology.size}", where=where,
+                fix=f"compile the schedule for this topology, or simulate it on a topology with {schedule.ranks} "
+                    "ranks",
+            )
+        if size_bytes < 0:
+            raise SimulationError(f"negative size {size_bytes}", where=where)
+        links = net.memo(_LINKS)
+        programs = _flatten(schedule, where)
+        routes = _routes(net, schedule, programs.connections, where)
+        route_links = {key: tuple(link for path in route.paths for link in path) for key, route in routes.items()}
+        return _Setup(schedule, size_bytes, where, links, programs, routes, route_links)
 
-    def drain(now: float) -> None:
+
+# --------------------------------------------------------------------------- the run
+
+
+class _Run:
+    """One simulation's state, with the steps of its event loop as methods (see the module docstring).
+
+    Operations start as their dependencies complete (:meth:`start_op`); a message whose two ends are posted
+    waits for its connection (:meth:`message_ready`), goes on the wire as flows (:meth:`start_message`),
+    frees its connection when its last byte is out (:meth:`release`) and completes both ends when it has
+    arrived (:meth:`message_done`).  :meth:`run` moves the clock from instant to instant.
+    """
+
+    __slots__ = ("arrivals", "base", "chunk_bytes", "conn_links", "conn_of", "conn_queue", "dependents", "fabric",
+                 "finished", "kinds", "link_bytes", "link_events", "msg_start", "on_message", "op_events", "op_rank",
+                 "partner", "posted", "programs", "rank_finish", "ready", "routes", "setup", "start_time", "waiting")
+
+    def __init__(self, setup: _Setup, record: bool = False, on_message: MessageHook | None = None) -> None:
+        flat = setup.programs
+        total = flat.base[-1]
+        self.setup = setup
+        self.programs = setup.schedule.programs
+        self.base, self.kinds, self.op_rank = flat.base, flat.kinds, flat.op_rank
+        self.dependents, self.partner, self.conn_of = flat.dependents, flat.partner, flat.conn_of
+        self.waiting = waiting = flat.deps.copy()  # dependencies not yet completed, counted down
+        self.routes = setup.routes
+        self.conn_links = setup.route_links  # a message adds its share to each link, in this order
+        self.chunk_bytes = chunk_bytes(setup.schedule, setup.size_bytes)
+        self.on_message = on_message
+        self.fabric: Fabric | Unshared = self.make_fabric(setup.links.bandwidth, total, record)
+        self.conn_queue: dict[Connection, deque[int]] = {}  # busy connections and their waiting messages
+        self.posted = [False] * total
+        self.finished = bytearray(total)
+        self.start_time = [0.0] * total if record else None
+        self.rank_finish = [0.0] * len(self.programs)
+        self.link_bytes = [0.0] * len(setup.links.names)
+        self.msg_start: dict[int, float] = {}  # when each message in flight went on the wire (only for on_message)
+        self.arrivals: list[tuple[float, int]] = []  # (time, send): a message's last byte arrives after its latency
+        self.op_events: list[OpEvent] = []
+        self.link_events: list[LinkEvent] = []
+        self.ready = [i for i in range(total) if not waiting[i]]
+
+    def make_fabric(self, bandwidth: list[float], messages: int, record: bool) -> Fabric | Unshared:
+        """The links' model: max-min fair sharing."""
+        return Fabric(bandwidth, messages, record)
+
+    # ---- operations
+
+    def drain(self, now: float) -> None:
         """Start every ready operation at ``now``, in the order they became ready; local ones complete at once."""
+        ready, start_op = self.ready, self.start_op
         while ready:
             batch = ready.copy()
             ready.clear()
             for op in batch:
                 start_op(op, now)
 
-    def start_op(op: int, now: float) -> None:
-        if start_time is not None:
-            start_time[op] = now
-        kind = kinds[op]
+    def start_op(self, op: int, now: float) -> None:
+        """Start an operation whose dependencies have completed: post a send or receive, run a local one."""
+        if self.start_time is not None:
+            self.start_time[op] = now
+        kind = self.kinds[op]
         if kind == _LOCAL:
-            complete(op, now)
+            self.complete(op, now)
             return
+        posted = self.posted
         posted[op] = True
-        other = partner[op]
-        if not posted[other]:
-            return
-        send = op if kind == _SEND else other
-        key = conn_of[send]
-        if alone:
-            start_message(send, now)
-            return
-        queue = conn_queue.get(key)
+        other = self.partner[op]
+        if posted[other]:
+            self.message_ready(op if kind == _SEND else other, now)
+
+    def complete(self, op: int, now: float) -> None:
+        """Operation ``op`` completes at ``now``: the operations waiting for it may become ready."""
+        self.finished[op] = 1
+        r = self.op_rank[op]
+        rank_finish = self.rank_finish
+        if now > rank_finish[r]:
+            rank_finish[r] = now
+        if self.start_time is not None:
+            self.op_events.append(self.op_event(op, now))
+        deps_of = self.dependents[op]
+        if deps_of is not None:
+            waiting, ready = self.waiting, self.ready
+            for j in deps_of:
+                waiting[j] -= 1
+                if not waiting[j]:
+                    ready.append(j)
+
+    def op_event(self, op: int, now: float) -> OpEvent:
+        """The recorded interval of operation ``op``, which completes at ``now``."""
+        r = self.op_rank[op]
+        k = op - self.base[r]
+        o = self.programs[r][k]
+        assert self.start_time is not None
+        return OpEvent(r, k, o.kind, o.peer, o.step, o.channel, _op_chunk(o), self.start_time[op], now)
+
+    # ---- messages
+
+    def message_ready(self, send: int, now: float) -> None:
+        """Both ends of a message are posted: it goes on the wire once its connection's earlier messages are."""
+        key = self.conn_of[send]
+        queue = self.conn_queue.get(key)
         if queue is not None:  # the connection is busy: wait for its current message's last byte
             queue.append(send)
             return
-        conn_queue[key] = deque()
-        start_message(send, now)
+        self.conn_queue[key] = deque()
+        self.start_message(send, now)
 
-    def start_message(send: int, now: float) -> None:
-        """Put a matched message on the wire: one flow per path of its connection."""
-        src = op_rank[send]
-        key = conn_of[send]
-        route = conn_route[key]
-        nbytes = programs[src][send - base[src]].count * cb
-        if on_message is not None:
-            msg_start[send] = now
+    def start_message(self, send: int, now: float) -> None:
+        """Put a message on the wire: one flow per path of its connection."""
+        src = self.op_rank[send]
+        key = self.conn_of[send]
+        route = self.routes[key]
+        nbytes = self.programs[src][send - self.base[src]].count * self.chunk_bytes
+        if self.on_message is not None:
+            self.msg_start[send] = now
         if nbytes <= 0.0:
-            release(send, now)
-            heapq.heappush(arrivals, (now + route.latency, send))
+            self.release(send, now)
+            heapq.heappush(self.arrivals, (now + route.latency, send))
             return
         share = nbytes / len(route.paths)
-        for link in conn_links[key]:
+        link_bytes = self.link_bytes
+        for link in self.conn_links[key]:
             link_bytes[link] += share
-        if loads is not None and len(loads[0]) < _LOADS_MAX:
-            links = heavy[key]
-            loads[0].extend([now] * len(links))
-            loads[1].extend(links)
-            loads[2].extend([share] * len(links))
-        fabric.add(send, route, share)
+        self.fabric.add(send, route, share)
 
-    def release(send: int, now: float) -> None:
+    def release(self, send: int, now: float) -> None:
         """The message's last byte is out: start the next message queued on its connection."""
-        if alone:
-            return  # nothing queued
-        key = conn_of[send]
-        queue = conn_queue[key]
+        key = self.conn_of[send]
+        queue = self.conn_queue[key]
         if queue:
-            start_message(queue.popleft(), now)
+            self.start_message(queue.popleft(), now)
         else:
-            del conn_queue[key]
+            del self.conn_queue[key]
 
-    drain(0.0)
-    fabric.reallocate(0.0)
-    now = 0.0
-    heappop, heappush = heapq.heappop, heapq.heappush
-    inf = float("inf")
-    while True:
-        flows_end = fabric.next_end()
-        now = min(flows_end, arrivals[0][0]) if arrivals else flows_end
-        if now == inf:
-            break
-        if now > deadline_s:  # work is left, and it ends at ``now`` or later
-            return None
-        limit = now + SAME_INSTANT * now  # events this close are one instant
-        done: list[tuple[float, int]] = []
-        if flows_end <= limit:
-            done = fabric.finish(limit)
+    def message_done(self, send: int, now: float) -> None:
+        """The message has arrived: both of its ends complete."""
+        recv = self.partner[send]
+        self.complete(send, now)
+        self.complete(recv, now)
+        if self.on_message is not None:
+            op_rank, base = self.op_rank, self.base
+            src, dst = op_rank[send], op_rank[recv]
+            latency = self.routes[self.conn_of[send]].latency
+            self.on_message(src, send - base[src], dst, recv - base[dst], self.msg_start.pop(send), now - latency, now)
+
+    # ---- the clock
+
+    def result_within(self, deadline_s: float) -> SimResult | None:
+        """The result, or None once the clock passes ``deadline_s`` with work left."""
+        return self.result() if self.run(deadline_s) else None
+
+    def run(self, deadline_s: float) -> bool:
+        """Handle instants until no event is left (True) or the clock passes ``deadline_s`` with work left."""
+        fabric, arrivals = self.fabric, self.arrivals
+        self.drain(0.0)
+        fabric.reallocate(0.0)
+        inf = math.inf
+        while True:
+            flows_end = fabric.next_end()
+            now = min(flows_end, arrivals[0][0]) if arrivals else flows_end
+            if now == inf:
+                return True
+            if now > deadline_s:  # work is left, and it ends at ``now`` or later
+                return False
+            limit = now + SAME_INSTANT * now  # events this close are one instant
+            self.messages_end(self.flows_end(now, limit) if flows_end <= limit else [], now, limit)
+            self.drain(now)
+            if fabric.touched or fabric.pending:
+                fabric.reallocate(now)
+
+    def flows_end(self, now: float, limit: float) -> list[tuple[float, int]]:
+        """Retire the flows that end by ``limit``; returns the messages whose last flow ended, as (time, send)."""
+        fabric = self.fabric
+        done = fabric.finish(limit)
+        if fabric.ended:  # recorded flows
+            names, op_rank, partner, programs, base = self.setup.links.names, self.op_rank, self.partner, \
+                self.programs, self.base
             for send, path, start, nbytes in fabric.ended:
                 src, dst = op_rank[send], op_rank[partner[send]]
                 step = programs[src][send - base[src]].step
-                link_events.extend(LinkEvent(*names[link], start, now, nbytes, src, dst, step) for link in path)
+                self.link_events.extend(LinkEvent(*names[link], start, now, nbytes, src, dst, step) for link in path)
             fabric.ended.clear()
-        # messages whose last flow ended and messages whose last byte arrived, in the order of their
-        # times (a flow's end before an arrival at the same time), then of their sends
+        return done
+
+    def messages_end(self, done: list[tuple[float, int]], now: float, limit: float) -> None:
+        """Messages whose last flow ended (``done``) and messages whose last byte arrives by ``limit``, in the
+        order of their times (a flow's end before an arrival at the same time), then of their sends."""
+        arrivals, fabric = self.arrivals, self.fabric
+        heappop, heappush = heapq.heappop, heapq.heappush
+        inf = math.inf
         i = 0
         while True:
             arrival = arrivals[0][0] if arrivals and arrivals[0][0] <= limit else inf
@@ -557,48 +626,119 @@ def _simulate(net: Network, schedule: Schedule, size_bytes: int, record: bool,
                 msg = done[i][1]
                 i += 1
                 latency = fabric.close(msg)
-                release(msg, now)
+                self.release(msg, now)
                 if latency > 0.0:
                     heappush(arrivals, (now + latency, msg))
                 else:
-                    message_done(msg, now)
+                    self.message_done(msg, now)
             elif arrival != inf:
-                message_done(heappop(arrivals)[1], now)
+                self.message_done(heappop(arrivals)[1], now)
             else:
                 break
-        drain(now)
-        if fabric.touched or fabric.pending:
-            fabric.reallocate(now)
 
-    if done_count != total:
-        stuck = next((i for i in range(total) if posted[i] and not finished[i]), None)
+    # ---- the result
+
+    def time_s(self) -> float:
+        """When the last rank finished."""
+        return max(self.rank_finish, default=0.0)
+
+    def result(self) -> SimResult:
+        """The result of a run that handled every event; a :class:`SimulationError` if some operation never ran."""
+        finished = self.finished
+        if finished.count(1) != len(finished):
+            raise self.deadlock()
+        time_s = self.time_s()
+        size_bytes = self.setup.size_bytes
+        names, bandwidth, link_bytes = self.setup.links.names, self.setup.links.bandwidth, self.link_bytes
+        algbw = size_bytes / time_s / 1e9 if time_s > 0 else 0.0
+        util = {
+            names[i]: (link_bytes[i] / (bandwidth[i] * time_s) if time_s > 0 else 0.0) for i in range(len(names))
+        }
+        self.op_events.sort(key=lambda e: (e.start_s, e.rank, e.index))
+        self.link_events.sort(key=lambda e: (e.start_s, e.src, e.dst))
+        schedule = self.setup.schedule
+        return SimResult(
+            time_s=time_s,
+            size_bytes=size_bytes,
+            algbw_GBps=algbw,
+            busbw_GBps=algbw * bus_factor(schedule.collective, schedule.ranks),
+            link_bytes=MappingProxyType({names[i]: link_bytes[i] for i in range(len(names))}),
+            link_utilisation=MappingProxyType(util),
+            rank_finish_s=tuple(self.rank_finish),
+            op_events=tuple(self.op_events),
+            link_events=tuple(self.link_events),
+        )
+
+    def deadlock(self) -> SimulationError:
+        """Which operation never completed: one that was posted if any, else the first."""
+        finished, total = self.finished, len(self.finished)
+        stuck = next((i for i in range(total) if self.posted[i] and not finished[i]), None)
         if stuck is None:
             stuck = next(i for i in range(total) if not finished[i])
-        raise SimulationError(
-            f"deadlock: {done_count} of {total} operations completed; {_describe(schedule, stuck, base)} never did",
-            where=where, fix="verify the schedule first (topocc.planner.analysis.verify)",
+        return SimulationError(
+            f"deadlock: {finished.count(1)} of {total} operations completed; "
+            f"{_describe(self.setup.schedule, stuck, self.base)} never did",
+            where=self.setup.where, fix="verify the schedule first (topocc.planner.analysis.verify)",
         )
-    time_s = max(rank_finish, default=0.0)
-    if loads is not None and 0 < len(loads[0]) < _LOADS_MAX:  # else some are missing
-        time_s = max(time_s, _suffix_bound(*(np.frombuffer(column, dtype=column.typecode) for column in loads),
-                                           index.bandwidth))
-    algbw = size_bytes / time_s / 1e9 if time_s > 0 else 0.0
-    bandwidth = index.bandwidth
-    link_map = {names[i]: link_bytes[i] for i in range(len(names))}
-    util = {
-        names[i]: (link_bytes[i] / (bandwidth[i] * time_s) if time_s > 0 else 0.0) for i in range(len(names))
-    }
-    op_events.sort(key=lambda e: (e.start_s, e.rank, e.index))
-    link_events.sort(key=lambda e: (e.start_s, e.src, e.dst))
-    return SimResult(
-        time_s=time_s,
-        size_bytes=size_bytes,
-        algbw_GBps=algbw,
-        busbw_GBps=algbw * bus_factor(schedule.collective, schedule.ranks),
-        link_bytes=MappingProxyType(link_map),
-        link_utilisation=MappingProxyType(util),
-        rank_finish_s=tuple(rank_finish),
-        op_events=tuple(op_events),
-        link_events=tuple(link_events),
-    )
 
+
+class _ContentionFree(_Run):
+    """A run that bounds the simulation's time from below.
+
+    Every message goes on the wire as soon as both its operations are posted (its connection's earlier
+    messages need not be out) and each of its flows runs at its path's narrowest bandwidth
+    (:class:`~topocc.planner.analysis.fairshare.Unshared`).  Each event is then the latest of the events it
+    waits for plus a duration no longer than the simulation's (a fair share never exceeds a path's narrowest
+    link, and a connection's order only adds waits), so by induction over the operations no event comes later
+    than in the simulation.  So no flow starts earlier there either, and the time is also at least
+    :func:`_suffix_bound` of the flows' starts here.
+    """
+
+    __slots__ = ("heavy", "loads")
+
+    def __init__(self, setup: _Setup) -> None:
+        super().__init__(setup)
+        self.heavy = _heavy_links(connection_chunks(setup.schedule), setup.routes, setup.links.bandwidth)
+        # each flow's start, link and bytes, per link it crosses of those it keeps (see _heavy_links)
+        self.loads = (array("d"), array("q"), array("d"))
+
+    def make_fabric(self, bandwidth: list[float], messages: int, record: bool) -> Fabric | Unshared:
+        """The links' model: every flow alone on its path."""
+        return Unshared(bandwidth)
+
+    def start_message(self, send: int, now: float) -> None:
+        """Put a message on the wire as the simulation does, and keep its flows' bytes on the heavily loaded links
+        for the bound.  No connection is waited for, so nothing is released."""
+        src = self.op_rank[send]
+        key = self.conn_of[send]
+        route = self.routes[key]
+        nbytes = self.programs[src][send - self.base[src]].count * self.chunk_bytes
+        if nbytes <= 0.0:
+            heapq.heappush(self.arrivals, (now + route.latency, send))
+            return
+        share = nbytes / len(route.paths)
+        link_bytes = self.link_bytes
+        for link in self.conn_links[key]:
+            link_bytes[link] += share
+        loads = self.loads
+        if len(loads[0]) < _LOADS_MAX:
+            links = self.heavy[key]
+            loads[0].extend([now] * len(links))
+            loads[1].extend(links)
+            loads[2].extend([share] * len(links))
+        self.fabric.add(send, route, share)
+
+    #: A message goes on the wire as soon as both its ends are posted.
+    message_ready = start_message
+
+    def release(self, send: int, now: float) -> None:
+        """Nothing waits for a connection here."""
+
+    def time_s(self) -> float:
+        """When the last rank finished, or later where the links' loads say so (unless some were not kept)."""
+        time_s = super().time_s()
+        loads = self.loads
+        if 0 < len(loads[0]) < _LOADS_MAX:
+            columns = (np.frombuffer(column, dtype=column.typecode) for column in loads)
+            time_s = max(time_s, _suffix_bound(*columns, self.setup.links.bandwidth))
+        return time_s

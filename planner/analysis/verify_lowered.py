@@ -1,4 +1,4 @@
-"""Prove a lowering (:mod:`topocc.runtime.lowering`) right: NCCL runs it to the end, and it computes what its schedule does.
+"""Prove a lowering (:mod:`topocc.runtime.lowering`) right: NCCL runs it to the end, computing what its schedule does.
 
 The model is NCCL's semantics, taken at its strictest:
 
@@ -56,11 +56,10 @@ from dataclasses import dataclass
 
 from topocc.planner.errors import VerificationError
 from topocc.runtime.lowering import Lowering
+from topocc.runtime.matching import P2P, streams
 from topocc.runtime.schedule import Op, Schedule
 
 __all__ = ["LoweringReport", "verify_lowering"]
-
-_P2P = frozenset({"send", "recv", "recv_reduce"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +126,7 @@ def _check_coverage(schedule: Schedule, lowering: Lowering) -> list[list[int]]:
                     if where[k] >= 0:
                         raise _fail(schedule, f"{_name(rank, k, program[k])} appears twice (groups {where[k]} "
                                               f"and {g})")
-                    if (program[k].kind in _P2P) != posted:
+                    if (program[k].kind in P2P) != posted:
                         place = "posted operations" if posted else "local operations"
                         raise _fail(schedule, f"{_name(rank, k, program[k])} is among group {g}'s {place}",
                                     fix="sends and receives are posted in a group, copies and reductions run after")
@@ -167,18 +166,12 @@ Queue = dict[tuple[int, int], list[tuple[int, int]]]
 def _check_matching(schedule: Schedule, lowering: Lowering) -> tuple[Queue, Queue]:
     """The per-pair issue order pairs what the schedule pairs; returns both ends' queues per (sender, receiver)."""
     partner: dict[tuple[int, int], tuple[int, int]] = {}
-    streams: dict[tuple[int, int, int], tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
-    for rank, program in enumerate(schedule.programs):
-        for k, op in enumerate(program):
-            if op.kind == "send":
-                streams[(rank, op.peer, op.channel)][0].append(k)  # type: ignore[index]
-            elif op.kind in _P2P:
-                streams[(op.peer, rank, op.channel)][1].append(k)  # type: ignore[index]
-    for (a, b, ch), (s, r) in streams.items():
-        if len(s) != len(r):
-            raise _fail(schedule, f"rank {a} sends {len(s)} message(s) to rank {b} on channel {ch} but rank {b} "
-                                  f"receives {len(r)}", fix="verify the schedule first (topocc verify)")
-        for ks, kr in zip(s, r):
+    for (a, b, ch), stream in streams(schedule).items():
+        if not stream.matched:
+            raise _fail(schedule, f"rank {a} sends {len(stream.sends)} message(s) to rank {b} on channel {ch} but "
+                                  f"rank {b} receives {len(stream.recvs)}",
+                        fix="verify the schedule first (topocc verify)")
+        for ks, kr in stream.messages():
             partner[(a, ks)] = (b, kr)
     sends: Queue = defaultdict(list)
     recvs: Queue = defaultdict(list)

@@ -26,69 +26,20 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from topocc.planner.analysis.collectives import spec
+from topocc.planner.analysis.hazards import ChunkRuns
 from topocc.runtime.schedule import Chunk, Metadata, Op, Schedule, build_schedule
 
-__all__ = ["RELAY_SLOTS", "ChunkRuns", "Relay", "ScheduleBuilder"]
+__all__ = ["RELAY_SLOTS", "Relay", "ScheduleBuilder"]
 
 #: Messages a relaying rank can hold per channel and next rank (slots of its scratch ring buffer), so that
-#: it receives the next pieces while it forwards earlier ones.  On a 2 x 8 GPU one-way multi-chassis box at
-#: 64 MiB, halving-doubling all-reduce reaches 46.8% of the bound with 2 slots, 73.3% with 8, 75.8% with
-#: 32, and the double binary tree 35.3%, 61.1% and 55.3%.  A ring buffer per next rank, not one for all:
-#: a NIC GPU relaying for several GPUs both ways would otherwise hold a piece bound for its NVSwitch
-#: until a slot that waits on the slower network frees (4 chassis of 16 GPUs, NICs on every fourth,
-#: hierarchical all-gather with a direct level across chassis: 93.9% of the bound with one buffer, 99.3%
-#: with one per next rank).
+#: it receives the next pieces while it forwards earlier ones: too few slots serialise a relayed pipeline,
+#: many more gain little or lose.  A ring buffer per next rank, not one for all: a NIC GPU relaying for
+#: several GPUs both ways would otherwise hold a piece bound for its NVSwitch until a slot that waits on the
+#: slower network frees.
 RELAY_SLOTS = 8
 
 #: The ranks a transfer from one rank to another passes through (empty: straight there).
 Relay = Callable[[int, int], Sequence[int]]
-
-
-class ChunkRuns:
-    """One rank's chunk addresses as runs of equal hazard state: the last writer and the readers since.
-
-    The builder's cost then follows the operations, not the chunks they cover: a
-    reference to a run of chunks splits at most two runs and visits the runs it
-    covers (few, since algorithms move aligned ranges), where a per-chunk map
-    visits every chunk (ranks x chunks work, hours on a 1024-rank pipelined plan).
-    """
-
-    __slots__ = ("readers", "starts", "writer")
-
-    def __init__(self) -> None:
-        self.starts: list[int] = [0]  # run m covers [starts[m], starts[m + 1]); the last run is open-ended
-        self.writer: list[int] = [-1]
-        self.readers: list[list[int]] = [[]]
-
-    def _split(self, address: int) -> int:
-        """Index of the run that starts at ``address``, splitting the run that contains it."""
-        starts = self.starts
-        m = bisect.bisect_right(starts, address) - 1
-        if starts[m] == address:
-            return m
-        starts.insert(m + 1, address)
-        self.writer.insert(m + 1, self.writer[m])
-        self.readers.insert(m + 1, list(self.readers[m]))
-        return m + 1
-
-    def runs(self, start: int, end: int) -> range:
-        """The runs covering exactly ``[start, end)``."""
-        first = self._split(start)
-        last = self._split(end)  # inserts after ``first``, so ``first`` stays valid
-        return range(first, last)
-
-    def write(self, start: int, end: int, op: int) -> None:
-        """``op`` is now the last writer of ``[start, end)``, with no reader since."""
-        runs = self.runs(start, end)
-        self.replace(runs.start, runs.stop, op)
-
-    def replace(self, first: int, stop: int, op: int) -> None:
-        """Runs ``first .. stop`` become one, written last by ``op``, with no reader since."""
-        del self.starts[first + 1:stop]
-        del self.writer[first + 1:stop]
-        del self.readers[first + 1:stop]
-        self.writer[first] = op
-        self.readers[first] = []
 
 
 class ScheduleBuilder:

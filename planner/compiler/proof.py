@@ -14,13 +14,17 @@ from topocc.planner.analysis.verify import VerifyReport, verify
 from topocc.planner.errors import VerificationError
 from topocc.runtime.schedule import Schedule
 
-__all__ = ["PARALLEL_VERIFY_OPS", "Proof"]
+__all__ = ["PARALLEL_VERIFY_OPS", "Proof", "forks"]
 
 
 #: Schedules with at least this many operations are verified in a forked process while the planner
-#: simulates, on the machine's other core (fattree-1024: 9 s of proof behind 15 s of simulation;
-#: fattree-64-4to1's 1 MiB reduce-scatter: 1.1 s of a 7 s compile).
+#: simulates, on the machine's other core: from about this size a proof costs more than forking does.
 PARALLEL_VERIFY_OPS = 20_000
+
+
+def forks(schedule: Schedule) -> bool:
+    """Whether :class:`Proof` verifies ``schedule`` in a forked child (a large one, where the platform forks)."""
+    return schedule.op_count >= PARALLEL_VERIFY_OPS and "fork" in multiprocessing.get_all_start_methods()
 
 
 class Proof:
@@ -34,7 +38,7 @@ class Proof:
     def __init__(self, schedule: Schedule) -> None:
         self.schedule = schedule
         self._child: multiprocessing.process.BaseProcess | None = None
-        if schedule.op_count >= PARALLEL_VERIFY_OPS and "fork" in multiprocessing.get_all_start_methods():
+        if forks(schedule):
             context = multiprocessing.get_context("fork")
             self._conn, sender = context.Pipe(duplex=False)
             self._child = context.Process(target=_prove_to, args=(sender, schedule), daemon=True)

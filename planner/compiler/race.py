@@ -28,7 +28,7 @@ from topocc.planner.compiler.algorithms import ALGORITHMS
 from topocc.planner.compiler.build import build
 from topocc.planner.compiler.evaluate import Evaluator, least_latency, link_time
 from topocc.planner.compiler.options import Options
-from topocc.planner.compiler.proof import PARALLEL_VERIFY_OPS, Proof
+from topocc.planner.compiler.proof import Proof, forks
 from topocc.planner.errors import InfeasibleError, NotApplicableError, SimulationError
 from topocc.planner.routing.network import Network
 from topocc.planner.units import format_time
@@ -38,8 +38,8 @@ __all__ = ["GOOD_ENOUGH", "Candidate", "Leader", "Outcome", "Progress", "Progres
 
 #: ``auto`` stops racing (skips the costlier tiers, :attr:`~topocc.planner.compiler.algorithms.Algorithm.auto_tier`)
 #: once its best schedule reaches this share of the lower bound: no other can gain more than 3%, and the costly
-#: builders take seconds to minutes.  At 98%, rail-8x8's all-reduce (hierarchical at 97.6%) went on to build
-#: and simulate tree packing (83.4%) and MultiTree (92.7%): 20 s instead of 6.
+#: builders take seconds to minutes.  A higher bar sends races whose leader is already near the bound on to
+#: those builders, which then seldom win.
 GOOD_ENOUGH = 0.97
 
 
@@ -266,13 +266,13 @@ class _Race:
 
         Once the leader is within :data:`GOOD_ENOUGH` of the lower bound the rest are not simulated, as the
         costlier tiers are not tried: none can gain more than 3%, and a simulation can take longer than the
-        build (a 4x4x4 torus: tree packing's 65k operations simulate in 26 s where MultiTree's 129k take 2).
+        build (contending flows cost the simulator more than operations do).
         """
         built = self._build_all(members)
         self._prove_likeliest(built)
         if built:
-            # the likeliest winner first, so that the others are given up once they pass it (fattree-1024 at
-            # 256 MiB: halving-doubling stopped at hierarchical's time, not run to its own)
+            # the likeliest winner first, so that the others are given up once they pass its time instead of
+            # being simulated to the end
             first = _likeliest(built)
             built.remove(first)
             built.insert(0, first)
@@ -297,7 +297,7 @@ class _Race:
 
     def _prove_likeliest(self, built: list[_Built]) -> None:
         """Start the proof of the likeliest large winner beside the simulations (one per race)."""
-        large = [c for c in built if c.schedule.op_count >= PARALLEL_VERIFY_OPS]
+        large = [c for c in built if forks(c.schedule)]
         if large and not self.proofs:
             chosen = _likeliest(large)
             self.proofs[chosen.name] = Proof(chosen.schedule)
@@ -338,6 +338,6 @@ class _Race:
 
 def _likeliest(found: list[_Built]) -> _Built:
     """The likeliest winner of ``found`` (sorted by link time): the least link time, and of those within 1% of
-    it the most operations, the finest pipeline (fattree-1024: halving-doubling's 41,984 and hierarchical's
-    328,704 operations load the busiest link alike; hierarchical wins at 56% of the other's time)."""
+    it the most operations, the finest pipeline: schedules that load the busiest link alike differ in how
+    well they overlap, and the finer pipeline overlaps more."""
     return max((c for c in found if c.link_time_s <= found[0].link_time_s * 1.01), key=lambda c: c.schedule.op_count)

@@ -27,6 +27,7 @@ waits for more than one other thread block.
 
 from __future__ import annotations
 
+import heapq
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -377,8 +378,6 @@ def _lower_gpu(a: _Attrs, sp: CollectiveSpec, inplace: bool, gid: int, tbs: list
 
 def _step_order(a: _Attrs, gid: int, tbs: list[_Tb]) -> list[tuple[int, int]]:
     """All (tb, step) of a gpu in an order respecting MSCCL's: step by step, thread blocks by id."""
-    import heapq
-
     waiting: dict[tuple[int, int], int] = {}
     after: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for tb in tbs:

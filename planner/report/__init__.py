@@ -1,8 +1,11 @@
-"""Inspecting plans: an HTML report, a Graphviz drawing and terminal tables.
+"""Views of plans and runs for people and scripts: an HTML report, a Graphviz drawing, a Chrome trace, tables.
 
-``render_html`` and ``render_topology_html`` write one self-contained page;
-``render_dot`` a DOT graph of the topology with the plan overlaid;
-``terminal_summary`` the plain-text view of ``topocc inspect``.
+``html`` (``render_html``, ``render_topology_html``: one self-contained page), ``dot`` (``render_dot``: the
+topology with the plan overlaid), ``trace`` (a simulated run for Perfetto), ``text`` (``terminal_summary``:
+``topocc inspect`` without files), ``inspect`` (all of these from one simulated run), ``summary`` (what
+``compile``, ``simulate``, ``verify``, ``topo show`` print, as dicts for ``--json`` and as text), ``runs``
+(``run`` and ``bench``: measured rows beside predictions), ``table`` (text tables).  ``_model``, ``_run``
+and ``_timeline`` compute what the views draw.  Imports the topology, routing, analysis and compiler.
 """
 
 from topocc.planner.report.dot import render_dot as render_dot

@@ -11,11 +11,9 @@ of one direction's links.
 
 from __future__ import annotations
 
-import gc
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from topocc.planner.analysis.simulate import OpEvent
@@ -35,6 +33,7 @@ _SWITCH_W, _SWITCH_H = 30.0, 16.0
 _HOST_W, _HOST_H = 70.0, 34.0
 _TIER_GAP = 90.0
 _MARGIN = 30.0
+_TOP = _MARGIN + 6.0  # the hosts' top edge before the tiers above push them down
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,120 +117,172 @@ def build_view(topology: Topology, level: str | None = None) -> View:
     group = {d.name: _group_of(d, level) for d in topology.devices}
     nodes: dict[str, Node] = {}
     boxes: list[Box] = []
-    rank_count: dict[str, int] = defaultdict(int)
-    for r in topology.ranks:
-        rank_count[group[r]] += 1
+    if level == "device":
+        x, bottom = _place_devices(topology, nodes, boxes)
+    elif level == "host":
+        x, bottom = _place_hosts(topology, group, nodes, boxes)
+    else:
+        x, bottom = _place_racks(topology, group, nodes)
+    width = max(x + _MARGIN, 300.0)
+    free = [d for d in topology.devices if d.host is None]
+    if free:
+        tier = _tiers(topology, free)
+        shift = max(tier.values()) * _TIER_GAP  # the hosts move down below the tiers
+        nodes = {k: _moved(v, shift) for k, v in nodes.items()}
+        boxes = [Box(b.label, b.kind, b.x, b.y + shift, b.w, b.h) for b in boxes]
+        bottom += shift
+        _place_tiers(topology, free, tier, group, nodes, width)
+    edges = _merged_edges(topology, group)
+    view = View(level, nodes, boxes, edges, width, bottom + _MARGIN, group)
+    view.edge_index = {(e.a, e.b): i for i, e in enumerate(edges)}
+    return view
 
-    # ---- hosted devices: racks (in order of first rank, then other devices) -> hosts -> devices
+
+def _racks(topology: Topology) -> dict[str, dict[str, list[Device]]]:
+    """Hosted devices by rack and host, racks and hosts in order of their first rank (then other devices)."""
     racks: dict[str, dict[str, list[Device]]] = {}
     for d in sorted(topology.devices, key=lambda d: (topology.rank_of(d.name) is None, _order(topology, d))):
         if d.host is None:
             continue
         racks.setdefault(d.rack or "", {}).setdefault(d.host, []).append(d)
+    return racks
+
+
+def _rank_count(topology: Topology, group: dict[str, str]) -> dict[str, int]:
+    """Ranks per drawn node."""
+    count: dict[str, int] = defaultdict(int)
+    for r in topology.ranks:
+        count[group[r]] += 1
+    return count
+
+
+def _place_devices(topology: Topology, nodes: dict[str, Node], boxes: list[Box]) -> tuple[float, float]:
+    """Every hosted device, in host boxes within rack boxes; returns the right edge and the bottom."""
+    x, bottom = _MARGIN, _TOP
+    for rack, hosts in _racks(topology).items():
+        rack_x = x
+        pad = 14.0 if rack else 0.0
+        x += pad
+        rack_bottom = _TOP
+        for host, devices in hosts.items():
+            w, h = _place_host(topology, host, devices, x, _TOP + pad + 16.0, nodes)
+            boxes.append(Box(host, "host", x, _TOP + pad, w, h + 16.0))
+            x += w + 16.0
+            rack_bottom = max(rack_bottom, _TOP + pad + h + 16.0)
+        if rack:
+            boxes.append(Box(rack, "rack", rack_x, _TOP, x - rack_x - 16.0 + pad, rack_bottom - _TOP + pad))
+            x += pad + 8.0
+        bottom = max(bottom, rack_bottom + pad)
+    return x, bottom
+
+
+def _place_hosts(topology: Topology, group: dict[str, str], nodes: dict[str, Node],
+                 boxes: list[Box]) -> tuple[float, float]:
+    """Hosts as boxes in columns of :data:`HOSTS_PER_COLUMN` per rack; returns the right edge and the bottom."""
+    rank_count = _rank_count(topology, group)
+    x, bottom = _MARGIN, _TOP
+    for rack, hosts in _racks(topology).items():
+        names = list(hosts)
+        columns = max(1, math.ceil(len(names) / HOSTS_PER_COLUMN))
+        show_rack = bool(rack) and not (len(names) == 1 and names[0] == rack)
+        pad = 8.0 if show_rack else 0.0
+        top = _TOP + (18.0 if show_rack else 0.0)
+        for i, host in enumerate(names):
+            col, row = divmod(i, HOSTS_PER_COLUMN)
+            hx = x + pad + col * (_HOST_W + 6.0)
+            hy = top + row * (_HOST_H + 6.0)
+            n = rank_count.get(host, 0)
+            nodes[host] = Node(host, host, f"{n} rank{'s' * (n != 1)}", "host", "rect", hx + _HOST_W / 2,
+                               hy + _HOST_H / 2, _HOST_W, _HOST_H, f"host {host}: {n} ranks")
+        rows = min(len(names), HOSTS_PER_COLUMN)
+        w = columns * (_HOST_W + 6.0) - 6.0 + 2 * pad
+        h = top - _TOP + rows * (_HOST_H + 6.0) - 6.0 + pad
+        if show_rack:
+            boxes.append(Box(rack, "rack", x, _TOP, w, h))
+        x += w + 12.0
+        bottom = max(bottom, _TOP + h)
+    return x, bottom
+
+
+def _place_racks(topology: Topology, group: dict[str, str], nodes: dict[str, Node]) -> tuple[float, float]:
+    """Racks as single nodes in a row; returns the right edge and the bottom."""
+    rank_count = _rank_count(topology, group)
+    members: dict[str, set[str]] = defaultdict(set)
+    for d in topology.devices:
+        if d.host is not None:
+            members[group[d.name]].add(d.host)
     x = _MARGIN
-    base_y = _MARGIN + 6.0
-    bottom = base_y
-    if level == "device":
-        for rack, hosts in racks.items():
-            rack_x = x
-            pad = 14.0 if rack else 0.0
-            x += pad
-            rack_bottom = base_y
-            for host, devices in hosts.items():
-                w, h = _place_host(topology, host, devices, x, base_y + pad + 16.0, nodes)
-                boxes.append(Box(host, "host", x, base_y + pad, w, h + 16.0))
-                x += w + 16.0
-                rack_bottom = max(rack_bottom, base_y + pad + h + 16.0)
-            if rack:
-                boxes.append(Box(rack, "rack", rack_x, base_y, x - rack_x - 16.0 + pad, rack_bottom - base_y + pad))
-                x += pad + 8.0
-            bottom = max(bottom, rack_bottom + pad)
-    elif level == "host":
-        for rack, hosts in racks.items():
-            names = list(hosts)
-            columns = max(1, math.ceil(len(names) / HOSTS_PER_COLUMN))
-            show_rack = bool(rack) and not (len(names) == 1 and names[0] == rack)
-            pad = 8.0 if show_rack else 0.0
-            top = base_y + (18.0 if show_rack else 0.0)
-            for i, host in enumerate(names):
-                col, row = divmod(i, HOSTS_PER_COLUMN)
-                hx = x + pad + col * (_HOST_W + 6.0)
-                hy = top + row * (_HOST_H + 6.0)
-                n = rank_count.get(host, 0)
-                nodes[host] = Node(host, host, f"{n} rank{'s' * (n != 1)}", "host", "rect", hx + _HOST_W / 2,
-                                   hy + _HOST_H / 2, _HOST_W, _HOST_H, f"host {host}: {n} ranks")
-            rows = min(len(names), HOSTS_PER_COLUMN)
-            w = columns * (_HOST_W + 6.0) - 6.0 + 2 * pad
-            h = top - base_y + rows * (_HOST_H + 6.0) - 6.0 + pad
-            if show_rack:
-                boxes.append(Box(rack, "rack", x, base_y, w, h))
-            x += w + 12.0
-            bottom = max(bottom, base_y + h)
-    else:
-        members: dict[str, set[str]] = defaultdict(set)
-        for d in topology.devices:
-            if d.host is not None:
-                members[group[d.name]].add(d.host)
-        for gid in dict.fromkeys(group[r] for r in topology.ranks):
-            n = rank_count[gid]
-            nodes[gid] = Node(gid, gid, f"{len(members[gid])} hosts, {n} ranks", "rack", "rect", x + _HOST_W / 2,
-                              base_y + _HOST_H / 2, _HOST_W + 20.0, _HOST_H, f"{gid}: {len(members[gid])} hosts, "
-                              f"{n} ranks")
-            x += _HOST_W + 30.0
-        bottom = base_y + _HOST_H
-    width = max(x + _MARGIN, 300.0)
+    for gid in dict.fromkeys(group[r] for r in topology.ranks):
+        n = rank_count[gid]
+        nodes[gid] = Node(gid, gid, f"{len(members[gid])} hosts, {n} ranks", "rack", "rect", x + _HOST_W / 2,
+                          _TOP + _HOST_H / 2, _HOST_W + 20.0, _HOST_H, f"{gid}: {len(members[gid])} hosts, "
+                          f"{n} ranks")
+        x += _HOST_W + 30.0
+    return x, _TOP + _HOST_H
 
-    # ---- unhosted devices (switches, standalone GPUs) in tiers above, by hop distance from the hosts
-    free = [d for d in topology.devices if d.host is None]
-    if free:
-        neighbours: dict[str, set[str]] = defaultdict(set)
-        for link in topology.links:
-            neighbours[link.src].add(link.dst)
-            neighbours[link.dst].add(link.src)
-        tier: dict[str, int] = {}
-        seen = {d.name for d in topology.devices if d.host is not None}
-        frontier_dev = sorted(seen)
-        depth = 0
-        while True:
-            depth += 1
-            nxt = sorted({m for n in frontier_dev for m in neighbours[n] if m not in seen})
-            if not nxt:
-                break
-            for m in nxt:
-                tier[m] = depth
-                seen.add(m)
-            frontier_dev = nxt
-        for d in free:
-            tier.setdefault(d.name, 1)
-        top_tier = max(tier.values())
-        shift = top_tier * _TIER_GAP
-        nodes = {k: _moved(v, shift) for k, v in nodes.items()}
-        boxes = [Box(b.label, b.kind, b.x, b.y + shift, b.w, b.h) for b in boxes]
-        bottom += shift
-        pos = {k: v.x for k, v in nodes.items()}
-        for t in range(1, top_tier + 1):
-            row = [d for d in free if tier[d.name] == t]
-            y = base_y + shift - t * _TIER_GAP + 20.0
-            def bary(d: Device) -> float:
-                xs = [pos[group[m]] for m in neighbours[d.name] if group[m] in pos]
-                return sum(xs) / len(xs) if xs else width / 2
-            row.sort(key=lambda d: (bary(d), _order(topology, d)))
-            step = (width - 2 * _MARGIN) / max(1, len(row))
-            w = min(_SWITCH_W, max(6.0, step - 4.0))
-            for i, d in enumerate(row):
-                cx = _MARGIN + step * (i + 0.5)
-                is_rank = topology.rank_of(d.name) is not None
-                label = _short(d.name) if step >= 34 else ""
-                if is_rank:
-                    rank = topology.rank_of(d.name)
-                    nodes[d.name] = Node(d.name, str(rank), "", "gpu", "circle", cx, y, 2 * _GPU_R, 2 * _GPU_R,
-                                         f"rank {rank}: {d.name}")
-                else:
-                    nodes[d.name] = Node(d.name, label, "", d.kind, "rect", cx, y, w, _SWITCH_H,
-                                         f"{d.kind} {d.name}")
-                pos[d.name] = cx
 
-    # ---- merged edges
+def _tiers(topology: Topology, free: Sequence[Device]) -> dict[str, int]:
+    """Each unhosted device's tier: its hop distance from the hosted devices (1 where it reaches none)."""
+    neighbours = _neighbours(topology)
+    tier: dict[str, int] = {}
+    seen = {d.name for d in topology.devices if d.host is not None}
+    frontier = sorted(seen)
+    depth = 0
+    while True:
+        depth += 1
+        nxt = sorted({m for n in frontier for m in neighbours[n] if m not in seen})
+        if not nxt:
+            break
+        for m in nxt:
+            tier[m] = depth
+            seen.add(m)
+        frontier = nxt
+    for d in free:
+        tier.setdefault(d.name, 1)
+    return tier
+
+
+def _neighbours(topology: Topology) -> dict[str, set[str]]:
+    neighbours: dict[str, set[str]] = defaultdict(set)
+    for link in topology.links:
+        neighbours[link.src].add(link.dst)
+        neighbours[link.dst].add(link.src)
+    return neighbours
+
+
+def _place_tiers(topology: Topology, free: Sequence[Device], tier: dict[str, int], group: dict[str, str],
+                 nodes: dict[str, Node], width: float) -> None:
+    """The unhosted devices (switches, standalone GPUs) in tiers above the hosts, by hop distance from them
+    (``tier``), each tier ordered by the mean position of its devices' neighbours."""
+    neighbours = _neighbours(topology)
+    top_tier = max(tier.values())
+    shift = top_tier * _TIER_GAP
+    pos = {k: v.x for k, v in nodes.items()}
+    for t in range(1, top_tier + 1):
+        row = [d for d in free if tier[d.name] == t]
+        y = _TOP + shift - t * _TIER_GAP + 20.0
+
+        def bary(d: Device) -> float:
+            xs = [pos[group[m]] for m in neighbours[d.name] if group[m] in pos]
+            return sum(xs) / len(xs) if xs else width / 2
+
+        row.sort(key=lambda d: (bary(d), _order(topology, d)))
+        step = (width - 2 * _MARGIN) / max(1, len(row))
+        w = min(_SWITCH_W, max(6.0, step - 4.0))
+        for i, d in enumerate(row):
+            cx = _MARGIN + step * (i + 0.5)
+            rank = topology.rank_of(d.name)
+            if rank is not None:
+                nodes[d.name] = Node(d.name, str(rank), "", "gpu", "circle", cx, y, 2 * _GPU_R, 2 * _GPU_R,
+                                     f"rank {rank}: {d.name}")
+            else:
+                nodes[d.name] = Node(d.name, _short(d.name) if step >= 34 else "", "", d.kind, "rect", cx, y, w,
+                                     _SWITCH_H, f"{d.kind} {d.name}")
+            pos[d.name] = cx
+
+
+def _merged_edges(topology: Topology, group: dict[str, str]) -> list[Edge]:
+    """The links between distinct drawn nodes, merged per pair (see :class:`Edge`), sorted by pair."""
     merged: dict[tuple[str, str], list[float]] = {}
     kinds: dict[tuple[str, str], set[str]] = defaultdict(set)
     for link in topology.links:
@@ -243,11 +294,8 @@ def build_view(topology: Topology, level: str | None = None) -> View:
         entry[0 if (a, b) == key else 1] += link.bandwidth
         entry[2] += 1
         kinds[key].add(link.kind or "link")
-    edges = [Edge(a, b, max(v[0], v[1]), int(v[2]), "/".join(sorted(kinds[(a, b)]))) for (a, b), v in
-             sorted(merged.items())]
-    view = View(level, nodes, boxes, edges, width, bottom + _MARGIN, group)
-    view.edge_index = {(e.a, e.b): i for i, e in enumerate(edges)}
-    return view
+    return [Edge(a, b, max(v[0], v[1]), int(v[2]), "/".join(sorted(kinds[(a, b)]))) for (a, b), v in
+            sorted(merged.items())]
 
 
 def _order(topology: Topology, d: Device) -> tuple[int, str]:
@@ -363,18 +411,3 @@ def step_buckets(steps: Iterable[int], limit: int) -> tuple[int, list[tuple[int,
     return width, ranges
 
 
-@contextmanager
-def paused_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector while reports walk a large recorded simulation.
-
-    A recorded 1024-rank run holds millions of small objects; every collection
-    rescans them all (a rendering took 12 s instead of 0.1 s), and reports
-    create no reference cycles worth collecting meanwhile.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()

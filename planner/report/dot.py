@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 
-from topocc.planner.report._model import View, build_view, messages
 from topocc.planner.analysis.simulate import SimResult, simulate
+from topocc.planner.report._model import View, build_view, messages
 from topocc.planner.topology.model import Topology
 from topocc.planner.units import format_bandwidth, format_size
 from topocc.runtime.schedule import Schedule
@@ -63,7 +63,22 @@ def render_dot(topology: Topology, schedule: Schedule | None = None, *, size_byt
     lines = [f"digraph {_q(topology.name)} {{", "  graph [rankdir=TB, compound=true, fontname=Helvetica, "
              f"label={_q(_title(topology, schedule))}, labelloc=t];",
              "  node [fontname=Helvetica, fontsize=10];", "  edge [fontname=Helvetica, fontsize=8, arrowsize=0.5];"]
-    # ---- clusters: rack -> host -> drawn nodes
+    lines.extend(_cluster_lines(topology, view))
+    carried: dict[int, float] = {}
+    if schedule is not None and overlay == "bytes":
+        if result is None:
+            size = size_bytes or schedule.metadata.size_bytes or (64 << 20)
+            result = simulate(topology, schedule, size)
+        carried = _carried(view, result)
+    lines.extend(_link_lines(view, carried, dimmed=schedule is not None and overlay == "bytes"))
+    if schedule is not None and overlay == "channel":
+        lines.extend(_plan_edge_lines(topology, view, schedule))
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _cluster_lines(topology: Topology, view: View) -> Iterator[str]:
+    """The drawn nodes, in clusters per rack and host (rack -> host -> nodes), then those outside every host."""
     members: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     loose: list[str] = []
     for nid in view.nodes:
@@ -79,34 +94,37 @@ def render_dot(topology: Topology, schedule: Schedule | None = None, *, size_byt
     for rack in sorted(members):
         indent = "  "
         if rack:
-            lines.append(f"  subgraph cluster_{n_cluster} {{ label={_q(rack)}; style=rounded; color=\"#b7a8d9\";")
+            yield f"  subgraph cluster_{n_cluster} {{ label={_q(rack)}; style=rounded; color=\"#b7a8d9\";"
             n_cluster += 1
             indent = "    "
         for host in sorted(members[rack]):
             ids = sorted(members[rack][host])
             if host:
-                lines.append(f"{indent}subgraph cluster_{n_cluster} {{ label={_q(host)}; style=rounded; "
-                             f"color=\"#9cbad6\";")
+                yield f"{indent}subgraph cluster_{n_cluster} {{ label={_q(host)}; style=rounded; color=\"#9cbad6\";"
                 n_cluster += 1
-                lines.extend(_node_lines(view, ids, indent + "  "))
-                lines.append(f"{indent}}}")
+                yield from _node_lines(view, ids, indent + "  ")
+                yield f"{indent}}}"
             else:
-                lines.extend(_node_lines(view, ids, indent))
+                yield from _node_lines(view, ids, indent)
         if rack:
-            lines.append("  }")
-    lines.extend(_node_lines(view, sorted(loose), "  "))
+            yield "  }"
+    yield from _node_lines(view, sorted(loose), "  ")
 
-    # ---- physical links (merged per drawn pair), with bytes carried
+
+def _carried(view: View, result: SimResult) -> dict[int, float]:
+    """Bytes the simulation moved over each merged edge of ``view`` (by edge index)."""
     carried: dict[int, float] = defaultdict(float)
-    if schedule is not None and overlay == "bytes":
-        if result is None:
-            size = size_bytes or schedule.metadata.size_bytes or (64 << 20)
-            result = simulate(topology, schedule, size)
-        for (src, dst), nbytes in result.link_bytes.items():
-            a, b = view.group[src], view.group[dst]
-            idx = view.edge_of(a, b) if a != b else None
-            if idx is not None:
-                carried[idx] += nbytes
+    for (src, dst), nbytes in result.link_bytes.items():
+        a, b = view.group[src], view.group[dst]
+        idx = view.edge_of(a, b) if a != b else None
+        if idx is not None:
+            carried[idx] += nbytes
+    return carried
+
+
+def _link_lines(view: View, carried: dict[int, float], *, dimmed: bool) -> Iterator[str]:
+    """The physical links (merged per drawn pair), those that carried bytes labelled and coloured by how many;
+    with ``dimmed`` (a bytes overlay), the idle ones pale."""
     top = max(carried.values(), default=0.0)
     for i, e in enumerate(view.edges):
         attrs = [f"dir=none, penwidth={1.0 + 3.0 * (e.bandwidth / max(x.bandwidth for x in view.edges)):.2f}",
@@ -114,26 +132,26 @@ def render_dot(topology: Topology, schedule: Schedule | None = None, *, size_byt
         if carried.get(i):
             attrs.append(f"color={_q(_heat(carried[i] / top))}")
             attrs.append(f"label={_q(format_size(carried[i]))}")
-        elif schedule is not None and overlay == "bytes":
+        elif dimmed:
             attrs.append('color="#dddddd"')
         else:
             attrs.append('color="#888888"')
-        lines.append(f"  {_q(e.a)} -> {_q(e.b)} [{', '.join(attrs)}];")
+        yield f"  {_q(e.a)} -> {_q(e.b)} [{', '.join(attrs)}];"
 
-    # ---- plan edges by channel
-    if schedule is not None and overlay == "channel":
-        pairs: dict[tuple[str, str, int], int] = defaultdict(int)
-        for m in messages(schedule):
-            a, b = view.rank_node(topology, m.src), view.rank_node(topology, m.dst)
-            if a != b:
-                pairs[(a, b, m.channel)] += m.chunks
-        kept = sorted(sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_PLAN_EDGES])
-        for (a, b, ch), chunks in kept:
-            colour = _CHANNEL_COLOURS[ch % len(_CHANNEL_COLOURS)]
-            lines.append(f"  {_q(a)} -> {_q(b)} [style=dashed, constraint=false, color={_q(colour)}, "
-                         f"label={_q(f'ch{ch}')}, fontcolor={_q(colour)}, tooltip={_q(f'{chunks} chunks')}];")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+
+def _plan_edge_lines(topology: Topology, view: View, schedule: Schedule) -> Iterator[str]:
+    """The plan's sender -> receiver pairs between drawn nodes, dashed and coloured by channel (the
+    :data:`MAX_PLAN_EDGES` that carry the most chunks)."""
+    pairs: dict[tuple[str, str, int], int] = defaultdict(int)
+    for m in messages(schedule):
+        a, b = view.rank_node(topology, m.src), view.rank_node(topology, m.dst)
+        if a != b:
+            pairs[(a, b, m.channel)] += m.chunks
+    kept = sorted(sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_PLAN_EDGES])
+    for (a, b, ch), chunks in kept:
+        colour = _CHANNEL_COLOURS[ch % len(_CHANNEL_COLOURS)]
+        yield (f"  {_q(a)} -> {_q(b)} [style=dashed, constraint=false, color={_q(colour)}, "
+               f"label={_q(f'ch{ch}')}, fontcolor={_q(colour)}, tooltip={_q(f'{chunks} chunks')}];")
 
 
 def _title(topology: Topology, schedule: Schedule | None) -> str:

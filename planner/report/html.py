@@ -19,10 +19,10 @@ from typing import Any
 import jinja2
 
 from topocc.planner.analysis.bounds import lower_bound
+from topocc.planner.analysis.simulate import SimResult
 from topocc.planner.report._model import View, build_view, messages, step_buckets
 from topocc.planner.report._run import Run, link_step_bytes, record_run
 from topocc.planner.report._timeline import INTERVAL_RANKS, timeline_doc
-from topocc.planner.analysis.simulate import SimResult
 from topocc.planner.topology.model import Topology, describe
 from topocc.planner.units import format_bandwidth, format_size, format_time
 from topocc.runtime.schedule import Schedule

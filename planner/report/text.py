@@ -8,7 +8,7 @@ import numpy as np
 
 from topocc.planner.report._model import Message, messages, step_buckets
 from topocc.planner.report._run import Run, link_step_bytes, record_run
-from topocc.planner.report.summary import format_table
+from topocc.planner.report.table import format_table
 from topocc.planner.topology.model import Topology
 from topocc.planner.units import format_size, format_time
 from topocc.runtime.schedule import Schedule

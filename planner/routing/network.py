@@ -160,8 +160,8 @@ class Network:
 
     @cached_property
     def _hub_searches(self) -> HubSearches | None:
-        """The hubs' shared searches (:mod:`topocc.planner.routing.route_trees`) where this topology's routes are read from
-        them: from :data:`SHARED_ROUTES_RANKS` ranks on, when the hubs are fewer than half the ranks."""
+        """The hubs' shared searches (:mod:`~topocc.planner.routing.route_trees`) where this network's routes are
+        read from them: from :data:`SHARED_ROUTES_RANKS` ranks on, when the hubs are fewer than half the ranks."""
         if self.topology.size < SHARED_ROUTES_RANKS:
             return None
         adjacency, is_rank, _ = self._graph
@@ -447,7 +447,7 @@ class Network:
 
         Under spray, from the count of cheapest paths through each link where the pair has at most
         :data:`MAX_PATHS` of them (:meth:`_spray_bandwidth`), without listing the paths: the ring search asks
-        it of every pair of every group (31k pairs of 16 paths each on fattree-1024).
+        it of every pair of every group, and on a fat-tree each pair across leaves has a path per spine.
         """
         if self.topology.routing == "spray" and (src, dst) not in self._paths_cache:
             found = self._spray_bandwidth(src, dst)

@@ -100,13 +100,11 @@ def _choose(net: Network, src: int, dst: int, at: int, choices: tuple[int, ...])
     next one), the choice follows that end's position among its host's other
     ranks, so each gateway serves an equal share of them, whatever the pattern:
     a chassis of 16 GPUs with NICs on 4 relays 3 GPUs per NIC.  A hash of the
-    pair left some gateways half as much again as others, and a schedule
-    balanced over the ranks then waited on its busiest NIC (4 chassis of 16
-    GPUs: hierarchical all-gather at 57.9% of the bound, its busiest link
-    1.67x the mean; 94.4% so).  The position is shifted by the far end's host,
-    so a rank's messages to different hosts take different gateways, not one
-    connection in turn (the same all-gather, halving-doubling across the
-    chassis: 94.4% -> 99.7%).  Elsewhere :func:`_spread`.
+    pair leaves some gateways carrying half as much again as others, and a
+    schedule balanced over the ranks then waits on its busiest NIC.  The
+    position is shifted by the far end's host, so a rank's messages to
+    different hosts take different gateways, not one connection in turn.
+    Elsewhere :func:`_spread`.
     """
     if len(choices) == 1:
         return 0
@@ -178,5 +176,6 @@ def path_latency(net: Network, src: int, dst: int, channel: int = 0) -> float:
 
 
 def relays(net: Network) -> Callable[[int, int], tuple[int, ...]]:
-    """:func:`relay_path` on ``net``, the ``relay`` a :class:`~topocc.planner.compiler.builder.ScheduleBuilder` takes."""
+    """:func:`relay_path` on ``net``: the ``relay`` a :class:`~topocc.planner.compiler.builder.ScheduleBuilder`
+    takes."""
     return functools.partial(relay_path, net)

@@ -2,8 +2,8 @@
 
 A route never passes through a GPU, so a search from a rank expands only
 devices that are not ranks (:func:`search`).  One search per rank costs ranks x
-devices: about 14 minutes and 4 GB for fattree-16384's 16384 GPUs on 35,088
-devices.  But on a large fabric a rank reaches the network through devices of
+devices, which on a fat-tree of tens of thousands of GPUs is minutes and
+gigabytes.  But on a large fabric a rank reaches the network through devices of
 its own (its NIC, its host's NVSwitch), each with at most one way on into the
 fabric, and then through switches that every rank shares.  :class:`SharedTree`
 reads a rank's DAG off a small search of its own devices plus one search from

@@ -4,9 +4,8 @@ A :class:`LinearProgram` is built with integer variable handles and sparse rows;
 ``solve(lp, SolverOptions(backend=...))`` hands it to a backend module
 (``ortools.py``, ``pulp.py``), each exposing ``BACKENDS`` and ``solve``.  Solver
 settings live in :class:`SolverOptions`, never as literals in model code.  Default
-backend: OR-Tools' GLOP; ``../shared/reference/README.md`` measured it and HiGHS
-far ahead of CBC on 2 cores for LPs of this shape, and GLOP fastest on the
-smaller ones we build.
+backend: OR-Tools' GLOP, fastest on the small LPs the planner builds; it and
+HiGHS are far ahead of CBC on LPs of this shape.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""OR-Tools backends through ``pywraplp``: GLOP, PDLP, HiGHS, CLP for LPs; CBC, SCIP, CP-SAT for MILPs."""
+"""OR-Tools backends through ``pywraplp``: GLOP, PDLP, HiGHS, CLP for LPs; CBC, SCIP, CP-SAT for MILPs.
+
+Imported only when one of its backends is used (:data:`topocc.planner.solvers.BACKENDS`), so OR-Tools loads
+then, and a missing library makes the backend unavailable rather than the planner fail to import.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import math
 import time
 
 import numpy as np
+from ortools.linear_solver import pywraplp
 
 from topocc.planner.solvers import LinearProgram, Solution, SolverOptions
 
@@ -14,14 +19,10 @@ _IDS = {"glop": "GLOP", "pdlp": "PDLP", "highs": "HIGHS_LP", "clp": "CLP", "cbc"
 
 
 def available(name: str) -> bool:
-    from ortools.linear_solver import pywraplp
-
     return pywraplp.Solver.CreateSolver(_IDS[name]) is not None
 
 
 def solve(lp: LinearProgram, options: SolverOptions) -> Solution | None:
-    from ortools.linear_solver import pywraplp
-
     solver = pywraplp.Solver.CreateSolver(_IDS[options.backend])
     if solver is None:
         return None

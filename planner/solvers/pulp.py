@@ -1,8 +1,8 @@
 """PuLP backends: its bundled CBC, and HiGHS when ``highspy`` is installed.
 
-PuLP builds models through Python objects, which is slow for large models
-(about 4 s for 236k variables, ``../shared/reference/README.md``); it is here as an
-interchangeable backend, not the default.
+PuLP builds models through Python objects, which is slow for large models; it is
+here as an interchangeable backend, not the default.  Imported only when one of
+its backends is used (:data:`topocc.planner.solvers.BACKENDS`), so PuLP loads then.
 """
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ import math
 import time
 
 import numpy as np
+import pulp
 
 from topocc.planner.solvers import LinearProgram, Solution, SolverOptions
 
 
-def _solver(name: str, options: SolverOptions):  # type: ignore[no-untyped-def]
-    import pulp
-
+def _solver(name: str, options: SolverOptions) -> pulp.LpSolver:
     if name == "pulp-highs":
         return pulp.HiGHS(msg=False, timeLimit=options.time_limit_s, threads=options.threads,
                           gapRel=options.gap)
@@ -30,8 +29,6 @@ def available(name: str) -> bool:
 
 
 def solve(lp: LinearProgram, options: SolverOptions) -> Solution | None:
-    import pulp
-
     started = time.perf_counter()
     model = pulp.LpProblem("topocc", pulp.LpMinimize)
     xs = [

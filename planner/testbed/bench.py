@@ -29,17 +29,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from topocc.planner.compiler.plans import compile_plan
-from topocc.planner.topology.catalogue import resolve_topology
-from topocc.planner.testbed.emulation import DEFAULT_SCALE, EmulatedCluster, emulation_available
-from topocc.planner.errors import UsageError
 from topocc.planner.analysis.simulate import simulate
-from topocc.planner.report.summary import RATIO, bench_progress, bench_verdict, format_table, opt_cell
+from topocc.planner.compiler.plans import compile_plan
+from topocc.planner.errors import UsageError
+from topocc.planner.report.runs import bench_progress, bench_verdict
+from topocc.planner.report.table import RATIO, format_table, opt_cell
+from topocc.planner.testbed.emulation import DEFAULT_SCALE, EmulatedCluster, emulation_available
+from topocc.planner.topology.catalogue import resolve_topology
 from topocc.planner.topology.model import Topology
 from topocc.planner.units import format_size, format_time
 from topocc.runtime.errors import TopoccError
 from topocc.runtime.launch import bench_schedule, find_mpiexec, worker_env
-from topocc.runtime.plan import Plan, as_plan, load_any
+from topocc.runtime.plan import Plan, as_plan
 from topocc.runtime.schedule import Schedule
 
 __all__ = ["NETWORK_BOUND", "EmulatedRow", "bench_emulated", "format_emulated_table", "iterations_for", "run_emulated"]
@@ -99,13 +100,6 @@ def iterations_for(predicted_s: float, iters: int, budget_s: float = CASE_BUDGET
     return max(1, min(iters, int(budget_s / max(predicted_s, 1e-9))))
 
 
-def _load(source: str | Path | Schedule | Plan) -> Plan:
-    if isinstance(source, (str, Path)):
-        loaded = load_any(source)
-        return loaded if isinstance(loaded, Plan) else as_plan(loaded)
-    return as_plan(source)
-
-
 def bench_emulated(topology_path: str | Path | Topology, source: str | Path | Schedule | Plan | None,
                    sizes: Sequence[int], *, scale: float = DEFAULT_SCALE, np: int | None = None, iters: int = 5,
                    warmup: int = 1, include_gloo: bool = True, algorithm: str = "auto", trace: str | Path | None = None,
@@ -149,7 +143,7 @@ def bench_emulated(topology_path: str | Path | Topology, source: str | Path | Sc
     if np is not None and np != topology.size:
         raise UsageError(f"the emulated {topology.name} runs {topology.size} ranks, not --np {np}",
                          fix=f"pass --np {topology.size} (one rank per GPU of the topology), or leave --np out")
-    plan = compile_plan(topology, "allreduce", sizes[0], sizes[-1], algorithm)[0] if source is None else _load(source)
+    plan = compile_plan(topology, "allreduce", sizes[0], sizes[-1], algorithm)[0] if source is None else as_plan(source)
     if plan.ranks != topology.size:
         raise UsageError(f"the schedule is for {plan.ranks} ranks but {topology.name} has {topology.size}")
     if plan.collective != "allreduce":

@@ -58,6 +58,7 @@ import networkx as nx
 from topocc.planner.errors import TopologyError
 from topocc.planner.topology.model import Device, Topology, build_topology
 from topocc.runtime.errors import TopoccError
+from topocc.runtime.launch import find_mpiexec
 
 __all__ = [
     "DEFAULT_SCALE",
@@ -78,9 +79,9 @@ SUBNET = "10.213.0.0/16"
 #: Environment for every rank: no shared memory between ranks (so traffic takes the emulated
 #: network), the OFI netmod over libfabric's TCP provider (which honours ``FI_TCP_IFACE``).
 MPI_ENV: Mapping[str, str] = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
-#: Default scale: 100 Gbit/s NICs become 100 Mbit/s.  Measured on 2 cores (12 ranks, 16 MiB allreduce,
-#: benchmarks/emulate_probe.py on emu-racks): at 1e-3 92-94% of the time scales with the rates (network-bound),
-#: at 2e-3 88%, at 4e-3 82-89%, at 1.6e-2 only 35% (CPU-bound: 12 busy-polling ranks on 2 cores).
+#: Default scale: 100 Gbit/s NICs become 100 Mbit/s, slow enough that a dozen ranks on two cores stay
+#: network-bound (benchmarks/emulate_probe.py measures how much of the time scales with the rates; faster
+#: links leave busy-polling ranks CPU-bound).
 DEFAULT_SCALE = 1e-3
 #: Default bound on each ``ip``/``tc`` call.
 DEFAULT_TIMEOUT_S = 10.0
@@ -545,7 +546,7 @@ class EmulatedCluster:
         to its host's interface; :data:`MPI_ENV` (plus ``env``) for all, so that ranks on different
         hosts talk over the shaped network and ranks on one host over its loopback.
         """
-        launcher = mpiexec or _find_mpiexec(python)
+        launcher = find_mpiexec(mpiexec, python=python)
         cmd = [launcher, "-launcher", "fork"]
         for key, value in {**MPI_ENV, **(env or {})}.items():
             cmd += ["-genv", key, str(value)]
@@ -603,14 +604,3 @@ class EmulatedCluster:
     def describe(self) -> str:
         """The network layout, one line per namespace and wire (see :meth:`EmulationPlan.describe`)."""
         return self.plan.describe()
-
-
-def _find_mpiexec(python: str) -> str:
-    """The ``mpiexec`` beside ``python`` (the venv's MPICH from PyPI), else the one on ``PATH``."""
-    beside = Path(python).parent / "mpiexec"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("mpiexec")
-    if found is None:
-        raise TopoccError("mpiexec was not found", fix="pip install mpich (or pass mpiexec=...)")
-    return found

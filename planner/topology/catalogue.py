@@ -107,8 +107,8 @@ def _recorded_topology(schedule: Schedule, schedule_path: str | Path | None) -> 
 
 
 #: ``schedules/`` holds the compiled schedule of every shipped topology up to this many ranks, what
-#: ``compile-shipped`` compiles unless told which: a larger one (fattree-16384: 6 minutes, 4.6 million
-#: operations, a 33 MB file) is compiled when named.
+#: ``compile-shipped`` compiles unless told which: a larger one takes minutes and tens of megabytes, so it
+#: is compiled when named.
 SCHEDULED_MAX_RANKS = 4096
 
 

@@ -11,7 +11,7 @@ Three ways to run a compiled allreduce plan inside a PyTorch training loop, one 
   averaging every ``B`` steps (over MPI from plans, or over given communicators on any transport);
 
 and :mod:`topocc.runtime.training.profile`, which measures what the block planner
-(``topocc.planner.gradblocks.blocks``) needs.  Nothing here imports torch at module level: the
+(``topocc.planner.gradblocks.plan``) needs.  Nothing here imports torch at module level: the
 planner reads :class:`Profile` without it.
 """
 

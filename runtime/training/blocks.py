@@ -5,7 +5,7 @@ Per-parameter post-accumulate-grad hooks launch a block once all its gradients
 exist; a background thread sends ready blocks in planned order; each layer's
 optimizer step waits, in the next forward pass, only for the blocks holding that
 layer's parameters, so communication of late layers overlaps the forward pass of
-early ones.  The blocks come from ``topocc.planner.gradblocks.blocks`` (:func:`load_block_plan`).
+early ones.  The blocks come from ``topocc.planner.gradblocks.plan`` (:func:`load_block_plan`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ Piece = tuple[int, int, int]
 
 
 def load_block_plan(source: str | Path | Mapping[str, Any]) -> list[list[Piece]]:
-    """The blocks of a bucket plan (``topocc.planner.gradblocks.blocks.bucket_plan_to_dict`` JSON) in planned order.
+    """The blocks of a bucket plan (``topocc.planner.gradblocks.plan.block_plan_to_dict`` JSON) in planned order.
 
     Each block is a list of ``(parameter index, first byte, end byte)`` pieces.
     """
@@ -77,7 +77,7 @@ class BlockScheduler:
     than its peers when their gradients arrive in another order (seen under
     load: one rank reducing 300 floats while its peer reduced 16384).  A plan
     lists its blocks in the order its time model sends them, each once ready
-    (:func:`topocc.planner.gradblocks.blocks.plan_buckets`), so this is the order it predicted.
+    (:func:`topocc.planner.gradblocks.plan.plan_blocks`), so this is the order it predicted.
 
     >>> sched = BlockScheduler(model, load_block_plan("b.json"), comm, lambda ps: SGD(ps, lr=0.1))  # doctest: +SKIP
     >>> loss_fn(model(x), y).backward(); sched.step()                                                   # doctest: +SKIP
@@ -86,7 +86,7 @@ class BlockScheduler:
     def __init__(self, model: torch.nn.Module, blocks: Sequence[Sequence[Piece]], comm: Communicator | PlanSource,
                  make_optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer], *,
                  overlap_forward: bool = True, timeout: float = 60.0) -> None:
-        import torch
+        import torch  # torch is optional: loaded by the code that trains
 
         self.comm = comm if isinstance(comm, Communicator) else Communicator(comm, timeout=timeout)
         self.params = list(model.parameters())
@@ -164,7 +164,7 @@ class BlockScheduler:
                 end = hi
             if end != p.numel() * p.element_size() or (got and got[0][0] != 0):
                 raise CommunicatorError(f"the block plan does not cover parameter {i} ({p.numel() * p.element_size()} "
-                                        "bytes) exactly once", fix="re-plan for this model (plan_buckets)")
+                                        "bytes) exactly once", fix="re-plan for this model (plan_blocks)")
 
     # hooks -----------------------------------------------------------------
 
@@ -191,7 +191,7 @@ class BlockScheduler:
     def _apply(self, k: int) -> None:
         self._pending_step[k] = False
         if self._cuda:
-            import torch
+            import torch  # torch is optional: loaded by the code that trains
 
             stream = torch.cuda.current_stream(self.params[0].device)
             for i in self._layer_params[k]:
@@ -218,7 +218,7 @@ class BlockScheduler:
     # communication thread --------------------------------------------------
 
     def _serve(self) -> None:
-        import torch
+        import torch  # torch is optional: loaded by the code that trains
 
         while True:
             with self._cond:
@@ -263,7 +263,7 @@ class BlockScheduler:
         if not self._cuda:
             yield
             return
-        import torch
+        import torch  # torch is optional: loaded by the code that trains
 
         with torch.cuda.stream(self._side):
             self._side.wait_event(self._ready[j])

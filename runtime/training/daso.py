@@ -65,12 +65,12 @@ class DASO:
                  local_plan: PlanSource | Communicator | None = None, mpi_comm: Any = None,
                  warmup_steps: int = 4, max_skip: int = 8, window: int = 8, stability: float = 0.05,
                  adapt: bool = True, timeout: float = 60.0) -> None:
-        import torch
+        import torch  # torch is optional: loaded by the code that trains
 
         if isinstance(global_plan, Communicator):
             size, rank = global_plan.size, global_plan.rank
         else:
-            from mpi4py import MPI
+            from mpi4py import MPI  # importing mpi4py starts MPI: only where MPI is used
 
             base = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
             size, rank = base.Get_size(), base.Get_rank()
@@ -96,7 +96,7 @@ class DASO:
             self.local_comm = local_plan if group_size > 1 else None
             self.threaded = False  # a stream-ordered global average needs no thread; a host one runs when due
         else:
-            from mpi4py import MPI
+            from mpi4py import MPI  # importing mpi4py starts MPI: only where MPI is used
 
             self.global_comm = Communicator(global_plan, base, timeout=timeout)
             self._node_mpi = base.Split(rank // group_size, rank)
@@ -133,7 +133,7 @@ class DASO:
             at += p.numel()
 
     def _average_local_grads(self) -> None:
-        import torch
+        import torch  # torch is optional: loaded by the code that trains
 
         at = 0
         for p in self.params:
@@ -146,7 +146,7 @@ class DASO:
         if self.local_comm is not None:
             self.local_comm.allreduce(self._array(self._grads), op="avg")
         elif self._node_mpi is not None and self._node_mpi.Get_size() > 1:
-            from mpi4py import MPI
+            from mpi4py import MPI  # importing mpi4py starts MPI: only where MPI is used
 
             buf = self._grads.numpy()
             self._node_mpi.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
@@ -166,7 +166,7 @@ class DASO:
 
     def _blend(self, sent: int) -> None:
         """Merge the global average of the parameters sent at step ``sent`` (DASO's weighted merge)."""
-        import torch
+        import torch  # torch is optional: loaded by the code that trains
 
         stale = self.step_count - sent
         avg = self._sending

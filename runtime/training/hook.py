@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from topocc.runtime.communicator import Communicator, PlanSource, load_plan_source
+from topocc.runtime.communicator import Communicator
 from topocc.runtime.errors import CommunicatorError
+from topocc.runtime.plan import PlanSource, as_plan
 
 if TYPE_CHECKING:
     import torch
@@ -49,7 +50,7 @@ class TopoccHookState:
 
     def __init__(self, plan_or_path: PlanSource, *, mpi_comm: Any = None, timeout: float = 60.0,
                  transport: Any = None) -> None:
-        self.plan = load_plan_source(plan_or_path)
+        self.plan = as_plan(plan_or_path)
         if self.plan.collective != "allreduce":
             raise CommunicatorError(f"the DDP hook needs an allreduce plan, got {self.plan.collective}")
         self.timeout = timeout
@@ -92,7 +93,7 @@ class TopoccHookState:
         the caller's stream is not held, so DDP's backward computes the next buckets while this one is
         reduced.  On the host the future is returned completed.
         """
-        import torch
+        import torch  # torch is optional: loaded by the code that trains
 
         if self._tensors and tensor.is_cuda and self.comm.grouped:
             flat = self._counted(tensor)

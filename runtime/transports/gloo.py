@@ -210,26 +210,6 @@ class GlooTransport:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         return float(t.item())
 
-    def native(self, collective: str, send: Any, recv: Any, op: str, root: int) -> None:
-        """gloo's own collective of the same kind (benchmark baseline): blocking."""
-        rop = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
-               "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
-        g, r = self.group, self.ranks[root]
-        if collective == "allreduce":
-            dist.all_reduce(recv, op=rop, group=g)
-        elif collective == "reduce":
-            dist.reduce(send, r, op=rop, group=g)
-        elif collective == "broadcast":
-            dist.broadcast(recv, r, group=g)
-        elif collective == "allgather":
-            dist.all_gather(list(recv.chunk(self.size)), send, group=g)
-        elif collective == "reducescatter":
-            dist.reduce_scatter_tensor(recv, send, op=rop, group=g)
-        elif collective == "alltoall":
-            dist.all_to_all_single(recv, send, group=g)
-        else:
-            raise ValueError(collective)
-
     def close(self) -> None:
         """Destroy the private process group (call on every rank, while healthy)."""
         dist.destroy_process_group(self.group)

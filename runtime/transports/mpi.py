@@ -110,25 +110,6 @@ class MPITransport:
     def max_float(self, value: float) -> float:
         return float(self.comm.allreduce(value, op=MPI.MAX))
 
-    def native(self, collective: str, send: Any, recv: Any, op: str, root: int) -> None:
-        """Run MPI's own collective of the same kind (for benchmarks): blocking, no timeout."""
-        mop = {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}[op]
-        c = self.comm
-        if collective == "allreduce":
-            c.Allreduce(MPI.IN_PLACE, recv, op=mop)
-        elif collective == "reduce":
-            c.Reduce(send, recv if self.rank == root else None, op=mop, root=root)
-        elif collective == "broadcast":
-            c.Bcast(recv, root=root)
-        elif collective == "allgather":
-            c.Allgather(send, recv)
-        elif collective == "reducescatter":
-            c.Reduce_scatter_block(send, recv, op=mop)
-        elif collective == "alltoall":
-            c.Alltoall(send, recv)
-        else:
-            raise ValueError(collective)
-
     def close(self) -> None:
         """Free the duplicated communicator (collective; only call when every rank is healthy)."""
         if not MPI.Is_finalized() and self.comm != MPI.COMM_NULL:

@@ -7,7 +7,8 @@ control plane hands it to every rank (MPI's ``COMM_WORLD`` through
 :class:`~topocc.runtime.transports.store.StoreControl`); each rank then creates its
 one communicator (``ncclCommInitRank``), bounded by the timeout.  No other
 communicator is ever created: no lazily created per-pair ones, no second
-process group per direction (what made the previous NCCL path hang, issue #10).
+process group per direction (communicators that ranks create at different
+moments, each waiting for all of its ranks, can wait for each other forever).
 Control (set-up handshakes, barriers, timing maxima, the exit check) stays on
 the control plane; data moves only over NCCL.
 
@@ -32,16 +33,15 @@ anything is enqueued.
 
 Library: CuPy's ``cupy.cuda.nccl`` binds ``ncclSend``/``ncclRecv``,
 ``ncclGroupStart/End``, ``ncclCommGetAsyncError`` and ``ncclCommAbort`` on raw
-pointers and streams, and was measured on the GPU machine (../shared/GPU.md) to
-run one communicator bootstrapped over MPI on several ranks of one H100, each
-with its own ``NCCL_HOSTID``.  ``torch.distributed.batch_isend_irecv`` on an
-eagerly initialised group is the alternative (its groups run on torch's
-internal stream; its failures are torch's watchdog's, which tears the process
-down rather than naming the peer); nccl4py is not installed there.
+pointers and streams, and runs one communicator bootstrapped over any control
+plane, also on several ranks sharing one GPU (each with its own
+``NCCL_HOSTID``).  ``torch.distributed.batch_isend_irecv`` on an eagerly
+initialised group is the alternative, but its groups run on torch's internal
+stream and its failures are torch's watchdog's, which tears the process down
+rather than naming the peer; it is also no faster per group.
 ``benchmarks/gpu_bench.py --probe`` times one group of sends and receives both
-ways: on the H100 machine (4 ranks sharing it under MPS, NCCL 2.28.9, CuPy 14.2,
-torch 2.11) CuPy took 71 us per group of 64 KiB and 1.65 ms of 4 MiB, torch's
-``batch_isend_irecv`` 86 us and 1.96 ms.
+ways.  The libraries' own collectives, to compare a replay with, are in
+:mod:`topocc.runtime.baselines` (through :meth:`NCCLTransport.enqueue`).
 """
 
 from __future__ import annotations
@@ -59,15 +59,13 @@ import torch
 
 from topocc.runtime.errors import CommunicatorError
 from topocc.runtime.transports import PeerFailure, PeerTimeout
-from topocc.runtime.transports.torch_ops import TORCH_DTYPES, TorchOps
+from topocc.runtime.transports.torch_ops import TorchOps
 
 __all__ = ["NCCL_TYPES", "P2P_TUNING", "NCCLTransport"]
 
 #: ``ncclDataType_t`` values (NCCL's stable ABI) by the runtime's dtype names; messages move as ncclUint8.
 NCCL_TYPES = {"int8": 0, "uint8": 1, "int32": 2, "int64": 4, "float16": 6, "float32": 7, "float64": 8,
               "bfloat16": 9}
-#: ``ncclRedOp_t`` values, for the native collectives the benchmarks compare with.
-_NCCL_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
 _UINT8 = NCCL_TYPES["uint8"]
 #: NCCL's point-to-point tuning over the network, set unless the user set it (or ``TOPOCC_NCCL_TUNE=0``): a
 #: replay moves everything as sends and receives, which NCCL gives fewer channels per peer than its own
@@ -132,7 +130,7 @@ class NCCLTransport:
     def __init__(self, control: Any = None, *, device: torch.device | str | int | None = None,
                  timeout: float = 30.0) -> None:
         try:
-            from cupy.cuda import nccl
+            from cupy.cuda import nccl  # optional dependency
         except ImportError:
             raise CommunicatorError("the NCCL transport needs CuPy's NCCL bindings (cupy.cuda.nccl)",
                                     fix="install the cupy-cuda12x or cupy-cuda13x wheel matching torch's CUDA"
@@ -141,6 +139,7 @@ class NCCLTransport:
             raise CommunicatorError("the NCCL transport needs a CUDA device; torch sees none",
                                     fix="use the MPI or gloo transport on CPU")
         if control is None:
+            # mpi4py, loaded only for this default: importing it starts MPI, which a store-based job must not
             from topocc.runtime.transports.mpi import MPITransport
 
             control = MPITransport()
@@ -385,28 +384,12 @@ class NCCLTransport:
     def max_float(self, value: float) -> float:
         return float(self.control.max_float(value))
 
-    def native(self, collective: str, send: Any, recv: Any, op: str, root: int) -> None:
-        """NCCL's own collective of the same kind on the same communicator (benchmark baseline).
-
-        Enqueued as the replay is (the caller's current stream waits for it; the watchdog bounds it), so
-        that both are timed by the caller's one wait, not this one's polling.
-        """
-        code = NCCL_TYPES[TORCH_DTYPES[recv.dtype]]
-        red = _NCCL_OPS["sum" if op == "avg" and not recv.dtype.is_floating_point else op]
-        comm, s = self.comm, self._stream_ptr
+    def enqueue(self, launch: Callable[[Any, int], None]) -> None:
+        """Run ``launch(communicator, stream)``: the caller's own NCCL calls on this transport's communicator and
+        stream (a library collective to compare with, for one), ordered as a group is (:meth:`ordered`) and
+        bounded by the watchdog like one."""
         with self.ordered():
-            if collective == "allreduce":
-                comm.allReduce(recv.data_ptr(), recv.data_ptr(), recv.numel(), code, red, s)
-            elif collective == "reduce":
-                comm.reduce(send.data_ptr(), recv.data_ptr(), send.numel(), code, red, root, s)
-            elif collective == "broadcast":
-                comm.broadcast(recv.data_ptr(), recv.data_ptr(), recv.numel(), code, root, s)
-            elif collective == "allgather":
-                comm.allGather(send.data_ptr(), recv.data_ptr(), send.numel(), code, s)
-            elif collective == "reducescatter":
-                comm.reduceScatter(send.data_ptr(), recv.data_ptr(), recv.numel(), code, red, s)
-            else:
-                raise CommunicatorError(f"NCCL has no native {collective}")
+            launch(self.comm, self._stream_ptr)
         self._posted.append(_Posted(self.fence(), (), time.monotonic()))
         self._wake.set()
 

@@ -103,9 +103,9 @@ class TorchOps(ArrayOps):
 
 def wait_for_gpu(max_pause_s: float = 2e-4) -> None:
     """Block until the current stream's work so far is done, polling an event with short sleeps (from 10 us,
-    doubling up to ``max_pause_s``) rather than spinning a core in ``cudaDeviceSynchronize``: ranks sharing a
-    machine's cores with NCCL's proxy threads (twelve on 16 cores) would stall the proxies and every
-    handshake (emu-racks' 1 MiB all-reduce on the H100: 999 ms spinning; on the H200 polling: 37 ms)."""
+    doubling up to ``max_pause_s``) rather than spinning a core in ``cudaDeviceSynchronize``: where ranks and
+    NCCL's proxy threads outnumber the machine's cores, spinning ranks deschedule the proxies, and every
+    handshake between ranks then waits for a proxy to run again, which costs far more than the sleeps."""
     done = torch.cuda.Event()
     done.record()
     pause = 1e-5

@@ -8,12 +8,6 @@ import functools
 import networkx as nx
 import pytest
 
-from topocc.planner.routing.network import Network
-from topocc.planner.compiler.algorithms import ALGORITHMS
-from topocc.planner.compiler.options import Options
-from topocc.planner.compiler.compile import compile_schedule
-from topocc.planner.topology.catalogue import shipped_topologies
-from topocc.planner.errors import NotApplicableError, UsageError
 from benchmarks.fabrics import (
     FAMILIES,
     SHIPPED_SWITCH_BASED,
@@ -26,6 +20,12 @@ from benchmarks.fabrics import (
     small_suite,
     suite,
 )
+from topocc.planner.compiler.algorithms import ALGORITHMS
+from topocc.planner.compiler.compile import compile_schedule
+from topocc.planner.compiler.options import Options
+from topocc.planner.errors import NotApplicableError, UsageError
+from topocc.planner.routing.network import Network
+from topocc.planner.topology.catalogue import shipped_topologies
 from topocc.planner.topology.model import Topology
 
 FULL = {f.name: f for f in suite()}

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from topocc.planner.testbed.emulation import emulation_available
 from tests.conftest import REPO
+from topocc.planner.testbed.emulation import emulation_available
 
 pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
 

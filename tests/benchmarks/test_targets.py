@@ -60,9 +60,9 @@ SMALL_SWITCHED = ("rail-2x4", "hetero-nics-2x4", "emu-racks", "emu-uniform")
 def test_auto_meets_the_latency_target_on_small_switch_based_fabrics(name: str, collective: str) -> None:
     """At 1 MiB, auto is within LATENCY_RATIO of the bound (bandwidth plus path latency) where ranks meet through
     switches: the pipelined hierarchical schedule with direct levels (fewer steps, every port busy at once)."""
-    from topocc.planner.compiler.options import Options
-    from topocc.planner.compiler.compile import compile_schedule
     from benchmarks.fabrics import shipped_fabrics, small_suite
+    from topocc.planner.compiler.compile import compile_schedule
+    from topocc.planner.compiler.options import Options
 
     fabric = next(f for f in (*small_suite(), *shipped_fabrics()) if f.name == name)
     assert fabric.switch_based

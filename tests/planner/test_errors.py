@@ -8,9 +8,9 @@ import re
 import pytest
 
 import topocc.planner.errors as errors
+from tests.conftest import REPO
 from topocc.planner.cli import main
 from topocc.runtime.errors import TopoccError
-from tests.conftest import REPO
 
 #: Codes the CLI returns itself, not through an error class (topocc.planner.cli.main).
 CLI_CODES = {0, 70, 130, 141}

@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.runtime.test_mpi import S
 from topocc.runtime.executor import NUMPY_OPS, SEND, Program, message_tag_space
 from topocc.runtime.group_executor import GroupProgram
 from topocc.runtime.lowering import lower
-from tests.runtime.test_mpi import S
 
 
 def grouped(schedule: Any, block: int, cap: int) -> list[GroupProgram]:

@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.planner.compiler.test_builder import CONSTRUCTIONS
 from topocc.planner.analysis.verify import verify
 from topocc.runtime.errors import ScheduleFormatError, TopoccError
 from topocc.runtime.schedule import Schedule, dump_schedule, load_schedule, parse_schedule
-from tests.planner.compiler.test_builder import CONSTRUCTIONS
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -193,11 +193,11 @@ def test_the_quick_op_check_is_as_strict_as_the_full_one(data: st.DataObject) ->
     """Loading checks each operation with a quick test first and the full one (which names what is wrong)
     only where that fails: whatever the quick test accepts, the full one must accept as the same operation.
     Operations are valid ones with up to two fields dropped, replaced, edited or extended at their edges."""
-    from topocc.runtime.schedule import OP_KINDS, _parse_op, _quick_op, _Reader
+    from topocc.runtime.schedule import OP_RULES, Ref, _parse_op, _quick_op, _Reader
 
     limits, rank, k = {"i": 4, "o": 5, "s": 2}, 1, 3
-    kind = data.draw(st.sampled_from(sorted(OP_KINDS)), label="kind")
-    has_peer, has_src, has_dst = OP_KINDS[kind]
+    kind = data.draw(st.sampled_from(sorted(OP_RULES)), label="kind")
+    rule = OP_RULES[kind]
     count = data.draw(st.integers(1, 2), label="count")
 
     def ref() -> list[Any]:
@@ -205,11 +205,11 @@ def test_the_quick_op_check_is_as_strict_as_the_full_one(data: st.DataObject) ->
         return [buffer, data.draw(st.integers(0, limits[buffer] - n))] + [n] * (n > 1)
 
     doc: dict[str, Any] = {"op": kind}
-    if has_peer:
+    if rule.peer:
         doc["peer"] = data.draw(st.sampled_from([0, 2]))
-    if has_src or (kind == "recv_reduce" and data.draw(st.booleans())):
+    if rule.src is Ref.REQUIRED or (rule.src is Ref.OPTIONAL and data.draw(st.booleans())):
         doc["src"] = ref()
-    if has_dst:
+    if rule.dst is not Ref.ABSENT:
         doc["dst"] = ref()
     doc.update(data.draw(st.fixed_dictionaries({}, optional={
         "deps": st.lists(st.integers(0, k - 1), max_size=2), "step": st.integers(0, 3), "ch": st.integers(0, 2)})))

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import REPO
 from topocc.runtime.communicator import Communicator
 from topocc.runtime.executor import ArrayOps
 from topocc.runtime.schedule import load_schedule
 from topocc.runtime.worker import call
-from tests.conftest import REPO
 
 torch = pytest.importorskip("torch")
 

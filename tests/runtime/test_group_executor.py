@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from topocc.runtime.errors import CommunicatorError
-from topocc.runtime.launch import find_mpiexec, run_schedule
 from tests.runtime.test_mpi import (
     ALL_DTYPES,
     ALL_OPS,
@@ -25,6 +23,8 @@ from tests.runtime.test_mpi import (
     expected,
     save_verified,
 )
+from topocc.runtime.errors import CommunicatorError
+from topocc.runtime.launch import find_mpiexec, run_schedule
 
 pytestmark = pytest.mark.mpi
 

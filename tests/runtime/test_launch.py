@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+import topocc
+import topocc.runtime.launch as launch
 from topocc.runtime.errors import UsageError
-from topocc.runtime.launch import bench_sizes, check_ranks, rank_list, spawn_ranks, summarize_failures
+from topocc.runtime.launch import bench_sizes, check_ranks, find_mpiexec, rank_list, spawn_ranks, summarize_failures
 
 REPO = Path(__file__).resolve().parents[2]
 FIX = " (fix: a peer died, hangs, or runs a different schedule; check its output)"
@@ -120,3 +124,74 @@ def test_a_launcher_stopped_by_sigterm_takes_its_ranks_along(tmp_path: Path) -> 
     for pid in ranks:  # gone, or a zombie that nobody has reaped yet (a container's init may not)
         stat = Path(f"/proc/{pid}/stat")
         assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z", pid
+
+
+def test_mpiexec_is_the_one_given_else_the_one_beside_the_interpreter(tmp_path: Path) -> None:
+    (tmp_path / "mpiexec").write_text("")
+    python = str(tmp_path / "python")
+    assert find_mpiexec(python=python) == str(tmp_path / "mpiexec")
+    assert find_mpiexec("/opt/mpi/bin/mpiexec", python=python) == "/opt/mpi/bin/mpiexec"
+    beside = Path(sys.executable).parent / "mpiexec"
+    assert find_mpiexec() == (str(beside) if beside.exists() else shutil.which("mpiexec"))
+
+
+def _layout(root: Path, *, installed: bool) -> Path:
+    """A topocc as a wheel installs it (planner/ and runtime/ inside the package) or as a source checkout
+    (beside it, with the checkout's pyproject.toml); returns the folder to put on sys.path."""
+    package = root / "topocc"
+    package.mkdir(parents=True)
+    shutil.copy(REPO / "topocc" / "__init__.py", package / "__init__.py")
+    home = package if installed else root
+    for name in ("planner", "runtime"):
+        (home / name).symlink_to(REPO / name, target_is_directory=True)
+    if not installed:
+        shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
+    return root
+
+
+def _ranks_pythonpath(folder: Path, env_path: str | None, cwd: Path) -> tuple[str, str]:
+    """(checkout_root(), the ranks' PYTHONPATH) in a process that imports topocc from ``folder``."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import topocc.runtime.launch as launch; "
+            "print(launch.__file__); print(launch.checkout_root()); print(launch.worker_env().get('PYTHONPATH'))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if env_path is not None:
+        env["PYTHONPATH"] = env_path
+    out = subprocess.run([sys.executable, "-c", code, str(folder)], cwd=cwd, env=env, capture_output=True,
+                         text=True, timeout=60, check=True).stdout.splitlines()
+    assert Path(out[0]).is_relative_to(folder)  # the topocc under test, not the one installed here
+    return out[1], out[2]
+
+
+def test_an_installed_topocc_puts_nothing_on_the_ranks_path(tmp_path: Path) -> None:
+    site = _layout(tmp_path / "site", installed=True)
+    assert _ranks_pythonpath(site, None, tmp_path) == ("None", "None")
+    assert _ranks_pythonpath(site, "/elsewhere", tmp_path) == ("None", "/elsewhere")
+
+
+def test_a_source_checkout_run_without_installing_puts_its_root_on_the_ranks_path(tmp_path: Path) -> None:
+    checkout = _layout(tmp_path / "checkout", installed=False)
+    assert _ranks_pythonpath(checkout, None, tmp_path) == (str(checkout), str(checkout))
+    assert _ranks_pythonpath(checkout, "/elsewhere", tmp_path) == (str(checkout), f"{checkout}{os.pathsep}/elsewhere")
+    assert _ranks_pythonpath(checkout, str(checkout), tmp_path) == (str(checkout), str(checkout))  # once
+
+
+class _Distribution:
+    def __init__(self, direct_url: str | None) -> None:
+        self.direct_url = direct_url
+
+    def read_text(self, name: str) -> str | None:
+        return self.direct_url if name == "direct_url.json" else None
+
+
+def test_an_editable_install_of_the_checkout_in_use_needs_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    root = Path(topocc.__file__).resolve().parent.parent
+    if str(root) not in topocc.__path__:
+        pytest.skip("the topocc under test is installed as a wheel")
+    editable = json.dumps({"dir_info": {"editable": True}, "url": root.as_uri()})
+    monkeypatch.setattr(launch, "distribution", lambda name: _Distribution(editable))
+    assert launch.checkout_root() is None
+    other = json.dumps({"dir_info": {"editable": True}, "url": (root / "elsewhere").as_uri()})
+    monkeypatch.setattr(launch, "distribution", lambda name: _Distribution(other))
+    assert launch.checkout_root() == root  # an install of another checkout: this one must be on the path
+    monkeypatch.setattr(launch, "distribution", lambda name: _Distribution(json.dumps({"url": root.as_uri()})))
+    assert launch.checkout_root() == root  # a wheel built from it is a copy, not the checkout in use

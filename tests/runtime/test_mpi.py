@@ -96,8 +96,8 @@ def test_eight_ranks(tmp_path: Path) -> None:
 
 
 def test_planner_algorithms_replay(tmp_path: Path) -> None:
-    """Schedules from topocc.planner.compiler.algorithms (ring, tree, halving-doubling, direct, hierarchical; bucket on grids)
-    on 4 ranks."""
+    """Schedules from topocc.planner.compiler.algorithms (ring, tree, halving-doubling, direct, hierarchical;
+    bucket on grids) on 4 ranks."""
     schedules = {**S.planner_schedules(), **S.grid_schedules()}
     assert "ring-allreduce" in schedules and "direct-alltoall" in schedules and "bucket-allreduce-torus-4" in schedules
     ranks = next(iter(schedules.values())).ranks

@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.planner.compiler.test_builder import CONSTRUCTIONS, direct_allreduce_schedule
 from topocc.planner.analysis.verify import verify
 from topocc.runtime.errors import ScheduleFormatError, TopoccError
 from topocc.runtime.schedule import (
     FORMAT,
+    OP_RULES,
     VERSION,
     Chunk,
     Metadata,
@@ -28,7 +30,6 @@ from topocc.runtime.schedule import (
     save_schedule,
     schedule_to_dict,
 )
-from tests.planner.compiler.test_builder import CONSTRUCTIONS, direct_allreduce_schedule
 
 REPO = Path(__file__).resolve().parents[2]
 BAD = REPO / "tests" / "data" / "bad_schedules"
@@ -462,7 +463,7 @@ def test_documentation_names_every_field_and_op() -> None:
     text = DOC.read_text()
     doc = base_doc()
     names = set(doc) | set(doc["chunks"]) | set(doc["metadata"]) | {"peer", "src", "dst", "deps", "step", "ch"}
-    names |= {"send", "recv", "recv_reduce", "copy", "reduce"}
+    names |= set(OP_RULES)
     missing = sorted(n for n in names if f"`{n}`" not in text)
     assert not missing, f"docs/schedule-format.md does not mention {missing}"
 

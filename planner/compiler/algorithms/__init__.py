@@ -36,17 +36,18 @@ class Algorithm:
     #: solver as a model of that size), so at scale it loses to the hierarchical ones and costs minutes.
     auto_max_ranks: int | None = None
     #: ``auto`` races the algorithms tier by tier, cheapest to build first, and stops before the next tier
-    #: once its best reaches :data:`topocc.planner.compiler.compile.GOOD_ENOUGH` of the lower bound (the costly builders,
-    #: tree packing, MultiTree and the flow LP, take seconds to minutes where the others take well under one).
+    #: once its best reaches :data:`topocc.planner.compiler.race.GOOD_ENOUGH` of the lower bound (the costly
+    #: builders, tree packing, MultiTree and the flow LP, take seconds to minutes where the others take well
+    #: under one).
     auto_tier: int = 0
     #: ``(collective, ranks) -> n``: every schedule it builds has a chain of at least n dependent
     #: messages (each waits for the previous one to arrive), so it takes at least n times the least
     #: rank-to-rank latency; ``auto`` builds it last, and not at all when that already loses.
     min_chain: Callable[[str, int], int] | None = None
     #: Name of a function of :attr:`module`, ``(topology, collective, options) -> seconds``: a lower bound
-    #: of :func:`topocc.planner.compiler.compile.link_time` of its schedule, found without building it (whose cost grows
-    #: with the pipelined pieces); ``auto`` builds it after the others of its tier, and not at all when that
-    #: bound already loses (the 1024-rank double binary tree: 16 ms against 2.9 ms, ten seconds unbuilt).
+    #: of :func:`topocc.planner.compiler.evaluate.link_time` of its schedule, found without building it (whose
+    #: cost grows with the pipelined pieces); ``auto`` builds it after the others of its tier, and not at all
+    #: when that bound already loses, which skips the builds that cost most and cannot win.
     link_floor: str | None = None
 
     def load(self) -> AlgorithmFn:
@@ -77,7 +78,8 @@ ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("ring", "topocc.planner.compiler.algorithms.ring", "ring", _ALL,
                   "topology-aware rings (one or more channels), bandwidth-optimal for large messages",
                   auto_max_ranks=256, min_chain=_ring_chain, link_floor="ring_link_floor"),
-        Algorithm("tree", "topocc.planner.compiler.algorithms.tree", "double_binary_tree", ("allreduce", "broadcast", "reduce"),
+        Algorithm("tree", "topocc.planner.compiler.algorithms.tree", "double_binary_tree",
+                  ("allreduce", "broadcast", "reduce"),
                   "double binary tree (NCCL's tree), logarithmic latency", link_floor="tree_link_floor"),
         Algorithm("halving-doubling", "topocc.planner.compiler.algorithms.halving_doubling", "halving_doubling",
                   ("allreduce", "reducescatter", "allgather"),
@@ -87,16 +89,17 @@ ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("hierarchical", "topocc.planner.compiler.algorithms.hierarchical", "hierarchical", _ALL,
                   "BlueConnect: reduce-scatter level by level up the hierarchy, all-gather back down; "
                   "broadcast and reduce on chains or trees per rail across the hosts"),
-        Algorithm("bucket", "topocc.planner.compiler.algorithms.bucket", "bucket", ("allreduce", "reducescatter", "allgather"),
+        Algorithm("bucket", "topocc.planner.compiler.algorithms.bucket", "bucket",
+                  ("allreduce", "reducescatter", "allgather"),
                   "bucket algorithm on a torus or mesh: rotated dimension orders keep every link busy"),
         Algorithm("multitree", "topocc.planner.compiler.algorithms.multitree", "multitree",
                   ("allreduce", "reducescatter", "allgather", "broadcast"),
                   "MultiTree: one contention-free spanning tree per root, grown in lock-step", auto_max_ranks=64,
                   auto_tier=2, link_floor="multitree_link_floor"),
         Algorithm("treepack", "topocc.planner.compiler.algorithms.treepack", "treepack", _ALL,
-                  "throughput-optimal spanning-tree packing from an LP (ForestColl), for large messages",
-                  # 512 ranks: p (p-1) transfers per phase at the least (523k operations for all-gather), which
-                  # the simulator did not get through in 20 minutes on torus-8x8x8 (issue #11: 60 s)
+                  "throughput-optimal spanning-tree packing (ForestColl), for large messages",
+                  # beyond 256 ranks the p (p-1) transfers per phase it needs at the least make a schedule
+                  # that takes the simulator too long to time within a compile
                   auto_max_ranks=256, auto_tier=1, link_floor="treepack_link_floor"),
         Algorithm("mcf", "topocc.planner.compiler.algorithms.mcf", "mcf", _ALL,
                   "min-cost multi-commodity flow over time (DDL, TE-CCL): LP/MILP over epochs, rounded",

@@ -1,4 +1,4 @@
-"""Arborescence packing over the routed rank graph: the machinery behind :mod:`topocc.planner.compiler.algorithms.treepack`.
+"""Arborescence packing over the routed rank graph, behind :mod:`topocc.planner.compiler.algorithms.treepack`.
 
 The model (ForestColl, Zhao et al., "ForestColl: Throughput-Optimal Collective
 Communications on Heterogeneous Network Fabrics", arXiv:2402.06787, §3-§5,
@@ -50,19 +50,19 @@ import networkx as nx
 import numpy as np
 
 from topocc.planner.errors import NotApplicableError
-from topocc.planner.solvers import LinearProgram, SolverOptions, solve
 from topocc.planner.routing.network import Network
+from topocc.planner.solvers import LinearProgram, SolverOptions, solve
 
 __all__ = ["Packing", "RankGraph", "min_arborescence", "optimum", "pack", "pack_phases", "rank_graph"]
 
 #: Candidate arcs per rank, out and in, cheapest routes first (ties go round the ranks, so that on a
 #: switch every rank keeps in-arcs): enough to reach the optimum on the fabrics we model.
 EDGES_PER_RANK = 6
-#: The exact oracle runs while trees x arcs stays under this (Python work; about 1 s per 1e6 on 2 cores).
+#: The exact oracle runs while trees x arcs stays under this: it is Python work, which grows with both, and
+#: beyond it the forward-arc oracle keeps the packing within the compile budget.
 EXACT_WORK = 3_000_000
 #: Passes over every tree: the first routes it, the others rip it up and route it again; the best pass is
-#: kept.  Measured on torus-4x4, mesh-4x4, dgx2 and dgx1-v100 at 4 and 8 trees per root: three passes of
-#: linear prices stay 3-7% above the optimum on the torus and mesh, the exponential passes reach it.
+#: kept.  Linear prices alone stay above the optimum on tori and meshes; the exponential passes close the gap.
 PASSES = 5
 #: First pass: link price = PRICE_FLOOR + load (load in units of one tree's use of a link of the fastest
 #: bandwidth), so that early trees spread out; later passes: exp(PRICE_EXPONENT * load / busiest load),
@@ -72,13 +72,11 @@ PRICE_EXPONENT = 4.0
 #: Among arcs of nearly equal price, prefer parents nearer the root (shallow trees pipeline better):
 #: each hop from the root adds this fraction of the mean arc price to an arc's price.  One packing per
 #: bias, where the work allows (:data:`DEPTH_WORK`); of those with the least load the shallowest is kept: a
-#: perfect packing leaves no link idle time to spare, so every hop of pipeline fill and drain shows
-#: (all-gather at 256 MiB, bias 0.05 / both: torus-4x4 mean depth 2.67 / 2.20, 95.3% / 96.2% of the
-#: bound; mesh-4x4 2.95 / 2.85, 98.6% / 99.3%; a larger bias packs worse: torus-4x4 at 0.125 loads its
-#: busiest link 16 / 15 of the optimum).
+#: perfect packing leaves no link idle time to spare, so every hop of pipeline fill and drain shows.  A
+#: larger bias trades load for depth and packs worse.
 DEPTH_BIASES = (0.05, 0.1)
-#: The packings of the later biases run only while trees x arcs x passes x biases stays under this (about a
-#: second on 2 cores: 32 ranks; at 64 the second packing would add 3 s to a 10 s compile).
+#: The packings of the later biases run only while trees x arcs x passes x biases stays under this (about 32
+#: ranks): beyond, a second packing would add a large share of the compile time.
 DEPTH_WORK = 1_000_000
 #: Cut-generation rounds of :func:`optimum` before it gives up.
 MAX_CUT_ROUNDS = 60
@@ -151,22 +149,37 @@ def rank_graph(net: Network, reverse: bool = False, both_ways: bool = False) -> 
     until one component remains.  With ``both_ways`` every arc's reverse joins
     too where it is routable (for trees used in both directions).
     """
-    topology = net.topology
-    p = topology.size
-
-    def routed(u: int, v: int) -> tuple[int, int]:
-        """The rank pair whose route carries logical arc ``u -> v``."""
-        return (v, u) if reverse else (u, v)
-
-    hosts = list(topology.hosts.values())
+    p = net.topology.size
+    out_peers, in_peers, cost = _ranked_peers(net, reverse)
+    hosts = list(net.topology.hosts.values())
     host_index = {r: h for h, ranks in enumerate(hosts) for r in ranks}
+    chosen: set[tuple[int, int]] = set()
+    for u in range(p):
+        chosen.update((u, v) for v in out_peers[u][:EDGES_PER_RANK])
+        chosen.update((v, u) for v in in_peers[u][:EDGES_PER_RANK])
+        chosen.update((u, v) for v in _strided_peers(u, hosts, host_index, out_peers[u], cost))
+    _connect(chosen, out_peers, in_peers, p)
+    if both_ways:
+        chosen.update((v, u) for u, v in list(chosen) if (v, u) in cost)
+    return _incidence(net, sorted(chosen), cost, reverse)
+
+
+def _routed(u: int, v: int, reverse: bool) -> tuple[int, int]:
+    """The rank pair whose route carries logical arc ``u -> v``."""
+    return (v, u) if reverse else (u, v)
+
+
+def _ranked_peers(net: Network, reverse: bool) -> tuple[list[list[int]], list[list[int]], dict[tuple[int, int], float]]:
+    """Each rank's routable peers out and in, cheapest first (ties go round the ranks), and each routable
+    logical arc's route cost."""
+    p = net.topology.size
     out_peers: list[list[int]] = []
     in_peers: list[list[int]] = []
     cost: dict[tuple[int, int], float] = {}
     for u in range(p):
         found = []
         for v in range(p):
-            c = net.route_cost(*routed(u, v)) if v != u else math.inf
+            c = net.route_cost(*_routed(u, v, reverse)) if v != u else math.inf
             if c != math.inf:
                 cost[u, v] = c
                 found.append((round(c, 15), (v - u) % p, v))
@@ -175,17 +188,18 @@ def rank_graph(net: Network, reverse: bool = False, both_ways: bool = False) -> 
     for v in range(p):
         found = sorted((round(cost[u, v], 15), (v - u) % p, u) for u in range(p) if (u, v) in cost)
         in_peers.append([u for _, _, u in found])
-    chosen: set[tuple[int, int]] = set()
-    for u in range(p):
-        chosen.update((u, v) for v in out_peers[u][:EDGES_PER_RANK])
-        chosen.update((v, u) for v in in_peers[u][:EDGES_PER_RANK])
-        chosen.update((u, v) for v in _strided_peers(u, hosts, host_index, out_peers[u], cost))
+    return out_peers, in_peers, cost
+
+
+def _connect(chosen: set[tuple[int, int]], out_peers: list[list[int]], in_peers: list[list[int]], p: int) -> None:
+    """Add to ``chosen``, round by round, every rank's cheapest arc out of and into its strongly connected
+    component, until one component remains."""
     while True:
         graph = nx.DiGraph(sorted(chosen))
         graph.add_nodes_from(range(p))
         components = list(nx.strongly_connected_components(graph))
         if len(components) == 1:
-            break
+            return
         grew = False
         for component in components:
             for u in sorted(component):
@@ -198,29 +212,31 @@ def rank_graph(net: Network, reverse: bool = False, both_ways: bool = False) -> 
         if not grew:
             raise NotApplicableError("tree packing: some rank cannot reach every other rank over routes, "
                                      "even relaying through GPUs")
-    if both_ways:
-        chosen.update((v, u) for u, v in list(chosen) if (v, u) in cost)
-    arcs = sorted(chosen)
+
+
+def _incidence(net: Network, arcs: list[tuple[int, int]], cost: dict[tuple[int, int], float],
+               reverse: bool) -> RankGraph:
+    """The rank graph of ``arcs``: their latencies, costs and the loads their routes put on each link."""
     keys: dict[tuple[str, str], int] = {}
     entry_arc: list[int] = []
     entry_link: list[int] = []
     share: list[float] = []
     latency = []
     for k, (u, v) in enumerate(arcs):
-        a, b = routed(u, v)
+        a, b = _routed(u, v, reverse)
         latency.append(net.route_latency(a, b))
         for key, s in sorted(net.route_shares(a, b).items()):
             entry_arc.append(k)
             entry_link.append(keys.setdefault(key, len(keys)))
             share.append(s)
     links = tuple(keys)
-    bandwidth = np.array([topology.link(*key).bandwidth for key in links])  # type: ignore[union-attr]
+    bandwidth = np.array([net.topology.link(*key).bandwidth for key in links])  # type: ignore[union-attr]
     top = float(bandwidth.max())
     e_arc = np.array(entry_arc, dtype=np.int64)
     e_link = np.array(entry_link, dtype=np.int64)
     order = np.argsort(e_arc, kind="stable")
     return RankGraph(
-        size=p,
+        size=net.topology.size,
         tail=np.array([u for u, _ in arcs], dtype=np.int64),
         head=np.array([v for _, v in arcs], dtype=np.int64),
         latency=np.array(latency),
@@ -282,21 +298,38 @@ def min_arborescence(n: int, root: int, tail: Sequence[int], head: Sequence[int]
             heaps[v].append((cost[a], a))
     for h in heaps:
         heapq.heapify(h)
+    family = _contract(n, root, tail, heaps)
+    return None if family is None else _expand(n, root, head, family)
+
+
+@dataclass(frozen=True, slots=True)
+class _Laminar:
+    """The contracted cycles of :func:`min_arborescence`, as a laminar family over nodes ``0 .. n-1`` (the
+    ranks) and one more node per contracted cycle."""
+
+    chosen_in: list[int]  # per laminar node: its cheapest entering arc when it was chosen
+    up: list[int]  # per laminar node: the contracted cycle it belongs to (-1: none)
+    members: list[list[int]]  # per contracted cycle: its laminar nodes
+    node: list[int]  # leader -> laminar node it stands for
+    leader: list[int]  # union-find over the ranks: each rank's super-node
+
+
+def _find(leader: list[int], x: int) -> int:
+    """The super-node of rank ``x`` (union-find with path halving)."""
+    while leader[x] != x:
+        leader[x] = leader[leader[x]]
+        x = leader[x]
+    return x
+
+
+def _contract(n: int, root: int, tail: Sequence[int], heaps: list[list[tuple[float, int]]]) -> _Laminar | None:
+    """Contract every cycle of cheapest entering arcs (see :func:`min_arborescence`); None where some rank has
+    no entering arc left."""
     offset = [0.0] * n
-    leader = list(range(n))
-
-    def find(x: int) -> int:
-        while leader[x] != x:
-            leader[x] = leader[leader[x]]
-            x = leader[x]
-        return x
-
+    family = _Laminar([-1] * n, [-1] * n, [[] for _ in range(n)], list(range(n)), list(range(n)))
+    chosen_in, up, members, node, leader = family.chosen_in, family.up, family.members, family.node, family.leader
     seen = [-1] * n
     seen[root] = root
-    chosen_in = [-1] * n  # per laminar node: its cheapest entering arc when it was chosen
-    up = [-1] * n  # per laminar node: the contracted cycle it belongs to
-    members: list[list[int]] = [[] for _ in range(n)]
-    node = list(range(n))  # leader -> laminar node it stands for
     heappop, heappush = heapq.heappop, heapq.heappush
     for s in range(n):
         if seen[s] != -1:
@@ -311,7 +344,7 @@ def min_arborescence(n: int, root: int, tail: Sequence[int], head: Sequence[int]
                 if not heap:
                     return None
                 c, a = heappop(heap)
-                v = find(tail[a])
+                v = _find(leader, tail[a])
                 if v != u:
                     break
             chosen_in[node[u]] = a
@@ -340,9 +373,16 @@ def min_arborescence(n: int, root: int, tail: Sequence[int], head: Sequence[int]
             node[big] = cyc
             seen[big] = -1
             u = big
+    return family
+
+
+def _expand(n: int, root: int, head: Sequence[int], family: _Laminar) -> list[int]:
+    """The arborescence's arcs, read off the laminar family top-down: each node's entering arc, then within
+    each contracted cycle every member's but the one that arc leads into."""
+    chosen_in, up, members = family.chosen_in, family.up, family.members
     chosen: list[int] = []
     stack: list[tuple[int, int]] = []
-    for top in sorted({node[find(x)] for x in range(n)} - {root}):
+    for top in sorted({family.node[_find(family.leader, x)] for x in range(n)} - {root}):
         chosen.append(chosen_in[top])
         stack.append((top, head[chosen_in[top]]))
     while stack:  # expand each laminar node from the rank its entering arc reaches
@@ -550,7 +590,7 @@ def optimum(graph: RankGraph, roots: Sequence[int], solver: SolverOptions | None
     cuts: list[frozenset[int]] = list(dict.fromkeys([*(frozenset([v]) for v in range(p)),
                                                      *(frozenset(g) for g in groups if 0 < len(g) < p)]))
     seen = set(cuts)
-    from ortools.graph.python import max_flow
+    from ortools.graph.python import max_flow  # loaded on use, as the LP backends are: only this bound needs it
 
     value = 0.0
     for _ in range(MAX_CUT_ROUNDS):

@@ -12,16 +12,15 @@ by the previous ones, the way NCCL packs rings onto the NVLinks of a DGX-1
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
 
-from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.builder import ScheduleBuilder
+from topocc.planner.compiler.options import Options
 from topocc.planner.errors import NotApplicableError
+from topocc.planner.routing.network import Memo, Network
 from topocc.planner.routing.relay import path_shares
-from topocc.planner.routing.network import Network
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = [
@@ -189,6 +188,122 @@ def _groups_of(net: Network, members: Sequence[int]) -> dict[int, int] | None:
     return groups
 
 
+class _CycleSearch:
+    """The state of :func:`_search`: the members visited so far and, with groups, each group's members and
+    exits not visited yet (an exit: a member with a hop out of its group that weighs at least ``floor``)."""
+
+    def __init__(self, members: Sequence[int], weight: Weight, floor: float, groups: dict[int, int] | None,
+                 direct: Callable[[int, int], bool]) -> None:
+        self.members = members
+        self.n = len(members)
+        self.index = {m: i for i, m in enumerate(members)}
+        self.weight = weight
+        self.floor = floor
+        self.groups = groups
+        self.direct = direct
+        self.by_group: dict[int, list[int]] = {}
+        self.outside: dict[int, list[int]] = {}
+        self.exits: dict[int, bool] = {}
+        self.exits_left: dict[int, int] = {}
+        if groups is not None:
+            for m in members:
+                self.by_group.setdefault(groups[m], []).append(m)
+            self.outside = {g: [m for m in members if groups[m] != g] for g in self.by_group}
+            self.exits = {m: any(weight(m, v) >= floor for v in self.outside[groups[m]]) for m in members}
+            for m in members:
+                self.exits_left[groups[m]] = self.exits_left.get(groups[m], 0) + self.exits[m]
+        self.group_order = list(self.by_group)
+        self.visited: set[int] = set()
+        self.remaining_in = {g: len(v) for g, v in self.by_group.items()}
+
+    def start(self) -> int | None:
+        """The member to start from: with groups, an entry of the first member's group (entered by a direct
+        hop, else entered at all, else the first); None when some group cannot be left at this threshold."""
+        if self.groups is None:
+            return self.members[0]
+        if not all(self.exits_left.values()):
+            return None
+        groups = self.groups
+
+        def entry(m: int) -> tuple[bool, bool, int]:
+            ins = self.outside[groups[m]]
+            return (not any(self.direct(u, m) and self.weight(u, m) >= self.floor for u in ins),
+                    not any(self.weight(u, m) >= self.floor for u in ins), self.index[m])
+
+        return min(self.by_group[groups[self.members[0]]], key=entry)
+
+    def enter(self, v: int) -> None:
+        self.visited.add(v)
+        if self.groups is not None:
+            self.remaining_in[self.groups[v]] -= 1
+            self.exits_left[self.groups[v]] -= self.exits[v]
+
+    def leave(self, v: int) -> None:
+        self.visited.discard(v)
+        if self.groups is not None:
+            self.remaining_in[self.groups[v]] += 1
+            self.exits_left[self.groups[v]] += self.exits[v]
+
+    def ranked(self, u: int, cands: list[int]) -> list[int]:
+        """The candidates at or above the floor: direct hops first, then best weight, then natural order."""
+        scored = [(self.weight(u, v), v) for v in cands]
+        kept = [(not self.direct(u, v), -w, (self.index[v] - self.index[u]) % self.n, v)
+                for w, v in scored if w >= self.floor]
+        return [v for *_, v in sorted(kept)]
+
+    def keeps_an_exit(self, v: int) -> bool:
+        """Whether visiting ``v`` leaves its group an exit for later (or ``v`` is the group's last member)."""
+        g = self.groups[v]  # type: ignore[index]
+        return self.remaining_in[g] == 1 or not self.exits[v] or self.exits_left[g] > 1
+
+    def candidates(self, u: int) -> Iterator[int]:
+        """The members to try after ``u``, in order: its group's unvisited ones while any are left, else the
+        unvisited groups' in group order from ``u``'s."""
+        if self.groups is not None:
+            g = self.groups[u]
+            if self.remaining_in[g]:
+                yield from (v for v in self.ranked(u, [v for v in self.by_group[g] if v not in self.visited])
+                            if self.keeps_an_exit(v))
+                return
+            pos = self.group_order.index(g)
+            for off in range(1, len(self.group_order)):
+                h = self.group_order[(pos + off) % len(self.group_order)]
+                if self.remaining_in[h] == len(self.by_group[h]):
+                    yield from (v for v in self.ranked(u, self.by_group[h]) if self.keeps_an_exit(v))
+            return
+        if self.n <= _SORT_LIMIT:
+            yield from self.ranked(u, [v for v in self.members if v not in self.visited])
+            return
+        for off in range(1, self.n):
+            v = self.members[(self.index[u] + off) % self.n]
+            if v not in self.visited and self.weight(u, v) >= self.floor:
+                yield v
+
+    def run(self, start: int, limit: int) -> list[int] | None:
+        """Depth first from ``start``; None when the search tries more than ``limit`` nodes or exhausts them."""
+        self.enter(start)
+        path = [start]
+        stack = [self.candidates(start)]
+        nodes = 0
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                stack.pop()
+                self.leave(path.pop())
+                continue
+            nodes += 1
+            if nodes > limit:
+                return None
+            if len(path) == self.n - 1:
+                if self.weight(nxt, start) >= self.floor:
+                    return [*path, nxt]
+                continue
+            path.append(nxt)
+            self.enter(nxt)
+            stack.append(self.candidates(nxt))
+        return None
+
+
 def _search(members: Sequence[int], weight: Weight, threshold: float, groups: dict[int, int] | None,
             limit: int, direct: Callable[[int, int], bool]) -> list[int] | None:
     """Depth-first search for a Hamiltonian cycle whose every hop weighs at least ``threshold``.
@@ -199,99 +314,11 @@ def _search(members: Sequence[int], weight: Weight, threshold: float, groups: di
     first (``direct``: the pair has a route, no relay), then best weight first,
     ties in natural order, so symmetric fabrics are solved without backtracking.
     """
-    n = len(members)
-    index = {m: i for i, m in enumerate(members)}
-    floor = threshold * (1 - _EPS)
-    if n == 1:
+    if len(members) == 1:
         return [members[0]]
-    by_group: dict[int, list[int]] = {}
-    exits: dict[int, bool] = {}
-    exits_left: dict[int, int] = {}
-    start = members[0]
-    if groups is not None:
-        for m in members:
-            by_group.setdefault(groups[m], []).append(m)
-        outside = {g: [m for m in members if groups[m] != g] for g in by_group}
-        exits = {m: any(weight(m, v) >= floor for v in outside[groups[m]]) for m in members}
-        for m in members:
-            exits_left[groups[m]] = exits_left.get(groups[m], 0) + exits[m]
-
-        def entry(m: int) -> tuple[bool, bool, int]:
-            """Sort key of a start: entered by a direct hop, else entered at all, else first."""
-            ins = outside[groups[m]]
-            return (not any(direct(u, m) and weight(u, m) >= floor for u in ins),
-                    not any(weight(u, m) >= floor for u in ins), index[m])
-
-        if not all(exits_left.values()):
-            return None  # a group that cannot be left at this threshold
-        start = min(by_group[groups[start]], key=entry)
-    group_order = list(by_group)
-    visited: set[int] = set()
-    remaining_in = {g: len(v) for g, v in by_group.items()}
-
-    def enter(v: int) -> None:
-        visited.add(v)
-        if groups is not None:
-            remaining_in[groups[v]] -= 1
-            exits_left[groups[v]] -= exits[v]
-
-    def leave(v: int) -> None:
-        visited.discard(v)
-        if groups is not None:
-            remaining_in[groups[v]] += 1
-            exits_left[groups[v]] += exits[v]
-
-    def ranked(u: int, cands: list[int]) -> list[int]:
-        scored = [(weight(u, v), v) for v in cands]
-        kept = [(not direct(u, v), -w, (index[v] - index[u]) % n, v) for w, v in scored if w >= floor]
-        return [v for *_, v in sorted(kept)]
-
-    def keeps_an_exit(v: int) -> bool:
-        """Whether visiting ``v`` leaves its group an exit for later (or ``v`` is the group's last member)."""
-        g = groups[v]  # type: ignore[index]
-        return remaining_in[g] == 1 or not exits[v] or exits_left[g] > 1
-
-    def candidates(u: int) -> Iterator[int]:
-        if groups is not None:
-            g = groups[u]
-            if remaining_in[g]:
-                yield from (v for v in ranked(u, [v for v in by_group[g] if v not in visited]) if keeps_an_exit(v))
-                return
-            pos = group_order.index(g)
-            for off in range(1, len(group_order)):
-                h = group_order[(pos + off) % len(group_order)]
-                if remaining_in[h] == len(by_group[h]):
-                    yield from (v for v in ranked(u, by_group[h]) if keeps_an_exit(v))
-            return
-        if n <= _SORT_LIMIT:
-            yield from ranked(u, [v for v in members if v not in visited])
-            return
-        for off in range(1, n):
-            v = members[(index[u] + off) % n]
-            if v not in visited and weight(u, v) >= floor:
-                yield v
-
-    enter(start)
-    path = [start]
-    stack = [candidates(start)]
-    nodes = 0
-    while stack:
-        nxt = next(stack[-1], None)
-        if nxt is None:
-            stack.pop()
-            leave(path.pop())
-            continue
-        nodes += 1
-        if nodes > limit:
-            return None
-        if len(path) == n - 1:
-            if weight(nxt, start) >= floor:
-                return [*path, nxt]
-            continue
-        path.append(nxt)
-        enter(nxt)
-        stack.append(candidates(nxt))
-    return None
+    search = _CycleSearch(members, weight, threshold * (1 - _EPS), groups, direct)
+    start = search.start()
+    return None if start is None else search.run(start, limit)
 
 
 def _thresholds(members: Sequence[int], weight: Weight, groups: dict[int, int] | None) -> list[float]:
@@ -403,22 +430,26 @@ def _best_cycle(members: list[int], weight: Weight, groups: dict[int, int] | Non
 
 
 def ring_order(net: Network) -> list[int]:
-    """The single best ring over all ranks (memoised per topology: every algorithm orders ranks by it)."""
-    return list(_ring_order(net))
+    """The single best ring over all ranks (kept per network: every algorithm orders ranks by it)."""
+    ring: tuple[int, ...] = net.memo(_RING_ORDER)
+    return list(ring)
 
 
-@functools.lru_cache(maxsize=8)
-def _ring_order(net: Network) -> tuple[int, ...]:
-    topology = net.topology
-    return tuple(find_cycle(net, range(topology.size)))
+#: The best ring over all ranks, per network.
+_RING_ORDER: Memo[tuple[int, ...]] = Memo("order: best ring",
+                                         lambda net: tuple(find_cycle(net, range(net.topology.size))))
+#: Rings per (channels, cap), per network (see :func:`_find_rings`).
+_RINGS: Memo[dict[tuple[int | None, int], tuple[tuple[int, ...], ...]]] = Memo("order: rings", lambda net: {})
 
 
 def find_rings(net: Network, channels: int | None, cap: int = 8) -> list[list[int]]:
-    """Rings for ``channels`` channels (see :func:`_find_rings`), memoised per topology."""
-    return [list(rg) for rg in _find_rings(net, channels, cap)]
+    """Rings for ``channels`` channels (see :func:`_find_rings`), kept per network."""
+    kept = net.memo(_RINGS)
+    if (channels, cap) not in kept:
+        kept[(channels, cap)] = _find_rings(net, channels, cap)
+    return [list(rg) for rg in kept[(channels, cap)]]
 
 
-@functools.lru_cache(maxsize=8)
 def _find_rings(net: Network, channels: int | None, cap: int) -> tuple[tuple[int, ...], ...]:
     """Rings for ``channels`` channels, or, when None, the count (up to ``cap``) that moves data fastest.
 

@@ -14,9 +14,9 @@ node's links allows.  On a mesh each line runs both ways at once (a part's
 sums flow towards its owner from both ends), as fast as an end node's one
 link allows.  That loads an end's link one way in the reduce-scatter and the
 other way in the all-gather, so a mesh all-reduce runs in slices, one slice's
-reduce-scatter beside an earlier one's all-gather (mesh-4x4 at 64 MiB: 64.5%
-of the bound in one slice, 98.4% in 64).  On a 3D mesh the later levels' sums
-cross the end links too, which caps it near 77% (4x4x4).  On unequal
+reduce-scatter beside an earlier one's all-gather, which keeps both ways of
+the end links busy.  On a 3D mesh the later levels' sums cross the end links
+too, which keeps it well short of the bound.  On unequal
 dimensions the order that starts on the longest loads it most, so the orders
 share the data unequally, in as many streams each (:func:`_order_parts`; a
 torus all-reduce then runs in slices too).
@@ -39,12 +39,13 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from topocc.planner.compiler.options import Options
+from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.compiler.algorithms._order import Send, ring_steps, single_rank
 from topocc.planner.compiler.builder import ScheduleBuilder
-from topocc.planner.analysis.collectives import canonical_collective
+from topocc.planner.compiler.options import Options
 from topocc.planner.errors import NotApplicableError
 from topocc.planner.routing.network import Memo, Network
+from topocc.planner.topology.model import Topology
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["Grid", "bucket", "grid_of"]
@@ -187,13 +188,12 @@ def _line(n: int, gather: bool) -> list[list[Send]]:
     return [[(j, i, a, b) for i, j, a, b in step] for step in reversed(steps)]
 
 
-#: Operations a reduce-scatter or all-gather may take, a copy of every part of every block included (8x8x8
-#: torus: 0.9M with a part per order, 99.2% of the bound at 256 MiB, compiled by ``auto`` in 30-36 s; a part
-#: per stream would take 1.6M copies, and the messages of the blocks kept in place 3.1M, 90 s).
+#: Operations a reduce-scatter or all-gather may take, a copy of every part of every block included: it bounds
+#: compile and simulation time.  A part per order fits it on a 512-rank 3D torus; a part per stream, or the
+#: messages of blocks kept in place, would not.
 MAX_OPERATIONS = 1 << 20
 #: A mesh all-reduce's slices (see the module docstring): at most this many, within this many operations,
-#: each at least this large (mesh-4x4: 16 slices 92.2% of the bound at 64 MiB, 64 slices 98.4%; at 1 MiB,
-#: 16 KiB slices, 84.7%, where one slice takes 58.5%).
+#: each at least this large.  More slices overlap the phases more closely; each slice pays its own latency.
 MESH_SLICES = 64
 SLICED_OPERATIONS = 1 << 16
 MIN_SLICE_BYTES = 16 << 10
@@ -214,9 +214,7 @@ def _order_parts(grid: Grid, orders: list[list[int]], ways: int, bandwidth: dict
     carrying that much; a rank's port (``port`` bytes/s) carries all it sends.  Only the first ``levels``
     count: an all-gather's levels overlap (its items go on as they arrive), a reduce-scatter's first level
     runs mostly alone (the others wait for it), so where the links bind over all levels a reduce-scatter
-    balances its first.  On an 8x4 torus at 256 MiB all-gather takes 2:3 (99.4% of the bound, 88.6% with
-    equal parts), reduce-scatter 6:7 (92.8%, from 88.5%); on an 8x8x4 torus the ports bind, and equal parts
-    reach 100% and 97.8% (86.2% and 79.9% in the links' proportion).
+    balances its first.  Where the ports bind instead, equal parts balance best.
     """
     dims = orders[0]
     fastest = max(bandwidth.values())
@@ -245,7 +243,7 @@ def _order_parts(grid: Grid, orders: list[list[int]], ways: int, bandwidth: dict
 
 
 #: A torus all-reduce weighs its orders only where the slice budget leaves it at least this many slices
-#: (see :func:`bucket`).
+#: (see :func:`_streams`).
 MIN_WEIGHTED_SLICES = 4
 
 
@@ -254,20 +252,35 @@ def _sends(grid: Grid, dims: list[int], ranks: int, streams: int) -> int:
     return streams * ranks * sum(grid.sizes[d] - 1 for d in dims)
 
 
-def bucket(net: Network, collective: str, options: Options) -> Schedule:
-    """Bucket all-reduce, reduce-scatter or all-gather over the grid of ``topology`` (see the module docstring)."""
-    topology = net.topology
-    collective = canonical_collective(collective)
-    if collective not in ("allreduce", "reducescatter", "allgather"):
-        raise NotApplicableError(f"bucket does not implement {collective} (it builds allreduce, reducescatter, "
-                                 "allgather)")
+@dataclass(frozen=True, slots=True)
+class _Streams:
+    """The streams of a bucket collective: each takes the dimensions in one of the rotated ``orders`` (order
+    ``o`` starts with the o-th), one of the ``ways`` round the rings; order ``o`` carries ``per_order[o]``
+    parts of the data per way."""
+
+    orders: list[list[int]]
+    ways: tuple[int, ...]
+    per_order: tuple[int, ...]
+
+    @property
+    def order_of(self) -> list[int]:
+        """Each stream's order."""
+        return [o for o, k in enumerate(self.per_order) for _ in range(k) for _ in self.ways]
+
+    @property
+    def streams(self) -> list[tuple[list[int], int]]:
+        """Each stream's order of dimensions and way round the rings (1 or -1)."""
+        return [(self.orders[o], self.ways[s % len(self.ways)]) for s, o in enumerate(self.order_of)]
+
+    @property
+    def weighted(self) -> bool:
+        """Whether the orders carry unequal shares."""
+        return len(set(self.per_order)) > 1
+
+
+def _streams(grid: Grid, dims: list[int], topology: Topology, collective: str) -> _Streams:
+    """Each dimension first once (some orders more than once, see :func:`_order_parts`), each way round its rings."""
     p = topology.size
-    meta = options.as_dict()
-    if p == 1:
-        return single_rank(collective, 1, 1, "bucket", meta)
-    grid = grid_of(net)
-    dims = [d for d, n in enumerate(grid.sizes) if n > 1]
-    # streams: each dimension first once (some orders more than once, see _order_parts), each way round its rings
     orders = [dims[s:] + dims[:s] for s in range(len(dims))]
     ways = (1, -1) if any(grid.rings[d] for d in dims) else (1,)
     bandwidth: dict[int, float] = {}  # the slowest link of each dimension
@@ -280,152 +293,226 @@ def bucket(net: Network, collective: str, options: Options) -> Schedule:
     per_order = _order_parts(grid, orders, len(ways), bandwidth, port, len(dims))
     if len(set(per_order)) > 1 and collective == "reducescatter":  # the links bind, not the ports
         per_order = _order_parts(grid, orders, len(ways), bandwidth, port, 1)
-    # an all-reduce weighs its orders on a torus only (a dimension of 2 is a line of one link), only in slices
-    # (the next one's reduce-scatter beside one's all-gather; 8x4 torus at 256 MiB: 69.2% of the bound in one
-    # slice, 99.3% in 5, 88.4% unweighted): a mesh line's load differs by phase (mesh-8x4: 83.3% weighted in
-    # 10 slices, 90.4% not)
+    # an all-reduce weighs its orders on a torus only (a dimension of 2 is a line of one link), and only in
+    # slices, where one slice's reduce-scatter runs beside an earlier one's all-gather and the two phases'
+    # loads even out; a mesh line's load differs by phase, so one weighting cannot fit both
     if collective == "allreduce" and (any(not grid.rings[d] and grid.sizes[d] > 2 for d in dims) or
                                       MIN_WEIGHTED_SLICES * 4 * _sends(grid, dims, p, sum(per_order) * len(ways))
                                       > SLICED_OPERATIONS):
         per_order = (1,) * len(orders)
-    weighted = len(set(per_order)) > 1
-    order_of = [o for o, k in enumerate(per_order) for _ in range(k) for _ in ways]  # each stream's order
-    streams = [(orders[o], ways[s % len(ways)]) for s, o in enumerate(order_of)]
-    n = len(streams)
-    meta["order_parts"] = ":".join(map(str, per_order))
-    whole = collective != "allreduce"  # each rank's block stays where the collective puts it
-    lined = collective != "allgather" and not all(grid.rings[d] for d in dims)  # sums flow along lines
-    parts = n
-    itemwise = by_parity = False
-    if whole:
-        def operations(cut: int, one_by_one: bool) -> int:
-            """Copies to or from scratch (blocks cut in ``cut`` parts, each copied on its own), sends, receives."""
-            return cut * p * p + 2 * (cut * p * (p - 1) if one_by_one else _sends(grid, dims, p, n))
+    return _Streams(orders, ways, per_order)
 
-        # a part per stream where that fits the budget, else the ways of an order's stream take one part, one way
-        # or the other by the parity of the rank's coordinates' sum (so every line holds as many of each way's,
-        # on rings of even length); items go one by one where that fits too, but for a mesh's reduce-scatter
-        # (mesh-4x4 at 256 MiB: 83.3% of the bound so, 100% in runs; torus-4x4x4 at 1 MiB: 80.4% so, 69.6% in runs)
-        by_parity = operations(n, False) > MAX_OPERATIONS
-        parts = n // len(ways) if by_parity else n
-        if operations(parts, False) > MAX_OPERATIONS:
-            raise NotApplicableError(f"bucket's {collective} on {p} ranks copies every part of every block on its "
-                                     f"own: {operations(parts, False):,} operations, more than {MAX_OPERATIONS:,}",
-                                     fix="use hierarchical or halving-doubling at this scale")
-        itemwise = not lined and operations(parts, True) <= MAX_OPERATIONS
-        meta["parts"] = parts
-    meta["streams"] = n
-    meta["grid"] = "x".join(f"{grid.sizes[d]}{'' if grid.rings[d] else 'm'}" for d in dims)
 
-    # All-reduce: stream s takes chunk s of every virtual block.  A virtual block is a rank's coordinates
-    # read as a mixed-radix number, the stream's first dimension most significant, so that at every level
-    # a rank holds one run of virtual blocks and sends each part as one run.
-    def virtual(order: list[int], r: int) -> int:
-        v = 0
-        for e in order:
-            v = v * grid.sizes[e] + grid.coords[r][e]
-        return v
+@dataclass(frozen=True, slots=True)
+class _Phase:
+    """One level of one slice's reduce-scatter or all-gather, from step ``start``; ``barrier`` and ``done``
+    hold, per (rank, stream), the receives of the level before (what a reduce-scatter's level waits for) and
+    of this one."""
 
-    owner = [[0] * p for _ in orders]
-    for o, order in enumerate(orders):
-        for r in range(p):
-            owner[o][virtual(order, r)] = r
-    # Reduce-scatter and all-gather: rank r's block is cut into ``parts``, each with one stream (above).  A
-    # stream's items lie in scratch in its virtual order, so a part is one run (or, one by one, each item goes
-    # on as soon as it arrives, where a run waits for its last: all-gather on mesh-4x4, 100% of the bound
-    # against 93.7%).
-    first_item: list[list[int]] = []  # stream -> scratch index of its first item at or after each virtual block
-    item: list[tuple[int, int]] = []  # scratch index -> (rank, part)
-    if whole:
-        stream_of = [[k * len(ways) + sum(c) % len(ways) if by_parity else k for k in range(parts)]
-                     for c in grid.coords]
-        for s in range(n):
-            first_item.append([len(item)])
+    piece: int
+    level: int
+    gather: bool
+    start: int
+    barrier: dict[tuple[int, int], list[int]]
+    done: dict[tuple[int, int], list[int]]
+
+
+class _Bucket:
+    """One bucket collective on a grid: its streams, its blocks' parts in scratch, its slices, and the steps
+    that emit its schedule (see the module docstring).
+
+    All-reduce: stream s takes chunk s of every virtual block (a rank's coordinates read as a mixed-radix
+    number, the stream's first dimension most significant), so that at every level a rank holds one run of
+    virtual blocks and sends each part as one run; slice l's stream s holds chunks (l n + s) p ... of the
+    buffer, one per virtual block.  Reduce-scatter and all-gather: rank r's block is cut into ``parts``, each
+    with one stream; a stream's items lie in scratch in its virtual order, so a part is one run, or, one by
+    one (``itemwise``), each item goes on as soon as it arrives, where a run waits for its last.
+    """
+
+    def __init__(self, grid: Grid, topology: Topology, collective: str, options: Options,
+                 meta: dict[str, object]) -> None:
+        self.grid = grid
+        self.collective = collective
+        self.p = p = topology.size
+        self.dims = dims = [d for d, n in enumerate(grid.sizes) if n > 1]
+        plan = _streams(grid, dims, topology, collective)
+        self.orders = plan.orders
+        self.streams = plan.streams
+        self.n = n = len(self.streams)
+        meta["order_parts"] = ":".join(map(str, plan.per_order))
+        self.whole = collective != "allreduce"  # each rank's block stays where the collective puts it
+        self.lined = collective != "allgather" and not all(grid.rings[d] for d in dims)  # sums flow along lines
+        self.lines = {d: grid.lines(d) for d in dims}
+        self.parts, self.itemwise = n, False
+        self.item: list[tuple[int, int]] = []  # scratch index -> (rank, part)
+        # stream -> scratch index of its first item at or after each virtual block
+        self.first_item: list[list[int]] = []
+        if self.whole:
+            by_parity = self._cut(plan)
+            self._place_items(plan, by_parity)
+            meta["parts"] = self.parts
+        self.slot = {(r, k): i for i, (r, k) in enumerate(self.item)}
+        meta["streams"] = n
+        meta["grid"] = "x".join(f"{grid.sizes[d]}{'' if grid.rings[d] else 'm'}" for d in dims)
+        self.slices = 1
+        if collective == "allreduce" and (self.lined or plan.weighted):
+            # sends and receives of both phases per slice
+            self.slices = options.pipeline or max(1, min(MESH_SLICES,
+                                                         SLICED_OPERATIONS // (4 * _sends(grid, dims, p, n)),
+                                                         options.size_bytes // MIN_SLICE_BYTES))
+            meta["slices"] = self.slices
+        self.spare = len(self.item)  # scratch: the items, then (meshes) where a line's owner receives aside
+        self.copied: list[list[int]] = []  # per rank, its last copy into scratch (what the first level waits for)
+
+    def _operations(self, cut: int, one_by_one: bool) -> int:
+        """Copies to or from scratch (blocks cut in ``cut`` parts, each copied on its own), sends, receives."""
+        p = self.p
+        return cut * p * p + 2 * (cut * p * (p - 1) if one_by_one else _sends(self.grid, self.dims, p, self.n))
+
+    def _cut(self, plan: _Streams) -> bool:
+        """Set :attr:`parts` and :attr:`itemwise` within :data:`MAX_OPERATIONS`; returns whether the ways of an
+        order's streams share one part (by the parity of the rank's coordinates' sum).
+
+        A part per stream where that fits the budget, else the ways of an order's stream take one part, one way
+        or the other by parity (so every line holds as many of each way's, on rings of even length); items go
+        one by one where that fits too, but for a mesh's reduce-scatter, whose sums flow along lines in runs.
+        """
+        by_parity = self._operations(self.n, False) > MAX_OPERATIONS
+        self.parts = self.n // len(plan.ways) if by_parity else self.n
+        if self._operations(self.parts, False) > MAX_OPERATIONS:
+            raise NotApplicableError(f"bucket's {self.collective} on {self.p} ranks copies every part of every block "
+                                     f"on its own: {self._operations(self.parts, False):,} operations, more than "
+                                     f"{MAX_OPERATIONS:,}", fix="use hierarchical or halving-doubling at this scale")
+        self.itemwise = not self.lined and self._operations(self.parts, True) <= MAX_OPERATIONS
+        return by_parity
+
+    def _place_items(self, plan: _Streams, by_parity: bool) -> None:
+        """Lay every stream's items out in scratch in its virtual order (:attr:`item`, :attr:`first_item`)."""
+        grid, ways = self.grid, len(plan.ways)
+        owner = [[0] * self.p for _ in self.orders]  # per order, the rank of each virtual block
+        for o, order in enumerate(self.orders):
+            for r in range(self.p):
+                v = 0
+                for e in order:
+                    v = v * grid.sizes[e] + grid.coords[r][e]
+                owner[o][v] = r
+        stream_of = [[k * ways + sum(c) % ways if by_parity else k for k in range(self.parts)] for c in grid.coords]
+        order_of = plan.order_of
+        for s in range(self.n):
+            self.first_item.append([len(self.item)])
             for r in owner[order_of[s]]:
-                item.extend((r, k) for k in range(parts) if stream_of[r][k] == s)
-                first_item[s].append(len(item))
-    slot = {(r, k): i for i, (r, k) in enumerate(item)}
-    slices = 1
-    if collective == "allreduce" and (lined or weighted):
-        # sends and receives of both phases per slice
-        slices = options.pipeline or max(1, min(MESH_SLICES, SLICED_OPERATIONS // (4 * _sends(grid, dims, p, n)),
-                                                options.size_bytes // MIN_SLICE_BYTES))
-        meta["slices"] = slices
-    # all-reduce: slice l's stream s holds chunks (l n + s) p ... of the buffer, one per virtual block
-    in_chunks, out_chunks = ((parts * p, parts) if collective == "reducescatter" else (parts, parts * p)
-                             if whole else (slices * n * p,) * 2)
-    # scratch: the items, then (meshes) where a line's owner receives aside
-    spare = len(item)
-    b = ScheduleBuilder(collective, p, in_chunks, out_chunks, scratch_chunks=spare + (spare or slices * n * p) * lined)
-    for r in range(p):
-        if collective == "allgather":
-            b.copy(r, Chunk("i", 0, parts), Chunk("o", r * parts, parts))
-            for k in range(parts):
-                b.copy(r, Chunk("i", k), Chunk("s", slot[r, k]))
-        elif collective == "reducescatter":
-            for (owned, k), i in slot.items():
-                b.copy(r, Chunk("i", owned * parts + k), Chunk("s", i))
-        else:
-            b.copy(r, Chunk("i", 0, in_chunks), Chunk("o", 0, in_chunks))
-    # the first level's sends and receives wait for all of a rank's copies into scratch, so that they become
-    # ready together, in program order: a connection sends in the order its messages became ready (a line's far
-    # parts first)
-    copied = [[len(program) - 1] for program in b.programs]
+                self.item.extend((r, k) for k in range(self.parts) if stream_of[r][k] == s)
+                self.first_item[s].append(len(self.item))
 
-    lines = {d: grid.lines(d) for d in dims}
-    phases = [(level, True) for level in reversed(range(len(dims)))]
-    if collective != "allgather":
-        phases = [(level, False) for level in range(len(dims))] + (phases if collective == "allreduce" else [])
-    steps = {d: {gather: (ring_steps if grid.rings[d] else _line)(grid.sizes[d], gather) for gather in (False, True)}
-             for d in dims}
-    # A reduce-scatter's stream starts a level at a rank only once that rank has all of the level before:
-    # message by message, a stream's next level took its next dimension's links while other streams still
-    # had their first level to send there (4x4x4 torus at 256 MiB: 90.2% of the bound so, 100% gated).
-    done: dict[tuple[int, int], list[int]] = {}  # (rank, stream) -> receives of its last level
-    at = 0
-    for piece, (level, gather) in itertools.product(range(slices), phases):
-        width = max(grid.sizes[order[level]] for order in orders) - 1
-        barrier, done = (done if whole and not gather else {}), {}
-        for t in range(width):
-            for s, (order, way) in enumerate(streams):
-                d = order[level]
-                plan = steps[d][gather]
-                if t >= len(plan):
-                    continue
-                span = math.prod(grid.sizes[e] for e in order[level + 1:])  # virtual blocks in one part
-                for line in lines[d]:
-                    members = line if way == 1 or not grid.rings[d] else line[::-1]
-                    held = sum(grid.coords[line[0]][e] * math.prod(grid.sizes[f] for f in order[k + 1:])
-                               for k, e in enumerate(order[:level]))
-                    for i, j, lo, hi in plan[t]:
-                        first = held + grid.coords[members[lo]][d] * span
-                        if whole:
-                            a, z = first_item[s][first], first_item[s][first + span * (hi - lo)]
-                            refs = ([Chunk("s", x) for x in range(a, z)] if itemwise
-                                    else [Chunk("s", a, z - a)] * (a < z))
-                        else:
-                            refs = [Chunk("o", (piece * n + s) * p + first, span * (hi - lo))]
-                        first_level = whole and not at
-                        gate = copied[members[i]] if first_level else barrier.get((members[i], s), ())
-                        # a line's owner gets its part from both ends at the last step: one of the two lands
-                        # in scratch and is added locally, or the second would wait for the first to finish
-                        aside = not gather and not grid.rings[d] and j == lo < i
-                        for ref in refs:
-                            into = Chunk("s", spare + ref.index, ref.count) if aside else ref
-                            _, recv = b.transfer(members[i], members[j], ref, into, reduce=not gather and not aside,
-                                                 step=at + t, channel=s, after=gate,
-                                                 recv_after=copied[members[j]] if first_level else ())
-                            if aside:
-                                recv = b.reduce(members[j], into, ref, step=at + t)
-                            done.setdefault((members[j], s), []).append(recv)
-        at += width
-    # last, so that the transfers find each run of scratch whole (copying an item splits it)
-    for r in range(p):
-        if collective == "reducescatter":
-            for k in range(parts):
-                b.copy(r, Chunk("s", slot[r, k]), Chunk("o", k), step=at)
-        elif collective == "allgather":
-            for x, (owned, k) in enumerate(item):
-                if owned != r:
-                    b.copy(r, Chunk("s", x), Chunk("o", owned * parts + k), step=at)
-    return b.build("bucket", meta)
+    def emit(self) -> ScheduleBuilder:
+        """The schedule: copies into scratch, every level's sends and receives, copies out."""
+        p, parts, n = self.p, self.parts, self.n
+        in_chunks, out_chunks = ((parts * p, parts) if self.collective == "reducescatter" else (parts, parts * p)
+                                 if self.whole else (self.slices * n * p,) * 2)
+        b = ScheduleBuilder(self.collective, p, in_chunks, out_chunks,
+                            scratch_chunks=self.spare + (self.spare or self.slices * n * p) * self.lined)
+        self._copy_in(b, in_chunks)
+        self._copy_out(b, self._exchange(b))
+        return b
+
+    def _copy_in(self, b: ScheduleBuilder, in_chunks: int) -> None:
+        parts = self.parts
+        for r in range(self.p):
+            if self.collective == "allgather":
+                b.copy(r, Chunk("i", 0, parts), Chunk("o", r * parts, parts))
+                for k in range(parts):
+                    b.copy(r, Chunk("i", k), Chunk("s", self.slot[r, k]))
+            elif self.collective == "reducescatter":
+                for (owned, k), i in self.slot.items():
+                    b.copy(r, Chunk("i", owned * parts + k), Chunk("s", i))
+            else:
+                b.copy(r, Chunk("i", 0, in_chunks), Chunk("o", 0, in_chunks))
+        # the first level's sends and receives wait for all of a rank's copies into scratch, so that they become
+        # ready together, in program order: a connection sends in the order its messages became ready (a line's
+        # far parts first)
+        self.copied = [[len(program) - 1] for program in b.programs]
+
+    def _exchange(self, b: ScheduleBuilder) -> int:
+        """Every slice's levels, each stream's sends step by step; returns the step after the last.
+
+        A reduce-scatter's stream starts a level at a rank only once that rank has all of the level before:
+        message by message, a stream's next level would take its next dimension's links while other streams
+        still had their first level to send there.
+        """
+        grid = self.grid
+        phases = [(level, True) for level in reversed(range(len(self.dims)))]
+        if self.collective != "allgather":
+            phases = [(level, False) for level in range(len(self.dims))] + (
+                phases if self.collective == "allreduce" else [])
+        steps = {d: {gather: (ring_steps if grid.rings[d] else _line)(grid.sizes[d], gather)
+                     for gather in (False, True)} for d in self.dims}
+        done: dict[tuple[int, int], list[int]] = {}
+        at = 0
+        for piece, (level, gather) in itertools.product(range(self.slices), phases):
+            width = max(grid.sizes[order[level]] for order in self.orders) - 1
+            phase = _Phase(piece, level, gather, at, done if self.whole and not gather else {}, {})
+            for t in range(width):
+                for s, (order, _) in enumerate(self.streams):
+                    plan = steps[order[level]][gather]
+                    if t < len(plan):
+                        self._stream_step(b, phase, s, t, plan[t])
+            done = phase.done
+            at += width
+        return at
+
+    def _stream_step(self, b: ScheduleBuilder, phase: _Phase, s: int, t: int, sends: list[Send]) -> None:
+        """Stream ``s``'s messages of step ``t`` of ``phase``, on every line of the level's dimension."""
+        grid = self.grid
+        order, way = self.streams[s]
+        d = order[phase.level]
+        span = math.prod(grid.sizes[e] for e in order[phase.level + 1:])  # virtual blocks in one part
+        first_level = self.whole and not phase.start
+        for line in self.lines[d]:
+            members = line if way == 1 or not grid.rings[d] else line[::-1]
+            held = sum(grid.coords[line[0]][e] * math.prod(grid.sizes[f] for f in order[k + 1:])
+                       for k, e in enumerate(order[:phase.level]))
+            for i, j, lo, hi in sends:
+                refs = self._refs(s, phase.piece, held + grid.coords[members[lo]][d] * span, span * (hi - lo))
+                gate = self.copied[members[i]] if first_level else phase.barrier.get((members[i], s), ())
+                # a line's owner gets its part from both ends at the last step: one of the two lands
+                # in scratch and is added locally, or the second would wait for the first to finish
+                aside = not phase.gather and not grid.rings[d] and j == lo < i
+                for ref in refs:
+                    into = Chunk("s", self.spare + ref.index, ref.count) if aside else ref
+                    _, recv = b.transfer(members[i], members[j], ref, into, reduce=not phase.gather and not aside,
+                                         step=phase.start + t, channel=s, after=gate,
+                                         recv_after=self.copied[members[j]] if first_level else ())
+                    if aside:
+                        recv = b.reduce(members[j], into, ref, step=phase.start + t)
+                    phase.done.setdefault((members[j], s), []).append(recv)
+
+    def _refs(self, s: int, piece: int, first: int, count: int) -> list[Chunk]:
+        """The chunks of stream ``s``'s part of ``count`` virtual blocks from ``first`` in slice ``piece``."""
+        if not self.whole:
+            return [Chunk("o", (piece * self.n + s) * self.p + first, count)]
+        a, z = self.first_item[s][first], self.first_item[s][first + count]
+        return [Chunk("s", x) for x in range(a, z)] if self.itemwise else [Chunk("s", a, z - a)] * (a < z)
+
+    def _copy_out(self, b: ScheduleBuilder, at: int) -> None:
+        """Last, so that the transfers find each run of scratch whole (copying an item splits it)."""
+        for r in range(self.p):
+            if self.collective == "reducescatter":
+                for k in range(self.parts):
+                    b.copy(r, Chunk("s", self.slot[r, k]), Chunk("o", k), step=at)
+            elif self.collective == "allgather":
+                for x, (owned, k) in enumerate(self.item):
+                    if owned != r:
+                        b.copy(r, Chunk("s", x), Chunk("o", owned * self.parts + k), step=at)
+
+
+def bucket(net: Network, collective: str, options: Options) -> Schedule:
+    """Bucket all-reduce, reduce-scatter or all-gather over the grid of ``topology`` (see the module docstring)."""
+    topology = net.topology
+    collective = canonical_collective(collective)
+    if collective not in ("allreduce", "reducescatter", "allgather"):
+        raise NotApplicableError(f"bucket does not implement {collective} (it builds allreduce, reducescatter, "
+                                 "allgather)")
+    meta = options.as_dict()
+    if topology.size == 1:
+        return single_rank(collective, 1, 1, "bucket", meta)
+    return _Bucket(grid_of(net), topology, collective, options, meta).emit().build("bucket", meta)

@@ -10,12 +10,12 @@ exchanges through other GPUs (:mod:`topocc.planner.routing.relay`).
 
 from __future__ import annotations
 
-from topocc.planner.compiler.options import Options
+from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.compiler.algorithms._order import pieces, root_rank, single_rank, split
 from topocc.planner.compiler.builder import ScheduleBuilder
-from topocc.planner.analysis.collectives import canonical_collective
-from topocc.planner.routing.relay import relays
+from topocc.planner.compiler.options import Options
 from topocc.planner.routing.network import Network
+from topocc.planner.routing.relay import relays
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["direct"]

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from topocc.planner.compiler.options import Options
+from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.compiler.algorithms._order import chunk_runs, pieces, ring_order, single_rank, split
 from topocc.planner.compiler.builder import Relay, ScheduleBuilder
-from topocc.planner.analysis.collectives import canonical_collective
+from topocc.planner.compiler.options import Options
 from topocc.planner.errors import NotApplicableError
-from topocc.planner.routing.relay import relays
 from topocc.planner.routing.network import Network
+from topocc.planner.routing.relay import relays
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["halving_doubling"]

@@ -47,22 +47,23 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
-from topocc.planner.compiler.options import Options
 from topocc.planner.analysis.bounds import lower_bound
-from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.analysis.collectives import chunk_counts
+from topocc.planner.compiler.builder import ScheduleBuilder
+from topocc.planner.compiler.options import Options
 from topocc.planner.errors import InfeasibleError, NotApplicableError
-from topocc.planner.solvers import LinearProgram, Solution, SolverOptions, solve
 from topocc.planner.routing.network import Network
+from topocc.planner.solvers import LinearProgram, Solution, SolverOptions, solve
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["FlowPlan", "FlowSettings", "flow_plan", "mcf"]
 
-#: Beyond this many ranks the model has too many commodities; solve host by host instead.
+#: Beyond this many ranks the model has too many commodities, and mcf declines (hierarchical and treepack scale).
 MAX_RANKS = 32
 #: Candidate edges per rank (cheapest routes first), as in treepack.
 EDGES_PER_RANK = 10
-#: Largest model (send variables, before pruning) built by default; about 10 s with GLOP on 2 cores.
+#: Largest model (send variables, before pruning) built by default: larger ones take the LP solver longer
+#: than a compile should.
 MAX_VARIABLES = 200_000
 #: Models up to this many send variables are solved exactly (MILP) unless told otherwise.
 EXACT_VARIABLES = 300
@@ -85,8 +86,8 @@ class FlowSettings:
     """How to build and solve the model: exactness, solvers and sizes (None: decided from the instance)."""
 
     exact: bool | None = None
-    # CLP by measurement (benchmarks/mcf_bench.py): this model is degenerate, and GLOP, fastest on treepack's
-    # LPs, takes 2-8x longer here and misses 60 s on ndv2-2chassis
+    # CLP (benchmarks/mcf_bench.py compares the backends): this model is degenerate, and GLOP, fastest on
+    # treepack's LPs, takes several times longer on it and can miss the time limit
     lp: SolverOptions = field(default_factory=lambda: SolverOptions(backend="clp", time_limit_s=60.0))
     mip: SolverOptions = field(default_factory=lambda: SolverOptions(backend="scip", time_limit_s=20.0))
     max_variables: int = MAX_VARIABLES
@@ -169,10 +170,15 @@ def _earliest(p: int, edges: Sequence[_Edge], delay: Sequence[int], source: int)
 # --------------------------------------------------------------------------- the model
 
 
+_Sends = tuple[list[int], list[int], list[int], list[int]]  # var, commodity, edge, epoch of every send
+
+
 @dataclass
 class _Model:
+    """The flow-over-time linear program and where its variables are."""
+
     lp: LinearProgram
-    send: tuple[list[int], list[int], list[int], list[int]]  # var, commodity, edge, epoch
+    send: _Sends
     have_vars: int
     occupancy: list[int]  # epochs a send holds its edge (whole pieces) or 1 (fluid)
     delay: list[int]  # epochs from the start of a send to its arrival
@@ -183,11 +189,18 @@ class _Model:
 def _build(net: Network, sources: Sequence[int], edges: Sequence[_Edge], piece_bytes: float, tau: float,
            horizon: int, exact: bool) -> _Model:
     """The time-expanded model (see the module docstring); all amounts in pieces."""
-    topology = net.topology
-    p = topology.size
+    p = net.topology.size
     lp = LinearProgram()
-    capacity_of = {key: topology.link(*key).bandwidth * tau / piece_bytes  # type: ignore[union-attr]
-                   for e in edges for key, _ in e.shares}
+    occupancy, delay = _timing(edges, piece_bytes, tau, exact)
+    earliest = {s: _earliest(p, edges, delay, s) for s in set(sources)}
+    send, by_key, have = _variables(lp, p, sources, edges, delay, earliest, horizon, exact)
+    misses = _arrivals(lp, p, sources, edges, delay, earliest, horizon, by_key, have)
+    _capacities(lp, net, edges, occupancy, send, piece_bytes, tau)
+    return _Model(lp, send, len(have), occupancy, delay, misses, have)
+
+
+def _timing(edges: Sequence[_Edge], piece_bytes: float, tau: float, exact: bool) -> tuple[list[int], list[int]]:
+    """Per edge: the epochs a send holds it, and the epochs from the start of a send to its arrival."""
     occupancy, delay = [], []
     for e in edges:
         per_epoch = e.bandwidth * tau / piece_bytes
@@ -195,20 +208,19 @@ def _build(net: Network, sources: Sequence[int], edges: Sequence[_Edge], piece_b
         w = max(1, math.ceil(1.0 / per_epoch - 1e-9)) if exact else 1
         occupancy.append(w)
         delay.append(w + round(e.latency / tau))
-    into: dict[int, list[int]] = {v: [] for v in range(p)}
-    for k, e in enumerate(edges):
-        into[e.dst].append(k)
-    earliest = {s: _earliest(p, edges, delay, s) for s in set(sources)}
-    penalty = 10.0 * horizon
-    misses: list[int] = []
+    return occupancy, delay
 
-    send_var: list[int] = []
-    send_c: list[int] = []
-    send_e: list[int] = []
-    send_t: list[int] = []
+
+def _variables(lp: LinearProgram, p: int, sources: Sequence[int], edges: Sequence[_Edge], delay: Sequence[int],
+               earliest: dict[int, list[float]], horizon: int, exact: bool,
+               ) -> tuple[_Sends, dict[tuple[int, int, int], int], dict[tuple[int, int, int], int]]:
+    """The ``have`` and ``send`` variables from the earliest epoch each can be non-zero, and the rows that
+    let a rank send only what it holds: (the sends, send variable by (piece, edge, epoch), have variable by
+    (piece, rank, epoch))."""
+    send: _Sends = ([], [], [], [])
+    send_var, send_c, send_e, send_t = send
     by_key: dict[tuple[int, int, int], int] = {}
     have: dict[tuple[int, int, int], int] = {}
-    have_vars = 0
     for c, s in enumerate(sources):
         first = earliest[s]
         for v in range(p):
@@ -216,7 +228,6 @@ def _build(net: Network, sources: Sequence[int], edges: Sequence[_Edge], piece_b
                 continue
             for t in range(int(first[v]), horizon + 1):
                 have[c, v, t] = lp.var(upper=1.0, cost=-1.0, integer=exact)
-                have_vars += 1
         for k, e in enumerate(edges):
             if e.dst == s or math.isinf(first[e.src]):
                 continue
@@ -229,7 +240,19 @@ def _build(net: Network, sources: Sequence[int], edges: Sequence[_Edge], piece_b
                 send_t.append(t)
                 if e.src != s:
                     lp.add([x, have[c, e.src, t]], [1.0, -1.0], upper=0.0)
-    # have grows only by arrivals, never shrinks, and is complete at the horizon (or pays for what is missing)
+    return send, by_key, have
+
+
+def _arrivals(lp: LinearProgram, p: int, sources: Sequence[int], edges: Sequence[_Edge], delay: Sequence[int],
+              earliest: dict[int, list[float]], horizon: int, by_key: dict[tuple[int, int, int], int],
+              have: dict[tuple[int, int, int], int]) -> list[int]:
+    """Rows: ``have`` grows only by arrivals, never shrinks, and is complete at the horizon or pays for what
+    is missing; returns the variables of what is missing, per (piece, rank)."""
+    into: dict[int, list[int]] = {v: [] for v in range(p)}
+    for k, e in enumerate(edges):
+        into[e.dst].append(k)
+    penalty = 10.0 * horizon
+    misses: list[int] = []
     for c, s in enumerate(sources):
         for v in range(p):
             if v == s or (c, v, horizon) not in have:
@@ -251,8 +274,16 @@ def _build(net: Network, sources: Sequence[int], edges: Sequence[_Edge], piece_b
             miss = lp.var(cost=penalty)
             misses.append(miss)
             lp.add([have[c, v, horizon], miss], [1.0, 1.0], lower=1.0)
-    # physical link capacity per epoch; a whole piece on an edge of occupancy w uses 1/w of it per epoch
+    return misses
+
+
+def _capacities(lp: LinearProgram, net: Network, edges: Sequence[_Edge], occupancy: Sequence[int], send: _Sends,
+                piece_bytes: float, tau: float) -> None:
+    """Rows: physical link capacity per epoch; a whole piece on an edge of occupancy w uses 1/w of it per epoch."""
+    capacity_of = {key: net.topology.link(*key).bandwidth * tau / piece_bytes  # type: ignore[union-attr]
+                   for e in edges for key, _ in e.shares}
     load: dict[tuple[tuple[str, str], int], tuple[list[int], list[float]]] = {}
+    send_var, _, send_e, send_t = send
     for x, k, t in zip(send_var, send_e, send_t):
         w = occupancy[k]
         for key, share in edges[k].shares:
@@ -262,7 +293,6 @@ def _build(net: Network, sources: Sequence[int], edges: Sequence[_Edge], piece_b
                 coef.append(share / w)
     for (key, _), (index, coef) in load.items():
         lp.add(index, coef, upper=capacity_of[key])
-    return _Model(lp, (send_var, send_c, send_e, send_t), have_vars, occupancy, delay, misses, have)
 
 
 def _solve(model: _Model, exact: bool, settings: FlowSettings) -> tuple[Solution, float | None]:
@@ -302,75 +332,101 @@ def _round(p: int, sources: Sequence[int], edges: Sequence[_Edge], model: _Model
     Returns the transfers ``(epoch, sub-piece, src, dst)``, how many the repair
     added, and the epoch the last one arrives.
     """
-    n_sub = len(sources) * q
-    held: list[dict[int, int]] = [{sources[sp // q]: 0} for sp in range(n_sub)]  # rank -> epoch it holds sp
-    # epochs a sub-piece takes over each edge, latency included
-    rate = [min(link_capacity[key] / share for key, share in e.shares) for e in edges]  # pieces per epoch
-    sub_delay = [model.delay[k] if exact else max(1, math.ceil(1.0 / (q * rate[k]) - 1e-9)) + model.delay[k] - 1
-                 for k in range(len(edges))]
-    due = [[math.inf] * p for _ in range(n_sub)]
-    for (c, v, t), x in model.have.items():
-        level = values[x]
-        for i in range(q):
-            if level >= (i + 1) / q - EPS and t < due[c * q + i][v]:
-                due[c * q + i][v] = t
-    send_var, send_c, send_e, send_t = model.send
-    by_epoch: dict[int, list[tuple[int, int, int]]] = {}
-    for x, c, k, t in zip(send_var, send_c, send_e, send_t):
-        if values[x] > EPS:
-            by_epoch.setdefault(t, []).append((k, c, x))
-    into: dict[int, list[int]] = {v: [] for v in range(p)}
-    for k, e in enumerate(edges):
-        into[e.dst].append(k)
-    tokens = dict.fromkeys(link_capacity, 0.0)
-    wanted: dict[tuple[int, int], float] = {}
-    sent: dict[tuple[int, int], int] = {}
-    transfers: list[tuple[int, int, int, int]] = []
-    repaired = 0
-    missing = sum(p - len(h) for h in held)
-
-    def fits(k: int) -> bool:
-        return exact or all(tokens[key] >= share / q - EPS for key, share in edges[k].shares)
-
-    def move(t: int, sp: int, k: int) -> None:
-        nonlocal missing
-        e = edges[k]
-        held[sp][e.dst] = t + sub_delay[k]
-        transfers.append((t, sp, e.src, e.dst))
-        for key, share in e.shares:
-            tokens[key] -= share / q
-        missing -= 1
-
+    rounding = _Rounding(p, sources, edges, model, values, q, link_capacity, exact)
     t = 0
-    limit = horizon + 4 * p * max(sub_delay) * n_sub
-    while missing:
+    limit = horizon + 4 * p * max(rounding.sub_delay) * rounding.n_sub
+    while rounding.missing:
         if t > limit:
             raise NotApplicableError("mcf could not deliver every piece along its edges (no route)")
-        for key in tokens:  # a bucket holds at most one epoch's capacity plus one sub-piece
-            tokens[key] = min(tokens[key] + link_capacity[key], link_capacity[key] + 1.0 / q)
-        for k, c, x in by_epoch.get(t, ()):
-            wanted[c, k] = wanted.get((c, k), 0.0) + values[x] * q
-        # what rounding still owes (this epoch's sends and earlier ones the sender could not make yet)
-        for c, k in sorted(ck for ck, w in wanted.items() if math.floor(w + 0.5) > sent.get(ck, 0)):
-            e = edges[k]
-            for sp in range(c * q, c * q + q):
-                if math.floor(wanted[c, k] + 0.5) <= sent.get((c, k), 0) or not fits(k):
-                    break
-                if e.dst not in held[sp] and held[sp].get(e.src, math.inf) <= t:
-                    move(t, sp, k)
-                    sent[c, k] = sent.get((c, k), 0) + 1
-        for sp in range(n_sub):
-            for v in range(p):
-                if v in held[sp] or (due[sp][v] > t and t < horizon):
-                    continue
-                best = min(((sub_delay[k], k) for k in into[v]
-                            if held[sp].get(edges[k].src, math.inf) <= t and fits(k)), default=None)
-                if best is not None:
-                    move(t, sp, best[1])
-                    repaired += 1
+        rounding.refill()
+        rounding.send_rounded(t)
+        rounding.repair(t, horizon)
         t += 1
-    transfers.sort()
-    return transfers, repaired, max(max(h.values()) for h in held)
+    rounding.transfers.sort()
+    return rounding.transfers, rounding.repaired, max(max(h.values()) for h in rounding.held)
+
+
+class _Rounding:
+    """The state of :func:`_round`: who holds which sub-piece since when, the links' token buckets, and what
+    rounding owes each (piece, edge)."""
+
+    def __init__(self, p: int, sources: Sequence[int], edges: Sequence[_Edge], model: _Model, values: np.ndarray,
+                 q: int, link_capacity: dict[tuple[str, str], float], exact: bool) -> None:
+        self.p, self.q, self.edges, self.values, self.exact = p, q, edges, values, exact
+        self.link_capacity = link_capacity
+        self.n_sub = n_sub = len(sources) * q
+        self.held: list[dict[int, int]] = [{sources[sp // q]: 0} for sp in range(n_sub)]  # rank -> epoch it holds sp
+        # epochs a sub-piece takes over each edge, latency included
+        rate = [min(link_capacity[key] / share for key, share in e.shares) for e in edges]  # pieces per epoch
+        self.sub_delay = [model.delay[k] if exact
+                          else max(1, math.ceil(1.0 / (q * rate[k]) - 1e-9)) + model.delay[k] - 1
+                          for k in range(len(edges))]
+        self.due = [[math.inf] * p for _ in range(n_sub)]  # the epoch the solution has each rank hold each sub-piece
+        for (c, v, t), x in model.have.items():
+            level = values[x]
+            for i in range(q):
+                if level >= (i + 1) / q - EPS and t < self.due[c * q + i][v]:
+                    self.due[c * q + i][v] = t
+        send_var, send_c, send_e, send_t = model.send
+        self.by_epoch: dict[int, list[tuple[int, int, int]]] = {}
+        for x, c, k, t in zip(send_var, send_c, send_e, send_t):
+            if values[x] > EPS:
+                self.by_epoch.setdefault(t, []).append((k, c, x))
+        self.into: dict[int, list[int]] = {v: [] for v in range(p)}
+        for k, e in enumerate(edges):
+            self.into[e.dst].append(k)
+        self.tokens = dict.fromkeys(link_capacity, 0.0)
+        self.wanted: dict[tuple[int, int], float] = {}
+        self.sent: dict[tuple[int, int], int] = {}
+        self.transfers: list[tuple[int, int, int, int]] = []
+        self.repaired = 0
+        self.missing = sum(p - len(h) for h in self.held)
+
+    def fits(self, k: int) -> bool:
+        """Whether every link of edge ``k`` has the tokens for one sub-piece."""
+        return self.exact or all(self.tokens[key] >= share / self.q - EPS for key, share in self.edges[k].shares)
+
+    def move(self, t: int, sp: int, k: int) -> None:
+        """Send sub-piece ``sp`` over edge ``k`` in epoch ``t``."""
+        e = self.edges[k]
+        self.held[sp][e.dst] = t + self.sub_delay[k]
+        self.transfers.append((t, sp, e.src, e.dst))
+        for key, share in e.shares:
+            self.tokens[key] -= share / self.q
+        self.missing -= 1
+
+    def refill(self) -> None:
+        """A bucket holds at most one epoch's capacity plus one sub-piece."""
+        for key in self.tokens:
+            self.tokens[key] = min(self.tokens[key] + self.link_capacity[key], self.link_capacity[key] + 1.0 / self.q)
+
+    def send_rounded(self, t: int) -> None:
+        """What rounding still owes: this epoch's sends and earlier ones the sender could not make yet."""
+        wanted, sent, q = self.wanted, self.sent, self.q
+        for k, c, x in self.by_epoch.get(t, ()):
+            wanted[c, k] = wanted.get((c, k), 0.0) + self.values[x] * q
+        for c, k in sorted(ck for ck, w in wanted.items() if math.floor(w + 0.5) > sent.get(ck, 0)):
+            e = self.edges[k]
+            for sp in range(c * q, c * q + q):
+                if math.floor(wanted[c, k] + 0.5) <= sent.get((c, k), 0) or not self.fits(k):
+                    break
+                if e.dst not in self.held[sp] and self.held[sp].get(e.src, math.inf) <= t:
+                    self.move(t, sp, k)
+                    sent[c, k] = sent.get((c, k), 0) + 1
+
+    def repair(self, t: int, horizon: int) -> None:
+        """Every sub-piece a rank should hold by now (or at all, past the horizon) that it does not, over the
+        in-edge that brings it soonest."""
+        edges, held = self.edges, self.held
+        for sp in range(self.n_sub):
+            for v in range(self.p):
+                if v in held[sp] or (self.due[sp][v] > t and t < horizon):
+                    continue
+                best = min(((self.sub_delay[k], k) for k in self.into[v]
+                            if held[sp].get(edges[k].src, math.inf) <= t and self.fits(k)), default=None)
+                if best is not None:
+                    self.move(t, sp, best[1])
+                    self.repaired += 1
 
 
 # --------------------------------------------------------------------------- the plan

@@ -28,27 +28,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from topocc.planner.compiler.options import Options
-from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.analysis.collectives import canonical_collective
+from topocc.planner.compiler.builder import ScheduleBuilder
+from topocc.planner.compiler.options import Options
 from topocc.planner.errors import NotApplicableError
 from topocc.planner.routing.network import Memo, Network
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["TreeEdge", "TreePlan", "build_trees", "multitree", "multitree_link_floor"]
 
-#: Pipelining aims at pieces of about this many bytes (large enough to amortise per-message latency; on
-#: torus-4x4 256 KiB pieces reach 92.5% of the bound at 64 MiB against 90.3% with 1 MiB pieces).
+#: Pipelining aims at pieces of about this many bytes: large enough to amortise per-message latency, small
+#: enough that the pieces fill the trees' pipelines quickly.
 _TARGET_PIECE_BYTES = 256 << 10
-#: Most pieces each tree's block is split into (64 reach 93.4% at 1 GiB on torus-4x4, 16 reach 92.5%).
+#: Most pieces each tree's block is split into (more pipeline a very large message better, at more operations).
 _MAX_PIECES = 64
 #: Cap on tree edges x pieces per phase, so that op counts (and simulation time) stay bounded.
 _MAX_TRANSFERS = 1 << 16
 #: Up to this many ranks, every routable pair is a candidate tree edge.
 _ALL_PAIRS_UP_TO = 64
 #: ... and below this size only up to :data:`_ALL_PAIRS_SMALL_UP_TO`: the exhaustive search balances link
-#: loads, which pays at large sizes (4x4x4 torus at 256 MiB: all-gather 99.6% of the bound against 97.5%
-#: with quotas) and costs 3-4x the compile time (64-rank fat-tree at 1 MiB: 19 s against 5 s, loaded).
+#: loads, which pays at large sizes, and costs several times the compile time of the quotas.
 _ALL_PAIRS_FROM_BYTES = 16 << 20
 _ALL_PAIRS_SMALL_UP_TO = 32
 #: Beyond that, each rank keeps at most this many candidates of each route-cost class (spread evenly).
@@ -111,9 +110,8 @@ class _Fabric:
     from ``first[u]`` on, cheapest first) and their link loads kept as padded rows
     (``rows[k]``: link indices, ``links`` after the last; ``shares[k]``: the slot
     share on each), so that the fit test and the busiest link of every candidate
-    of a tree are a few numpy operations instead of a Python loop per candidate
-    (rail-8x8, both directions at both quotas: 9.9 s of CPU before, 6.5 s; the
-    same trees).  Row ``e`` is edge ``e`` on channel 0; :meth:`variants` adds the
+    of a tree are a few numpy operations instead of a Python loop per candidate.
+    Row ``e`` is edge ``e`` on channel 0; :meth:`variants` adds the
     rows of edges whose route depends on the channel (ECMP) as trees ask for them.
     """
 
@@ -294,71 +292,89 @@ def build_trees(net: Network, roots: Sequence[int], *, reverse: bool = False,
     carried, so that all-reduce's reduction trees balance the links against
     its broadcast trees (apart, each set can favour the same links).
     """
-    topology = net.topology
-    p = topology.size
-    n = len(roots)
     fab = _Fabric(net, reverse=reverse, quota=quota)
-    cap = fab.cap
-    # per link (and the padding of the fab's rows, which loads nothing): capacity, this step's use, all use
-    limits = np.array([*cap, 1.0])
-    member = [np.zeros(p, dtype=bool) for _ in range(n)]
-    senders: list[list[int]] = [[r] for r in roots]
-    fresh: list[list[int]] = [[] for _ in range(n)]
-    size = [1] * n
-    for i, r in enumerate(roots):
-        member[i][r] = True
-    edges: list[list[TreeEdge]] = [[] for _ in range(n)]
-    used = np.zeros(len(limits))
-    total = np.zeros(len(limits))
-    if prior is not None:
-        index = {key: j for j, key in enumerate(fab.keys)}
-        for channel, tree in enumerate(prior.edges):
-            for e in tree:
-                a, b = (e.child, e.parent) if prior.reverse else (e.parent, e.child)
-                for key, f in net.route_shares(a, b, channel).items():
-                    total[index[key]] += f / cap[index[key]]
-    exhaustive = quota is None
+    growth = _Growth(net, fab, roots, prior, exhaustive=quota is None)
     step = 0
-    while any(s < p for s in size):
+    while any(s < growth.p for s in growth.size):
         step += 1
+        if not growth.grow(step):
+            if quota is None:
+                raise NotApplicableError("multitree: some rank cannot be reached over routable pairs")
+            return build_trees(net, roots, reverse=reverse, quota=None)
+    slots = {fab.keys[j]: c for j, c in enumerate(fab.cap)}
+    return TreePlan(tuple(roots), tuple(tuple(e) for e in growth.edges), slots, reverse)
+
+
+class _Growth:
+    """The state of :func:`build_trees`: each tree's members and senders, and each link's use this step and
+    load so far, in slots (with one more entry last, the padding of the fabric's rows, which loads nothing)."""
+
+    def __init__(self, net: Network, fab: _Fabric, roots: Sequence[int], prior: TreePlan | None, *,
+                 exhaustive: bool) -> None:
+        self.fab = fab
+        self.p = p = net.topology.size
+        self.n = n = len(roots)
+        self.exhaustive = exhaustive
+        self.limits = np.array([*fab.cap, 1.0])  # slots per step
+        self.member = [np.zeros(p, dtype=bool) for _ in range(n)]
+        self.senders: list[list[int]] = [[r] for r in roots]  # members that joined before this step
+        self.fresh: list[list[int]] = [[] for _ in range(n)]  # members that joined in this step
+        self.size = [1] * n
+        for i, r in enumerate(roots):
+            self.member[i][r] = True
+        self.edges: list[list[TreeEdge]] = [[] for _ in range(n)]
+        self.used = np.zeros(len(self.limits))
+        self.total = np.zeros(len(self.limits))
+        if prior is not None:
+            index = {key: j for j, key in enumerate(fab.keys)}
+            for channel, tree in enumerate(prior.edges):
+                for e in tree:
+                    a, b = (e.child, e.parent) if prior.reverse else (e.parent, e.child)
+                    for key, f in net.route_shares(a, b, channel).items():
+                        self.total[index[key]] += f / fab.cap[index[key]]
+
+    def grow(self, step: int) -> bool:
+        """Lock-step ``step``: pass by pass over the cost classes, the trees (the first rotating each step) add
+        an edge each in turn while any fits; returns whether any tree grew."""
+        n, p, size = self.n, self.p, self.size
         for i in range(n):
-            senders[i].extend(fresh[i])
-            fresh[i].clear()
-        used[:] = 0.0
+            self.senders[i].extend(self.fresh[i])
+            self.fresh[i].clear()
+        self.used[:] = 0.0
         pools: list[list[np.ndarray] | None] = [None] * n  # per tree, its edges that may join this step
         grown = False
         start = step % n
         rotation = list(range(start, n)) + list(range(start))
-        for pass_class in range(fab.top_class + 1):
+        for pass_class in range(self.fab.top_class + 1):
             active = [i for i in rotation if size[i] < p]
             while active:
                 still = []
                 for i in active:
                     pool = pools[i]
                     if pool is None:
-                        pool = pools[i] = _pool(fab, member[i], senders[i])
-                    found = _find_edge(fab, i, member[i], pool, pass_class, used, total, limits, exhaustive)
+                        pool = pools[i] = _pool(self.fab, self.member[i], self.senders[i])
+                    found = _find_edge(self.fab, i, self.member[i], pool, pass_class, self.used, self.total,
+                                       self.limits, self.exhaustive)
                     if found is None:
                         continue
-                    edge, row = found
-                    u, v = int(fab.edge_u[edge]), int(fab.edge_v[edge])
-                    for j, f in fab.load(row):
-                        used[j] += f
-                        total[j] += f / cap[j]
-                    member[i][v] = True
-                    size[i] += 1
-                    fresh[i].append(v)
-                    edges[i].append(TreeEdge(u, v, step))
+                    self._add(i, *found, step)
                     grown = True
                     if size[i] < p:
                         still.append(i)
                 active = still
-        if not grown:
-            if quota is None:
-                raise NotApplicableError("multitree: some rank cannot be reached over routable pairs")
-            return build_trees(net, roots, reverse=reverse, quota=None)
-    slots = {fab.keys[j]: c for j, c in enumerate(cap)}
-    return TreePlan(tuple(roots), tuple(tuple(e) for e in edges), slots, reverse)
+        return grown
+
+    def _add(self, i: int, edge: int, row: int, step: int) -> None:
+        """Tree ``i`` takes candidate ``edge`` (its links' loads in ``row`` of the fabric) in ``step``."""
+        fab = self.fab
+        u, v = int(fab.edge_u[edge]), int(fab.edge_v[edge])
+        for j, f in fab.load(row):
+            self.used[j] += f
+            self.total[j] += f / fab.cap[j]
+        self.member[i][v] = True
+        self.size[i] += 1
+        self.fresh[i].append(v)
+        self.edges[i].append(TreeEdge(u, v, step))
 
 
 def _pool(fab: _Fabric, member: np.ndarray, senders: list[int]) -> list[np.ndarray]:
@@ -381,9 +397,8 @@ def _find_edge(fab: _Fabric, tree: int, member: np.ndarray, pool: list[np.ndarra
     candidates when ``exhaustive``, else the first that fits; ties to the first
     in the pool).  Edges found to lead to a member or not to fit are dropped from
     ``pool``: within a step the members and the links' use only grow, so they
-    cannot join later in the step (trying each once per step instead of once per
-    edge added: a 64-rank mesh's all-gather trees at 1 MiB in 1.9 s instead of
-    9.5).  Classes are tried cheapest first: by the time a pass offers class k,
+    cannot join later in the step (so each is tried once per step instead of
+    once per edge added).  Classes are tried cheapest first: by the time a pass offers class k,
     the tree's cheaper classes have been exhausted for the step.  ``used`` and
     ``total`` are each link's slot use this step and load so far (in slots),
     ``limits`` its slots per step, each with the padding's entry last.
@@ -414,7 +429,8 @@ def _find_edge(fab: _Fabric, tree: int, member: np.ndarray, pool: list[np.ndarra
 
 
 def _pieces(options: Options, block_bytes: float, transfers: int) -> int:
-    """Pieces per tree block: ``options.pipeline``, else about 1 MiB each, within the op budget."""
+    """Pieces per tree block: ``options.pipeline``, else about :data:`_TARGET_PIECE_BYTES` each, within the op
+    budget."""
     if options.pipeline is not None:
         if options.pipeline < 1:
             raise NotApplicableError(f"multitree: pipeline must be >= 1, got {options.pipeline}")
@@ -458,8 +474,8 @@ def multitree(net: Network, collective: str, options: Options) -> Schedule:
         meta["trees_per_root"] = n // p
     phases = 2 if collective == "allreduce" else 1
     # c trees per root make c times the transfers per piece, each link serving c times as many trees at once;
-    # the op budget counts them c^2 times over, as simulating them costs that much more (torus-4x4 with 3
-    # trees per root: 96.0% of the bound with 5 pieces at 64 MiB, 96.3% with 8, no better with more)
+    # the op budget counts them c^2 times over, as simulating them costs that much more (and the many trees
+    # already pipeline the data: a few pieces each suffice)
     q = _pieces(options, options.size_bytes / n, phases * n * (p - 1) * (n // p) ** 2)
     meta.update(pipeline=q, steps=sum(plan.steps for plan in (up, down) if plan is not None))
     if collective == "allgather":
@@ -509,15 +525,14 @@ def _trees(net: Network, collective: str, size_bytes: int) -> tuple[TreePlan | N
 
 
 def multitree_link_floor(net: Network, collective: str, options: Options) -> float:
-    """A lower bound of :func:`topocc.planner.compiler.compile.link_time` of the schedule, from its trees alone (0 for
+    """A lower bound of :func:`topocc.planner.compiler.evaluate.link_time` of the schedule, from its trees alone (0 for
     broadcast, whose tree count is chosen with the schedule).
 
     Every tree carries its block (N / trees bytes) over each of its edges, in
     each phase; only the links that every cheapest path of the edge's pair
     crosses (:meth:`Topology.common_links`) are counted, so the bound holds under
     any routing and channel assignment.  The trees are kept for the build; the
-    schedule's operations are what ``auto`` saves where this already loses (a
-    64-rank fabric with NICs of two speeds: 3 s of a 7 s build).
+    schedule's operations are what ``auto`` saves where this already loses.
     """
     topology = net.topology
     collective = canonical_collective(collective)
@@ -616,18 +631,17 @@ def _congestion(net: Network, *plans: TreePlan) -> float:
 
 
 #: Trees per root tried for all-reduce.  With one tree per root every tree carries 1/p of the data, and
-#: integral edge counts can leave links unevenly loaded (on torus-4x4 each tree pair makes 30 link
-#: crossings over 64 links, so some links carry 8 trees where 7.5 would balance: 93.75% at best); with
-#: more trees per root the shares can even out (96% of the bound with 3 or 4).
+#: integral edge counts can leave links unevenly loaded (where the trees' link crossings do not divide evenly
+#: over the links, some carry a tree more than the mean); with more trees per root the shares can even out.
 _ALLREDUCE_COPIES = (1, 2, 3, 4)
 #: ... while the trees number at most this many (copies x ranks): each try grows twice that many trees, and
-#: trying all four copies on 64 ranks took 213 s where one all-gather's trees take 7 (hetero-nics-8x8).
+#: growing them costs far more than the trees' count.
 _ALLREDUCE_MAX_TREES = 64
 #: More than one tree per root only from this size: each copy adds as many lock-step steps again (a path
 #: latency each), which only a bandwidth-bound collective wins back.
 _COPIES_FROM_BYTES = 16 << 20
-#: And only while c^2 p^4 stays within this: growing c x p trees exhaustively costs about that much
-#: (64-rank fat-tree: 10 s for one tree per root, 100 s for four; 32 ranks: 0.4 s and 2 s).
+#: And only while c^2 p^4 stays within this: growing c x p trees exhaustively costs about that much, and
+#: by itself this allows four trees per root on 32 ranks, one on 64.
 _COPIES_WORK = 4**2 * 32**4
 
 

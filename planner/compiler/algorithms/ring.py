@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 
-from topocc.planner.compiler.options import Options
+from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.compiler.algorithms._order import (
     find_rings,
     pieces,
@@ -24,18 +24,18 @@ from topocc.planner.compiler.algorithms._order import (
     split,
 )
 from topocc.planner.compiler.builder import ScheduleBuilder
-from topocc.planner.analysis.collectives import canonical_collective
+from topocc.planner.compiler.options import Options
 from topocc.planner.errors import NotApplicableError
-from topocc.planner.routing.relay import hops, relays
 from topocc.planner.routing.network import Network
+from topocc.planner.routing.relay import hops, relays
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["ring", "ring_link_floor"]
 
 #: Chunk budget for the all-to-all shaped phases (ranks x channels x pieces), to keep op counts bounded.
 _MAX_CHUNKS = 1024
-#: Pipelined piece size of a ring's chunk: with several channels a chunk is small (64 MiB on DGX-1's 6
-#: rings of 8 ranks: 1.3 MiB), and two 512 KiB pieces reach 90.4% of the bound where one reaches 89.3%.
+#: Pipelined piece size of a ring's chunk: with several channels a chunk is small, and even such a chunk
+#: pipelines its steps better in two pieces than whole.
 _PIECE_BYTES = 512 << 10
 #: Most pieces a chain (broadcast, reduce) splits each channel's share into.
 _MAX_CHAIN_PIECES = 64
@@ -128,7 +128,7 @@ def _chain(ring: list[int], root: int, collective: str) -> list[int]:
 
 
 def ring_link_floor(net: Network, collective: str, options: Options) -> float:
-    """A lower bound of :func:`topocc.planner.compiler.compile.link_time` of the ring schedule, from its rings alone.
+    """A lower bound of :func:`topocc.planner.compiler.evaluate.link_time` of the ring schedule, from its rings alone.
 
     Over each of its ``c`` rings a rank sends its successor ``(p-1)/p`` of the
     ring's ``N / c`` bytes in a reduce-scatter or an all-gather (twice in an
@@ -136,8 +136,8 @@ def ring_link_floor(net: Network, collective: str, options: Options) -> float:
     a relayed hop crosses every hop of :func:`topocc.planner.routing.relay.hops`.  Only the
     links every cheapest path of a hop crosses (:meth:`Topology.common_links`)
     are counted, so the bound holds under any routing and channel assignment.
-    The rings are memoised for the build; the schedule (129k operations on 64
-    ranks, 2 s) is what ``auto`` saves where this already loses.
+    The rings are memoised for the build; the schedule (ranks x channels x
+    pieces messages per step) is what ``auto`` saves where this already loses.
     """
     topology = net.topology
     collective = canonical_collective(collective)

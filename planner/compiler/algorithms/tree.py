@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from topocc.planner.compiler.options import Options
+from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.compiler.algorithms._order import depth_order, pieces, ring_order, root_rank, single_rank, split
 from topocc.planner.compiler.builder import ScheduleBuilder
-from topocc.planner.analysis.collectives import canonical_collective
+from topocc.planner.compiler.options import Options
 from topocc.planner.errors import NotApplicableError
-from topocc.planner.routing.relay import hops, relays
 from topocc.planner.routing.network import Network
+from topocc.planner.routing.relay import hops, relays
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["binary_tree", "double_binary_tree", "tree_link_floor"]
@@ -76,7 +76,7 @@ def _trees(net: Network, root: int | None) -> list[tuple[int, dict[int, int]]]:
 
 
 def tree_link_floor(net: Network, collective: str, options: Options) -> float:
-    """A lower bound of :func:`topocc.planner.compiler.compile.link_time` of the tree's schedule, without building it.
+    """A lower bound of :func:`topocc.planner.compiler.evaluate.link_time` of the tree's schedule, without building it.
 
     Each tree carries half the buffer over each of its edges, up to reduce and
     down to broadcast, however many pieces pipeline it; a relayed edge crosses

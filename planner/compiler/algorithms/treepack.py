@@ -16,9 +16,8 @@ Schedules.  All-gather runs the out-trees root to leaf.  Each tree's share of
 a root's block is cut into equal pieces and then three smaller ones
 (4:...:4:2:2:1 of the share): the pieces sent last are the small ones, so
 the links' queues drain in small steps at the end instead of waiting for one
-large piece to cross the last hops (dgx-a100-4node all-gather at 1 GiB: 87% of
-the bound with one piece per tree, 96% with four equal pieces, 99% with
-8:4:2:1).  Where the budget allows fewer, the shape's tail is used.  Messages go on three
+large piece to cross the last hops.  Where the budget allows fewer, the shape's
+tail is used.  Messages go on three
 channels by the sender's depth (:data:`DEPTH_CHANNELS`).  The piece count is
 bounded by :data:`MAX_TRANSFERS`, so compile and simulation time stay bounded
 at any message size.
@@ -46,7 +45,7 @@ carries the piece once each way (2(p-1) crossings per element, which is what
 meets the partition bound when the candidate edges allow it).  Unlike
 reduce-scatter followed by all-gather no rank has to receive ``2 (p-1)/p N``:
 a leaf sends N and receives N, which wins where ranks' capacities differ
-(mesh-4x4: a third less load).  The packing comes from minimum spanning trees
+(a mesh's corners and edges).  The packing comes from minimum spanning trees
 under multiplicative link prices and one small LP that weighs them
 (:func:`pack_undirected`).  It costs 4 (p-1) operations per piece and needs
 many pieces, so it is used only while the budget holds
@@ -62,100 +61,85 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from topocc.planner.compiler.options import Options
+from topocc.planner.analysis.collectives import chunk_counts
+from topocc.planner.analysis.simulate import simulate
 from topocc.planner.compiler.algorithms._arborescence import Packing, pack, pack_phases, rank_graph
 from topocc.planner.compiler.algorithms._order import depth_order
 from topocc.planner.compiler.builder import ScheduleBuilder
-from topocc.planner.analysis.collectives import chunk_counts
+from topocc.planner.compiler.options import Options
 from topocc.planner.errors import NotApplicableError
-from topocc.planner.solvers import LinearProgram, SolverOptions, solve
 from topocc.planner.routing.network import Memo, Network
+from topocc.planner.solvers import LinearProgram, SolverOptions, solve
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["Undirected", "pack_undirected", "treepack", "treepack_link_floor"]
 
 #: Tree edges x pieces per schedule (each a send and a receive): what bounds compile and simulation time.
-#: 2^15 transfers are about 65k operations, a few seconds of simulation on 2 cores.
+#: 2^15 transfers make about 65k operations, which keeps a schedule's simulation short.
 MAX_TRANSFERS = 1 << 15
 #: Transfers with one piece per root (p (p-1) per phase) are the least a tree schedule needs; above this
 #: many the schedule would take minutes to simulate and prove, and treepack declines (all-reduce beyond
 #: about 360 ranks, all-gather and reduce-scatter beyond about 510).
 MAX_LEAST_TRANSFERS = 1 << 18
 #: Spanning trees per root, when the budget allows: more trees let the packing follow fractional optima
-#: (torus-4x4: 16 with one tree per root, the optimum 15 with four; dgx-a100-4node: the optimum with one).
-#: A lone root (broadcast, reduce) needs more to use every link into a host (dgx-a100-4node broadcast:
-#: 6x the optimum with 4 trees, 3x with 8, the optimum with 16).
+#: (an integral packing of one tree per root can load a link a whole tree more than the optimum).  A lone
+#: root (broadcast, reduce) needs more to use every link into a host.
 UNITS = 4
 ROOTED_UNITS = 16
-#: Relative sizes of the pieces a tree's share is cut into, in sending order (see the module docstring).
-#: At 256 MiB, 8:4:2:1 / 4:4:4:4:2:1 / 4:4:4:4:4:4:2:1: all-gather torus-4x4 95.3% / 96.2% / 97.3% of
-#: the bound, reduce-scatter 96.5% / 98.5% / 98.9%; dgx-a100-4node reduce-scatter 89.7% / 95.6% / 96.8%;
-#: a 2x16-GPU chassis pair all-gather 96.3% / - / 98.3%, reduce-scatter 92.7% / - / 96.4%, for twice the
-#: operations of 8:4:2:1.  This shape, with the same operations, eases the reduction's start (the
-#: gather's end, mirrored): the chassis pair (subset links) reduce-scatter 96.4% -> 97.3%, all-reduce
-#: 95.7% -> 96.2%, torus-4x4 all-gather 97.3% -> 97.6%; dgx-a100-4node reduce-scatter 96.8% -> 96.3%
-#: (multitree's 97.6% wins there), eight other cases within 0.1 point.  Thirteen 4s rather than five, where
-#: the budget allows (16 ranks at 256 MiB; twice the operations, under a second to simulate): all-gather
-#: torus-4x4 96.9% -> 97.9%, mesh-4x4 99.5% -> 99.8%, a 2x8-GPU chassis pair 98.4% -> 99.2%; reduce-scatter
-#: torus-4x4 97.9% -> 98.5%, mesh-4x4 99.4% -> 99.7%; 32 ranks and more keep the shorter tail they had.
+#: Relative sizes of the pieces a tree's share is cut into, in sending order (see the module docstring):
+#: many equal pieces, then two halves and a quarter.  The small last pieces let the links' queues drain in
+#: small steps; two equal halves rather than a halving run ease a reduction's start (the gather's end,
+#: mirrored) at no more operations.  Where the budget allows fewer pieces, the shape's tail is used.
 PIECE_SHAPE = (4,) * 13 + (2, 2, 1)
 #: No piece smaller than this: below it per-message latency outweighs what pipelining gains.
 MIN_PIECE_BYTES = 64 << 10
 #: In a reduction a rank may start a send once the send two before it to the same peer has completed: the
 #: order :func:`_mirror` plans is kept (a send queued behind a later one would hold up its whole subtree),
-#: while one message's latency overlaps the next one's transfer.  Measured at 1 GiB: strict order (one
-#: ahead) 89.2% of the bound on dgx-a100-4node, 96.2% on a 2x16-GPU chassis pair; two ahead 89.7% and
-#: 97.6%; no order kept 61.9% and 81.2%.
+#: while one message's latency overlaps the next one's transfer.  Strict order (one ahead) loses that
+#: overlap; no order at all loses far more.
 SEND_AHEAD = 2
 #: Channels by a sender's depth in the tree: roots, ranks one hop down, all deeper ones.  Separate
 #: connections share a link fairly where one connection serves its messages first come, first served, so
-#: forwarded pieces do not queue behind every piece a root injects at the start (all-gather at 256 MiB,
-#: one channel / three: torus-4x4 90.7% / 93.7% of the bound, mesh-4x4 96.5% / 98.2%, a 4x4x4 torus
-#: 90.0% / 94.7%, a 2x16-GPU chassis pair 96.4% / 98.0%; a channel per depth is no better and simulates
-#: 10-20x slower).
+#: forwarded pieces do not queue behind every piece a root injects at the start; a channel per depth gains
+#: nothing more and slows the simulation down.
 DEPTH_CHANNELS = 3
 #: Broadcast and reduce have one root, so their trees pipeline equal pieces: at most this many per tree.
 MAX_ROOTED_PIECES = 64
 
-#: CLP solves the tree-weighing LPs several times faster than GLOP and HiGHS (measured on dgx2, torus-4x4,
-#: mesh-4x4 and pcie-4x4-10gbe).
+#: CLP solves the tree-weighing LPs several times faster than GLOP and HiGHS.
 DEFAULT_SOLVER = SolverOptions(backend="clp", time_limit_s=15.0)
 #: A tiny cost per unit of edge latency, so that among equally loaded undirected trees short hops win.
 LATENCY_WEIGHT = 1e-3
 #: All-reduce over undirected trees: piece size, and the fewest pieces that pay for its 4 (p-1) operations
-#: per piece (every tree fills and drains its pipeline once; mesh-4x4: 85.7% of the bound with 512 pieces,
-#: 90.4% with 1024, 93.8% with 2048).
+#: per piece (every tree fills and drains its pipeline once, which many pieces amortise).
 ALLREDUCE_PIECE_BYTES = 64 << 10
 MIN_UNDIRECTED_PIECES = 512
-#: An all-reduce's two phases are packed together (:func:`~topocc.planner.compiler.algorithms._arborescence.pack_phases`) where
-#: that loads the busiest link less than this fraction of what packing each on its own does.
+#: An all-reduce's two phases are packed together
+#: (:func:`~topocc.planner.compiler.algorithms._arborescence.pack_phases`) where that loads the busiest link
+#: less than this fraction of what packing each on its own does.
 JOINT_GAIN = 0.98
 #: ... on messages this large or larger: on smaller ones latency, not the busiest link, decides, and the second
-#: packing only costs time (64 ranks at 1 MiB: 1-3 s of a 4-9 s compile, no schedule changed).
+#: packing only costs time.
 JOINT_FROM_BYTES = 16 << 20
-#: Jointly packed, unit tree j's reduction waits for unit tree j - JOINT_LAG's gather (see :func:`_rooted`).
-#: At 256 MiB, no wait / a lag of 1 / 2: five hosts of four GPUs on leaves of two, 3:1 to the spines,
-#: 91.9% / 88.8% / 92.6% of the bound; mesh-4x4x4 69.6% / 65.1% / 79.5% (a lag of 3: 79.1%).
+#: Jointly packed, unit tree j's reduction waits for unit tree j - JOINT_LAG's gather (see :func:`_rooted`),
+#: so that the gather keeps ahead and both phases share the links throughout, as the joint packing assumes.
+#: Two units did best of the lags tried (docs/algorithms.md, treepack).
 JOINT_LAG = 2
 #: A rank sends a piece up only once it has the result of the piece ``window`` before it (credits, as
 #: NCCL's bounded slots): otherwise reductions race ahead of broadcasts on shared links and starve them.
-#: WINDOW at 1024 pieces, growing as pieces^0.7: measured best on mesh-4x4 and torus-4x4 among 4 to 384 at
-#: 1024 pieces (64: 2-4 points less, 384: 10-15 less) and among 96 to 256 at 4096.
+#: WINDOW at 1024 pieces, growing as pieces^0.7: a small window stalls the pipeline, a large one lets the
+#: reductions run ahead again (docs/algorithms.md, treepack).
 WINDOW = 96
 #: Undirected trees are used only when their busiest link carries less than this fraction of what
-#: reduce-scatter + all-gather put on theirs: they need many more pieces to pipeline (dgx-a100-4node,
-#: equal loads: 73% of the bound at 1 GiB, reduce-scatter + all-gather 88%; mesh-4x4, 0.67 of the load:
-#: 92% against 66%).
+#: reduce-scatter + all-gather put on theirs: they need many more pieces to pipeline.
 UNDIRECTED_GAIN = 0.95
 #: Up to this many ranks undirected trees also win ties: their trees are shallow and the budget holds
-#: thousands of pieces (emu-uniform, 8 ranks, equal loads: 97.7% of the bound at 64 MiB against 93.2%).
+#: thousands of pieces.
 UNDIRECTED_TIES_UP_TO = 8
 #: Undirected trees whose weights differ more than this (heaviest / lightest) run far below their load: links
 #: are shared per connection, not per tree weight, so light trees take more than their share where they
 #: meet heavy ones.  Such a packing is kept only if it beats the jointly packed rooted trees by
-#: :data:`UNDIRECTED_GAIN` (five hosts of four GPUs on leaves of two, 3:1 to the spines, all-reduce at
-#: 256 MiB: ten trees weighing 0.025 to 0.26 at the bound's load, 80% of it; rooted trees packed jointly at
-#: 1.3% more load, 92.6%; hetero-nics-4x8's two equal trees: 98.2%).
+#: :data:`UNDIRECTED_GAIN`.
 UNEVEN_TREES = 2.0
 #: Multiplicative-weights rounds that generate candidate undirected trees, and the price step per round
 #: (relative to the round's busiest link); the final LP picks among the trees found.
@@ -272,12 +256,9 @@ def _mirror(net: Network, packing: Packing, cut: _Pieces, block: int, size_bytes
     keep every link busy; the reduction sends in the reverse order of the
     gather's finishing times.  (Run forwards with the same greedy dynamics, a
     reduction first floods every link with leaves' sums and leaves the sums of
-    inner ranks queued behind them: dgx-a100-4node reduce-scatter at 1 GiB
-    reaches 57% of the bound that way, against 99% for all-gather.)
+    inner ranks queued behind them, far below the gather's speed.)
     """
     topology = net.topology
-    from topocc.planner.analysis.simulate import simulate
-
     p = topology.size
     rooted = len(packing.roots) == 1
     blocks = 1 if rooted else p
@@ -423,9 +404,9 @@ def _new_plan(net: Network, collective: str, options: Options) -> _Plan:
 
 def _joint(net: Network, roots: list[int], cut: _Pieces, up: Packing, down: Packing,
            options: Options) -> _Plan | None:
-    """All-reduce's two phases packed together (:func:`~topocc.planner.compiler.algorithms._arborescence.pack_phases`), where
-    that loads the busiest link :data:`JOINT_GAIN` less than ``up`` and ``down`` packed on their own, from
-    :data:`JOINT_FROM_BYTES` on."""
+    """All-reduce's two phases packed together
+    (:func:`~topocc.planner.compiler.algorithms._arborescence.pack_phases`), where that loads the busiest link
+    :data:`JOINT_GAIN` less than ``up`` and ``down`` packed on their own, from :data:`JOINT_FROM_BYTES` on."""
     if options.size_bytes < JOINT_FROM_BYTES:
         return None
     # the graphs the phases were packed on alone; on a full-duplex fabric both used the forward one
@@ -471,8 +452,7 @@ def _rooted(net: Network, collective: str, options: Options, plan: _Plan) -> Sch
             b.copy(rank, Chunk("i", 0, in_chunks), Chunk(acc, 0, in_chunks))
         order = _mirror(net, up, cut, block, options.size_bytes)
         # the second phase has its own channel, so its messages never queue behind the first's; one, as
-        # depth channels gain nothing here (4x4x4 torus at 256 MiB: 92.3% of the bound either way) and
-        # with the first phase's traffic make the simulation 10x slower
+        # depth channels gain nothing here and, with the first phase's traffic, make the simulation much slower
         def second_phase(unit: int | None = None, received: dict[tuple[int, int, int, int], int] | None = None) -> None:
             assert down is not None
             _gather(b, down, cut, block, source="o", channel=1, step0=len(cut.shape), channels=1, unit=unit,
@@ -721,15 +701,14 @@ def treepack(net: Network, collective: str, options: Options) -> Schedule:
 
 
 def treepack_link_floor(net: Network, collective: str, options: Options) -> float:
-    """A lower bound of :func:`topocc.planner.compiler.compile.link_time` of the schedule, from its trees alone.
+    """A lower bound of :func:`topocc.planner.compiler.evaluate.link_time` of the schedule, from its trees alone.
 
     Every tree edge carries its tree's share of the data (each way, for an
     undirected tree); only the links that every cheapest path of the edge's pair
     crosses (:meth:`Topology.common_links`) are counted, so the bound holds under
     any routing and channel assignment.  The packing is kept for the build; the
     schedule's ordering (a simulation of the gather, for reductions) and its
-    operations are what ``auto`` saves where this already loses (a 64-rank
-    rail fabric: 6 s of build, 2.5 of them packing).
+    operations are what ``auto`` saves where this already loses.
     """
     topology = net.topology
     plan = _plan(net, collective, options)
@@ -739,8 +718,8 @@ def treepack_link_floor(net: Network, collective: str, options: Options) -> floa
         # a tree's pieces (of N / k bytes each) cross each of its edges both ways
         k = _undirected_pieces(topology.size, options)
         counts = _assign_pieces([w for w, _ in plan.undirected.trees], k)
-        for (_, parent), n in zip(plan.undirected.trees, counts):
-            for child, par in parent.items():
+        for (_, parents), n in zip(plan.undirected.trees, counts):
+            for child, par in parents.items():
                 for pair in ((child, par), (par, child)):
                     traffic[pair] = traffic.get(pair, 0.0) + n * size / k
     else:

@@ -9,21 +9,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from topocc.planner.routing.network import Network
-from topocc.planner.compiler.algorithms import ALGORITHMS
-from topocc.planner.compiler.options import Options
-from topocc.planner.analysis.bounds import Bound, lower_bound
-from topocc.planner.compiler.builder import ScheduleBuilder
-from topocc.planner.errors import NotApplicableError, UsageError
 from benchmarks.fabrics import grid
-from topocc.planner.analysis.simulate import simulate
-from topocc.planner.topology.model import Device, Link, Topology, build_topology
-from topocc.planner.topology.parse import load_topology, parse_topology_text
-from topocc.planner.analysis.verify import verify
-from topocc.runtime.schedule import Chunk, Schedule
 from tests.conftest import TOPOLOGIES
 from tests.planner.topology.test_topology import two_paths
 from tests.strategies import chassis_yaml, topologies
+from topocc.planner.analysis.bounds import Bound, lower_bound
+from topocc.planner.analysis.simulate import simulate
+from topocc.planner.analysis.verify import verify
+from topocc.planner.compiler.algorithms import ALGORITHMS
+from topocc.planner.compiler.builder import ScheduleBuilder
+from topocc.planner.compiler.options import Options
+from topocc.planner.errors import NotApplicableError, UsageError
+from topocc.planner.routing.network import Network
+from topocc.planner.topology.model import Device, Link, Topology, build_topology
+from topocc.planner.topology.parse import load_topology, parse_topology_text
+from topocc.runtime.schedule import Chunk, Schedule
 
 GB = 1e9
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall")

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topocc.planner.routing.network import Network
+from tests.planner.analysis.test_simulate import random_fabric, random_topology
 from topocc.planner.analysis import fairshare
 from topocc.planner.analysis.fairshare import fair_rates, fair_rates_vector
 from topocc.planner.analysis.simulate import simulate
-from tests.planner.analysis.test_simulate import random_fabric, random_topology
+from topocc.planner.routing.network import Network
 
 
 @st.composite

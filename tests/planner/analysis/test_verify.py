@@ -10,16 +10,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topocc.planner.compiler.builder import ScheduleBuilder
-from topocc.planner.errors import TopoccError, VerificationError
-from topocc.planner.analysis.verify import VerifyReport, _merged, _Runs, verify
-from topocc.runtime.schedule import Chunk, Op, Schedule, build_schedule
 from tests.planner.compiler.test_builder import (
     CONSTRUCTIONS,
     chain_broadcast_schedule,
     direct_allreduce_schedule,
     ring_allreduce_schedule,
 )
+from topocc.planner.analysis.collectives import spec
+from topocc.planner.analysis.verify import VerifyReport, _check_structure, _merged, _Runs, verify
+from topocc.planner.compiler.builder import ScheduleBuilder
+from topocc.planner.errors import TopoccError, VerificationError
+from topocc.runtime.errors import ScheduleFormatError
+from topocc.runtime.schedule import OP_RULES, Chunk, Op, Schedule, _parse_op, _Reader, build_schedule
 
 # --------------------------------------------------------------------------- helpers
 
@@ -447,6 +449,47 @@ def test_inplace_allreduce_input_is_output() -> None:
 ])
 def test_structure_checks_for_in_memory_schedules(programs: list[list[Op]], fragment: str) -> None:
     fails(schedule("allreduce", 2, 1, 1, programs), fragment)
+
+
+def test_the_loader_and_the_verifier_refuse_the_same_operations() -> None:
+    """Both check an operation by its kind's rule (OP_RULES): every kind with every peer (none, itself, another
+    rank, out of range) and every pair of chunk references (none, one chunk, two) is refused by both or by
+    neither."""
+    refs = (None, Chunk("i", 0), Chunk("i", 0, 2))
+    outs = (None, Chunk("o", 0), Chunk("o", 0, 2))
+    accepted = 0
+    for kind, peer, src, dst in itertools.product(OP_RULES, (None, 0, 1, 2), refs, outs):
+        op = Op(kind, peer, src, dst)
+        doc: dict[str, object] = {"op": kind, "step": 0}
+        for key, value in (("peer", peer), ("src", src), ("dst", dst)):
+            if isinstance(value, Chunk):
+                doc[key] = [value.buffer, value.index, value.count]
+            elif value is not None:
+                doc[key] = value
+        try:
+            loaded = _parse_op(_Reader("ops.json"), doc, "op", 0, 0, 2, {"i": 2, "o": 2, "s": 0})
+        except ScheduleFormatError:
+            loaded = None
+        s = schedule("allreduce", 2, 2, 2, [[op], []], inplace=True)
+        try:
+            _check_structure(s, spec("allreduce", 2, 2, 2, None))
+            proved = True
+        except VerificationError:
+            proved = False
+        assert (loaded == op) == proved, (op, loaded)
+        accepted += proved
+    # two of each kind (one chunk or two), and recv_reduce's two more with a src: the checks can accept
+    assert accepted == 2 * len(OP_RULES) + 2
+
+
+def test_op_reads_and_writes_follow_the_rules() -> None:
+    a, b = Chunk("i", 0), Chunk("o", 1)
+    assert (Op("send", 1, a).reads, Op("send", 1, a).writes) == ((a,), None)
+    assert (Op("recv", 1, None, b).reads, Op("recv", 1, None, b).writes) == ((), b)
+    assert Op("recv_reduce", 1, None, b).reads == (b,)
+    assert Op("recv_reduce", 1, a, b).reads == (a, b)
+    assert (Op("copy", None, a, b).reads, Op("copy", None, a, b).writes) == ((a,), b)
+    assert Op("reduce", None, a, b).reads == (a, b)
 
 
 def test_src_and_dst_lengths_must_agree() -> None:

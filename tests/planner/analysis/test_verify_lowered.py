@@ -8,21 +8,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from topocc.planner.routing.network import Network
-from topocc.planner.compiler.algorithms import ALGORITHMS
-from topocc.planner.compiler.options import Options
-from topocc.planner.compiler.builder import ScheduleBuilder
-from topocc.planner.errors import NotApplicableError, VerificationError
 from benchmarks.fabrics import grid
-from topocc.planner.topology.model import Topology
-from topocc.planner.analysis.verify import verify
-from topocc.planner.analysis.verify_lowered import verify_lowering
-from topocc.runtime.lowering import Group, Lowering, RankLowering, chunks_per_round_for, lower
-from topocc.runtime.schedule import Chunk, Op, Schedule, build_schedule, load_schedule
 from tests.conftest import REPO
 from tests.planner.compiler.algorithms.test_baselines import switch_cluster
 from tests.runtime.test_mpi import S
 from tests.strategies import topologies
+from topocc.planner.analysis.verify import verify
+from topocc.planner.analysis.verify_lowered import verify_lowering
+from topocc.planner.compiler.algorithms import ALGORITHMS
+from topocc.planner.compiler.builder import ScheduleBuilder
+from topocc.planner.compiler.options import Options
+from topocc.planner.errors import NotApplicableError, VerificationError
+from topocc.planner.routing.network import Network
+from topocc.planner.topology.model import Topology
+from topocc.runtime.lowering import Group, Lowering, RankLowering, chunks_per_round_for, lower
+from topocc.runtime.schedule import Chunk, Op, Schedule, build_schedule, load_schedule
 
 SHIPPED = sorted((REPO / "schedules").glob("*.json*"))
 ROOTED = ("broadcast", "reduce")

@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import pytest
 
-from topocc.planner.compiler.builder import RELAY_SLOTS, ScheduleBuilder
 from topocc.planner.analysis.verify import verify
+from topocc.planner.compiler.builder import RELAY_SLOTS, ScheduleBuilder
 from topocc.runtime.schedule import Chunk, Schedule
 
 # --------------------------------------------------------------------------- constructions

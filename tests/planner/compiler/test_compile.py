@@ -1,83 +1,19 @@
-"""The compile front door: large schedules are proved in a forked child, with the same verdict as inline;
-``auto``'s candidates record what it measured."""
+"""The compile front door: ``auto``'s candidates record what it measured; source-routed fabrics get paths."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 
-import topocc.planner.compiler.compile as compile_module
-from topocc.planner.routing.network import Network
-from topocc.planner.compiler.options import Options
+from tests.planner.compiler.algorithms.test_baselines import switch_cluster
+from topocc.planner.analysis.simulate import simulate
 from topocc.planner.compiler.compile import compile_schedule
 from topocc.planner.compiler.evaluate import link_time
-from topocc.planner.errors import VerificationError
-from topocc.planner.analysis.simulate import simulate
+from topocc.planner.compiler.options import Options
+from topocc.planner.routing.network import Network
 from topocc.planner.topology.parse import parse_topology_text
-from topocc.planner.analysis.verify import verify
-from topocc.runtime.schedule import Schedule, load_schedule, save_schedule
-from tests.planner.compiler.algorithms.test_baselines import switch_cluster
-from tests.planner.compiler.test_builder import ring_allreduce_schedule
-
-
-def broken(schedule: Schedule) -> Schedule:
-    """The schedule with rank 0's last receive turned into a plain receive: its sum misses a contribution."""
-    programs = [list(program) for program in schedule.programs]
-    k = max(i for i, op in enumerate(programs[0]) if op.kind == "recv_reduce")
-    programs[0][k] = dataclasses.replace(programs[0][k], kind="recv")
-    return dataclasses.replace(schedule, programs=tuple(tuple(p) for p in programs))
-
-
-@pytest.fixture
-def forking(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(compile_module, "PARALLEL_VERIFY_OPS", 1)
-
-
-def test_forked_proof_matches_inline(forking: None) -> None:
-    schedule = ring_allreduce_schedule(4, 2)
-    proof = compile_module._Verification(schedule)
-    assert proof._child is not None
-    assert proof.result() == verify(schedule)
-    assert proof._child is None
-
-
-def test_forked_proof_reports_the_same_error(forking: None) -> None:
-    bad = broken(ring_allreduce_schedule(4))
-    with pytest.raises(VerificationError) as inline:
-        verify(bad)
-    with pytest.raises(VerificationError) as forked:
-        compile_module._Verification(bad).result()
-    assert forked.value.one_line() == inline.value.one_line()
-
-
-def test_cancel_stops_the_child(forking: None) -> None:
-    proof = compile_module._Verification(ring_allreduce_schedule(8, 4))
-    child = proof._child
-    assert child is not None
-    proof.cancel()
-    assert not child.is_alive()
-    proof.cancel()  # twice is harmless
-
-
-def test_auto_with_forked_proofs_picks_the_same_winner(forking: None) -> None:
-    topology = switch_cluster(4, hosts=2)
-    options = Options(size_bytes=1 << 20)
-    forked = compile_schedule(topology, "allreduce", "auto", options)
-    compile_module.PARALLEL_VERIFY_OPS = 10**12
-    inline = compile_schedule(topology, "allreduce", "auto", options)
-    assert forked.schedule.programs == inline.schedule.programs
-    assert forked.proof == inline.proof
-
-
-def test_compile_shipped_replaces_the_other_spelling(tmp_path: Path) -> None:
-    """A schedule that moves between plain and gzipped JSON leaves no stale copy behind."""
-    stale = tmp_path / "emu-uniform-allreduce.json.gz"
-    stale.write_bytes(b"old")
-    (path, compiled), = compile_module.compile_shipped(tmp_path, ["emu-uniform"], size_bytes=1 << 20)
-    assert path.name == "emu-uniform-allreduce.json" and compiled.schedule.op_count < 50_000
-    assert not stale.exists()
+from topocc.runtime.schedule import load_schedule, save_schedule
 
 
 def test_auto_candidates_carry_their_link_time() -> None:
@@ -101,8 +37,8 @@ def test_auto_candidates_carry_their_link_time() -> None:
 def test_auto_gives_up_a_simulation_once_it_passes_the_best() -> None:
     """On dgx2 direct's all-reduce is simulated after hierarchical's and given up once it runs past it; the
     race picks what timing it to the end picks (its simulation: longer than the winner's)."""
-    from topocc.planner.topology.catalogue import resolve_topology
     from topocc.planner.analysis.simulate import simulate
+    from topocc.planner.topology.catalogue import resolve_topology
 
     topology, options = resolve_topology("dgx2"), Options(size_bytes=1 << 20)
     compiled = compile_schedule(topology, "allreduce", "auto", options)
@@ -160,10 +96,10 @@ def test_auto_skips_the_costly_tiers_once_it_is_near_the_bound() -> None:
     """Issue #11: on emu-racks sliced hierarchical all-gather reaches 99.8% of the bound, so auto never builds
     tree packing, MultiTree or the flow LP (seconds to minutes at scale); where the cheap tier falls short
     (a 3x2 mesh, 90.9% with the bucket algorithm) it goes on to them."""
+    from benchmarks.fabrics import grid
     from topocc.planner.compiler.algorithms import ALGORITHMS
     from topocc.planner.compiler.race import GOOD_ENOUGH
     from topocc.planner.topology.catalogue import resolve_topology
-    from benchmarks.fabrics import grid
 
     compiled = compile_schedule(resolve_topology("emu-racks"), "allgather", "auto", Options(size_bytes=256 << 20))
     assert compiled.schedule.metadata.algorithm == "hierarchical"
@@ -209,10 +145,10 @@ def test_auto_simulates_the_finest_of_equally_loaded_candidates_first() -> None:
 @pytest.mark.parametrize("collective", ["allgather", "allreduce", "broadcast"])
 def test_ring_never_beats_its_chain_of_least_latencies(name: str, collective: str) -> None:
     """The floor auto uses to skip the ring unbuilt is a lower bound of its simulated time (relays included)."""
+    from topocc.planner.analysis.simulate import simulate
     from topocc.planner.compiler.algorithms import ALGORITHMS
     from topocc.planner.compiler.evaluate import least_latency
     from topocc.planner.topology.catalogue import resolve_topology
-    from topocc.planner.analysis.simulate import simulate
 
     topology = resolve_topology(name)
     for size in (1 << 10, 1 << 20):

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from tests.planner.analysis.test_simulate import ring_allreduce, ring_topology
 from topocc.planner.analysis.simulate import simulate
 from topocc.planner.compiler.compile import compile_schedule
 from topocc.planner.compiler.evaluate import Evaluator, least_latency, link_time
 from topocc.planner.compiler.options import Options
 from topocc.planner.routing.network import Network
-from tests.planner.analysis.test_simulate import ring_allreduce, ring_topology
 
 
 def test_the_last_schedule_timed_to_the_end_is_not_simulated_again() -> None:

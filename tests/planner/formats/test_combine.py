@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from topocc.planner.routing.network import Network
 from topocc.planner.errors import TopologyError
 from topocc.planner.formats.combine import combine_hosts
 from topocc.planner.formats.nvidia_smi import import_nvidia_smi
+from topocc.planner.routing.network import Network
 from topocc.planner.topology.parse import parse_topology_text
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "nvidia_smi"

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from topocc.planner.analysis.verify import verify
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.errors import ScheduleFormatError, VerificationError
 from topocc.planner.formats.msccl_xml import export_msccl, import_msccl, parse_msccl
 from topocc.planner.topology.parse import parse_topology_text
-from topocc.planner.analysis.verify import verify
 from topocc.runtime.schedule import Chunk, Schedule
 
 REF = Path(__file__).resolve().parents[3].parent / "shared" / "reference" / "msccl"

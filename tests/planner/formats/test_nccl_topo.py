@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from topocc.planner.routing.network import Network
 from topocc.planner.errors import TopologyError
 from topocc.planner.formats.nccl_topo import convert_nccl_topo, import_nccl_topo, pcie_bandwidth
+from topocc.planner.routing.network import Network
 from topocc.planner.topology.model import Topology
 from topocc.planner.topology.parse import parse_topology_text
 

@@ -6,13 +6,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from topocc.planner.routing.network import Network
-from topocc.planner.compiler.options import Options
+from topocc.planner.analysis.simulate import SimResult, simulate
 from topocc.planner.compiler.algorithms import get_algorithm
 from topocc.planner.compiler.compile import compile_schedule
-from topocc.planner.topology.catalogue import resolve_topology
+from topocc.planner.compiler.options import Options
 from topocc.planner.report._run import Run, record_run
-from topocc.planner.analysis.simulate import SimResult, simulate
+from topocc.planner.routing.network import Network
+from topocc.planner.topology.catalogue import resolve_topology
 from topocc.planner.topology.model import Topology
 from topocc.runtime.schedule import Schedule
 
@@ -74,10 +74,10 @@ def shipped(name: str) -> Plan:
     """The shipped allreduce schedule of topology ``name`` (``schedules/``), simulated at the size it was built for."""
     from pathlib import Path
 
-    from topocc.runtime.plan import as_plan, load_any
+    from topocc.runtime.plan import as_plan
 
     found = sorted((Path(__file__).resolve().parents[3] / "schedules").glob(f"{name}-allreduce.json*"))
-    schedule = as_plan(load_any(found[0])).schedules[0]
+    schedule = as_plan(found[0]).schedules[0]
     topo = resolve_topology(name)
     return Plan(topo, schedule, record_run(topo, schedule, schedule.metadata.size_bytes or SIZE), {})
 

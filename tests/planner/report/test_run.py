@@ -7,9 +7,9 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
+from topocc.planner.analysis.simulate import simulate
 from topocc.planner.report._run import link_bins, link_step_bytes, spread
 from topocc.planner.report._timeline import timeline_doc
-from topocc.planner.analysis.simulate import simulate
 
 from .conftest import SIZE, Plan
 

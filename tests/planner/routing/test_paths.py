@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from topocc.planner.routing.network import Network
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.errors import SimulationError
+from topocc.planner.routing.network import Network
 from topocc.planner.routing.paths import assign_paths, connection_chunks, recorded_paths
 from topocc.planner.topology.model import Topology
 from topocc.planner.topology.parse import parse_topology_text
@@ -98,10 +98,10 @@ def test_auto_spreads_a_hierarchical_schedule_over_a_fat_trees_uplinks() -> None
     """Issue #11: a 4:1 fat-tree of 4 two-GPU hosts, two per leaf, under 4 spines: hierarchical's channels hash
     its cross-leaf connections onto the same uplinks (50% of the bound by busiest link); spread, 100% (measured
     99%+ simulated), and the NCCL lowering proof still holds."""
-    from topocc.planner.compiler.options import Options
-    from topocc.planner.compiler.compile import compile_schedule
     from benchmarks.fabrics import fat_tree
     from topocc.planner.analysis.verify_lowered import verify_lowering
+    from topocc.planner.compiler.compile import compile_schedule
+    from topocc.planner.compiler.options import Options
     from topocc.runtime.lowering import chunks_per_round_for, lower
 
     topology = fat_tree(4, 2, 4, 4, gpus=2).topology()

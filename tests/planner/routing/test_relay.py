@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from topocc.planner.routing.network import Network
-from topocc.planner.compiler.builder import ScheduleBuilder
 from benchmarks.fabrics import multi_chassis
-from topocc.planner.routing.relay import hops, path_latency, path_shares, relay_path, relays
+from tests.strategies import chassis_yaml
 from topocc.planner.analysis.simulate import simulate
+from topocc.planner.analysis.verify import verify
+from topocc.planner.compiler.builder import ScheduleBuilder
+from topocc.planner.routing.network import Network
+from topocc.planner.routing.relay import hops, path_latency, path_shares, relay_path, relays
 from topocc.planner.topology.model import Topology
 from topocc.planner.topology.parse import parse_topology_text
-from topocc.planner.analysis.verify import verify
 from topocc.runtime.schedule import Chunk
-from tests.strategies import chassis_yaml
 
 
 def chain(n: int) -> Topology:

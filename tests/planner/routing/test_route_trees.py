@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topocc.planner.routing.network import Network
-from topocc.planner.routing import network as network_module
 from benchmarks.fabrics import fat_tree, small_suite, suite
+from topocc.planner.routing import network as network_module
+from topocc.planner.routing.network import Network
 from topocc.planner.routing.route_trees import HubSearches, hubs, route_tree, search
 from topocc.planner.topology.model import Device, Link, Topology
 from topocc.planner.topology.parse import load_topology, parse_topology_text

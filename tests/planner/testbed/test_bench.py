@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from topocc.planner.compiler.options import Options
-from topocc.planner.testbed.bench import EmulatedRow, bench_emulated, format_emulated_table, iterations_for, regime
 from topocc.planner.analysis.bounds import lower_bound
 from topocc.planner.compiler.compile import compile_schedule
-from topocc.planner.testbed.emulation import DEFAULT_SCALE, emulation_available, scaled_topology
+from topocc.planner.compiler.options import Options
 from topocc.planner.errors import UsageError
+from topocc.planner.testbed.bench import EmulatedRow, bench_emulated, format_emulated_table, iterations_for, regime
+from topocc.planner.testbed.emulation import DEFAULT_SCALE, emulation_available, scaled_topology
 from topocc.planner.topology.parse import parse_topology_text
 
 TWO_HOSTS = """\

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from topocc.planner.errors import TopologyError
 from topocc.planner.routing.network import Network
 from topocc.planner.testbed.emulation import (
     EmulatedCluster,
@@ -21,7 +22,6 @@ from topocc.planner.testbed.emulation import (
     scale_for_rate,
     scaled_topology,
 )
-from topocc.planner.errors import TopologyError
 from topocc.planner.topology.model import Topology
 from topocc.planner.topology.parse import parse_topology_text
 from topocc.runtime.errors import TopoccError
@@ -233,7 +233,8 @@ def test_tcp_rate_matches_the_shaped_rate(shape: str, src: int, dst: int, tmp_pa
         topo = racks_topology(2, 1, 1, host_bw="10 Gbit/s", uplink_bw="2.5 Gbit/s")
     before = our_state()
     with EmulatedCluster(topo, scale=1e-2) as cluster:
-        expected = Network(cluster.scaled_topology()).route_bandwidth(cluster.hosts[src].ranks[0], cluster.hosts[dst].ranks[0])
+        src_rank, dst_rank = cluster.hosts[src].ranks[0], cluster.hosts[dst].ranks[0]
+        expected = Network(cluster.scaled_topology()).route_bandwidth(src_rank, dst_rank)
         rate = measure_tcp(cluster, src, dst, tmp_path)
     assert rate == pytest.approx(expected, rel=0.25), f"measured {rate * 8e-6:.1f} Mbit/s for {expected * 8e-6:.1f}"
     assert_gone(cluster, before)

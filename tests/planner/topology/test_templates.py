@@ -10,11 +10,11 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topocc.planner.routing.network import Network
 from topocc.planner.errors import TopologyError
-from topocc.planner.topology.templates import HYBRID_CUBE_MESH_LANES
+from topocc.planner.routing.network import Network
 from topocc.planner.topology.model import Topology
 from topocc.planner.topology.parse import parse_topology_text
+from topocc.planner.topology.templates import HYBRID_CUBE_MESH_LANES
 
 NVSWITCH_HOST = {"gpus": 4, "fabric": "nvswitch",
                  "gpu_link": {"bandwidth": "25 GB/s", "count": 12, "latency": "0.35 us"}}

@@ -184,11 +184,12 @@ def _check_schedules(rank: int, world: int, device: Any, schedules: dict[str, An
                      counts: list[int], group_bytes: int, transport: Any) -> dict[str, Any]:
     import torch
 
+    from topocc.runtime.baselines import native
     from topocc.runtime.communicator import Communicator
     from topocc.runtime.worker import call
 
     T = _load("torch_check")  # inputs_for, reference, DTYPES, OPS: the same references as the gloo checks
-    cases, wrong, native = 0, [], 0
+    cases, wrong, natives = 0, [], 0
     for name, schedule in schedules.items():
         comm = Communicator(schedule, transport=transport(), timeout=30.0, group_bytes=group_bytes)
         c, root = schedule.collective, schedule.root or 0
@@ -216,12 +217,12 @@ def _check_schedules(rank: int, world: int, device: Any, schedules: dict[str, An
                         wrong.append(f"{name} {dtype} {op} {count}: async_op")
                     if op in ("sum", "max"):
                         mine = xs[rank].clone()
-                        comm.run_native(mine, mine, op)  # NCCL's own allreduce on the same communicator agrees
-                        native += 1
+                        native(comm.transport, c, mine, mine, op)  # NCCL's own allreduce, on the same communicator
+                        natives += 1
                         if not torch.equal(mine, want):
                             wrong.append(f"{name} {dtype} {op} {count}: NCCL's own allreduce differs")
         comm.close()
-    return {"cases": cases, "wrong": wrong[:10], "wrong_count": len(wrong), "native_checked": native}
+    return {"cases": cases, "wrong": wrong[:10], "wrong_count": len(wrong), "native_checked": natives}
 
 
 def _check_ddp(rank: int, world: int, store: Any, device: Any, plan: Any, transport: Any) -> dict[str, Any]:

@@ -12,8 +12,8 @@ import contextlib
 import itertools
 from collections.abc import Sequence
 
-from topocc.planner.routing.network import Network
 from topocc.planner.compiler.builder import ScheduleBuilder
+from topocc.planner.routing.network import Network
 from topocc.runtime.schedule import Chunk, Metadata, Op, Schedule, build_schedule
 
 
@@ -201,9 +201,9 @@ def planner_schedules(algorithms: Sequence[str] = ("ring", "tree", "halving-doub
 def grid_schedules(size_bytes: int = 1 << 16) -> dict[str, Schedule]:
     """The bucket all-reduce, reduce-scatter and all-gather (in scratch, copied to and from the buffers) on a ring
     of 4 (both ways round) and a 2x2 mesh (lines of two), by name."""
-    from topocc.planner.compiler.options import Options
-    from topocc.planner.compiler.algorithms.bucket import bucket
     from benchmarks.fabrics import grid
+    from topocc.planner.compiler.algorithms.bucket import bucket
+    from topocc.planner.compiler.options import Options
 
     return {f"bucket-{collective}-{kind}-{'x'.join(map(str, dims))}": bucket(
         Network(grid(kind, dims).topology()), collective, Options(size_bytes=size_bytes))

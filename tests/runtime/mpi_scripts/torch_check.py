@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from topocc.planner.analysis.verify import verify
+from topocc.runtime.baselines import native
 from topocc.runtime.communicator import Communicator
 from topocc.runtime.errors import CommunicatorError
 from topocc.runtime.transports.gloo import GlooTransport
@@ -86,7 +87,7 @@ def check(rank: int, n: int, dtypes: list[str], counts: list[int]) -> dict[str, 
                             wrong.append(f"{name} {dtype} {op} {count}")
                     if c in ("allreduce", "broadcast") and op in ("sum", "max"):
                         mine = xs[rank].clone()  # torch's own collective agrees with ours
-                        comm.run_native(mine, mine, op)
+                        native(comm.transport, c, mine, mine, op, root)
                         native_checked += 1
                         if not torch.equal(mine, want):
                             wrong.append(f"{name} {dtype} {op} {count}: gloo's own result differs")

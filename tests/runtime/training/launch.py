@@ -11,11 +11,11 @@ import os
 import sys
 from pathlib import Path
 
+from tests.conftest import REPO, run_bounded
 from topocc.planner.compiler.plans import compile_plan
 from topocc.planner.topology.parse import parse_topology_text
 from topocc.runtime.launch import RANK_WRAPPER, find_mpiexec
 from topocc.runtime.plan import save_plan
-from tests.conftest import REPO, run_bounded
 
 #: Every rank's preamble: MPI for the rows, torch.distributed over gloo (rendezvous on a port rank 0 picks),
 #: and the model whose DDP buckets (``bucket_cap_mb=0.1``) come in several sizes, with different data per rank.

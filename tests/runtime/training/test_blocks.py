@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from topocc.planner.gradblocks.blocks import BucketPlan, LinearCost, bucket_plan_to_dict, prophet_blocks
-from topocc.runtime.training import profile_model
 from tests.runtime.training.launch import PREAMBLE, launch, plan_for
+from topocc.planner.gradblocks.cost import LinearCost
+from topocc.planner.gradblocks.plan import BlockPlan, block_plan_to_dict, prophet_blocks
+from topocc.runtime.training import profile_model
 
 torch = pytest.importorskip("torch")
 
@@ -45,10 +46,10 @@ def blocks_file(tmp_path: Path) -> Path:
                               torch.nn.Tanh(), torch.nn.Linear(900, 5))
     prof = profile_model(net, torch.nn.functional.mse_loss, (torch.randn(16, 37), torch.randn(16, 5)), repeats=2)
     timeline = prophet_blocks(prof, LinearCost(1e-6, 1e9), 64 << 10)
-    plan = BucketPlan(timeline.blocks, timeline.iteration_s, 0.0, 0.0, "prophet", 64 << 10)
+    plan = BlockPlan(timeline.blocks, timeline.iteration_s, 0.0, 0.0, "prophet", 64 << 10)
     assert any(lo > 0 for b in plan.blocks for _, lo, _ in b.pieces), "the test needs split parameters"
     path = tmp_path / "blocks.json"
-    path.write_text(json.dumps(bucket_plan_to_dict(plan, prof)))
+    path.write_text(json.dumps(block_plan_to_dict(plan, prof)))
     return path
 
 

@@ -14,16 +14,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topocc.planner.compiler.evaluate import link_time
-from topocc.planner.routing.network import Network, network_of
+from tests.strategies import chassis_yaml, topologies
+from topocc.planner.analysis.verify import verify
 from topocc.planner.compiler.algorithms import ALGORITHMS
+from topocc.planner.compiler.evaluate import link_time
 from topocc.planner.compiler.options import Options
 from topocc.planner.errors import NotApplicableError
+from topocc.planner.routing.network import Network, network_of
 from topocc.planner.topology.model import Topology
 from topocc.planner.topology.parse import parse_topology_text
-from topocc.planner.analysis.verify import verify
 from topocc.runtime.schedule import Schedule
-from tests.strategies import chassis_yaml, topologies
 
 BASELINES = ("ring", "tree", "halving-doubling", "direct", "hierarchical")
 ROOTED = ("broadcast", "reduce")

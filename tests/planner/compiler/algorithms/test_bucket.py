@@ -5,17 +5,17 @@ from __future__ import annotations
 import pytest
 
 import topocc.planner.compiler.algorithms.bucket as bucket_module
-from topocc.planner.routing.network import Network
-from topocc.planner.compiler.options import Options
-from topocc.planner.compiler.algorithms.bucket import _line, bucket, grid_of
-from topocc.planner.analysis.bounds import lower_bound
-from topocc.planner.compiler.evaluate import link_time
-from topocc.planner.errors import NotApplicableError
 from benchmarks.fabrics import grid, multi_chassis
+from tests.planner.compiler.algorithms.test_baselines import check_schedule, switch_cluster
+from topocc.planner.analysis.bounds import lower_bound
 from topocc.planner.analysis.simulate import simulate
+from topocc.planner.compiler.algorithms.bucket import _line, bucket, grid_of
+from topocc.planner.compiler.evaluate import link_time
+from topocc.planner.compiler.options import Options
+from topocc.planner.errors import NotApplicableError
+from topocc.planner.routing.network import Network
 from topocc.planner.topology.model import Topology
 from topocc.planner.topology.parse import parse_topology_text
-from tests.planner.compiler.algorithms.test_baselines import check_schedule, switch_cluster
 
 
 @pytest.mark.parametrize(("kind", "dims"), [("torus", (4, 4, 4)), ("mesh", (3, 2)), ("torus", (5,)),
@@ -55,10 +55,9 @@ def test_schedules_verify_and_send_to_neighbours_only(kind: str, dims: tuple[int
 
 @pytest.mark.parametrize("collective", ["allreduce", "reducescatter", "allgather"])
 def test_on_a_torus_every_link_carries_its_share(collective: str) -> None:
-    """Issue #11: a 4x4x4 torus at 256 MiB, six streams on the six directions of every node: the busiest link
-    carries exactly what the cut bound charges, and the simulation stays within 1% of the bound (a
-    hierarchical ring over the 64 ranks, all this fabric gave up to 64 ranks but for the costly tree
-    packing and MultiTree, reaches a third of it)."""
+    """A 4x4x4 torus at 256 MiB, six streams on the six directions of every node: the busiest link carries
+    exactly what the cut bound charges, and the simulation stays within 1% of the bound (a hierarchical ring
+    over the 64 ranks reaches a third of it)."""
     topology = grid("torus", (4, 4, 4)).topology()
     net = Network(topology)
     size = 256 << 20
@@ -81,7 +80,7 @@ def test_a_mesh_owner_adds_its_second_partial_sum_aside() -> None:
 
 
 def test_a_mesh_all_reduce_runs_in_slices() -> None:
-    """Issue #11: a line's reduce-scatter loads an end's link one way and its all-gather the other way, so in
+    """A line's reduce-scatter loads an end's link one way and its all-gather the other way, so in
     one slice each direction idles half the time (64.5% of the bound on mesh-4x4 at 64 MiB); in slices one
     slice's reduce-scatter runs beside an earlier one's all-gather (98.4%, where tree packing reached 88.7%)."""
     topology = grid("mesh", (4, 4)).topology()
@@ -101,7 +100,7 @@ def test_a_mesh_all_reduce_runs_in_slices() -> None:
 
 @pytest.mark.parametrize("collective", ["reducescatter", "allgather"])
 def test_beyond_the_budget_a_block_has_a_part_per_order(collective: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue #11: where a part of every block per stream would take too many copies (torus-8x8x8), a block has
+    """Where a part of every block per stream would take too many copies (torus-8x8x8), a block has
     a part per order, the way round the rings taken by the parity of the rank's coordinates, so every line
     still holds as many of each stream's parts: the busiest link still carries what the bound charges (4x4x4
     with the budget cut: 100% link time, 97.3-98.3% simulated).  Checked on 8x8x8 itself: 99.2% of the bound
@@ -121,7 +120,7 @@ def test_beyond_the_budget_a_block_has_a_part_per_order(collective: str, monkeyp
 
 @pytest.mark.parametrize("kind", ["torus", "mesh"])
 def test_on_unequal_dimensions_the_orders_share_the_blocks_by_the_links_they_load(kind: str) -> None:
-    """Issue #11: on an 8x4 grid the order that starts on the long dimension loads it more, so with equal parts
+    """On an 8x4 grid the order that starts on the long dimension loads it more, so with equal parts
     the long dimension's links bind (88.6% of the bound); the orders' parts come in the proportion that loads
     both alike: 2:3 for all-gather (whose levels overlap), 6:7 for reduce-scatter (whose first level runs
     alone), 2:3 for a torus all-reduce (in slices, one's reduce-scatter beside another's all-gather)."""

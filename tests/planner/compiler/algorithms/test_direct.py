@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from topocc.planner.routing.network import Network
-from topocc.planner.compiler.options import Options
-from topocc.planner.compiler.algorithms.direct import direct
-from topocc.planner.topology.parse import parse_topology_text
 from tests.planner.compiler.algorithms.test_baselines import check_schedule, switch_cluster
+from topocc.planner.compiler.algorithms.direct import direct
+from topocc.planner.compiler.options import Options
+from topocc.planner.routing.network import Network
+from topocc.planner.topology.parse import parse_topology_text
 
 STAR = "\n".join([
     "name: star", "devices:", "  - {name: g, type: gpu, count: 4}", "links:",

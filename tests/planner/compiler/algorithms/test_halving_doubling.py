@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from topocc.planner.routing.network import Network
-from topocc.planner.compiler.options import Options
-from topocc.planner.compiler.algorithms.halving_doubling import halving_doubling
 from tests.planner.compiler.algorithms.test_baselines import check_schedule, switch_cluster
 from tests.planner.routing.test_relay import chain
+from topocc.planner.compiler.algorithms.halving_doubling import halving_doubling
+from topocc.planner.compiler.options import Options
+from topocc.planner.routing.network import Network
 
 
 @pytest.mark.parametrize("ranks", [3, 5, 6, 7, 12])

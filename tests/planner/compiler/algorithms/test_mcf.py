@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from topocc.planner.routing.network import Network
-from topocc.planner.compiler.algorithms import ALGORITHMS
-from topocc.planner.compiler.options import McfOptions, Options
-from topocc.planner.compiler.algorithms.mcf import mcf
+from tests.conftest import TOPOLOGIES
+from tests.planner.compiler.algorithms.test_baselines import check_schedule, switch_cluster
 from topocc.planner.analysis.bounds import lower_bound
-from topocc.planner.errors import InfeasibleError, NotApplicableError
 from topocc.planner.analysis.simulate import simulate
+from topocc.planner.compiler.algorithms import ALGORITHMS
+from topocc.planner.compiler.algorithms.mcf import mcf
+from topocc.planner.compiler.options import McfOptions, Options
+from topocc.planner.errors import InfeasibleError, NotApplicableError
+from topocc.planner.routing.network import Network
 from topocc.planner.solvers import available_backends
 from topocc.planner.topology.model import Topology
 from topocc.planner.topology.parse import load_topology, parse_topology_text
-from tests.conftest import TOPOLOGIES
-from tests.planner.compiler.algorithms.test_baselines import check_schedule, switch_cluster
 
 COLLECTIVES = ALGORITHMS["mcf"].collectives
 SIZE = 16 << 20

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from topocc.planner.routing.network import Network
-from topocc.planner.compiler.options import Options
+from tests.conftest import TOPOLOGIES
+from tests.planner.compiler.algorithms.test_baselines import check_link_floor
+from topocc.planner.analysis.verify import verify
 from topocc.planner.compiler.algorithms.multitree import (
     TreePlan,
     _all_pairs_limit,
@@ -20,11 +21,10 @@ from topocc.planner.compiler.algorithms.multitree import (
     multitree,
 )
 from topocc.planner.compiler.compile import compile_schedule
+from topocc.planner.compiler.options import Options
+from topocc.planner.routing.network import Network
 from topocc.planner.topology.model import Topology
 from topocc.planner.topology.parse import load_topology, parse_topology_text
-from topocc.planner.analysis.verify import verify
-from tests.conftest import TOPOLOGIES
-from tests.planner.compiler.algorithms.test_baselines import check_link_floor
 
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast")
 

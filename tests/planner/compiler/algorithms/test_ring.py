@@ -6,14 +6,14 @@ import itertools
 
 import pytest
 
-from topocc.planner.routing.network import Network
-from topocc.planner.compiler.options import Options
-from topocc.planner.compiler.algorithms._order import LinkLoads, find_rings, ring_order
-from topocc.planner.compiler.algorithms.ring import ring
-from topocc.planner.topology.model import Topology
-from topocc.planner.topology.parse import parse_topology_text
 from tests.planner.compiler.algorithms.test_baselines import check_link_floor, check_schedule, switch_cluster
 from tests.strategies import chassis_yaml
+from topocc.planner.compiler.algorithms._order import LinkLoads, find_rings, ring_order
+from topocc.planner.compiler.algorithms.ring import ring
+from topocc.planner.compiler.options import Options
+from topocc.planner.routing.network import Network
+from topocc.planner.topology.model import Topology
+from topocc.planner.topology.parse import parse_topology_text
 
 #: DGX-1 hybrid cube-mesh: NVLink lanes per GPU pair (``nvidia-smi topo -m`` NV1/NV2).
 DGX1_LANES = {
@@ -143,7 +143,8 @@ def test_without_a_cycle_of_routes_the_ring_relays() -> None:
 @pytest.mark.parametrize("shape", [(2, 4, "nvswitch"), (2, 16, "nvswitch"), (4, 16, "nvswitch"), (2, 8, "cube-mesh"),
                                    (4, 8, "cube-mesh")])
 def test_multi_chassis_rings_use_only_direct_hops(shape: tuple[int, int, str]) -> None:
-    """The issue's ring: in at a chassis' receiving GPU, around the chassis, out at its sending GPU, no relays."""
+    """A multi-chassis ring: in at a chassis' receiving GPU, around the chassis, out at its sending GPU, no
+    relays."""
     chassis, gpus, inside = shape
     for one_way in (True, False):
         topology = parse_topology_text(chassis_yaml(chassis, gpus, inside, one_way))

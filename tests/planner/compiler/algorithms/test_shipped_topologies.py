@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import pytest
 
-from topocc.planner.routing.network import Network
+from tests.conftest import TOPOLOGIES
+from tests.planner.compiler.algorithms.test_baselines import BASELINES, ROOTED, compile_checked
 from topocc.planner.compiler.algorithms import ALGORITHMS
 from topocc.planner.compiler.options import Options
+from topocc.planner.routing.network import Network
 from topocc.planner.topology.catalogue import SCHEDULED_MAX_RANKS
 from topocc.planner.topology.model import Topology
 from topocc.planner.topology.parse import load_topology
-from tests.conftest import TOPOLOGIES
-from tests.planner.compiler.algorithms.test_baselines import BASELINES, ROOTED, compile_checked
 
 SHIPPED = sorted(TOPOLOGIES.glob("*.yaml"))
 #: Rank count above which only the cheap constructions run.

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from topocc.planner.routing.network import Network
-from topocc.planner.compiler.options import Options
+from tests.planner.compiler.algorithms.test_baselines import check_schedule, switch_cluster
+from tests.planner.routing.test_relay import chain
 from topocc.planner.compiler.algorithms.tree import binary_tree, double_binary_tree, tree_link_floor
 from topocc.planner.compiler.build import build
 from topocc.planner.compiler.evaluate import link_time
-from topocc.planner.topology.catalogue import resolve_topology
+from topocc.planner.compiler.options import Options
 from topocc.planner.errors import NotApplicableError
-from tests.planner.compiler.algorithms.test_baselines import check_schedule, switch_cluster
-from tests.planner.routing.test_relay import chain
+from topocc.planner.routing.network import Network
+from topocc.planner.topology.catalogue import resolve_topology
 
 
 @pytest.mark.parametrize("n", range(1, 17))

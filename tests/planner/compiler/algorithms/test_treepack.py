@@ -10,21 +10,28 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from topocc.planner.routing.network import Network
-from topocc.planner.compiler.options import Options
-from topocc.planner.compiler.algorithms import _arborescence as arborescence
-from topocc.planner.compiler.algorithms import treepack as treepack_module
-from topocc.planner.compiler.algorithms._arborescence import Packing, min_arborescence, optimum, pack, pack_phases, rank_graph
-from topocc.planner.compiler.algorithms.treepack import _phases_load, _plan, pack_undirected, treepack
-from topocc.planner.analysis.bounds import lower_bound
-from topocc.planner.compiler.compile import compile_schedule
-from topocc.planner.errors import NotApplicableError
-from topocc.planner.analysis.simulate import simulate
-from topocc.planner.topology.model import Topology
-from topocc.planner.topology.parse import load_topology, parse_topology_text
 from tests.conftest import TOPOLOGIES
 from tests.planner.compiler.algorithms.test_baselines import check_link_floor, check_schedule, switch_cluster
 from tests.strategies import topologies
+from topocc.planner.analysis.bounds import lower_bound
+from topocc.planner.analysis.simulate import simulate
+from topocc.planner.compiler.algorithms import _arborescence as arborescence
+from topocc.planner.compiler.algorithms import treepack as treepack_module
+from topocc.planner.compiler.algorithms._arborescence import (
+    Packing,
+    min_arborescence,
+    optimum,
+    pack,
+    pack_phases,
+    rank_graph,
+)
+from topocc.planner.compiler.algorithms.treepack import _phases_load, _plan, pack_undirected, treepack
+from topocc.planner.compiler.compile import compile_schedule
+from topocc.planner.compiler.options import Options
+from topocc.planner.errors import NotApplicableError
+from topocc.planner.routing.network import Network
+from topocc.planner.topology.model import Topology
+from topocc.planner.topology.parse import load_topology, parse_topology_text
 
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce")
 
@@ -221,9 +228,9 @@ def test_restricted_oracle_meets_the_optimum_on_a_torus() -> None:
     assert packing.load == pytest.approx(optimum(graph, range(64)), rel=1e-6) == 63
 
 
-def test_degenerate_lp_failure_is_gone() -> None:
-    """Issue #11: on dgx-a100-4node (32 ranks) the per-root LP timed out and its solution held no spanning
-    tree ("the LP solution is degenerate"); the packing now needs no LP and meets the all-gather bound."""
+def test_the_packing_needs_no_lp_and_meets_the_all_gather_bound() -> None:
+    """On dgx-a100-4node (32 ranks), where a per-root LP can time out with a degenerate solution that holds no
+    spanning tree, the packing solves no LP and meets the all-gather bound."""
     topology = load_topology(TOPOLOGIES / "dgx-a100-4node.yaml")
     compiled = compile_schedule(topology, "allgather", "treepack", Options(size_bytes=1 << 30))
     assert compiled.schedule.metadata.options["load"] == 36.0

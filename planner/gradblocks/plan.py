@@ -4,7 +4,7 @@ Input: a :class:`~topocc.runtime.training.profile.Profile` of one training itera
 parameter's size and the moment its gradient is ready in backward, each
 layer's forward time) and an allreduce cost model (seconds for a block of B
 bytes, from the compiled plan's simulated times).  Output: a
-:class:`BucketPlan`: blocks (pieces of parameters), their planned order and
+:class:`BlockPlan`: blocks (pieces of parameters), their planned order and
 start times, and the predicted iteration time next to two baselines.
 
 The time model (Prophet, Bao et al., INFOCOM 2020, section III): one allreduce
@@ -25,7 +25,7 @@ Baselines:
   one message per parameter, the lowest layer first among those ready, each
   paying the cost model's per-message overhead alpha, forward gated per layer.
 
-The planner (:func:`plan_buckets`) builds candidate plans with the Prophet
+The planner (:func:`plan_blocks`) builds candidate plans with the Prophet
 rule (whenever the network frees up, send the highest-priority ready
 gradients as one block of at most C bytes, large gradients split into chunks
 of C so a low-priority one never holds the network longer than one chunk:
@@ -33,7 +33,8 @@ preemption), for a range of C, plus the two baselines' groupings run in
 planned order with per-layer gating, and keeps the fastest: its prediction is
 never worse than either baseline under the model.
 
->>> plan = plan_buckets(load_profile("examples/profile_example.yaml"), LinearCost(20e-6, 1.25e9))
+>>> from topocc.planner.gradblocks.profile import load_profile
+>>> plan = plan_blocks(load_profile("examples/profile_example.yaml"), LinearCost(20e-6, 1.25e9))
 >>> plan.predicted_time_s <= plan.ddp_time_s
 True
 """
@@ -41,224 +42,36 @@ True
 from __future__ import annotations
 
 import heapq
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from topocc.planner._yaml import YDict, YList, load_yaml
-from topocc.planner.errors import TopoccError, UsageError
-from topocc.planner.units import UnitError, format_bandwidth, format_size, format_time, parse_size, parse_time
-from topocc.runtime.plan import Plan
-from topocc.runtime.training.profile import ParamProfile, Profile
+from topocc.planner.errors import UsageError
+from topocc.planner.gradblocks.cost import Cost, LinearCost
+from topocc.planner.units import format_bandwidth, format_size, format_time
+from topocc.runtime.training.profile import Profile
 
 __all__ = [
     "DDP_BUCKET_BYTES",
     "Block",
-    "BucketPlan",
-    "LinearCost",
-    "ProfileError",
+    "BlockPlan",
+    "Piece",
     "Timeline",
-    "bucket_plan_to_dict",
+    "block_plan_to_dict",
     "ddp_blocks",
-    "fit_cost",
-    "format_bucket_plan",
-    "load_profile",
-    "parse_profile",
-    "plan_buckets",
-    "plan_cost",
-    "profile_to_dict",
+    "format_block_plan",
+    "plan_blocks",
     "prophet_blocks",
     "simulate_blocks",
 ]
 
-#: DDP's default ``bucket_cap_mb`` (25 MiB).
+#: DDP's default ``bucket_cap_mb`` (25 MiB): what DDP itself calls a bucket.
 DDP_BUCKET_BYTES = 25 << 20
 
 #: Chunk boundaries are multiples of this many bytes (any element size up to 8 divides it).
 _ALIGN = 64
 
 Piece = tuple[int, int, int]  # parameter index, first byte, end byte
-Cost = Callable[[int], float]
-
-
-class ProfileError(UsageError):
-    """A profile file that cannot be used: unreadable, missing fields, impossible values."""
-
-
-# --------------------------------------------------------------------------- cost model
-
-
-@dataclass(frozen=True, slots=True)
-class LinearCost:
-    """Allreduce time of a block: ``alpha_s + nbytes / bytes_per_s`` (the alpha-beta model)."""
-
-    alpha_s: float
-    bytes_per_s: float
-
-    def __call__(self, nbytes: int) -> float:
-        return self.alpha_s + nbytes / self.bytes_per_s
-
-
-def fit_cost(points: Sequence[tuple[int, float]]) -> LinearCost:
-    """Least-squares alpha-beta fit of ``(bytes, seconds)`` points (alpha >= 0, bandwidth > 0).
-
-    >>> fit_cost([(0, 1e-5), (1_000_000, 1.01e-3)])
-    LinearCost(alpha_s=1e-05, bytes_per_s=1000000000.0)
-    """
-    if len(points) < 2 or len({b for b, _ in points}) < 2:
-        raise UsageError("fitting a cost model needs at least two distinct sizes")
-    n = len(points)
-    mx = sum(b for b, _ in points) / n
-    my = sum(t for _, t in points) / n
-    sxx = sum((b - mx) ** 2 for b, _ in points)
-    slope = sum((b - mx) * (t - my) for b, t in points) / sxx
-    if slope <= 0:
-        raise UsageError("the measured times do not grow with size; cannot fit a bandwidth")
-    alpha = max(0.0, my - slope * mx)
-    return LinearCost(round(alpha, 15), round(1.0 / slope, 6))
-
-
-def plan_cost(plan: Plan, topology: Any = None, sizes: Sequence[int] | None = None) -> LinearCost:
-    """Fit the cost model to the plan's own predictions: each size simulated with the schedule it selects.
-
-    ``topology`` defaults to the one the plan's first schedule records.
-    """
-    from topocc.planner.topology.catalogue import schedule_topology
-    from topocc.planner.analysis.simulate import simulate
-
-    topo = topology if topology is not None else schedule_topology(plan.schedules[0])
-    sizes = list(sizes) if sizes else [1 << k for k in range(12, 27, 2)]
-    return fit_cost([(s, simulate(topo, plan.select(s), s).time_s) for s in sizes])
-
-
-# --------------------------------------------------------------------------- profile files
-
-
-def _where(source: str, obj: Any, key: Any = None) -> str:
-    line = 0
-    if isinstance(obj, YDict) and key is not None:
-        line = obj.lines.get(key, obj.line)
-    elif isinstance(obj, YList) and isinstance(key, int) and key < len(obj.lines):
-        line = obj.lines[key]
-    elif isinstance(obj, (YDict, YList)):
-        line = obj.line
-    return f"{source}:{line}" if line else source
-
-
-def _mapping(doc: Any, source: str, place: Any, what: str, required: Sequence[str],
-             optional: Sequence[str] = ()) -> Mapping[str, Any]:
-    if not isinstance(doc, Mapping):
-        raise ProfileError(f"{what} must be a mapping, got {type(doc).__name__}", where=_where(source, place))
-    for key in doc:
-        if key not in (*required, *optional):
-            raise ProfileError(f"unknown field {key!r} in {what}", where=_where(source, doc, key),
-                               fix=f"fields: {', '.join((*required, *optional))}")
-    for key in required:
-        if key not in doc:
-            raise ProfileError(f"{what} has no {key!r}", where=_where(source, doc))
-    return doc
-
-
-def _seconds(value: Any, source: str, obj: Any, key: Any, what: str) -> float:
-    try:
-        t = parse_time(value) if isinstance(value, str) else float(value)
-    except (UnitError, TypeError, ValueError) as exc:
-        raise ProfileError(f"{what} is not a time: {exc}", where=_where(source, obj, key)) from None
-    if isinstance(value, bool) or not math.isfinite(t) or t < 0:
-        raise ProfileError(f"{what} must be a finite time >= 0, got {value!r}", where=_where(source, obj, key))
-    return t
-
-
-def parse_profile(doc: Any, source: str = "<profile>") -> Profile:
-    """A :class:`Profile` from a parsed YAML/JSON document; errors are one-line :class:`ProfileError`.
-
-    Format::
-
-        name: mlp                          # optional
-        backward_time_s: 0.0042            # optional; default: the last ready time
-        layers:                            # forward order
-          - {name: fc0, forward_time_s: 0.0005}
-        parameters:                        # forward order (model.parameters())
-          - {name: fc0.weight, layer: fc0, bytes: 1 MiB, ready_time_s: 0.0040}
-
-    ``layer`` is a layer name or index; ``bytes`` a number or a size with a unit;
-    times are seconds or strings with units (``"40 us"``).
-    """
-    top = _mapping(doc, source, doc, "the profile", ("layers", "parameters"),
-                   ("name", "backward_time_s", "itemsize"))
-    layers_doc, params_doc = top["layers"], top["parameters"]
-    if not isinstance(layers_doc, list) or not layers_doc:
-        raise ProfileError("layers must be a non-empty list", where=_where(source, top, "layers"))
-    if not isinstance(params_doc, list) or not params_doc:
-        raise ProfileError("parameters must be a non-empty list", where=_where(source, top, "parameters"))
-    names: list[str] = []
-    fwd: list[float] = []
-    for i, item in enumerate(layers_doc):
-        m = _mapping(item, source, layers_doc, f"layers[{i}]", ("name", "forward_time_s"))
-        name = str(m["name"])
-        if name in names:
-            raise ProfileError(f"duplicate layer name {name!r}", where=_where(source, layers_doc, i))
-        names.append(name)
-        fwd.append(_seconds(m["forward_time_s"], source, m, "forward_time_s", f"layers[{i}].forward_time_s"))
-    itemsize = top.get("itemsize", 4)
-    if not isinstance(itemsize, int) or isinstance(itemsize, bool) or itemsize not in (1, 2, 4, 8):
-        raise ProfileError(f"itemsize must be 1, 2, 4 or 8 bytes, got {itemsize!r}",
-                           where=_where(source, top, "itemsize"))
-    params: list[ParamProfile] = []
-    for i, item in enumerate(params_doc):
-        what = f"parameters[{i}]"
-        m = _mapping(item, source, params_doc, what, ("name", "layer", "bytes", "ready_time_s"))
-        layer = m["layer"]
-        if isinstance(layer, int) and not isinstance(layer, bool):
-            if not 0 <= layer < len(names):
-                raise ProfileError(f"{what}.layer {layer} is out of range (there are {len(names)} layers)",
-                                   where=_where(source, m, "layer"))
-            index = layer
-        elif str(layer) in names:
-            index = names.index(str(layer))
-        else:
-            raise ProfileError(f"{what}.layer names unknown layer {layer!r}", where=_where(source, m, "layer"),
-                               fix=f"layers: {', '.join(names[:8])}")
-        try:
-            nbytes = parse_size(m["bytes"])
-        except (UnitError, TypeError, ValueError) as exc:
-            raise ProfileError(f"{what}.bytes is not a size: {exc}", where=_where(source, m, "bytes")) from None
-        if nbytes <= 0 or nbytes % itemsize:
-            raise ProfileError(f"{what}.bytes must be a positive multiple of the {itemsize}-byte item size, "
-                               f"got {nbytes}", where=_where(source, m, "bytes"))
-        ready = _seconds(m["ready_time_s"], source, m, "ready_time_s", f"{what}.ready_time_s")
-        params.append(ParamProfile(str(m["name"]), index, nbytes, ready, itemsize))
-    last = max(p.ready_time_s for p in params)
-    backward = last
-    if "backward_time_s" in top:
-        backward = _seconds(top["backward_time_s"], source, top, "backward_time_s", "backward_time_s")
-        if backward < last:
-            raise ProfileError(f"backward_time_s {backward:g} is before the last gradient is ready ({last:g} s)",
-                               where=_where(source, top, "backward_time_s"))
-    return Profile(tuple(params), tuple(names), tuple(fwd), backward, name=str(top.get("name", Path(source).stem)))
-
-
-def load_profile(path: str | Path) -> Profile:
-    """Load a profile YAML file (see :func:`parse_profile`); every failure is a one-line :class:`ProfileError`."""
-    try:
-        doc = load_yaml(path)
-    except TopoccError as exc:
-        raise ProfileError(exc.message.replace("topology file", "profile"), where=exc.where, fix=exc.fix) from None
-    return parse_profile(doc, str(path))
-
-
-def profile_to_dict(profile: Profile) -> dict[str, Any]:
-    """The YAML/JSON form of a profile (what :func:`parse_profile` reads back)."""
-    return {
-        "name": profile.name,
-        "backward_time_s": profile.backward_time_s,
-        "itemsize": profile.params[0].itemsize if profile.params else 4,
-        "layers": [{"name": n, "forward_time_s": t} for n, t in zip(profile.layers, profile.forward_time_s)],
-        "parameters": [{"name": p.name, "layer": profile.layers[p.layer], "bytes": p.nbytes,
-                        "ready_time_s": p.ready_time_s} for p in profile.params],
-    }
 
 
 # --------------------------------------------------------------------------- the time model
@@ -398,7 +211,7 @@ def prophet_blocks(profile: Profile, cost: Cost, cap: int) -> Timeline:
 
 
 @dataclass(frozen=True, slots=True)
-class BucketPlan:
+class BlockPlan:
     """The chosen blocks (in planned order) and the predicted iteration times."""
 
     blocks: tuple[Block, ...]
@@ -425,8 +238,8 @@ def _candidate_caps(profile: Profile) -> list[int]:
     return caps
 
 
-def plan_buckets(profile: Profile, cost: Cost, *, chunk_bytes: Sequence[int] | None = None,
-                 ddp_bucket_bytes: int = DDP_BUCKET_BYTES) -> BucketPlan:
+def plan_blocks(profile: Profile, cost: Cost, *, chunk_bytes: Sequence[int] | None = None,
+                 ddp_bucket_bytes: int = DDP_BUCKET_BYTES) -> BlockPlan:
     """Plan gradient blocks for ``profile`` under ``cost`` (Prophet) and predict the iteration time.
 
     Candidates: Prophet's rule for every block cap in ``chunk_bytes`` (default
@@ -450,14 +263,14 @@ def plan_buckets(profile: Profile, cost: Cost, *, chunk_bytes: Sequence[int] | N
     ]
     candidates += [(prophet_blocks(profile, cost, c), "prophet", c) for c in caps]
     best, strategy, cap = min(candidates, key=lambda c: (round(c[0].iteration_s, 12), len(c[0].blocks)))
-    return BucketPlan(best.blocks, best.iteration_s, ddp_default.iteration_s, bytesched.iteration_s,
+    return BlockPlan(best.blocks, best.iteration_s, ddp_default.iteration_s, bytesched.iteration_s,
                       strategy, cap, cost)
 
 
 # --------------------------------------------------------------------------- output
 
 
-def bucket_plan_to_dict(plan: BucketPlan, profile: Profile | None = None) -> dict[str, Any]:
+def block_plan_to_dict(plan: BlockPlan, profile: Profile | None = None) -> dict[str, Any]:
     """JSON form read by :func:`topocc.runtime.training.blocks.load_block_plan`."""
     return {
         "format": "topocc-bucket-plan",
@@ -486,7 +299,7 @@ def _params_label(profile: Profile, block: Block) -> str:
     return text if len(text) <= 48 else text[:45] + "..."
 
 
-def format_bucket_plan(plan: BucketPlan, profile: Profile) -> str:
+def format_block_plan(plan: BlockPlan, profile: Profile) -> str:
     """A table of the blocks and the predicted iteration times (what ``topocc plan-buckets`` prints)."""
     rows = [("block", "parameters", "bytes", "ready ms", "start ms", "end ms")]
     for j, b in enumerate(plan.blocks):

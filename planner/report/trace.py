@@ -17,8 +17,9 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
-from topocc.planner.report._model import paused_gc, transfer_starts
 from topocc.planner.analysis.simulate import SimResult
+from topocc.planner.collector import collector_paused
+from topocc.planner.report._model import transfer_starts
 from topocc.planner.topology.model import Topology
 from topocc.runtime.schedule import Schedule
 from topocc.runtime.trace import Slice, TraceWriter, op_slice_name
@@ -42,7 +43,7 @@ def simulated_trace(topology: Topology, schedule: Schedule, result: SimResult, *
     >>> trace = simulated_trace(topology, schedule, result)  # doctest: +SKIP
     >>> topocc.runtime.trace.write_trace("run.json", trace)  # doctest: +SKIP
     """
-    with paused_gc():
+    with collector_paused():
         return _trace(topology, schedule, result, max_link_slices, max_op_slices)
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from topocc.planner.compiler.options import Options
-from topocc.planner.compiler.compile import compile_schedule
-from topocc.planner.topology.catalogue import resolve_topology
-from topocc.planner.formats.chrome_trace import simulated_trace
 from topocc.planner.analysis.simulate import simulate
+from topocc.planner.compiler.compile import compile_schedule
+from topocc.planner.compiler.options import Options
+from topocc.planner.report.trace import simulated_trace
+from topocc.planner.topology.catalogue import resolve_topology
 from topocc.runtime.trace import Slice, TraceWriter, chrome_trace, write_trace
 
 SIZE = 64 << 20

@@ -8,22 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from topocc.planner.gradblocks.blocks import (
+from topocc.planner.gradblocks.cost import LinearCost, fit_cost, plan_cost
+from topocc.planner.gradblocks.plan import (
     DDP_BUCKET_BYTES,
-    LinearCost,
-    ProfileError,
-    bucket_plan_to_dict,
+    block_plan_to_dict,
     ddp_blocks,
-    fit_cost,
-    format_bucket_plan,
-    load_profile,
-    parse_profile,
-    plan_buckets,
-    plan_cost,
-    profile_to_dict,
+    format_block_plan,
+    plan_blocks,
     prophet_blocks,
     simulate_blocks,
 )
+from topocc.planner.gradblocks.profile import ProfileError, load_profile, parse_profile, profile_to_dict
 from topocc.runtime.training import ParamProfile, Profile, load_block_plan
 
 REPO = Path(__file__).resolve().parents[3]
@@ -71,7 +66,7 @@ def assert_covers(profile: Profile, blocks: list[list[tuple[int, int, int]]] | t
 @pytest.mark.parametrize("cost", [TEN_GBE, LinearCost(5e-3, 1e9), LinearCost(1e-6, 100e9)])
 def test_plan_covers_every_parameter_once_and_beats_both_baselines(seed: int, cost: LinearCost) -> None:
     profile = random_profile(seed)
-    plan = plan_buckets(profile, cost)
+    plan = plan_blocks(profile, cost)
     assert_covers(profile, [b.pieces for b in plan.blocks])
     assert plan.predicted_time_s <= plan.ddp_time_s + 1e-12
     assert plan.predicted_time_s <= plan.bytescheduler_time_s + 1e-12
@@ -104,7 +99,7 @@ def test_large_low_priority_gradient_is_split_into_chunks() -> None:
     profile = Profile(
         (ParamProfile("w0", 0, 1 << 20, 0.010), ParamProfile("w1", 1, 64 << 20, 0.001)),
         ("l0", "l1"), (0.001, 0.001), 0.0101)
-    plan = plan_buckets(profile, TEN_GBE)
+    plan = plan_blocks(profile, TEN_GBE)
     pieces_of_1 = [pc for b in plan.blocks for pc in b.pieces if pc[0] == 1]
     assert len(pieces_of_1) > 1
     w0 = next(b for b in plan.blocks if any(p == 0 for p, _, _ in b.pieces))
@@ -114,9 +109,9 @@ def test_large_low_priority_gradient_is_split_into_chunks() -> None:
 
 def test_example_profile_benefits_and_table_names_the_baselines() -> None:
     profile = load_profile(EXAMPLE)
-    plan = plan_buckets(profile, TEN_GBE)
+    plan = plan_blocks(profile, TEN_GBE)
     assert plan.predicted_time_s < 0.9 * plan.ddp_time_s
-    text = format_bucket_plan(plan, profile)
+    text = format_block_plan(plan, profile)
     assert "DDP default" in text and "per-tensor priority" in text and "Prophet" in text
     assert f"{plan.predicted_time_s * 1e3:.3f}" in text
 
@@ -133,7 +128,7 @@ def test_time_model_by_hand() -> None:
     # DDP: one bucket (both) ready at 4 ms, 4-7 ms; forward after everything: 7 + 5 = 12 ms
     ddp = simulate_blocks(profile, cost, ddp_blocks(profile), policy="fifo", gating="global")
     assert len(ddp.blocks) == 1 and ddp.iteration_s == pytest.approx(0.012)
-    plan = plan_buckets(profile, cost)
+    plan = plan_blocks(profile, cost)
     assert plan.ddp_time_s == pytest.approx(0.012)
     assert plan.predicted_time_s == pytest.approx(0.011)
 
@@ -168,9 +163,9 @@ def test_bucket_plan_round_trips_to_the_runtime(tmp_path: Path) -> None:
     import json
 
     profile = load_profile(EXAMPLE)
-    plan = plan_buckets(profile, TEN_GBE)
+    plan = plan_blocks(profile, TEN_GBE)
     path = tmp_path / "blocks.json"
-    path.write_text(json.dumps(bucket_plan_to_dict(plan, profile)))
+    path.write_text(json.dumps(block_plan_to_dict(plan, profile)))
     assert load_block_plan(path) == [list(b.pieces) for b in plan.blocks]
 
 

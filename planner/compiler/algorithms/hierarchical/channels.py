@@ -1,0 +1,56 @@
+"""The channel of each pair's messages in each phase: phases never share a connection, and under ECMP each
+pair takes the channel whose path unloads the busiest link."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from topocc.planner.compiler.algorithms._order import Send
+from topocc.planner.compiler.algorithms.hierarchical.levels import Phase, Stage
+from topocc.planner.routing.network import Network
+
+__all__ = ["CHANNEL_CHOICES", "spread_channels"]
+
+#: Channels a pair's messages may take per phase where ECMP hashes channels onto different paths.
+CHANNEL_CHOICES = 8
+
+
+def spread_channels(net: Network, levels: Sequence[Stage], phases: Sequence[Phase],
+                    steps: Mapping[Phase, list[list[Send]]], spans: Sequence[int]) -> dict[tuple[int, int, int], int]:
+    """The channel of each pair's messages in each phase: ``(phase, src, dst) -> channel``.
+
+    Phase ``f`` owns channels ``f, f + len(phases), ...``, so phases still never
+    share a connection.  Where the routing hashes connections onto paths (ECMP),
+    a fixed channel per phase leaves the hashes to balance the uplinks, and
+    their collisions load some spine links well above their share; so each
+    pair, in emission order, takes whichever of :data:`CHANNEL_CHOICES`
+    channels puts the least load on its busiest link so far (all phases loading
+    the links at once, as the pipeline runs them).  This runs before the
+    compiler's general pass (:mod:`topocc.planner.routing.paths`), which sees
+    the schedule's messages but not the phases that run at once.
+    """
+    bandwidth = {(ln.src, ln.dst): ln.bandwidth for ln in net.topology.links}
+    load: dict[tuple[str, str], float] = {}
+    chosen: dict[tuple[int, int, int], int] = {}
+
+    def busiest(shares: Mapping[tuple[str, str], float], weight: float) -> float:
+        return max((load.get(key, 0.0) + share * weight) / bandwidth[key] for key, share in shares.items())
+
+    for f, phase in enumerate(phases):
+        si = phase[0]
+        sub = spans[si] // levels[si].size
+        for step in steps[phase]:
+            for g in levels[si].groups:
+                for i, k, a, e in step:
+                    src, dst = g[i], g[k]
+                    weight = (e - a) * sub
+                    channel = chosen.get((f, src, dst))
+                    if channel is None:
+                        channel = f
+                        if net.channels_change_path(src, dst):
+                            options = [f + m * len(phases) for m in range(CHANNEL_CHOICES)]
+                            channel = min(options, key=lambda c: busiest(net.route_shares(src, dst, c), weight))
+                        chosen[(f, src, dst)] = channel
+                    for key, share in net.route_shares(src, dst, channel).items():
+                        load[key] = load.get(key, 0.0) + share * weight
+    return chosen

@@ -1,0 +1,170 @@
+"""How long a level's phase takes by each method (a link-load model), and what may run direct at all.
+
+A coarse model, used only to choose between methods: per step the path
+latency plus the step's bytes over its busiest link, every group of the level
+loading the links at once (no overlap between steps).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from topocc.planner.compiler.algorithms.hierarchical.levels import Stage
+from topocc.planner.compiler.algorithms.hierarchical.steps import METHODS, halving_doubling_steps
+from topocc.planner.routing.network import Memo, Network
+from topocc.planner.routing.relay import path_latency, path_shares
+
+__all__ = [
+    "DIRECT_MAX_MEMBERS",
+    "DIRECT_MAX_SHARING",
+    "alike",
+    "direct_fits",
+    "estimate",
+    "relayed",
+    "round_trip",
+    "sharing",
+    "uncapped",
+]
+
+#: A level of more members never runs direct: its n^2 messages per group would swamp the schedule.
+DIRECT_MAX_MEMBERS = 32
+#: Nor one whose phase sends more messages than this per slice (ranks x (members - 1)) inside hosts, or
+#: twice as many across the network: inside a host a step waits out a fraction of a microsecond, so direct
+#: saves little latency there for its extra operations, while across the network each step saved is a path
+#: latency, worth the messages of a rail-optimized cluster's hosts.
+_DIRECT_MAX_SENDS = 4096
+#: A level across the network runs direct only where its one step puts at most this many messages on a
+#: link (route shares summed): more make many flows contend at the leaves and spines, which the estimate
+#: does not see, and which is the simulator's worst case (timing such a schedule takes minutes where the
+#: other methods' take seconds).  Rails and small fat-trees stay under it.
+DIRECT_MAX_SHARING = 32.0
+
+
+def spread_shares(net: Network, src: int, dst: int, channel: int,
+                  spread: bool) -> Mapping[tuple[str, str], float]:
+    """:func:`~topocc.planner.routing.relay.path_shares` as the estimates see them: with ``spread`` (all-reduce),
+    where the routing hashes a pair's channels onto different paths (ECMP), the message split evenly over the
+    pair's equal-cost paths.
+
+    The emitted schedule gives each pair the channel that unloads the busiest
+    link (:func:`~topocc.planner.compiler.algorithms.hierarchical.channels.spread_channels`),
+    which over a level's many pairs comes near that even split; one channel's
+    hashes are luck instead, and their collisions can time a good method slow.
+    Only for an all-reduce, which sends a part as one message and keeps its
+    slices: the message budget may leave a reduce-scatter or all-gather one
+    slice, whose levels then overlap only as a ring's parts arrive, and there
+    the hashed shares, which time a ring no slower, choose better.
+    """
+    if not spread or not net.channels_change_path(src, dst):
+        return path_shares(net, src, dst, channel)
+    return net.even_shares(src, dst)
+
+
+def estimate(net: Network, stage: Stage, method: str, part_bytes: float, slices: int, channel: int,
+             spread: bool = False) -> float:
+    """Seconds one phase of ``stage`` takes with ``method`` on ``channel``: per step the path latency plus the
+    step's bytes over its busiest link, every group of the stage loading the links at once, ``slices`` times
+    (a relayed pair loads and waits for all its hops).
+
+    ``spread``: ECMP routes as :func:`spread_shares` sees them for an all-reduce.
+    """
+    link = net.topology.link
+    total = 0.0
+    seen: dict[tuple[tuple[int, int, int], ...], float] = {}  # a ring's steps all cost the same
+    for step in METHODS[method](stage.size, False):
+        shape = tuple((i, j, b - a) for i, j, a, b in step)
+        cost = seen.get(shape)
+        if cost is None:
+            load: dict[tuple[str, str], float] = {}
+            latency = 0.0
+            for g in stage.groups:
+                for i, j, parts in shape:
+                    for key, share in spread_shares(net, g[i], g[j], channel, spread).items():
+                        load[key] = load.get(key, 0.0) + share * parts
+                latency = max(latency, max(path_latency(net, g[i], g[j], channel) for i, j, _ in shape))
+            busiest = max((v / link(*key).bandwidth for key, v in load.items()), default=0.0)  # type: ignore[union-attr]
+            cost = seen[shape] = latency + slices * part_bytes * busiest
+        total += cost
+    return total
+
+
+def round_trip(net: Network, stage: Stage, method: str, part_bytes: float, slices: int, channel: int,
+               weights: Mapping[int, int] | None) -> float:
+    """Seconds the last level of an all-reduce takes with ``method``, reduce-scatter and all-gather pooled:
+    every step's path latency plus all the bytes of both phases over the busiest link.
+
+    Pooled since the pipeline runs both phases at once, on different slices:
+    with uneven ownership (``weights``, see
+    :func:`~topocc.planner.compiler.algorithms.hierarchical.ownership.ownership`; by default one
+    part each) a small owner's links carry mostly outgoing bytes in the
+    reduce-scatter and incoming ones in the all-gather, which a phase-by-phase
+    :func:`estimate` would count as if they queued.
+    """
+    link = net.topology.link
+    load: dict[tuple[str, str], float] = {}
+    latency = 0.0
+    for gather in (False, True):
+        for step in METHODS[method](stage.size, gather):
+            for g in stage.groups:
+                for i, j, a, b in step:
+                    parts = b - a if weights is None else sum(weights[g[x]] for x in range(a, b))
+                    for key, share in spread_shares(net, g[i], g[j], channel, True).items():
+                        load[key] = load.get(key, 0.0) + share * parts
+            latency += max(path_latency(net, g[i], g[j], channel) for g in stage.groups for i, j, _, _ in step)
+    busiest = max((v / link(*key).bandwidth for key, v in load.items()), default=0.0)  # type: ignore[union-attr]
+    return latency + slices * part_bytes * busiest
+
+
+def relayed(net: Network, stage: Stage) -> bool:
+    """Whether some halving-doubling partners of ``stage`` have no GPU-free route (their messages relay).
+
+    Such a level runs a ring or direct instead: a relayed partner changes with
+    every step, so the gateways' queues change with it, which the estimate,
+    timing all three methods alike, does not see.
+    """
+    return any(not net.has_route(g[i], g[j]) for g in stage.groups
+               for step in halving_doubling_steps(stage.size, False) for i, j, _, _ in step)
+
+
+def direct_fits(stage: Stage) -> bool:
+    """Whether ``stage`` is small enough to run direct at all (:data:`DIRECT_MAX_MEMBERS`,
+    :data:`_DIRECT_MAX_SENDS`)."""
+    return (stage.size <= DIRECT_MAX_MEMBERS
+            and len(stage.groups) * stage.size * (stage.size - 1)
+            <= _DIRECT_MAX_SENDS * (1 if stage.level == "host" else 2))
+
+
+def alike(net: Network, stage: Stage) -> bool:
+    """Whether every pair of every group of ``stage`` has a route of one and the same cost (members on one
+    switch), so that a direct step loads them alike."""
+    costs = [net.route_cost(a, b) for g in stage.groups for a in g for b in g if a != b]
+    return bool(costs) and max(costs) < math.inf and max(costs) <= min(costs) * (1 + 1e-9)
+
+
+#: The most messages one link carries in a direct step, per (stage, channel) (see :func:`sharing`).
+_SHARING: Memo[dict[tuple[Stage, int], float]] = Memo("hierarchical: link sharing", lambda net: {})
+
+
+def sharing(net: Network, stage: Stage, channel: int) -> float:
+    """The most messages (route shares summed) one link carries in a direct step of ``stage``; 0 for a
+    host level, which the cap on it never limits (cached per network: a compilation asks for it repeatedly)."""
+    if stage.level == "host":
+        return 0.0
+    cache = net.memo(_SHARING)
+    found = cache.get((stage, channel))
+    if found is None:
+        load: dict[tuple[str, str], float] = {}
+        for g in stage.groups:
+            for a in g:
+                for b in g:
+                    if a != b:
+                        for key, share in path_shares(net, a, b, channel).items():
+                            load[key] = load.get(key, 0.0) + share
+        found = cache[(stage, channel)] = max(load.values(), default=0.0)
+    return found
+
+
+def uncapped(net: Network, levels: Sequence[Stage]) -> bool:
+    """Whether the sharing cap leaves every level that may run direct free to."""
+    return all(sharing(net, s, si) <= DIRECT_MAX_SHARING for si, s in enumerate(levels) if direct_fits(s))

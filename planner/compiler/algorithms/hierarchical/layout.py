@@ -1,0 +1,86 @@
+"""An all-reduce's buffer order: virtual-block order, or each rank's block whole (a reduce-scatter in waves
+and an all-gather), chosen by simulation where neither wins by rule.
+
+In virtual-block order a part of a level is one run of chunks, so a slice
+costs few messages and an all-reduce keeps many slices.  With each rank's
+block whole, a part of k virtual blocks is k messages, so the message budget
+leaves few slices on hundreds of ranks, but the reduce-scatter half reduces
+its lower levels in waves, which pipelines the levels within a slice.
+Neither wins everywhere, and the estimates do not see the waves, so where
+either may win both are built and simulated (see docs/algorithms.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from topocc.planner.compiler.algorithms._order import ring_steps
+from topocc.planner.compiler.algorithms.hierarchical.emit import build_schedule
+from topocc.planner.compiler.algorithms.hierarchical.levels import Phase, Stage, spans
+from topocc.planner.compiler.algorithms.hierarchical.methods import stage_methods
+from topocc.planner.compiler.algorithms.hierarchical.slicing import MIN_SLICE_BYTES, WAVE_SLICES, budget_slices
+from topocc.planner.compiler.evaluate import Evaluator
+from topocc.planner.compiler.options import Options
+from topocc.planner.routing.network import Network
+from topocc.runtime.schedule import Schedule
+
+__all__ = ["allreduce_layout", "blocks_may_help", "blocks_may_win"]
+
+#: An all-reduce that may run as a reduce-scatter in waves and an all-gather takes that where it comes this
+#: near the bound, without building the other (see :func:`allreduce_layout`).
+BLOCKS_GOOD = 0.97
+#: Up to this many ranks an all-reduce short of :data:`BLOCKS_GOOD` in virtual order also tries whole
+#: blocks: there two builds and simulations take seconds.
+BLOCKS_TRIED_RANKS = 128
+#: Below :data:`~.slicing.MIN_SLICE_BYTES` a rank, up to this many ranks (a slice of whole blocks sends p^2
+#: messages a phase, so beyond it the second build costs more than it can gain).
+BLOCKS_SMALL_RANKS = 256
+
+
+def blocks_may_win(net: Network, levels: Sequence[Stage], options: Options) -> bool:
+    """Whether an all-reduce may run faster with each rank's block whole, as a reduce-scatter in waves and an
+    all-gather, than in virtual-block order: where the message budget leaves its reduce-scatter half a few
+    slices of whole blocks (hundreds of ranks), bandwidth rules, and the levels between the first and the
+    last run direct in waves, so that the waves stay fine (a middle level of halving-doubling cuts them
+    coarse)."""
+    if not _layouts_free(levels, options) or options.size_bytes / net.topology.size < MIN_SLICE_BYTES:
+        return False
+    halves = [Phase(si, False) for si in range(len(levels))]
+    # a slice of whole blocks sends one message per virtual block of a part, whatever the methods
+    steps = {phase: ring_steps(levels[phase.level].size, False) for phase in halves}
+    if not 1 <= budget_slices(levels, halves, steps, spans(levels, net.topology.size), False) <= WAVE_SLICES:
+        return False
+    methods = stage_methods(net, levels, options.size_bytes / WAVE_SLICES, WAVE_SLICES, fed=True, waved=True)
+    return all(m == "direct" or s.size == 2 for s, m in zip(levels[1:-1], methods[1:-1]))
+
+
+def blocks_may_help(net: Network, levels: Sequence[Stage], options: Options) -> bool:
+    """Whether an all-reduce should also try whole blocks where its virtual-block order falls short: up to
+    :data:`BLOCKS_TRIED_RANKS` ranks, and on small messages up to :data:`BLOCKS_SMALL_RANKS`."""
+    if not _layouts_free(levels, options):
+        return False
+    small = options.size_bytes / net.topology.size < MIN_SLICE_BYTES
+    return net.topology.size <= (BLOCKS_SMALL_RANKS if small else BLOCKS_TRIED_RANKS)
+
+
+def _layouts_free(levels: Sequence[Stage], options: Options) -> bool:
+    """Whether an all-reduce's layout is open to choice: two levels or more, slices not forced, waves allowed."""
+    return len(levels) >= 2 and options.pipeline is None and options.hierarchical.waves
+
+
+def allreduce_layout(net: Network, levels: Sequence[Stage], options: Options, first: str,
+                     second: str) -> Schedule:
+    """The all-reduce in layout ``first`` where it comes within :data:`BLOCKS_GOOD` of the bound, else the
+    faster of it and the all-reduce in layout ``second`` (``virtual`` or ``blocks``), as simulated.
+
+    They are timed by the compilation's evaluator (``options.evaluator``),
+    which remembers the one it timed last, so the compiler timing the chosen
+    schedule again costs nothing (unless its channel spreading replaces it).
+    """
+    evaluator = options.evaluator or Evaluator(net, options.size_bytes)
+    taken = build_schedule(net, "allreduce", options, levels, first)
+    time_s = evaluator.simulate(taken).time_s
+    if evaluator.lower_bound("allreduce").time_s >= BLOCKS_GOOD * time_s:
+        return taken
+    other = build_schedule(net, "allreduce", options, levels, second)
+    return other if evaluator.within(other, time_s) is not None else taken

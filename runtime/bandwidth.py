@@ -1,0 +1,29 @@
+"""Bus bandwidth as nccl-tests reports it (doc/PERFORMANCE.md there): the simulator and the benchmarks agree on it.
+
+algbw is the buffer size over the time; busbw is algbw times :func:`bus_factor`, the share of the data each rank
+must move over its links in an optimal algorithm, so that busbw compares with the links' bandwidth whatever the
+rank count.
+"""
+
+from __future__ import annotations
+
+from topocc.runtime.errors import ScheduleFormatError
+from topocc.runtime.schedule import COLLECTIVES
+
+__all__ = ["bus_factor"]
+
+
+def bus_factor(collective: str, ranks: int) -> float:
+    """busbw / algbw for ``collective`` (a stored name, as in a schedule) on ``ranks`` ranks.
+
+    >>> bus_factor("allreduce", 8)
+    1.75
+    """
+    n = ranks
+    if collective == "allreduce":
+        return 2.0 * (n - 1) / n
+    if collective in ("allgather", "reducescatter", "alltoall"):
+        return (n - 1) / n
+    if collective in ("broadcast", "reduce"):
+        return 1.0
+    raise ScheduleFormatError(f"unknown collective {collective!r}", fix=f"use one of {', '.join(COLLECTIVES)}")

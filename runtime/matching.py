@@ -1,0 +1,95 @@
+"""Which send meets which receive: the schedule format's matching rule, stated once.
+
+A message of a schedule is one send and one receive.  The sends from rank a to
+rank b on channel c, in a's program order, and the receives that b posts from a
+on channel c, in b's program order, form the *stream* of the connection
+``(a, b, c)``; the k-th send of a stream meets its k-th receive (FIFO, as on an
+MPI pair or an NCCL channel).  The simulator, the executor, the lowering and the
+verifiers all pair messages with the functions here, so they agree on every pair.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from topocc.runtime.schedule import Op, Schedule
+
+__all__ = ["P2P", "RECEIVES", "Connection", "Stream", "sequence_numbers", "streams"]
+
+#: Operation kinds that are one end of a message (the others, copies and reductions, are local).
+P2P = frozenset({"send", "recv", "recv_reduce"})
+
+#: Operation kinds that are the receiving end of a message.
+RECEIVES = frozenset({"recv", "recv_reduce"})
+
+#: A connection: (sender, receiver, channel).
+Connection = tuple[int, int, int]
+
+
+@dataclass(slots=True)
+class Stream:
+    """One connection's operations: the sender's sends and the receiver's receives, by index in program order.
+
+    (Not frozen: its lists grow as :func:`streams` reads the programs, and a frozen dataclass costs several
+    times more to make, which shows where every message has a connection of its own.)
+    """
+
+    sends: list[int]
+    recvs: list[int]
+
+    @property
+    def matched(self) -> bool:
+        """Whether every send has its receive and every receive its send."""
+        return len(self.sends) == len(self.recvs)
+
+    def messages(self) -> Iterator[tuple[int, int]]:
+        """(send index, receive index) of each message, in stream order: the k-th send meets the k-th receive.
+
+        On an unmatched stream the surplus operations are left out.
+        """
+        return zip(self.sends, self.recvs)
+
+
+def streams(schedule: Schedule) -> dict[Connection, Stream]:
+    """Every connection's stream, in order of first use (by rank, then program order).
+
+    Peers are taken as they are, unchecked (a caller that must name a bad peer finds it in the keys).
+    """
+    found: dict[Connection, Stream] = {}
+    get = found.get
+    for rank, program in enumerate(schedule.programs):
+        for k, op in enumerate(program):
+            kind = op.kind
+            if kind == "send":
+                key: Connection = (rank, op.peer, op.channel)  # type: ignore[assignment]
+                stream = get(key)
+                if stream is None:
+                    stream = found[key] = Stream([], [])
+                stream.sends.append(k)
+            elif kind in RECEIVES:
+                key = (op.peer, rank, op.channel)  # type: ignore[assignment]
+                stream = get(key)
+                if stream is None:
+                    stream = found[key] = Stream([], [])
+                stream.recvs.append(k)
+    return found
+
+
+def sequence_numbers(program: Sequence[Op]) -> list[int]:
+    """Every operation's position in its stream (k for the k-th send of a stream), -1 for a local operation.
+
+    A message's (connection, sequence number) is the same at both of its ends, so a rank names a message
+    without looking at its peer's program.
+    """
+    counters: dict[tuple[bool, int | None, int], int] = {}
+    seqs = []
+    for op in program:
+        if op.kind not in P2P:
+            seqs.append(-1)
+            continue
+        key = (op.kind == "send", op.peer, op.channel)
+        seq = counters.get(key, 0)
+        seqs.append(seq)
+        counters[key] = seq + 1
+    return seqs

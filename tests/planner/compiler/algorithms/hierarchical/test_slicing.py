@@ -1,0 +1,45 @@
+"""Slice counts and shapes within the chunk and message budgets."""
+
+from __future__ import annotations
+
+from topocc.planner.compiler.algorithms.hierarchical.slicing import (
+    DOUBLING,
+    MIN_SLICE_BYTES,
+    chunk_budget,
+    slice_shape,
+    stage_slices,
+    wanted_slices,
+)
+
+
+def test_slice_shape_is_small_at_both_ends() -> None:
+    assert slice_shape(1) == (1,)
+    assert slice_shape(4) == (1, 2, 2, 1)
+    assert slice_shape(9) == (1, 2, 3, 4, 6, 8, 4, 2, 1)  # grows by about 1.5, halves at the end
+    assert slice_shape(11) == (1, 2, 3, 4, 6, 8, 8, 8, 4, 2, 1)
+
+
+def test_few_slices_double_from_both_ends() -> None:
+    assert slice_shape(4, DOUBLING) == (1, 2, 2, 1)
+    assert slice_shape(8, DOUBLING) == (1, 2, 4, 8, 8, 4, 2, 1)
+    assert slice_shape(11, DOUBLING) == (1, 2, 4, 8, 8, 8, 8, 8, 4, 2, 1)
+
+
+def test_stage_slices_keep_within_the_chunk_budget_and_the_least_slice_size() -> None:
+    for p, size in ((16, 1 << 20), (16, 256 << 20), (1024, 256 << 20), (64, 64 << 20)):
+        slices = stage_slices(p, size)
+        assert sum(slice_shape(slices)) <= max(chunk_budget(p, size), 1)
+        assert slices == 1 or sum(slice_shape(slices)) <= size / p / MIN_SLICE_BYTES
+        # and no more would fit
+        assert sum(slice_shape(slices + 1)) > min(chunk_budget(p, size), size / p / MIN_SLICE_BYTES)
+
+
+def test_wanted_slices_are_raised_to_a_few_where_levels_overlap() -> None:
+    """A small collective gets a few equal slices where there are levels to overlap, one where there are
+    not; a pinned pipeline wins."""
+    raised = wanted_slices("allgather", 16, 1 << 20, 2, None, False)
+    assert raised.raised and raised.slices > 1
+    assert wanted_slices("allgather", 16, 1 << 20, 1, None, False) == (1, False)
+    assert wanted_slices("allreduce", 16, 1 << 20, 2, 3, True) == (3, False)
+    # an all-reduce in virtual order: about a MiB a slice, within the chunk budget
+    assert wanted_slices("allreduce", 16, 64 << 20, 2, None, True) == (64, False)

@@ -1,0 +1,96 @@
+"""The distribution ships one import name, ``topocc``, with the folders of the user's layout mapped inside it.
+
+``planner/`` and ``runtime/`` stay at the repository's top (the layout the user asked for); setuptools maps
+them to ``topocc.planner`` and ``topocc.runtime``, so an installed topocc puts nothing named ``planner`` or
+``runtime`` on anyone's path.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from tests.conftest import REPO
+
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
+
+
+def _packages_on_disk() -> set[str]:
+    found = set()
+    for name, folder in SETUPTOOLS["package-dir"].items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(REPO / folder)
+            found.add(".".join([name, *rel.parts]))
+    return found
+
+
+def test_the_package_list_names_every_folder_of_the_product() -> None:
+    assert set(SETUPTOOLS["packages"]) == _packages_on_disk()
+
+
+def test_the_console_script_and_the_worker_live_in_topocc() -> None:
+    assert PYPROJECT["project"]["scripts"] == {"topocc": "topocc.planner.cli:main"}
+
+
+def test_importing_topocc_loads_nothing_until_a_name_is_used() -> None:
+    code = ("import sys, topocc; before = {m for m in sys.modules if m.startswith('topocc.')}; "
+            "topocc.load_topology; after = {m for m in sys.modules if m.startswith('topocc.')}; "
+            "print(sorted(before), 'topocc.planner.topology.parse' in after, len(topocc.__all__))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("] ")[0] == "[" and out.stdout.split("] ")[1].split()[0] == "True"
+
+
+def test_every_public_name_loads() -> None:
+    import topocc
+
+    for name in topocc.__all__:
+        assert getattr(topocc, name) is not None, name
+    with pytest.raises(AttributeError, match="no attribute 'nosuch'"):
+        topocc.nosuch  # noqa: B018
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_topocc_only_and_works_installed(tmp_path: Path) -> None:
+    """Built without network (the build runs in this environment), installed into a folder of its own, and
+    imported from outside the repository: ``topocc`` and its parts import, ``planner`` and ``runtime`` do not."""
+    wheels = tmp_path / "wheels"
+    source = tmp_path / "source"  # a copy: building writes build/ and *.egg-info beside the sources
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "out", "*.egg-info",
+                                                                  "__pycache__", ".*_cache", ".hypothesis"))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation",
+                            "--no-index", "-q", "-w", str(wheels)], capture_output=True, text=True, timeout=300)
+    if built.returncode != 0 and "No module named pip" in built.stderr:
+        pytest.skip("pip is not installed in this environment")
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = wheels.glob("topocc-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names} == {"topocc", wheel.name.split("-py3")[0] + ".data",
+                                                 wheel.name.split("-py3")[0] + ".dist-info"}
+    assert "topocc/planner/report/templates/report.html.j2" in names and "topocc/runtime/py.typed" in names
+    site = tmp_path / "site"
+    installed = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target",
+                                str(site), str(wheel)], capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    # this interpreter's own editable install of the checkout is switched off, so only the wheel is seen
+    code = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in str(f)]; "
+            "sys.path[:] = [p for p in sys.path if 'editable' not in p]; sys.path.insert(0, sys.argv[1]); "
+            "import topocc, topocc.runtime, topocc.planner, topocc.planner.compiler.compile; "
+            "print(topocc.__file__.startswith(sys.argv[1]), topocc.planner.__file__.startswith(sys.argv[1]))\n"
+            "for name in ('planner', 'runtime'):\n"
+            "    try:\n"
+            "        __import__(name)\n"
+            "    except ModuleNotFoundError:\n"
+            "        print('no', name)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(site)], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "True", "no", "planner", "no", "runtime"]
