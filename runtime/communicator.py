@@ -107,6 +107,19 @@ _GROUP_TAG_UB = (1 << 31) - 1
 TraceRecord = tuple[int, int, str, str, int, str, int | None, int, int, float, float]
 
 
+def _rank_count_fix(ranks: int, size: int, on_mpi: bool) -> str:
+    """The fix for a communicator of ``size`` ranks given a schedule for ``ranks``.
+
+    Under torchrun (which sets ``WORLD_SIZE``) there is no mpiexec: MPI sees each process alone, so the
+    default MPI transport has one rank and the fix is a torch transport, not ``mpiexec -n``.
+    """
+    if on_mpi and size == 1 and os.environ.get("WORLD_SIZE", "1") != "1":
+        return ("under torchrun MPI sees one rank per process: pass transport=GlooTransport() "
+                "(topocc.runtime.transports.gloo, CPU tensors) or NCCLTransport() "
+                "(topocc.runtime.transports.nccl, CUDA tensors)")
+    return f"launch with -n {ranks} or compile for {size} ranks"
+
+
 class Communicator:
     """Replays compiled schedules over MPI (or another transport).
 
@@ -157,6 +170,7 @@ class Communicator:
                         where=f"{s.collective} schedule ({s.metadata.algorithm})",
                         fix="recompile the schedule for this topology",
                     )
+        on_mpi = transport is None
         if transport is None:
             # mpi4py, loaded only for this default: importing it starts MPI, which a gloo or NCCL job must not
             from topocc.runtime.transports.mpi import MPITransport
@@ -175,7 +189,7 @@ class Communicator:
         if self.size != self.plan.ranks:
             raise CommunicatorError(
                 f"the schedule is for {self.plan.ranks} ranks but the communicator has {self.size}",
-                where=f"rank {self.rank}", fix=f"launch with -n {self.plan.ranks} or compile for {self.size} ranks",
+                where=f"rank {self.rank}", fix=_rank_count_fix(self.plan.ranks, self.size, on_mpi),
             )
         self._digests = {id(s): zlib.crc32(dump_schedule(s).encode()) for s in self.plan.schedules}
         self._channels = {id(s): message_tag_space(s) for s in self.plan.schedules}

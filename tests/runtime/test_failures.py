@@ -125,6 +125,20 @@ def test_rank_count_mismatch_refused(tmp_path: Path) -> None:
         "(fix: launch with -n 3 or compile for 2 ranks)")
 
 
+def test_under_torchrun_the_rank_count_fix_names_a_torch_transport(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun starts no MPI world: each process is an MPI world of one, and mpiexec is not the fix."""
+    path = tmp_path / "ring2.json"
+    save_schedule(S.ring_allreduce(2), path)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun sets in every process it starts
+    proc = launch_worker(1, ["check", str(path), "--timeout", str(TIMEOUT)], limit_s=40)
+    assert proc.returncode == 5
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("topocc:")]
+    assert line.endswith("the schedule is for 2 ranks but the communicator has 1 (fix: under torchrun MPI sees one "
+                         "rank per process: pass transport=GlooTransport() (topocc.runtime.transports.gloo, CPU "
+                         "tensors) or NCCLTransport() (topocc.runtime.transports.nccl, CUDA tensors))"), line
+
+
 def test_fingerprint_mismatch_refused(tmp_path: Path) -> None:
     path = tmp_path / "ring.json"
     save_schedule(S.ring_allreduce(2).with_metadata(fingerprint="sha256:aaaa"), path)
