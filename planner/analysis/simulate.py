@@ -552,7 +552,11 @@ class _Run:
         link_bytes = self.link_bytes
         for link in self.conn_links[key]:
             link_bytes[link] += share
+        self.on_wire(key, share, now)
         self.fabric.add(send, route, share)
+
+    def on_wire(self, key: Connection, share: float, now: float) -> None:
+        """A message of connection ``key`` went on the wire at ``now``, ``share`` bytes on each of its paths."""
 
     def release(self, send: int, now: float) -> None:
         """The message's last byte is out: start the next message queued on its connection."""
@@ -706,30 +710,17 @@ class _ContentionFree(_Run):
         """The links' model: every flow alone on its path."""
         return Unshared(bandwidth)
 
-    def start_message(self, send: int, now: float) -> None:
-        """Put a message on the wire as the simulation does, and keep its flows' bytes on the heavily loaded links
-        for the bound.  No connection is waited for, so nothing is released."""
-        src = self.op_rank[send]
-        key = self.conn_of[send]
-        route = self.routes[key]
-        nbytes = self.programs[src][send - self.base[src]].count * self.chunk_bytes
-        if nbytes <= 0.0:
-            heapq.heappush(self.arrivals, (now + route.latency, send))
-            return
-        share = nbytes / len(route.paths)
-        link_bytes = self.link_bytes
-        for link in self.conn_links[key]:
-            link_bytes[link] += share
+    def on_wire(self, key: Connection, share: float, now: float) -> None:
+        """Keep the message's flows' bytes on the heavily loaded links, for the bound."""
         loads = self.loads
         if len(loads[0]) < _LOADS_MAX:
             links = self.heavy[key]
             loads[0].extend([now] * len(links))
             loads[1].extend(links)
             loads[2].extend([share] * len(links))
-        self.fabric.add(send, route, share)
 
-    #: A message goes on the wire as soon as both its ends are posted.
-    message_ready = start_message
+    #: A message goes on the wire as soon as both its ends are posted: no connection is waited for.
+    message_ready = _Run.start_message
 
     def release(self, send: int, now: float) -> None:
         """Nothing waits for a connection here."""
