@@ -51,8 +51,26 @@ class SizeRangeType(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+class RanksType(click.ParamType):
+    """Global ranks, in order: ``0-3``, ``0,1,2,3`` or ``8-11,20``."""
+
+    name = "ranks"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, ...]:
+        if isinstance(value, tuple):
+            return value
+        # loaded on use: the topology model (and networkx) only for the commands that take ranks
+        from topocc.planner.topology.model import parse_rank_ranges
+
+        try:
+            return parse_rank_ranges(value)
+        except TopoccError as exc:
+            self.fail(exc.one_line(), param, ctx)
+
+
 SIZE = SizeType()
 SIZE_RANGE = SizeRangeType()
+RANKS = RanksType()
 DTYPE = click.Choice(DTYPE_NAMES)
 PROGRESS_HELP = "Progress lines on stderr as the work goes (default: when stderr is a terminal)."
 WHAT_IF_HELP = "Allow a --topology the schedule was not compiled for (the output says it is a what-if)."
@@ -130,6 +148,55 @@ def compile_cmd(topology: str, collective: str, size: tuple[int, int], algorithm
     if output:
         save_schedule(compiled.schedule, output)
     _emit(compiled_summary(compiled, output), as_json)
+
+
+#: What DDP and FSDP issue: gradient all-reduce, sharded reduce-scatter and all-gather, the start's broadcast.
+TRAINING_COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast")
+
+
+@cli.command("bundle")
+@click.argument("topology")
+@click.option("-o", "--output", type=click.Path(file_okay=False), required=True, help="The bundle folder to write.")
+@click.option("-c", "--collective", "collectives", type=COLLECTIVE, multiple=True,
+              help="A collective to compile (repeatable; default: allreduce, reducescatter, allgather, broadcast).")
+@click.option("-s", "--size", type=SIZE_RANGE, default=None, help="Sizes to plan for, LOW:HIGH (default: 1KiB:256MiB).")
+@click.option("--group", "groups", type=RANKS, multiple=True,
+              help="Also compile for this process group of global ranks, 0-3 or 8-11,20 (repeatable).")
+@click.option("--root", type=click.IntRange(0), default=None,
+              help="Root of broadcast/reduce, as a rank of each group (default: 0).")
+@click.option("--calls", type=click.Path(dir_okay=False), default=None,
+              help="Compile what a recorded job called (TOPOCC_RECORD's JSON lines) instead.")
+@click.option("-a", "--algorithm", default="auto", show_default=True, help="An algorithm name, or auto.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+@click.option("--progress/--no-progress", default=None, help=PROGRESS_HELP)
+def bundle_cmd(topology: str, output: str, collectives: tuple[str, ...], size: tuple[int, int] | None,
+               groups: tuple[tuple[int, ...], ...], root: int | None, calls: str | None, algorithm: str, as_json: bool,
+               progress: bool | None) -> None:
+    """Compile a plan bundle for a training job on TOPOLOGY: a plan per collective, process group and root.
+
+    By default, what DDP and FSDP issue on the world (and on each --group); with --calls, what a recorded
+    job called.  A job loads the folder with TOPOCC_PLAN=OUTPUT and init_process_group("topocc").
+    """
+    # loaded on use: every command starts without the others' modules
+    from topocc.planner.compiler.bundle import compile_bundle, requests_for, requests_from_calls
+    from topocc.planner.report.summary import bundle_summary, format_bundle
+    from topocc.planner.topology.catalogue import resolve_topology
+    from topocc.runtime.bundle import save_bundle
+    from topocc.runtime.calls import read_calls
+
+    if calls is not None and (collectives or size or groups or root is not None):
+        raise click.UsageError("--calls compiles what the record lists; leave out -c, -s, --group and --root with it")
+    topo = resolve_topology(topology)
+    if calls is not None:
+        requests = requests_from_calls(read_calls(calls), topo.size)
+    else:
+        low, high = size or (1 << 10, 256 << 20)
+        requests = requests_for(topo.size, collectives or TRAINING_COLLECTIVES, low, high, groups, root or 0)
+    echo = _progress_echo(progress)
+    bundle, plans = compile_bundle(topo, requests, algorithm,
+                                   progress=(lambda event: echo(event.describe())) if echo else None)
+    doc = bundle_summary(topo, plans, save_bundle(bundle, output))
+    _emit(doc, as_json, format_bundle(doc))
 
 
 @cli.command("verify")

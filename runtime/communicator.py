@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import os
 import sys
 import time
@@ -69,7 +70,10 @@ def select_schedule(plan: Plan, nbytes: int) -> Schedule:
     return plan.select(nbytes)
 
 
-_LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()
+#: Open communicators by creation number: every rank creates its communicators in the same order, so the exit
+#: guard's barriers (one per communicator, possibly over different transports) meet in the same order everywhere.
+_LIVE: weakref.WeakValueDictionary[int, Communicator] = weakref.WeakValueDictionary()
+_CREATED = itertools.count()
 _FAILURES: list[CommunicatorError] = []
 _GUARD_INSTALLED = False
 
@@ -83,10 +87,16 @@ def _exit_guard() -> None:
         err = _FAILURES[0]
         os.write(2, f"topocc: {err.one_line()} [exiting without MPI_Finalize]\n".encode())
         os._exit(err.exit_code)
-    for comm in list(_LIVE):
+    for _, comm in sorted(_LIVE.items()):
         if comm._closed:
             continue
-        if not comm.transport.barrier(comm.timeout):
+        try:
+            reached = comm.transport.barrier(comm.timeout)
+        except PeerFailure:
+            reached = False
+        except Exception:  # the transport was torn down under it (a destroyed process group): nothing to wait for
+            continue
+        if not reached:
             os.write(2, f"topocc: rank {comm.rank}: not every peer reached exit within {comm.timeout:g} s "
                         "(a rank died or hangs); exiting without MPI_Finalize\n".encode())
             os._exit(CommunicatorError.exit_code)
@@ -114,7 +124,8 @@ def _rank_count_fix(ranks: int, size: int, on_mpi: bool) -> str:
     default MPI transport has one rank and the fix is a torch transport, not ``mpiexec -n``.
     """
     if on_mpi and size == 1 and os.environ.get("WORLD_SIZE", "1") != "1":
-        return ("under torchrun MPI sees one rank per process: pass transport=GlooTransport() "
+        return ("under torchrun MPI sees one rank per process: use init_process_group(\"topocc\") "
+                "(README, With torchrun), or pass transport=GlooTransport() "
                 "(topocc.runtime.transports.gloo, CPU tensors) or NCCLTransport() "
                 "(topocc.runtime.transports.nccl, CUDA tensors)")
     return f"launch with -n {ranks} or compile for {size} ranks"
@@ -203,10 +214,10 @@ class Communicator:
                 return f"rank {r} loaded a different schedule or plan than rank {self.rank}"
             return f"rank {r} lowers with group_bytes={theirs[3]}, rank {self.rank} with {grouping}"
 
+        _install_guard()  # before the first handshake: a failed one must still skip waiting on the dead peer at exit
         self._agree((0, digest, self.size, grouping), "construct the communicator", explain)
         self._closed = False
-        _install_guard()
-        _LIVE.add(self)
+        _LIVE[next(_CREATED)] = self
 
     # ------------------------------------------------------------------ set-up
 
@@ -222,7 +233,11 @@ class Communicator:
 
     def _agree(self, values: tuple[int, ...], doing: str, explain: Any) -> None:
         """Check that every rank passes the same values, within the timeout (a set-up handshake)."""
-        rows = self.transport.allgather_ints(values, self.timeout)
+        try:
+            rows = self.transport.allgather_ints(values, self.timeout)
+        except PeerFailure as exc:
+            raise self._fail(CommunicatorError(f"{doing}: {exc}", where=f"rank {self.rank}",
+                                               fix="a peer died or left; check its output")) from None
         if rows is None:
             raise self._fail(CommunicatorError(
                 f"not every rank came to {doing} within {self.timeout:g} s",

@@ -12,8 +12,11 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, TOPOLOGIES
+from tests.runtime.training.launch import TOPOLOGY
 from topocc.planner.cli import main
 from topocc.planner.testbed.emulation import emulation_available
+from topocc.runtime.bundle import load_bundle
+from topocc.runtime.calls import Call, CallLog
 
 DATA = REPO / "tests" / "data"
 DGX1_SCHEDULE = str(REPO / "schedules" / "dgx1-v100-allreduce.json")
@@ -326,3 +329,71 @@ def test_emulate_reports_setting_up_running_and_tearing_down(capsys: pytest.Capt
     assert progress[0].startswith("emulate: setting up emu-uniform (4 hosts, 8 ranks")
     assert progress[1].startswith("emulate: running ") and progress[1].endswith(" on 8 ranks")
     assert progress[2:] == ["emulate: tearing down the emulated cluster"]
+
+
+def _t2x2(tmp_path: Path) -> str:
+    """2 hosts x 2 GPUs on one switch, as a topology file."""
+    path = tmp_path / "t2x2.yaml"
+    path.write_text(TOPOLOGY.format(hosts=2, gpus=2))
+    return str(path)
+
+
+def test_bundle_writes_a_folder_that_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "bundle"
+    code, out, err = run(capsys, "bundle", _t2x2(tmp_path), "-o", str(folder), "-s", "1KiB:16KiB", "--group", "3,1",
+                         "--root", "1", "--no-progress")
+    assert code == 0 and err == "", err
+    bundle = load_bundle(folder)
+    keys = [(c, g, 1 if c == "broadcast" else None) for g in ((0, 1, 2, 3), (3, 1))
+            for c in ("allreduce", "reducescatter", "allgather", "broadcast")]
+    assert [e.key() for e in bundle.plans] == keys and bundle.world == 4 and bundle.topology == "t2x2"
+    lines = out.splitlines()
+    assert lines[0] == "bundle for t2x2 (4 ranks): 8 plans"
+    assert lines[1].split() == ["collective", "group", "root", "buckets", "algorithms", "predicted"]
+    assert lines[3].split()[:3] == ["allreduce", "world", "-"] and lines[10].split()[:3] == ["broadcast", "3,1", "1"]
+    assert lines[-2:] == [f"  wrote {folder / 'bundle.json'}",
+                          f'next: TOPOCC_PLAN={folder} torchrun ... train.py (with init_process_group("topocc"))']
+    code, out, err = run(capsys, "bundle", _t2x2(tmp_path), "-o", str(folder), "-s", "4KiB", "-c", "all-gather",
+                         "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [(p["collective"], p["group"], p["root"], p["ranks"]) for p in doc["plans"]] == [
+        ("allgather", [0, 1, 2, 3], None, 4)]
+    assert doc["output"] == str(folder / "bundle.json") and doc["ranks"] == 4
+    assert [e.key() for e in load_bundle(folder).plans] == [("allgather", (0, 1, 2, 3), None)]
+
+
+def test_bundle_compiles_what_a_job_recorded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record = tmp_path / "calls.jsonl"
+    log = CallLog(record)
+    for call in (Call("allreduce", (0, 1, 2, 3), 4096, "float32", "sum"),
+                 Call("allreduce", (0, 1, 2, 3), 1024, "float32", "sum"),
+                 Call("reduce", (2, 3), 64, "float32", "max", root=1),
+                 Call("allgather", (1,), 64, "float32")):
+        log.add(call)
+    code, out, err = run(capsys, "bundle", _t2x2(tmp_path), "-o", str(tmp_path / "b"), "--calls", str(record))
+    assert code == 0 and "bundle for t2x2 (4 ranks): 2 plans" in out, err
+    bundle = load_bundle(tmp_path / "b")
+    assert [e.key() for e in bundle.plans] == [("allreduce", (0, 1, 2, 3), None), ("reduce", (2, 3), 1)]
+    buckets = bundle.plans[0].plan.schedules
+    assert buckets[0].metadata.size_bytes == 1024 and buckets[-1].metadata.max_bytes is None
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--group", "0-x"], "Invalid value for '--group': cannot read ranks '0-x' (fix: write ranks as 0-3, "),
+    (["--group", "3-1"], "Invalid value for '--group': rank range '3-1' runs backwards (fix: write 1-3)"),
+    (["--calls", "calls.jsonl", "-c", "allreduce"], "--calls compiles what the record lists; leave out -c, -s, "),
+    (["--calls", "calls.jsonl", "--group", "0,1"], "--calls compiles what the record lists; "),
+    (["-c", "gossip"], "Invalid value for '-c' / '--collective': 'gossip' is not one of "),
+])
+def test_bundle_refuses_bad_arguments_in_one_line(argv: list[str], says: str, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "bundle", "emu-racks", "-o", str(tmp_path / "b"), *argv)
+    assert code == 2 and out == "" and not (tmp_path / "b").exists()
+    assert err.startswith(f"topocc: error: {says}") and err.count("\n") == 1, err
+
+
+def test_bundle_refuses_a_group_the_topology_lacks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "bundle", "emu-racks", "-o", str(tmp_path / "b"), "--group", "8-12")
+    assert code == 2 and out == "" and not (tmp_path / "b").exists()
+    assert "rank 12 is not a rank of emu-racks (0-11)" in err and err.count("\n") == 1

@@ -68,6 +68,8 @@ def test_every_command_uses_documented_names(tmp_path: Path, two_rank_schedule: 
         "topo show": _json(capsys, "topo", "show", "emu-uniform", "--html", str(tmp_path / "t.html")),
         "plan-buckets": _json(capsys, "plan-buckets", str(REPO / "examples" / "profile_example.yaml"), "--plan", EMU),
         "algorithms": _json(capsys, "algorithms"),
+        "bundle": _json(capsys, "bundle", "emu-uniform", "-o", str(tmp_path / "bundle"), "-c", "allreduce", "-c",
+                        "broadcast", "-s", "1KiB:4KiB", "--group", "0-3"),
         "run": _json(capsys, "run", str(two_rank_schedule), "-s", "4KiB", "--iters", "1"),
         "bench": _json(capsys, "bench", str(two_rank_schedule), "--sizes", "4KiB", "--iters", "1", "--warmup", "0"),
         "bench --emulate": [EmulatedRow(1024, "ring", 1e-3, 2e-3, None, 9e-4, 0.0, 0, 5, "network-bound").to_json()],

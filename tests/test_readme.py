@@ -7,7 +7,8 @@
   A line ``...`` stands for any number of lines, ``...`` inside a line for any text; a command shown with
   no output is only checked to exit 0.
 * The Python block of "At training time" is saved as the script its console block starts under ``mpiexec``,
-  beside the plan the worked example wrote.
+  beside the plan the worked example wrote; the one of "With torchrun" as the script its torchrun command
+  starts, beside the bundle its first command compiled.
 
 The figures are the README's own: when an algorithm changes what a command prints, this test fails until
 the README quotes the new output.
@@ -40,6 +41,7 @@ COMMAND_LIMIT_S = 240.0
 
 WORKED_EXAMPLE = "Worked example"
 TRAINING = "At training time"
+TORCHRUN = "With torchrun"
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.M | re.S)
 NUMBER = re.compile(r"\d+(?:\.\d+)?")
@@ -241,7 +243,20 @@ def test_the_training_snippet_runs_on_the_worked_examples_plan(worked_example: t
         pytest.fail(problem, pytrace=False)
 
 
-OTHER_SECTIONS = sorted({b.section for b in blocks() if b.lang == "console"} - {WORKED_EXAMPLE, TRAINING})
+def test_the_torchrun_section_trains_over_the_bundle_it_compiles(tmp_path: Path) -> None:
+    """"With torchrun": its script saved as the file its torchrun command runs, beside the bundle it compiled."""
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
+    (script,) = [b for b in blocks() if b.lang == "python" and b.section == TORCHRUN]
+    compile_, launch = console_commands(TORCHRUN)
+    name = re.search(r"(\S+\.py)$", launch.text)
+    assert "topocc bundle" in compile_.text and name, f"README.md:{launch.line}: compile a bundle, then run a .py"
+    (tmp_path / name.group(1)).write_text(script.text)
+    problems = [p for c in (compile_, launch) if (p := check(c, tmp_path)) is not None]
+    if problems:
+        pytest.fail("\n\n".join(problems), pytrace=False)
+
+
+OTHER_SECTIONS = sorted({b.section for b in blocks() if b.lang == "console"} - {WORKED_EXAMPLE, TRAINING, TORCHRUN})
 
 
 @pytest.mark.parametrize("section", OTHER_SECTIONS)

@@ -6,12 +6,14 @@ Both views come from the same dict, so the terminal and scripts never disagree.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from topocc.planner.analysis.bounds import Bound, lower_bound
 from topocc.planner.analysis.simulate import SimResult, simulate
 from topocc.planner.analysis.verify import VerifyReport
 from topocc.planner.compiler.algorithms import ALGORITHMS
+from topocc.planner.compiler.bundle import CompiledPlan, group_label
 from topocc.planner.compiler.compile import Compiled, compile_schedule
 from topocc.planner.compiler.options import Options
 from topocc.planner.report.table import format_table, indent, percent
@@ -24,8 +26,10 @@ from topocc.runtime.trace import write_trace
 
 __all__ = [
     "algorithms_table",
+    "bundle_summary",
     "compiled_summary",
     "format_algorithms",
+    "format_bundle",
     "format_plan",
     "format_summary",
     "plan_summary",
@@ -105,6 +109,35 @@ def format_plan(doc: Mapping[str, Any]) -> str:
     if doc.get("output"):
         text += f"\n  wrote {doc['output']}"
     return text
+
+
+def bundle_summary(topology: Topology, plans: Sequence[CompiledPlan], manifest: str | Path) -> dict[str, Any]:
+    """What ``topocc bundle`` reports: the world, and per plan its group, root and ``compile --size LOW:HIGH``'s
+    summary."""
+    return {
+        "topology": topology.name,
+        "ranks": topology.size,
+        "fingerprint": topology.fingerprint,
+        "plans": [{"group": list(c.request.group), "root": c.request.root, **plan_summary(c.buckets)} for c in plans],
+        "output": str(manifest),
+    }
+
+
+def format_bundle(doc: Mapping[str, Any]) -> str:
+    """A line per plan (collective, group, root, buckets, algorithms, prediction at the largest bucket), the
+    manifest written, and how a job uses the bundle."""
+    rows = []
+    for p in doc["plans"]:
+        largest = p["buckets"][-1]
+        algorithms = ",".join(dict.fromkeys(b["algorithm"] for b in p["buckets"]))
+        rows.append((p["collective"], group_label(p["group"], doc["ranks"]), "-" if p["root"] is None else p["root"],
+                     len(p["buckets"]), algorithms,
+                     f"{format_time(largest['predicted_time_s'])} at {format_size(largest['size_bytes'])}"))
+    folder = Path(doc["output"]).parent
+    return (f"bundle for {doc['topology']} ({doc['ranks']} ranks): {len(rows)} plans\n"
+            + indent(format_table(rows, ("collective", "group", "root", "buckets", "algorithms", "predicted")))
+            + f"\n  wrote {doc['output']}"
+            + f"\nnext: TOPOCC_PLAN={folder} torchrun ... train.py (with init_process_group(\"topocc\"))")
 
 
 def simulation_summary(topology: Topology, schedule: Schedule, size_bytes: int, *, candidates: bool = False,

@@ -6,12 +6,13 @@ Shipped files live in the repository's ``topologies/`` (a source checkout) or, i
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 from topocc.planner.errors import SimulationError, TopoccError, UsageError
-from topocc.planner.topology.model import Topology
+from topocc.planner.topology.model import Topology, parse_rank_ranges
 from topocc.planner.topology.parse import load_topology
 from topocc.runtime.schedule import Schedule
 
@@ -35,8 +36,15 @@ def shipped_topologies() -> dict[str, Path]:
 
 
 def resolve_topology(arg: str) -> Topology:
-    """Load a topology from a path, or by the name of a shipped one (``dgx1-v100``)."""
+    """Load a topology from a path, or by the name of a shipped one (``dgx1-v100``).
+
+    Either may end in ranks, ``emu-racks[0-3]``: the topology of that process group
+    (:meth:`Topology.subset`), as a bundle's plans for a group record it.
+    """
     path = Path(arg)
+    group = re.fullmatch(r"(.+)\[([0-9,\- ]+)\]", arg)
+    if group is not None and not path.exists():
+        return resolve_topology(group[1]).subset(parse_rank_ranges(group[2]))
     if path.exists() or path.suffix in (".yaml", ".yml"):
         return load_topology(path)
     shipped = shipped_topologies()

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
 import networkx as nx
 
-from topocc.planner.errors import TopologyError
+from topocc.planner.errors import TopologyError, UsageError
+from topocc.runtime.bundle import rank_ranges
 
 __all__ = [
     "DEFAULT_ROUTING",
@@ -30,6 +32,7 @@ __all__ = [
     "Topology",
     "build_topology",
     "describe",
+    "parse_rank_ranges",
 ]
 
 DEVICE_KINDS = ("gpu", "cpu", "pcie", "nvswitch", "nic", "switch")
@@ -182,8 +185,36 @@ class Topology:
         """This topology under another routing (to compare modes); checked as :func:`build_topology` checks it."""
         if unlabelled(routing, self.links):
             raise TopologyError(UNLABELLED, where=self.source or self.name, fix="use a torus or mesh network")
-        return build_topology(self.name, self.devices, self.links, description=self.description, source=self.source,
-                              routing=routing)
+        built = build_topology(self.name, self.devices, self.links, description=self.description, source=self.source,
+                               routing=routing)
+        return built if built.ranks == self.ranks else replace(built, ranks=self.ranks)  # a subset stays one
+
+    def subset(self, ranks: Sequence[int]) -> Topology:
+        """The same devices and links with only ``ranks`` as ranks, in that order: a process group's topology.
+
+        The group's rank ``i`` is this topology's rank ``ranks[i]``; the other GPUs stay devices (they may
+        carry traffic, as they do in the whole cluster).  The name (and source) gain the ranks, compacted:
+        ``emu-racks[0-3]``, which :func:`~topocc.planner.topology.catalogue.resolve_topology` reads back.
+        All ranks in their order are the topology itself.
+        """
+        where = self.source or self.name
+        if not ranks:
+            raise UsageError("a process group needs at least one rank", where=where, fix="list the group's ranks")
+        bad = next((r for r in ranks if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < self.size),
+                   None)
+        if bad is not None:
+            raise UsageError(f"rank {bad!r} is not a rank of {self.name} (0-{self.size - 1})", where=where,
+                             fix=f"list ranks between 0 and {self.size - 1}, or pass the topology the job runs on")
+        seen: set[int] = set()
+        for r in ranks:
+            if r in seen:
+                raise UsageError(f"rank {r} is listed twice", where=where, fix="list each rank of the group once")
+            seen.add(r)
+        if tuple(ranks) == tuple(range(self.size)):
+            return self
+        label = f"[{rank_ranges(ranks)}]"
+        return Topology(self.name + label, self.devices, self.links, tuple(self.ranks[r] for r in ranks),
+                        self.description, self.source + label if self.source else None, self.routing)
 
     def reversed(self) -> Topology:
         """The topology with every link turned round (itself when all links are full duplex): a gather timed
@@ -193,6 +224,21 @@ class Topology:
         return Topology(f"{self.name} (reversed)", self.devices,
                         tuple(replace(k, src=k.dst, dst=k.src, ascending=not k.ascending) for k in self.links),
                         self.ranks, self.description, self.source, self.routing)
+
+
+def parse_rank_ranges(text: str) -> tuple[int, ...]:
+    """The ranks ``0-3,8`` names, in order: comma-separated ranks and ascending ranges (the inverse of
+    :func:`~topocc.runtime.bundle.rank_ranges`)."""
+    ranks: list[int] = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if match is None:
+            raise UsageError(f"cannot read ranks {text!r}", fix="write ranks as 0-3, 0,1,2,3 or 8-11,20")
+        first, last = int(match[1]), int(match[2] if match[2] is not None else match[1])
+        if last < first:
+            raise UsageError(f"rank range {part.strip()!r} runs backwards", fix=f"write {last}-{first}")
+        ranks.extend(range(first, last + 1))
+    return tuple(ranks)
 
 
 def unlabelled(routing: str | None, links: Iterable[Link]) -> bool:

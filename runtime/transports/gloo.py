@@ -100,6 +100,11 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0].split(". ")[0][:160]
 
 
+def _gloo_timeout(timeout: float) -> timedelta:
+    """gloo's own timeout: well above the communicator's, so the communicator's one-line failure comes first."""
+    return timedelta(seconds=max(60.0, BACKEND_TIMEOUT_FACTOR * timeout))
+
+
 def _byte_view(buf: torch.Tensor) -> torch.Tensor:
     """The tensor's bytes (gloo then moves any dtype, bfloat16 included, unchanged)."""
     return buf.view(torch.uint8) if buf.numel() else buf
@@ -116,6 +121,9 @@ class GlooTransport:
         rank of the world must construct the transport (``torch.distributed.new_group``).
     timeout:
         The communicator's timeout, used to set gloo's own (longer) timeout.
+
+    :meth:`over_store` builds one without ``torch.distributed`` being initialized (inside a process
+    group's own construction).
     """
 
     name = "gloo"
@@ -124,13 +132,26 @@ class GlooTransport:
         if not dist.is_available() or not dist.is_initialized():
             raise CommunicatorError("torch.distributed is not initialized",
                                     fix="call torch.distributed.init_process_group(...) first")
+        ranks: list[int] = (dist.get_process_group_ranks(group) if group is not None
+                            else list(range(dist.get_world_size())))
+        self.group = dist.new_group(ranks, timeout=_gloo_timeout(timeout), backend="gloo")
+        self._attach(self.group._get_backend(torch.device("cpu")), dist.get_rank(self.group), ranks)
+
+    @classmethod
+    def over_store(cls, store: Any, rank: int, size: int, *, timeout: float = 30.0) -> GlooTransport:
+        """A transport on a new gloo group of ``size`` ranks that meet through ``store`` (collective)."""
+        transport = cls.__new__(cls)
+        transport.group = None
+        transport._attach(dist.ProcessGroupGloo(store, rank, size, _gloo_timeout(timeout)), rank, list(range(size)))
+        return transport
+
+    def _attach(self, backend: Any, rank: int, ranks: list[int]) -> None:
+        """Run on gloo ``backend`` (a ``ProcessGroupGloo``) as ``rank`` of the group of global ``ranks``."""
+        self._gloo = backend
+        self.rank = rank
+        self.ranks = ranks
+        self.size = len(ranks)
         self.device = torch.device("cpu")
-        self.ranks: list[int] = (dist.get_process_group_ranks(group) if group is not None
-                                 else list(range(dist.get_world_size())))
-        pg_timeout = timedelta(seconds=max(60.0, BACKEND_TIMEOUT_FACTOR * timeout))
-        self.group = dist.new_group(self.ranks, timeout=pg_timeout, backend="gloo")
-        self.rank = dist.get_rank(self.group)
-        self.size = len(self.ranks)
         self.tag_ub = TAG_UB
         self.array_ops = TorchOps(self.device)
         self._wake = threading.Event()
@@ -145,12 +166,11 @@ class GlooTransport:
         return _Request(_byte_view(buf), peer, tag, False)
 
     def _issue(self, req: _Request) -> None:
-        peer = self.ranks[req.peer]
         try:
             if req.send:
-                req.work = dist.isend(req.buf, dst=peer, group=self.group, tag=req.tag)
+                req.work = self._gloo.send([req.buf], req.peer, req.tag)
             else:
-                req.work = dist.irecv(req.buf, src=peer, group=self.group, tag=req.tag)
+                req.work = self._gloo.recv([req.buf], req.peer, req.tag)
         except Exception as exc:
             raise PeerFailure(f"gloo: {_first_line(exc)}", [req.peer]) from None
         self._waiters.submit(req)
@@ -197,19 +217,24 @@ class GlooTransport:
     def allgather_ints(self, values: Sequence[int], timeout: float) -> list[tuple[int, ...]] | None:
         mine = torch.tensor(list(values), dtype=torch.int64, device=self.device)
         rows = [torch.empty_like(mine) for _ in range(self.size)]
-        if not self._within(dist.all_gather(rows, mine, group=self.group, async_op=True), timeout):
+        if not self._within(self._gloo.allgather([rows], [mine]), timeout):
             return None
         return [tuple(int(v) for v in row.tolist()) for row in rows]
 
     def barrier(self, timeout: float) -> bool:
         token = torch.zeros(1, dtype=torch.int32, device=self.device)
-        return self._within(dist.all_reduce(token, group=self.group, async_op=True), timeout)
+        return self._within(self._gloo.allreduce([token]), timeout)
 
     def max_float(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MAX
+        self._gloo.allreduce([t], opts).wait()
         return float(t.item())
 
     def close(self) -> None:
-        """Destroy the private process group (call on every rank, while healthy)."""
-        dist.destroy_process_group(self.group)
+        """Destroy the private process group (call on every rank, while healthy); one over a store stays
+        with its owner."""
+        if self.group is not None:
+            dist.destroy_process_group(self.group)
+            self.group = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -135,7 +136,8 @@ def test_under_torchrun_the_rank_count_fix_names_a_torch_transport(tmp_path: Pat
     assert proc.returncode == 5
     (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("topocc:")]
     assert line.endswith("the schedule is for 2 ranks but the communicator has 1 (fix: under torchrun MPI sees one "
-                         "rank per process: pass transport=GlooTransport() (topocc.runtime.transports.gloo, CPU "
+                         "rank per process: use init_process_group(\"topocc\") (README, With torchrun), or pass "
+                         "transport=GlooTransport() (topocc.runtime.transports.gloo, CPU "
                          "tensors) or NCCLTransport() (topocc.runtime.transports.nccl, CUDA tensors))"), line
 
 
@@ -166,3 +168,18 @@ def test_disagreeing_ranks_refused_before_data_moves(tmp_path: Path, mode: str, 
     assert all(message in ln for ln in refused)
     if mode != "schedule":
         assert proc.stdout.count("untouched") == 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed (pip install torch)")
+def test_communicators_beside_torch_distributed_exit_cleanly(tmp_path: Path) -> None:
+    """Over MPI, over gloo and torch's own all_reduce in one script: every rank reaches the exit guard's
+    barriers in the same order (communicators are barriered in creation order), so the job exits 0."""
+    n = 8
+    schedule = tmp_path / "ring.json"
+    save_schedule(S.ring_allreduce(n), schedule)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc, _ = mpiexec(n, str(SCRIPTS / "beside_torch.py"), str(schedule), str(port), limit=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count(" done") == n and "topocc:" not in proc.stderr

@@ -1,0 +1,138 @@
+"""``init_process_group("topocc")`` under torchrun: every planned collective equals gloo's, DDP and FSDP2
+train as over gloo, subgroups, refusals at init, and failed peers.
+
+Each test launches ``torchrun --standalone`` (a rendezvous on a free loopback port) with one of the
+worker scripts beside this file, killed if it passes its time limit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
+
+from tests.conftest import REPO, run_bounded  # noqa: E402
+from tests.runtime.training.launch import TOPOLOGY  # noqa: E402
+from topocc.planner.compiler.options import Options  # noqa: E402
+from topocc.planner.compiler.plans import compile_plan  # noqa: E402
+from topocc.planner.topology.parse import parse_topology_text  # noqa: E402
+from topocc.runtime.bundle import Bundle, BundlePlan, save_bundle  # noqa: E402
+from topocc.runtime.errors import CommunicatorError  # noqa: E402
+
+HERE = Path(__file__).parent
+EVERY = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall")
+SHAPES = {2: (2, 1), 3: (3, 1), 4: (2, 2)}
+
+
+def bundle_for(tmp_path: Path, world: int, collectives: tuple[str, ...] = EVERY,
+               groups: tuple[tuple[int, ...], ...] = ()) -> Path:
+    """A bundle folder for ``world`` ranks (small sizes): each collective on the world, all-reduce on ``groups``."""
+    hosts, gpus = SHAPES[world]
+    topology = parse_topology_text(TOPOLOGY.format(hosts=hosts, gpus=gpus), "t")
+    plans = [BundlePlan(compile_plan(topology, c, 1 << 6, 1 << 16, options=Options(root=0))[0],
+                        tuple(range(world))) for c in collectives]
+    for group in groups:
+        plan, _ = compile_plan(topology.subset(group), "allreduce", 1 << 6, 1 << 16)
+        plans.append(BundlePlan(plan, group))
+    folder = tmp_path / f"bundle{world}"
+    save_bundle(Bundle(world, tuple(plans), topology.name, topology.fingerprint), folder)
+    return folder
+
+
+def torchrun(world: int, script: str, *args: str, env: dict[str, str], limit: float = 240):  # type: ignore[no-untyped-def]
+    full = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", **env}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
+           str(HERE / script), *args]
+    return run_bounded(cmd, limit, f"torchrun {script}", env=full)
+
+
+def result(done) -> dict:  # type: ignore[no-untyped-def]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-4000:]
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+@pytest.mark.parametrize(("world", "dtypes", "counts"), [
+    (2, "float32,int32", "7,1001"),
+    (3, "bfloat16,float16,int32", "1,1001"),
+    (4, "float32,bfloat16,float16,int32", "1,7,1001"),
+])
+def test_every_planned_collective_equals_gloo(tmp_path: Path, world: int, dtypes: str, counts: str) -> None:
+    res = result(torchrun(world, "collectives_job.py", dtypes, counts,
+                          env={"TOPOCC_PLAN": str(bundle_for(tmp_path, world, groups=((0, 1),) if world > 2 else ()))}))
+    assert res["wrong"] == [] and res["cases"] >= 100
+    counts_ = res["counters"]
+    for collective in EVERY:
+        assert counts_[collective]["planned"] > 0, counts_
+    # broadcast from rank 1 has no plan (the bundle's is for root 0): gloo ran it, and says why
+    assert counts_["broadcast"]["delegated"] > 0 and "root 1" in counts_["broadcast"]["why"]
+    if world >= 3:
+        assert res["subgroup"]["planned"] > 0 and res["subgroup_without_plan"]["delegated"] > 0
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_training_over_topocc_equals_gloo(tmp_path: Path, mode: str) -> None:
+    """20 steps of DDP (no hook) or FSDP2: the same losses as over gloo, the gradients carried by plans."""
+    res = result(torchrun(4, "training_job.py", mode, "20", env={"TOPOCC_PLAN": str(bundle_for(tmp_path, 4))}))
+    assert len(res["topocc"]) == 20
+    assert res["topocc"] == pytest.approx(res["native"], rel=1e-5)
+    assert res["param_diff"] < 1e-5
+    gradients = ("allreduce",) if mode == "ddp" else ("reducescatter", "allgather")
+    for collective in gradients:
+        assert res["counters"][collective]["planned"] >= 20 and res["counters"][collective]["delegated"] == 0
+
+
+@pytest.mark.parametrize("mode", ["die", "hang"])
+def test_a_failed_peer_fails_the_call_within_the_timeout(tmp_path: Path, mode: str) -> None:
+    done = torchrun(2, "failure_job.py", mode, env={"TOPOCC_PLAN": str(bundle_for(tmp_path, 2, ("allreduce",))),
+                                                    "TOPOCC_TIMEOUT": "3"}, limit=90)
+    assert done.returncode != 0
+    elapsed = [float(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("ELAPSED")]
+    errors = [line for line in done.stdout.splitlines() if line.startswith("ERROR")]
+    assert elapsed and elapsed[0] < 10, done.stdout + done.stderr[-3000:]
+    assert "rank(s) 1" in errors[0] and "\n" not in errors[0]
+
+
+def test_init_refuses_a_bundle_for_another_world_or_topology(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checked before any group is built: one line naming the bundle and the fix."""
+    from topocc.runtime.distributed.job import BackendOptions, Job
+
+    folder = bundle_for(tmp_path, 2, ("allreduce",))
+    store = torch.distributed.HashStore()
+    with pytest.raises(CommunicatorError, match=r"bundle is for 2 ranks but this job has 1 .*fix: launch 2 ranks"):
+        Job.start(store, 0, 1, BackendOptions(plan=folder))
+    with pytest.raises(CommunicatorError, match=r"compiled for t2x1 but TOPOCC_TOPOLOGY names dgx1-v100"):
+        Job.start(store, 0, 2, BackendOptions(plan=folder, topology="dgx1-v100"))
+    monkeypatch.delenv("TOPOCC_TOPOLOGY", raising=False)
+    monkeypatch.delenv("TOPOCC_PLAN", raising=False)
+    with pytest.raises(CommunicatorError, match=r"no plan bundle .*fix: set TOPOCC_PLAN"):
+        Job.start(store, 0, 2, BackendOptions())
+
+
+def test_ranks_with_different_bundles_are_refused(tmp_path: Path) -> None:
+    """Every rank states its bundle's digest through the store; a rank that loaded another is named."""
+    import threading
+
+    from topocc.runtime.distributed.job import BackendOptions, Job
+
+    folders = [bundle_for(tmp_path, 2, ("allreduce",)), bundle_for(tmp_path / "other", 2, ("allgather",))]
+    store = torch.distributed.HashStore()
+    errors: list[str] = []
+
+    def start(rank: int) -> None:
+        try:
+            Job.start(store, rank, 2, BackendOptions(plan=folders[rank], timeout=20))
+        except CommunicatorError as exc:
+            errors.append(str(exc))
+
+    threads = [threading.Thread(target=start, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(errors) == 2 and all("loaded a different plan bundle" in e for e in errors), errors
