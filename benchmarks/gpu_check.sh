@@ -28,6 +28,10 @@
 #      plain DDP, a hung and a dead peer named in one line within the timeout (last: they kill ranks);
 #   3. benchmarks/train_gpu.py: a transformer trained with plain DDP, the DDP hook, Prophet's blocks and DASO on
 #      emu-racks and emu-uniform (TRAIN_ARGS overrides its options), a table and a plot of loss over time.
+#   4. the topocc torch.distributed backend over NCCL: tests/runtime/distributed/training_job.py, DDP and FSDP2
+#      for 20 steps on 4 ranks sharing the GPU (torchrun), against the same job on an NCCL group; needs the
+#      bundle compiled beforehand where the planner's solvers are (the device has none):
+#        .venv/bin/topocc bundle 'emu-uniform[0-3]' -o out/gpu-bundle -s 256:4MiB   # then carry out/gpu-bundle
 # With arguments, runs them instead of the steps, under the same set-up (iproute2, MPS), e.g.
 #   sh benchmarks/gpu_check.sh python3 benchmarks/gpu_bench.py --configs plain --group-bytes 2097152
 # Override with GPU_BENCH_ARGS (default "--budget 1 --max-iters 4", so that the whole check fits one 10-minute
@@ -97,6 +101,29 @@ start=$(date +%s)
 timeout 260 "$PY" benchmarks/train_gpu.py --time-limit 245 --plot "${OUT:-/tmp}/train_loss.svg" --json "${OUT:-/tmp}/train.json" \
     ${TRAIN_ARGS:-} || status=1
 echo "(training: $(( $(date +%s) - start )) s; plot in ${OUT:-/tmp}/train_loss.svg)"
+
+echo "== 4. the topocc process group over NCCL (tests/runtime/distributed/training_job.py)"
+BUNDLE=${TOPOCC_GPU_BUNDLE:-out/gpu-bundle}
+if [ -f "$BUNDLE/bundle.json" ]; then
+    for mode in ddp fsdp; do
+        TOPOCC_PLAN=$BUNDLE timeout 120 "$PY" -m torch.distributed.run --standalone --nproc_per_node 4 \
+            tests/runtime/distributed/training_job.py "$mode" 20 cuda >"${OUT:-/tmp}/backend_$mode.txt" 2>&1
+        "$PY" - "${OUT:-/tmp}/backend_$mode.txt" "$mode" <<'PYEOF' || status=1
+import json, sys
+lines = [line for line in open(sys.argv[1]) if line.startswith("RESULT ")]
+if not lines:
+    sys.exit(f"{sys.argv[2]}: no result; see {sys.argv[1]}")
+r = json.loads(lines[-1][len("RESULT "):])
+worst = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(r["topocc"], r["native"]))
+print(f"{sys.argv[2]}: 20 steps, losses within {worst:.1e} of NCCL's, parameters within {r['param_diff']:.1e};"
+      f" counters {json.dumps(r['counters'])}")
+sys.exit(0 if worst < 1e-4 and r["param_diff"] < 1e-4 else 1)
+PYEOF
+    done
+else
+    echo "no bundle at $BUNDLE: compile it where the solvers are and carry it (see the header)"
+    status=1
+fi
 
 echo "== gpu_check: $( [ $status = 0 ] && echo ok || echo FAILED )"
 exit $status

@@ -1,9 +1,10 @@
 """A torchrun worker: every planned collective through ``init_process_group("topocc")`` against gloo's own.
 
-Run as ``torchrun --standalone --nproc_per_node N collectives_job.py`` with ``TOPOCC_PLAN`` naming a
-bundle for N ranks.  Inputs are small integers (exact in every dtype), so sums, products, minima and
-maxima must equal gloo's bit for bit; averages are compared with gloo's sum divided by N.  Rank 0
-prints one ``RESULT {json}`` line: cases run, the ones that differ, and the process group's counters.
+Run as ``torchrun --standalone --nproc_per_node N collectives_job.py DTYPES COUNTS [BACKEND]`` with
+``TOPOCC_PLAN`` naming a bundle for N ranks (BACKEND: ``topocc``, or ``cpu:topocc,cuda:topocc``).
+Inputs are small integers (exact in every dtype), so sums, products, minima and maxima must equal
+gloo's bit for bit; averages are compared with gloo's sum divided by N.  Rank 0 prints one
+``RESULT {json}`` line: cases run, the ones that differ, and the process group's counters.
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ def move_cases(w: int) -> dict[str, Callable[[Any, torch.dtype, int], list[torch
 
 def main() -> None:
     dtypes, counts = sys.argv[1].split(","), [int(c) for c in sys.argv[2].split(",")]
-    dist.init_process_group("topocc")
+    dist.init_process_group(sys.argv[3] if len(sys.argv) > 3 else "topocc")  # or the device-mapped form
     torch.set_num_threads(1)
     w = dist.get_world_size()
     gloo = dist.new_group(backend="gloo")

@@ -18,10 +18,12 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 
 from tests.conftest import REPO, run_bounded  # noqa: E402
 from tests.runtime.training.launch import TOPOLOGY  # noqa: E402
+from topocc.planner.compiler.bundle import requests_from_calls  # noqa: E402
 from topocc.planner.compiler.options import Options  # noqa: E402
 from topocc.planner.compiler.plans import compile_plan  # noqa: E402
 from topocc.planner.topology.parse import parse_topology_text  # noqa: E402
 from topocc.runtime.bundle import Bundle, BundlePlan, save_bundle  # noqa: E402
+from topocc.runtime.calls import read_calls  # noqa: E402
 from topocc.runtime.errors import CommunicatorError  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -57,13 +59,14 @@ def result(done) -> dict:  # type: ignore[no-untyped-def]
     return json.loads(lines[-1].removeprefix("RESULT "))
 
 
-@pytest.mark.parametrize(("world", "dtypes", "counts"), [
-    (2, "float32,int32", "7,1001"),
-    (3, "bfloat16,float16,int32", "1,1001"),
-    (4, "float32,bfloat16,float16,int32", "1,7,1001"),
+@pytest.mark.parametrize(("world", "dtypes", "counts", "backend"), [
+    (2, "float32,int32", "7,1001", "cpu:topocc,cuda:topocc"),
+    (3, "bfloat16,float16,int32", "1,1001", "topocc"),
+    (4, "float32,bfloat16,float16,int32", "1,7,1001", "topocc"),
 ])
-def test_every_planned_collective_equals_gloo(tmp_path: Path, world: int, dtypes: str, counts: str) -> None:
-    res = result(torchrun(world, "collectives_job.py", dtypes, counts,
+def test_every_planned_collective_equals_gloo(tmp_path: Path, world: int, dtypes: str, counts: str,
+                                              backend: str) -> None:
+    res = result(torchrun(world, "collectives_job.py", dtypes, counts, backend,
                           env={"TOPOCC_PLAN": str(bundle_for(tmp_path, world, groups=((0, 1),) if world > 2 else ()))}))
     assert res["wrong"] == [] and res["cases"] >= 100
     counts_ = res["counters"]
@@ -78,13 +81,19 @@ def test_every_planned_collective_equals_gloo(tmp_path: Path, world: int, dtypes
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_training_over_topocc_equals_gloo(tmp_path: Path, mode: str) -> None:
     """20 steps of DDP (no hook) or FSDP2: the same losses as over gloo, the gradients carried by plans."""
-    res = result(torchrun(4, "training_job.py", mode, "20", env={"TOPOCC_PLAN": str(bundle_for(tmp_path, 4))}))
+    record = tmp_path / "calls.jsonl"
+    res = result(torchrun(4, "training_job.py", mode, "20", env={"TOPOCC_PLAN": str(bundle_for(tmp_path, 4)),
+                                                                 "TOPOCC_RECORD": str(record)}))
     assert len(res["topocc"]) == 20
     assert res["topocc"] == pytest.approx(res["native"], rel=1e-5)
     assert res["param_diff"] < 1e-5
     gradients = ("allreduce",) if mode == "ddp" else ("reducescatter", "allgather")
     for collective in gradients:
         assert res["counters"][collective]["planned"] >= 20 and res["counters"][collective]["delegated"] == 0
+    # the record lists what the job called on the topocc group, for `topocc bundle --calls`
+    requests = requests_from_calls(read_calls(record), 4)
+    assert {r.collective for r in requests} >= set(gradients)
+    assert all(r.group == (0, 1, 2, 3) and r.low <= r.high for r in requests)
 
 
 @pytest.mark.parametrize("mode", ["die", "hang"])
