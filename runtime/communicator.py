@@ -381,6 +381,11 @@ class Communicator:
             self.ops.copyto(own, user)
         return own
 
+    def _input_in_place(self, program: Program | GroupProgram) -> bool:
+        """Whether ``program`` may read its input from the output's memory (see ``Program.input_copied_in_place``);
+        the lowered replay binds its buffers itself, so only a dataflow program."""
+        return isinstance(program, Program) and program.input_copied_in_place
+
     def _prepare(self, collective: str, send: Any, recv: Any, op: str | None) -> tuple[Schedule, Program, Any]:
         dtype = self.ops.dtype_of(send)
         if recv is not None and recv.dtype != send.dtype:
@@ -414,7 +419,8 @@ class Communicator:
         schedule, program, _ = self._prepare("allreduce", a, None, op)
         buffers = {"o": a}
         if not schedule.inplace:
-            buffers["i"] = self._inputs(program, a, aliased=True)
+            # the program may copy its input onto the output first: then the input is the output's memory
+            buffers["i"] = a if self._input_in_place(program) else self._inputs(program, a, aliased=True)
         divide = (lambda: self.ops.divide(a, self.size)) if op == "avg" else None
         work = self._run(program, buffers, op, self.ops.count(a), async_op=async_op, epilogue=divide)
         return work if async_op else array

@@ -386,6 +386,13 @@ class Program:
         self.msg_len = [sum(z) for z in sizes]
         self.buffers_used = {p[0] for ps in (*self.src_pieces, *self.dst_pieces) for p in ps}
         self.writes = {p[0] for ps in self.dst_pieces for p in ps}
+        # The input is only read by copies onto the same place of the output that nothing precedes: an
+        # in-place call may then bind the input to the output's memory (those copies become no work) instead
+        # of copying the user's buffer to a private input first.
+        self.input_copied_in_place = "i" in self.buffers_used and all(
+            self.kinds[k] == COPY and not self.ndeps[k] and all(d[0] == "o" for d in self.dst_pieces[k])
+            and [p[1:] for p in self.src_pieces[k]] == [p[1:] for p in self.dst_pieces[k]]
+            for k in range(self.n) if any(p[0] == "i" for p in self.src_pieces[k]))
         # staging: a message that is not one contiguous piece, and every received operand of a reduction
         self.staging: dict[int, Any] = {}
         for k, kind in enumerate(self.kinds):
@@ -597,7 +604,11 @@ class Binding:
         for k, kind in enumerate(program.kinds):
             src, dst = program.src_pieces[k], program.dst_pieces[k]
             stage = program.staging.get(k)
-            if kind in (COPY, REDUCE):
+            if kind == COPY:  # a piece copied onto itself (the input bound to the output's memory) is no work
+                pairs = [(view(d), view(s)) for s, d in pair_pieces(src, dst)]
+                self.local[k] = [(d, s) for d, s in pairs if not same_memory(program.ops, d, s)]
+                continue
+            if kind == REDUCE:
                 self.local[k] = [(view(d), view(s)) for s, d in pair_pieces(src, dst)]
                 continue
             peer, tag = program.peers[k], tags[k]

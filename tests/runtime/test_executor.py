@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from topocc.runtime import Communicator, CommunicatorError
-from topocc.runtime.executor import Layout, Program, block_elements, pair_pieces, resolve_dtype
+from topocc.runtime.executor import COPY, Binding, Layout, Program, block_elements, pair_pieces, resolve_dtype
 from topocc.runtime.schedule import Metadata
 
 HERE = Path(__file__).parent
@@ -143,3 +143,20 @@ def test_runtime_imports_no_planner() -> None:
             "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_an_input_only_copied_in_place_may_share_the_outputs_memory() -> None:
+    """A ring all-reduce reads its input once, copying it onto the output first: bound to the output's
+    memory, those copies are no work.  A program that sends from its input (direct with scratch) may not."""
+    cases = S.every_collective(3)
+    ring = Program(cases["allreduce-ring"], 0, np.dtype(np.float32), 7, tag_ub=1 << 20, channels=4)
+    assert ring.input_copied_in_place
+    assert not Program(cases["allreduce-direct-scratch"], 0, np.dtype(np.float32), 7, tag_ub=1 << 20,
+                       channels=4).input_copied_in_place
+    assert not Program(cases["allreduce-ring-inplace"], 0, np.dtype(np.float32), 7, tag_ub=1 << 20,
+                       channels=4).input_copied_in_place  # no input at all
+    out = np.zeros(ring.elements("o"), np.float32)
+    copies = [k for k, kind in enumerate(ring.kinds) if kind == COPY]
+    shared = Binding(ring, NoDataTransport(0, 3), {"i": out, "o": out}, requests=False)
+    own = Binding(ring, NoDataTransport(0, 3), {"i": out.copy(), "o": out}, requests=False)
+    assert copies and all(shared.local[k] == [] for k in copies) and all(own.local[k] for k in copies)
