@@ -27,8 +27,8 @@ from topocc.runtime.errors import ScheduleFormatError
 from topocc.runtime.plan import PLAN_FORMAT, Plan, as_plan, load_any, save_plan
 from topocc.runtime.schedule import read_json_document
 
-__all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "MANIFEST", "ROOTED", "Bundle", "BundlePlan", "load_bundle",
-           "rank_ranges", "save_bundle"]
+__all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "MANIFEST", "ROOTED", "Bundle", "BundlePlan", "group_label",
+           "load_bundle", "rank_ranges", "save_bundle"]
 
 BUNDLE_FORMAT = "topocc-bundle"
 BUNDLE_VERSION = 1
@@ -99,10 +99,16 @@ class Bundle:
         """One line per plan: collective, group, root, buckets."""
         lines = []
         for e in self.plans:
-            group = "world" if e.group == tuple(range(self.world)) else f"ranks {rank_ranges(e.group)}"
+            label = group_label(e.group, self.world)
+            group = label if label == "world" else f"ranks {label}"
             root = f", root {e.root}" if e.root is not None else ""
             lines.append(f"{e.collective} on {group}{root}: {len(e.plan.schedules)} size bucket(s)")
         return "\n".join(lines)
+
+
+def group_label(group: Sequence[int], world: int) -> str:
+    """``world`` for all ranks in order, else the ranks compacted (``0-3,8``)."""
+    return "world" if tuple(group) == tuple(range(world)) else rank_ranges(group)
 
 
 def rank_ranges(ranks: Sequence[int]) -> str:
@@ -120,7 +126,8 @@ def rank_ranges(ranks: Sequence[int]) -> str:
 
 
 def _plan_file(entry: BundlePlan, world: int) -> str:
-    group = "world" if entry.group == tuple(range(world)) else "ranks" + rank_ranges(entry.group).replace(",", "_")
+    label = group_label(entry.group, world)
+    group = label if label == "world" else "ranks" + label.replace(",", "_")
     root = f"-root{entry.root}" if entry.root is not None else ""
     return f"{entry.collective}-{group}{root}.json"
 

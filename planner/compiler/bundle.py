@@ -20,12 +20,12 @@ from topocc.planner.compiler.race import Progress, ProgressFn
 from topocc.planner.errors import ScheduleFormatError, UsageError
 from topocc.planner.routing.network import Network
 from topocc.planner.topology.model import Topology
-from topocc.runtime.bundle import ROOTED, Bundle, BundlePlan, rank_ranges
+from topocc.runtime.bundle import ROOTED, Bundle, BundlePlan, group_label, rank_ranges
 from topocc.runtime.calls import Call
 from topocc.runtime.plan import Plan
 from topocc.runtime.schedule import COLLECTIVES, canonical_collective
 
-__all__ = ["BundleRequest", "CompiledPlan", "compile_bundle", "group_label", "requests_for", "requests_from_calls"]
+__all__ = ["BundleRequest", "CompiledPlan", "compile_bundle", "requests_for", "requests_from_calls"]
 
 
 def _canonical(collective: str) -> str:
@@ -34,11 +34,6 @@ def _canonical(collective: str) -> str:
         return canonical_collective(collective)
     except ScheduleFormatError:
         raise UsageError(f"unknown collective {collective!r}", fix=f"use one of {', '.join(COLLECTIVES)}") from None
-
-
-def group_label(group: Sequence[int], world: int) -> str:
-    """``world`` for all ranks in order, else the ranks compacted (``0-3,8``)."""
-    return "world" if tuple(group) == tuple(range(world)) else rank_ranges(group)
 
 
 @dataclass(frozen=True, slots=True)

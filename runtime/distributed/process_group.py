@@ -57,6 +57,11 @@ def _op_name(op: Any) -> str | None:
     return next((name for known, name in _OPS if op == known), None)
 
 
+def _nbytes(*tensors: torch.Tensor) -> int:
+    """The bytes of ``tensors`` together."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def _completed(result: Any) -> Any:
     """A ``Work`` that is already done, its future holding ``result`` (what DDP and FSDP read)."""
     future: torch.futures.Future[Any] = torch.futures.Future()
@@ -105,8 +110,9 @@ class TopoccProcessGroup(dist.ProcessGroup):
                                                                      rank, size, timeout)}
         # made now, while every rank is here: a peer that dies later fails a call within the timeout instead
         # of stalling gloo's rendezvous; a group the bundle has no plan for needs none
+        self._plans = {(e.collective, e.root): e.plan for e in job.bundle.plans_for(group)}
         self._transports: dict[str, Any] = {}
-        if job.bundle.plans_for(group):
+        if self._plans:
             self._transports["cpu"] = GlooTransport.over_store(dist.PrefixStore("topocc-cpu/", store), rank, size,
                                                                timeout=self.timeout_s)
         self._comms: dict[tuple[str, int | None, str], Communicator] = {}
@@ -165,7 +171,7 @@ class TopoccProcessGroup(dist.ProcessGroup):
 
     def _refusal(self, collective: str, tensors: Sequence[torch.Tensor], op: Any, root: int | None) -> str | None:
         """Why this call cannot run a plan (None when it can); every rank decides the same from the same call."""
-        if self.job.bundle.find(collective, self.group, root) is None:
+        if self._plans.get((collective, root if collective in ROOTED else None)) is None:
             where = "this group" if self.group != tuple(range(self.job.bundle.world)) else "the world"
             return f"no {collective} plan for {where}" + (f" with root {root}" if collective in ROOTED else "")
         first = tensors[0]
@@ -206,8 +212,8 @@ class TopoccProcessGroup(dist.ProcessGroup):
                 except CommunicatorError as exc:  # e.g. no CuPy: every rank finds the same, so all go native
                     why = self._unavailable[first.device.type] = f"no {first.device.type} transport ({exc.message})"
                 else:
-                    plan = self.job.bundle.find(collective, self.group, root)
-                    comm = self._comms[key] = Communicator(plan, transport=transport, timeout=self.timeout_s)
+                    comm = self._comms[key] = Communicator(self._plans[key[:2]], transport=transport,
+                                                           timeout=self.timeout_s)
         self._tally(collective, nbytes, why, first.device)
         return comm
 
@@ -228,7 +234,7 @@ class TopoccProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.AllreduceOptions()
-        comm = (self._route("allreduce", tensors, tensors[0].numel() * tensors[0].element_size(), opts.reduceOp)
+        comm = (self._route("allreduce", tensors, _nbytes(tensors[0]), opts.reduceOp)
                 if len(tensors) == 1 else self._count_many("allreduce", tensors))
         if comm is None:
             return self.native(tensors[0].device).allreduce(tensors, opts)
@@ -236,13 +242,13 @@ class TopoccProcessGroup(dist.ProcessGroup):
         return _completed(tensors)
 
     def _count_many(self, collective: str, tensors: Sequence[torch.Tensor]) -> None:
-        self._tally(collective, sum(t.numel() * t.element_size() for t in tensors), "several tensors per call",
+        self._tally(collective, _nbytes(*tensors), "several tensors per call",
                     tensors[0].device)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         """One planned all-reduce of the tensors laid end to end (as NCCL's coalescing does, one call)."""
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
-        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        nbytes = _nbytes(*tensors)
         comm = self._route("allreduce", tensors, nbytes, opts.reduceOp) if tensors else None
         if comm is None:
             return self.native(tensors[0].device).allreduce_coalesced(tensors, opts)
@@ -256,7 +262,7 @@ class TopoccProcessGroup(dist.ProcessGroup):
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.BroadcastOptions()
-        comm = (self._route("broadcast", tensors, tensors[0].numel() * tensors[0].element_size(), root=opts.rootRank)
+        comm = (self._route("broadcast", tensors, _nbytes(tensors[0]), root=opts.rootRank)
                 if len(tensors) == 1 else self._count_many("broadcast", tensors))
         if comm is None:
             return self.native(tensors[0].device).broadcast(tensors, opts)
@@ -265,7 +271,7 @@ class TopoccProcessGroup(dist.ProcessGroup):
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.ReduceOptions()
-        comm = (self._route("reduce", tensors, tensors[0].numel() * tensors[0].element_size(), opts.reduceOp,
+        comm = (self._route("reduce", tensors, _nbytes(tensors[0]), opts.reduceOp,
                             opts.rootRank) if len(tensors) == 1 else self._count_many("reduce", tensors))
         if comm is None:
             return self.native(tensors[0].device).reduce(tensors, opts)
@@ -275,10 +281,10 @@ class TopoccProcessGroup(dist.ProcessGroup):
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.AllgatherOptions()
         fits = output.numel() == input.numel() * self._size and output.dtype == input.dtype
-        comm = self._route("allgather", [output, input], output.numel() * output.element_size()) if fits else None
+        comm = self._route("allgather", [output, input], _nbytes(output)) if fits else None
         if comm is None:
             if not fits:
-                self._tally("allgather", output.numel() * output.element_size(), "sizes do not fit", input.device)
+                self._tally("allgather", _nbytes(output), "sizes do not fit", input.device)
             return _native_call(self.native(input.device), ("all_gather_single", "_allgather_base"), output, input,
                                 opts)
         comm.allgather(input.detach(), output.detach())
@@ -291,7 +297,7 @@ class TopoccProcessGroup(dist.ProcessGroup):
         first = inputs[0]
         fits = (len(inputs) == 1 and len(outputs[0]) == self._size
                 and all(o.shape == first.shape and o.dtype == first.dtype for o in outputs[0]))
-        nbytes = first.numel() * first.element_size() * self._size
+        nbytes = _nbytes(first) * self._size
         comm = self._route("allgather", [first], nbytes) if fits else None
         if comm is None:
             if not fits:
@@ -312,7 +318,7 @@ class TopoccProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         fits = input.numel() == output.numel() * self._size and output.dtype == input.dtype
-        nbytes = input.numel() * input.element_size()
+        nbytes = _nbytes(input)
         comm = self._route("reducescatter", [output, input], nbytes, opts.reduceOp) if fits else None
         if comm is None:
             if not fits:
@@ -329,7 +335,7 @@ class TopoccProcessGroup(dist.ProcessGroup):
         out = outputs[0]
         fits = (len(outputs) == 1 and len(inputs[0]) == self._size
                 and all(i.shape == out.shape and i.dtype == out.dtype for i in inputs[0]))
-        nbytes = out.numel() * out.element_size() * self._size
+        nbytes = _nbytes(out) * self._size
         comm = self._route("reducescatter", [out, *inputs[0]], nbytes, opts.reduceOp) if fits else None
         if comm is None:
             if not fits:
@@ -352,7 +358,7 @@ class TopoccProcessGroup(dist.ProcessGroup):
         even = (not output_splits or len(set(output_splits)) == 1) and (not input_splits or len(set(input_splits)) == 1)
         fits = even and output.numel() == input.numel() and output.dtype == input.dtype \
             and input.numel() % self._size == 0
-        nbytes = input.numel() * input.element_size()
+        nbytes = _nbytes(input)
         comm = self._route("alltoall", [output, input], nbytes) if fits else None
         if comm is None:
             if not fits:
@@ -371,30 +377,30 @@ class TopoccProcessGroup(dist.ProcessGroup):
         return self._delegate("barrier", torch.device("cpu"), 0, "not a planned collective", ("barrier",), opts)
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
-        nbytes = sum(t.numel() * t.element_size() for t in inputs)
+        nbytes = _nbytes(*inputs)
         return self._delegate("alltoall", inputs[0].device, nbytes, "the list form", ("alltoall",), outputs, inputs,
                               opts if opts is not None else dist.AllToAllOptions())
 
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
-        return self._delegate("gather", inputs[0].device, inputs[0].numel() * inputs[0].element_size(),
+        return self._delegate("gather", inputs[0].device, _nbytes(inputs[0]),
                               "not a planned collective", ("gather",), outputs, inputs,
                               opts if opts is not None else dist.GatherOptions())
 
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Any:
-        return self._delegate("scatter", outputs[0].device, outputs[0].numel() * outputs[0].element_size(),
+        return self._delegate("scatter", outputs[0].device, _nbytes(outputs[0]),
                               "not a planned collective", ("scatter",), outputs, inputs,
                               opts if opts is not None else dist.ScatterOptions())
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
-        return self._delegate("send", tensors[0].device, tensors[0].numel() * tensors[0].element_size(),
+        return self._delegate("send", tensors[0].device, _nbytes(tensors[0]),
                               "point-to-point", ("send",), tensors, dst, tag)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
-        return self._delegate("recv", tensors[0].device, tensors[0].numel() * tensors[0].element_size(),
+        return self._delegate("recv", tensors[0].device, _nbytes(tensors[0]),
                               "point-to-point", ("recv",), tensors, src, tag)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
-        return self._delegate("recv", tensors[0].device, tensors[0].numel() * tensors[0].element_size(),
+        return self._delegate("recv", tensors[0].device, _nbytes(tensors[0]),
                               "point-to-point", ("recv_anysource",), tensors, tag)
 
     # ------------------------------------------------------------------ lifetime
