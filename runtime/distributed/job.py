@@ -34,6 +34,21 @@ TIMEOUT_ENV = "TOPOCC_TIMEOUT"
 _COMPILE_HINT = "topocc bundle TOPOLOGY -o FOLDER"
 
 
+def _env_timeout(rank: int) -> float | None:
+    """``TOPOCC_TIMEOUT`` in seconds, or None where it is unset (then the process group's timeout holds)."""
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise CommunicatorError(f"{TIMEOUT_ENV}={text!r} is not a positive number of seconds", where=f"rank {rank}",
+                                fix=f"set {TIMEOUT_ENV} to seconds, e.g. 60, or unset it")
+    return seconds
+
+
 @dataclass(frozen=True)
 class BackendOptions:
     """What ``init_process_group("topocc", pg_options=BackendOptions(...))`` may set instead of the environment."""
@@ -83,7 +98,7 @@ class Job:
                 f"the plan bundle was compiled for {bundle.topology or 'an unnamed topology'} but "
                 f"{TOPOLOGY_ENV} names {expected}", where=bundle.source,
                 fix=f"compile the bundle for this cluster: topocc bundle {expected} -o FOLDER")
-        timeout = opts.timeout if opts.timeout is not None else float(os.environ.get(TIMEOUT_ENV) or 0) or None
+        timeout = opts.timeout if opts.timeout is not None else _env_timeout(rank)
         control = StoreControl(store, rank, size, prefix="topocc-job")
         rows = control.allgather_ints([bundle.digest], timeout or 300.0)
         if rows is None:

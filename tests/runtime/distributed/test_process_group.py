@@ -118,6 +118,10 @@ def test_init_refuses_a_bundle_for_another_world_or_topology(tmp_path: Path, mon
     with pytest.raises(CommunicatorError, match=r"compiled for t2x1 but TOPOCC_TOPOLOGY names dgx1-v100"):
         Job.start(store, 0, 2, BackendOptions(plan=folder, topology="dgx1-v100"))
     monkeypatch.delenv("TOPOCC_TOPOLOGY", raising=False)
+    monkeypatch.setenv("TOPOCC_TIMEOUT", "soon")
+    with pytest.raises(CommunicatorError, match=r"TOPOCC_TIMEOUT='soon' is not a positive number of seconds"):
+        Job.start(store, 0, 2, BackendOptions(plan=folder))
+    monkeypatch.delenv("TOPOCC_TIMEOUT")
     monkeypatch.delenv("TOPOCC_PLAN", raising=False)
     with pytest.raises(CommunicatorError, match=r"no plan bundle .*fix: set TOPOCC_PLAN"):
         Job.start(store, 0, 2, BackendOptions())
