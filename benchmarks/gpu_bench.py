@@ -146,11 +146,17 @@ def prove(schedule: Any, sizes_bytes: Sequence[int], group_bytes: int) -> dict[i
     return groups
 
 
-def predicted(topology: Any, schedule: Any, size: int, scale: float) -> float:
+def predicted(topology: Any, schedule: Any, size: int, scale: float, group_bytes: int) -> float:
+    """The simulator's time for the program NCCL runs: the schedule lowered into groups as the runtime lowers
+    it at this size, on the emulated (scaled) topology, by its calibrated model where it has one."""
+    from topocc.planner.analysis.lowered import as_lowered
     from topocc.planner.analysis.simulate import simulate
     from topocc.planner.testbed.emulation import scaled_topology
+    from topocc.runtime.lowering import chunks_per_round_for, lower
 
-    return simulate(scaled_topology(topology, scale), schedule, size).time_s
+    chunk = -(-size // 4 // schedule.input_chunks) * 4  # float32: the largest chunk, as the runtime cuts it
+    lowered = as_lowered(schedule, lower(schedule, chunks_per_round_for(chunk, group_bytes)))
+    return simulate(scaled_topology(topology, scale), lowered, size).time_s
 
 
 def rank_command(rank: int, world: int, store: str, backend: str, schedule: str, sizes: Sequence[int],
@@ -224,7 +230,8 @@ def run_config(config: str, args: argparse.Namespace) -> list[Row]:
     if report.get("probe"):
         print(format_probe(report["probe"]), flush=True)
     return [Row(config, m["size"], schedule.metadata.algorithm, groups[m["size"]], m["time_s"], m["native_s"],
-                predicted(topology, schedule, m["size"], args.scale) if emulated else None, m["max_error"],
+                predicted(topology, schedule, m["size"], args.scale, group_bytes) if emulated else None,
+                m["max_error"],
                 m["iters"], m.get("profile")) for m in report["rows"]]
 
 

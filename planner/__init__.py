@@ -14,8 +14,10 @@ schedule format, the contract both sides share):
 * :mod:`~topocc.planner.formats`, :mod:`~topocc.planner.report`: other systems' formats, and the HTML,
   Graphviz and text views of a plan;
 * :mod:`~topocc.planner.gradblocks`: Prophet-style planning of which gradients travel together;
-* :mod:`~topocc.planner.testbed`: an emulated cluster on one machine (namespaces, shaped links) and the
-  benchmark that runs plans on it; the compiler never imports it;
+* :mod:`~topocc.planner.calibration`: which rank pairs measure which link class, and the fit of their
+  measurements into a topology's ``calibration:`` block;
+* :mod:`~topocc.planner.testbed`: an emulated cluster on one machine (namespaces, shaped links), the
+  benchmark that runs plans on it, and ``topocc calibrate``; the compiler never imports it;
 * :mod:`~topocc.planner.cli`: the ``topocc`` command: parses arguments, delegates, prints.
 
 ``errors``, ``units``, ``_yaml`` and ``collector`` are shared by all of them.

@@ -127,7 +127,7 @@ def compile_cmd(topology: str, collective: str, size: tuple[int, int], algorithm
     from topocc.planner.compiler.compile import compile_schedule
     from topocc.planner.compiler.options import Options
     from topocc.planner.compiler.plans import compile_plan
-    from topocc.planner.report.summary import compiled_summary, format_plan, plan_summary
+    from topocc.planner.report.summary import compiled_summary, format_plan, model_note, plan_summary
     from topocc.planner.topology.catalogue import resolve_topology
     from topocc.runtime.plan import save_plan
     from topocc.runtime.schedule import save_schedule
@@ -141,13 +141,13 @@ def compile_cmd(topology: str, collective: str, size: tuple[int, int], algorithm
         plan, results = compile_plan(topo, collective, low, high, algorithm, options, progress=report)
         if output:
             save_plan(plan, output)
-        doc = plan_summary(results, output)
+        doc = plan_summary(results, output) | {"model": model_note(topo)}
         _emit(doc, as_json, format_plan(doc))
         return
     compiled = compile_schedule(topo, collective, algorithm, options, progress=report)
     if output:
         save_schedule(compiled.schedule, output)
-    _emit(compiled_summary(compiled, output), as_json)
+    _emit(compiled_summary(compiled, output) | {"model": model_note(topo)}, as_json)
 
 
 #: What DDP and FSDP issue: gradient all-reduce, sharded reduce-scatter and all-gather, the start's broadcast.
@@ -417,6 +417,28 @@ def bench_cmd(schedule: str, nprocs: int | None, sizes: tuple[int, int], factor:
     _emit(doc, as_json, text)
     if any(r["wrong"] for r in doc):
         raise wrong_result(doc, schedule)
+
+
+@cli.command("calibrate")
+@click.argument("topology")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Write the calibrated topology here (the file with a calibration: block).")
+@click.option("--emulate", is_flag=True, help="Measure an emulated cluster of TOPOLOGY (needs root).")
+@click.option("--scale", type=click.FloatRange(1e-6, 1.0), default=1e-3, show_default=True,
+              help="With --emulate: emulated link rate = real bandwidth x scale.")
+@click.option("--mpiexec-arg", "mpiexec_args", multiple=True,
+              help="Without --emulate: pass this to mpiexec (repeat it; e.g. -f hostfile on a real cluster).")
+@click.option("--json", "as_json", is_flag=True, help="Print the fitted figures as JSON.")
+@click.option("--progress/--no-progress", default=None, help=PROGRESS_HELP)
+def calibrate_cmd(topology: str, output: str, emulate: bool, scale: float, mpiexec_args: tuple[str, ...],
+                  as_json: bool, progress: bool | None) -> None:
+    """Measure the cluster TOPOLOGY describes (one MPI rank per GPU) and write it calibrated to --output."""
+    # loaded on use: every command starts without the others' modules
+    from topocc.planner.testbed.calibrate import calibrate, calibration_json, format_calibration
+
+    done = calibrate(topology, output, emulate=emulate, scale=scale, mpiexec_args=mpiexec_args,
+                     progress=_progress_echo(progress))
+    _emit(calibration_json(done), as_json, format_calibration(done) + f"\n  wrote {output}")
 
 
 @cli.command("inspect")

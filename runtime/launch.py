@@ -498,7 +498,7 @@ def bench_schedule(source: str | Path | Schedule | Plan | Sequence[Any], np: int
                    iters: int | Sequence[int] = 20, warmup: int = 5, dtype: str = "float32", op: str = "sum",
                    timeout: float = 30.0, mpiexec: str | None = None, launcher: Launcher | None = None,
                    gloo: str | None = None, trace: str | Path | None = None, limit_s: float | None = None,
-                   progress: Callable[[BenchRow], None] | None = None) -> list[BenchRow]:
+                   progress: Callable[[BenchRow], None] | None = None, native: bool = True) -> list[BenchRow]:
     """Time a schedule (or plan) against MPI's native collective at each size, on ``np`` ranks (None: its own).
 
     Time is the maximum over ranks of the mean per-iteration time after
@@ -507,10 +507,10 @@ def bench_schedule(source: str | Path | Schedule | Plan | Sequence[Any], np: int
     ``mpiexec``); ``gloo`` (rank 0's ``HOST:PORT``) also times torch's gloo
     allreduce; ``trace`` (a ``.json`` path) records one call per size on every
     rank and writes them as a Chrome trace (see :func:`write_trace`); ``progress``
-    gets each row as its size ends.  The job is killed after ``limit_s``
-    (default: ``timeout`` per call).  Raises UsageError for a rank count other
-    than the schedule's (before anything starts), CommunicatorError if the job
-    fails.
+    gets each row as its size ends; ``native=False`` leaves MPI's own
+    collective out.  The job is killed after ``limit_s`` (default: ``timeout``
+    per call).  Raises UsageError for a rank count other than the schedule's
+    (before anything starts), CommunicatorError if the job fails.
     """
     counts = [iters] * len(sizes) if isinstance(iters, int) else list(iters)
     if len(counts) != len(sizes):
@@ -524,9 +524,11 @@ def bench_schedule(source: str | Path | Schedule | Plan | Sequence[Any], np: int
                 "--iters", *map(str, counts), "--warmup", str(warmup), "--timeout", str(timeout)]
         if gloo:
             args += ["--gloo", gloo]
+        if not native:
+            args.append("--no-native")
         if trace is not None:
             args += ["--trace", str(Path(tmp) / "trace")]
-        calls = sum(c + warmup + 1 for c in counts) * (3 if gloo else 2)
+        calls = sum(c + warmup + 1 for c in counts) * (1 + bool(gloo) + native)
         limit = limit_s if limit_s is not None else timeout * calls + STARTUP_S
 
         def on_line(line: str) -> None:

@@ -257,7 +257,7 @@ def _bench(comm: Any, args: argparse.Namespace) -> Iterator[dict[str, Any]]:
             call(comm, collective, work, op, recv)
             traces.extend(comm.stop_trace())
         native_s = None
-        if has_native(comm.transport):
+        if args.native and has_native(comm.transport):
             nrecv = work if collective in ("allreduce", "broadcast") else _recv_buffer(collective, ranks, count,
                                                                                        dtype, native=True)
             try:
@@ -340,6 +340,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=30.0)
     p.add_argument("--fingerprint", default=None)
     p.add_argument("--gloo", default=None, metavar="HOST:PORT", help="also time torch gloo allreduce (bench)")
+    p.add_argument("--no-native", dest="native", action="store_false", help="do not time MPI's own collective (bench)")
     p.add_argument("--trace", default=None, metavar="DIR", help="write one traced call per size (bench)")
     p.add_argument("--lowered", action="store_true",
                    help="replay the lowering group by group with NCCL's semantics (MPIGroupTransport)")

@@ -33,8 +33,10 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "topocc.planner.report": ("topocc.planner.topology", "topocc.planner.routing", "topocc.planner.analysis",
                               "topocc.planner.compiler", "topocc.runtime"),
     "topocc.planner.gradblocks": ("topocc.planner.topology", "topocc.planner.analysis", "topocc.runtime"),
+    "topocc.planner.calibration": ("topocc.planner.topology", "topocc.planner.routing", "topocc.runtime"),
     "topocc.planner.testbed": ("topocc.planner.topology", "topocc.planner.routing", "topocc.planner.analysis",
-                               "topocc.planner.compiler", "topocc.planner.report", "topocc.runtime"),
+                               "topocc.planner.compiler", "topocc.planner.report", "topocc.planner.calibration",
+                               "topocc.runtime"),
 }
 #: Modules every planner package may import.
 SHARED = ("topocc.planner.errors", "topocc.planner.units", "topocc.planner._yaml", "topocc.planner.collector")

@@ -291,10 +291,12 @@ def test_bench_table_and_json_share_names(two_rank_schedule: Path, capsys: pytes
     code, out, err = run(capsys, *argv, "--progress")
     assert code == 0, err
     lines = out.splitlines()
-    header, *rows = [re.split(r"\s{2,}", line.strip()) for line in lines[1:-1] if not line.startswith("-")]
+    assert lines[1] == "# model: datasheet (the file's figures; topocc calibrate measures them)"
+    header, *rows = [re.split(r"\s{2,}", line.strip()) for line in lines[2:-1] if not line.startswith("-")]
     assert header == [h for h, _ in BENCH_COLUMNS]  # nccl-tests' columns first: size count type redop time ...
     assert [r[0] for r in rows] == ["4KiB", "16KiB"] and all(r[7] == "0" for r in rows)  # #wrong: a count
-    assert all(r[-2] not in ("n/a", "") for r in rows)  # predicted from the topology beside the schedule
+    assert all(r[-3] not in ("n/a", "-", "") for r in rows)  # predicted from the topology beside the schedule
+    assert all(re.fullmatch(r"[+-]\d+\.\d%", r[-2]) for r in rows)  # and its error
     assert lines[-1] == "# PASS: no wrong element at 2 sizes"
     assert err.splitlines() == ["bench: 2 sizes on 2 ranks", *(
         line for line in err.splitlines()[1:] if re.fullmatch(r"bench: (4|16)KiB done \([12]/2\): .* 0 wrong", line))]

@@ -30,6 +30,8 @@ import pytest
 
 from tests.conftest import REPO, run_bounded
 from topocc.planner.cli import cli
+from topocc.planner.testbed.emulation import emulation_available
+from topocc.planner.topology.parse import load_topology
 from topocc.runtime.launch import find_mpiexec
 
 README = REPO / "README.md"
@@ -42,6 +44,7 @@ COMMAND_LIMIT_S = 240.0
 WORKED_EXAMPLE = "Worked example"
 TRAINING = "At training time"
 TORCHRUN = "With torchrun"
+CALIBRATE = "Calibrate your cluster"
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.M | re.S)
 NUMBER = re.compile(r"\d+(?:\.\d+)?")
@@ -254,6 +257,28 @@ def test_the_torchrun_section_trains_over_the_bundle_it_compiles(tmp_path: Path)
     problems = [p for c in (compile_, launch) if (p := check(c, tmp_path)) is not None]
     if problems:
         pytest.fail("\n\n".join(problems), pytrace=False)
+
+
+@pytest.mark.root
+@pytest.mark.mpi
+@pytest.mark.skipif(emulation_available() is not None, reason=str(emulation_available()))
+def test_the_calibrate_section_calibrates_compiles_and_benches_by_the_calibrated_model(tmp_path: Path) -> None:
+    """"Calibrate your cluster": its commands, in order (as root, so without ``sudo``), each exit 0; the file it
+    writes is calibrated, and the bench predicts by it."""
+    (block,) = [b for b in blocks() if b.lang == "sh" and b.section == CALIBRATE]
+    commands = [Command(n, line.removeprefix("sudo "), ())
+                for n, line in enumerate(block.text.splitlines(), start=block.line) if line.strip()]
+    assert [c.text.split()[1] for c in commands] == ["calibrate", "compile", "bench"]
+    outputs = []
+    for command in commands:
+        proc = run(command, tmp_path)
+        assert proc.returncode == 0, f"README.md:{command.line}: `{command.text}` exited {proc.returncode}:\n" \
+                                     f"{proc.stderr[-2000:]}"
+        outputs.append(proc.stdout)
+    written = re.search(r"-o (\S+\.yaml)", commands[0].text)
+    assert written is not None
+    assert load_topology(tmp_path / written.group(1)).calibration is not None
+    assert "model: calibrated" in outputs[1] and "model: calibrated" in outputs[2]
 
 
 OTHER_SECTIONS = sorted({b.section for b in blocks() if b.lang == "console"} - {WORKED_EXAMPLE, TRAINING, TORCHRUN})

@@ -2,6 +2,7 @@
 
 ``collectives`` (each collective's pre- and postconditions as data), ``verify`` (the proof by symbolic
 execution), ``verify_lowered`` (the proof that NCCL runs a lowering to the end and computes the same),
-``simulate`` with ``fairshare`` (discrete events, max-min fair link sharing), ``bounds`` (cut, partition
+``simulate`` with ``fairshare`` (discrete events, max-min fair link sharing; a calibrated topology's
+costs), ``lowered`` (the program NCCL runs for a lowering, for the simulator), ``bounds`` (cut, partition
 and latency bounds).  Imports topology and routing; never the compiler.
 """

@@ -27,9 +27,19 @@ The model (the execution model of :mod:`topocc.runtime.schedule`, timed):
   (a fluid model, as in SimGrid's and htsim's flow-level modes); the message
   completes when its last flow has sent its last byte plus the latency of its
   slowest path (sum of the path's link latencies, max over its paths);
-* local operations (``copy``, ``reduce``) take zero time: memory bandwidth is
-  one to two orders of magnitude above link bandwidth, so the network
-  dominates; a model that charges them would go here.
+* on a datasheet topology, local operations (``copy``, ``reduce``) take zero
+  time: memory bandwidth is one to two orders of magnitude above link
+  bandwidth, so the network dominates.  A calibrated topology
+  (:mod:`topocc.planner.topology.calibration`) charges what the runtime
+  spends besides the links: each message holds its connection for the
+  measured fixed cost before its bytes go (so a connection's messages pay it
+  one after another), and copies, reductions and the reduction of a received
+  message take their bytes over the measured throughput (float32's) on their
+  rank, one at a time per rank, as a host-driven replay runs them.  A link
+  of a calibrated class that ``k`` of the schedule's connections cross
+  carries ``bandwidth * (shared + (1 - shared) / k)`` in all: many TCP flows
+  through one shaped or congested link lose part of it to losses and
+  recovery, as measured (the class's ``shared``).
 
 Complexity: every operation is visited a constant number of times; events at
 the same instant (within a relative 1e-12) are handled as one group, so fair
@@ -69,6 +79,7 @@ from topocc.planner.collector import collector_paused
 from topocc.planner.errors import SimulationError
 from topocc.planner.routing.network import Memo, Network, network_of
 from topocc.planner.routing.paths import connection_chunks, recorded_paths
+from topocc.planner.topology.calibration import link_classes_of
 from topocc.planner.topology.model import Link, Topology
 from topocc.runtime import matching
 from topocc.runtime.bandwidth import bus_factor
@@ -409,6 +420,7 @@ class _Setup:
     programs: _Programs
     routes: dict[Connection, Route]
     route_links: dict[Connection, tuple[int, ...]]  # every path's links one after the other, per connection
+    bandwidth: list[float]  # each link's capacity for this schedule (below its figure where flows contend)
 
     @staticmethod
     def of(net: Network, schedule: Schedule, size_bytes: int) -> _Setup:
@@ -426,7 +438,29 @@ class _Setup:
         programs = _flatten(schedule, where)
         routes = _routes(net, schedule, programs.connections, where)
         route_links = {key: tuple(link for path in route.paths for link in path) for key, route in routes.items()}
-        return _Setup(schedule, size_bytes, where, links, programs, routes, route_links)
+        return _Setup(schedule, size_bytes, where, links, programs, routes, route_links,
+                      _shared_bandwidth(net, links, route_links))
+
+
+def _shared_bandwidth(net: Network, links: _LinkIndex, route_links: Mapping[Connection, tuple[int, ...]]
+                      ) -> list[float]:
+    """The links' capacities for a schedule whose connections take ``route_links``: a calibrated class's link
+    crossed by ``k`` connections carries ``bandwidth * (shared + (1 - shared) / k)``; every other link its
+    bandwidth."""
+    cal = net.topology.calibration
+    if cal is None or all(f.shared >= 1.0 for f in cal.links.values()):
+        return links.bandwidth
+    classes = link_classes_of(net.topology)
+    crossing = [0] * len(links.bandwidth)
+    for route in route_links.values():
+        for link in set(route):
+            crossing[link] += 1
+    out = links.bandwidth.copy()
+    for i, (name, k) in enumerate(zip(links.names, crossing)):
+        figures = cal.links.get(classes[name])
+        if figures is not None and k > 1:
+            out[i] *= figures.shared + (1.0 - figures.shared) / k
+    return out
 
 
 # --------------------------------------------------------------------------- the run
@@ -441,9 +475,10 @@ class _Run:
     arrived (:meth:`message_done`).  :meth:`run` moves the clock from instant to instant.
     """
 
-    __slots__ = ("arrivals", "base", "chunk_bytes", "conn_links", "conn_of", "conn_queue", "dependents", "fabric",
-                 "finished", "kinds", "link_bytes", "link_events", "msg_start", "on_message", "op_events", "op_rank",
-                 "partner", "posted", "programs", "rank_finish", "ready", "routes", "setup", "start_time", "waiting")
+    __slots__ = ("arrivals", "base", "chunk_bytes", "conn_links", "conn_of", "conn_queue", "copy_Bps", "cpu_free",
+                 "dependents", "fabric", "finished", "kinds", "launches", "link_bytes", "link_events", "local_done",
+                 "message_s", "msg_start", "on_message", "op_events", "op_rank", "partner", "posted", "programs",
+                 "rank_finish", "ready", "reduce_Bps", "routes", "setup", "start_time", "waiting")
 
     def __init__(self, setup: _Setup, record: bool = False, on_message: MessageHook | None = None) -> None:
         flat = setup.programs
@@ -457,7 +492,7 @@ class _Run:
         self.conn_links = setup.route_links  # a message adds its share to each link, in this order
         self.chunk_bytes = chunk_bytes(setup.schedule, setup.size_bytes)
         self.on_message = on_message
-        self.fabric: Fabric | Unshared = self.make_fabric(setup.links.bandwidth, total, record)
+        self.fabric: Fabric | Unshared = self.make_fabric(setup.bandwidth, total, record)
         self.conn_queue: dict[Connection, deque[int]] = {}  # busy connections and their waiting messages
         self.posted = [False] * total
         self.finished = bytearray(total)
@@ -469,6 +504,14 @@ class _Run:
         self.op_events: list[OpEvent] = []
         self.link_events: list[LinkEvent] = []
         self.ready = [i for i in range(total) if not waiting[i]]
+        cal = setup.links.net.topology.calibration
+        inf = math.inf
+        self.message_s = cal.host.message_s if cal is not None else 0.0
+        self.copy_Bps = cal.host.copy_Bps if cal is not None else inf
+        self.reduce_Bps = cal.host.reduce_rate() if cal is not None else inf
+        self.cpu_free = [0.0] * len(self.programs)  # when each rank's host is done with its local work
+        self.launches: list[tuple[float, int]] = []  # (time, send): a message's bytes go once its fixed cost is paid
+        self.local_done: list[tuple[float, int]] = []  # (time, op): local work that ends later than it starts
 
     def make_fabric(self, bandwidth: list[float], messages: int, record: bool) -> Fabric | Unshared:
         """The links' model: max-min fair sharing."""
@@ -491,13 +534,36 @@ class _Run:
             self.start_time[op] = now
         kind = self.kinds[op]
         if kind == _LOCAL:
-            self.complete(op, now)
+            if self.copy_Bps == self.reduce_Bps == math.inf:
+                self.complete(op, now)
+            else:
+                self.local_work(op, now, self.reduce_Bps if self.op_kind(op) == "reduce" else self.copy_Bps)
             return
         posted = self.posted
         posted[op] = True
         other = self.partner[op]
         if posted[other]:
             self.message_ready(op if kind == _SEND else other, now)
+
+    def op_kind(self, op: int) -> str:
+        """The kind of operation ``op`` (``copy``, ``reduce``, ``send``, ...)."""
+        r = self.op_rank[op]
+        return self.programs[r][op - self.base[r]].kind
+
+    def local_work(self, op: int, now: float, rate: float) -> None:
+        """Operation ``op`` works on its bytes at ``rate`` on its rank's host, after the work queued there; it
+        completes at once where that takes no time (a datasheet topology)."""
+        if rate == math.inf:
+            self.complete(op, now)
+            return
+        r = self.op_rank[op]
+        k = op - self.base[r]
+        start = max(now, self.cpu_free[r])
+        end = self.cpu_free[r] = start + self.programs[r][k].count * self.chunk_bytes / rate
+        if end <= now:
+            self.complete(op, now)
+        else:
+            heapq.heappush(self.local_done, (end, op))
 
     def complete(self, op: int, now: float) -> None:
         """Operation ``op`` completes at ``now``: the operations waiting for it may become ready."""
@@ -537,13 +603,22 @@ class _Run:
         self.start_message(send, now)
 
     def start_message(self, send: int, now: float) -> None:
+        """The message holds its connection from ``now``: its bytes go once its fixed cost is paid."""
+        if self.message_s > 0.0:
+            if self.on_message is not None:
+                self.msg_start[send] = now
+            heapq.heappush(self.launches, (now + self.message_s, send))
+        else:
+            self.launch(send, now)
+
+    def launch(self, send: int, now: float) -> None:
         """Put a message on the wire: one flow per path of its connection."""
         src = self.op_rank[send]
         key = self.conn_of[send]
         route = self.routes[key]
         nbytes = self.programs[src][send - self.base[src]].count * self.chunk_bytes
         if self.on_message is not None:
-            self.msg_start[send] = now
+            self.msg_start.setdefault(send, now)
         if nbytes <= 0.0:
             self.release(send, now)
             heapq.heappush(self.arrivals, (now + route.latency, send))
@@ -571,7 +646,10 @@ class _Run:
         """The message has arrived: both of its ends complete."""
         recv = self.partner[send]
         self.complete(send, now)
-        self.complete(recv, now)
+        if self.reduce_Bps != math.inf and self.op_kind(recv) == "recv_reduce":
+            self.local_work(recv, now, self.reduce_Bps)
+        else:
+            self.complete(recv, now)
         if self.on_message is not None:
             op_rank, base = self.op_rank, self.base
             src, dst = op_rank[send], op_rank[recv]
@@ -586,19 +664,28 @@ class _Run:
 
     def run(self, deadline_s: float) -> bool:
         """Handle instants until no event is left (True) or the clock passes ``deadline_s`` with work left."""
-        fabric, arrivals = self.fabric, self.arrivals
+        fabric, arrivals, launches, local_done = self.fabric, self.arrivals, self.launches, self.local_done
+        heappop = heapq.heappop
         self.drain(0.0)
         fabric.reallocate(0.0)
         inf = math.inf
         while True:
             flows_end = fabric.next_end()
             now = min(flows_end, arrivals[0][0]) if arrivals else flows_end
+            if launches and launches[0][0] < now:
+                now = launches[0][0]
+            if local_done and local_done[0][0] < now:
+                now = local_done[0][0]
             if now == inf:
                 return True
             if now > deadline_s:  # work is left, and it ends at ``now`` or later
                 return False
             limit = now + SAME_INSTANT * now  # events this close are one instant
             self.messages_end(self.flows_end(now, limit) if flows_end <= limit else [], now, limit)
+            while local_done and local_done[0][0] <= limit:
+                self.complete(heappop(local_done)[1], now)
+            while launches and launches[0][0] <= limit:
+                self.launch(heappop(launches)[1], now)
             self.drain(now)
             if fabric.touched or fabric.pending:
                 fabric.reallocate(now)
@@ -702,7 +789,7 @@ class _ContentionFree(_Run):
 
     def __init__(self, setup: _Setup) -> None:
         super().__init__(setup)
-        self.heavy = _heavy_links(connection_chunks(setup.schedule), setup.routes, setup.links.bandwidth)
+        self.heavy = _heavy_links(connection_chunks(setup.schedule), setup.routes, setup.bandwidth)
         # each flow's start, link and bytes, per link it crosses of those it keeps (see _heavy_links)
         self.loads = (array("d"), array("q"), array("d"))
 
@@ -719,7 +806,8 @@ class _ContentionFree(_Run):
             loads[1].extend(links)
             loads[2].extend([share] * len(links))
 
-    #: A message goes on the wire as soon as both its ends are posted: no connection is waited for.
+    #: A message goes on the wire as soon as both its ends are posted (and its fixed cost is paid): no
+    #: connection is waited for.
     message_ready = _Run.start_message
 
     def release(self, send: int, now: float) -> None:
@@ -731,5 +819,5 @@ class _ContentionFree(_Run):
         loads = self.loads
         if 0 < len(loads[0]) < _LOADS_MAX:
             columns = (np.frombuffer(column, dtype=column.typecode) for column in loads)
-            time_s = max(time_s, _suffix_bound(*columns, self.setup.links.bandwidth))
+            time_s = max(time_s, _suffix_bound(*columns, self.setup.bandwidth))
         return time_s

@@ -12,7 +12,7 @@ from typing import Any
 
 from topocc.planner.analysis.simulate import simulate
 from topocc.planner.errors import TopoccError
-from topocc.planner.report.summary import what_if_note
+from topocc.planner.report.summary import model_note, what_if_note
 from topocc.planner.report.table import RATIO, format_table, opt_cell
 from topocc.planner.topology.catalogue import schedule_topology
 from topocc.planner.units import format_bandwidth, format_size, format_time
@@ -60,23 +60,27 @@ def predicted_times(source: Schedule | Plan, sizes: Sequence[int], schedule_path
         if topology:
             raise
         return Predictions([None for _ in sizes], note=f"no prediction: {exc.one_line()}")
-    note = what_if_note(plan.schedules[0], topo)
-    return Predictions([simulate(topo, plan.select(size), size).time_s for size in sizes], note is not None, note)
+    what_if_text = what_if_note(plan.schedules[0], topo)
+    model = f"model: {model_note(topo)}"
+    note = model if what_if_text is None else f"{what_if_text}; {model}"
+    return Predictions([simulate(topo, plan.select(size), size).time_s for size in sizes], what_if_text is not None,
+                       note)
 
 
 #: ``topocc bench``'s columns: nccl-tests' (size ... #wrong), then the error, MPI's own collective, their ratio
-#: and the simulator; each with the name its value has in ``--json`` (docs/json.md).
+#: and the simulator with its error; each with the name its value has in ``--json`` (docs/json.md).
 BENCH_COLUMNS: tuple[tuple[str, str], ...] = (
     ("size", "size_bytes"), ("count", "count"), ("type", "type"), ("redop", "redop"), ("time", "time_s"),
     ("algbw", "algbw_GBps"), ("busbw", "busbw_GBps"), ("#wrong", "wrong"), ("max_error", "max_error"),
     ("native_time", "native_time_s"), ("ratio", "ratio"), ("predicted_time", "predicted_time_s"),
-    ("algorithm", "algorithm"),
+    ("error", "error"), ("algorithm", "algorithm"),
 )
 
 
 def bench_rows(rows: Sequence[BenchRow], predictions: Predictions) -> list[dict[str, Any]]:
     """``topocc bench --json``: each measured row with the simulator's prediction for its size."""
-    return [r.to_json() | {"predicted_time_s": p, "what_if": predictions.what_if}
+    return [r.to_json() | {"predicted_time_s": p, "what_if": predictions.what_if,
+                           "error": p / r.time_s - 1 if p is not None and r.time_s > 0 else None}
             for r, p in zip(rows, predictions.times)]
 
 
@@ -85,7 +89,8 @@ def format_bench_row(row: Mapping[str, Any]) -> list[str]:
     return [format_size(row["size_bytes"]), str(row["count"]), row["type"], row["redop"], format_time(row["time_s"]),
             format_bandwidth(row["algbw_GBps"] * 1e9), format_bandwidth(row["busbw_GBps"] * 1e9), str(row["wrong"]),
             f"{row['max_error']:.3g}", opt_cell(row["native_time_s"], format_time),
-            opt_cell(row["ratio"], RATIO.format), opt_cell(row["predicted_time_s"], format_time), row["algorithm"]]
+            opt_cell(row["ratio"], RATIO.format), opt_cell(row["predicted_time_s"], format_time),
+            opt_cell(row.get("error"), "{:+.1%}".format), row["algorithm"]]
 
 
 def format_bench(doc: Sequence[Mapping[str, Any]], collective: str, ranks: int, predictions: Predictions,

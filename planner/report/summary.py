@@ -33,6 +33,7 @@ __all__ = [
     "format_bundle",
     "format_plan",
     "format_summary",
+    "model_note",
     "plan_summary",
     "simulation_summary",
     "topology_summary",
@@ -107,6 +108,8 @@ def format_plan(doc: Mapping[str, Any]) -> str:
     text = (f"plan for {doc['collective']} on {doc['topology']} ({doc['ranks']} ranks): {len(rows)} buckets\n"
             + indent(format_table(rows, ("from", "to", "algorithm", "tuned at", "predicted", "of bound",
                                           "algbw"))))
+    if doc.get("model"):
+        text += f"\n  model: {doc['model']}"
     if doc.get("output"):
         text += f"\n  wrote {doc['output']}"
     return text
@@ -176,6 +179,14 @@ def _what_if(schedule: Schedule, topology: Topology) -> dict[str, Any]:
     return {"what_if": not compiled_for(schedule, topology), "compiled_for": schedule.metadata.topology}
 
 
+def model_note(topology: Topology) -> str:
+    """Which model predicts on ``topology``: its calibration (when and over what), or the file's figures."""
+    cal = topology.calibration
+    if cal is None:
+        return "datasheet (the file's figures; topocc calibrate measures them)"
+    return f"calibrated (measured {cal.measured}, {cal.transport})"
+
+
 def what_if_note(schedule: Schedule, topology: Topology) -> str | None:
     """:func:`what_if_line` for a schedule timed on ``topology``."""
     return what_if_line(_what_if(schedule, topology) | {"topology": topology.name})
@@ -240,6 +251,8 @@ def format_summary(doc: Mapping[str, Any]) -> str:
         lines.append(f"  of bound:       {percent(doc['percent_of_bound'])}")
         lines.append(f"  algbw / busbw:  {format_bandwidth(doc['algbw_GBps'] * 1e9)} / "
                      f"{format_bandwidth(doc['busbw_GBps'] * 1e9)}")
+        if doc.get("model"):
+            lines.append(f"  model:          {doc['model']}")
         if doc.get("bottleneck_links"):
             busiest = ", ".join(f"{b['link']} ({100 * b['utilisation']:.0f}%)" for b in doc["bottleneck_links"][:3])
             lines.append(f"  busiest links:  {busiest}")

@@ -33,6 +33,7 @@ from topocc.planner.analysis.simulate import simulate
 from topocc.planner.compiler.plans import compile_plan
 from topocc.planner.errors import UsageError
 from topocc.planner.report.runs import bench_progress, bench_verdict
+from topocc.planner.report.summary import model_note
 from topocc.planner.report.table import RATIO, format_table, opt_cell
 from topocc.planner.testbed.emulation import DEFAULT_SCALE, EmulatedCluster, emulation_available
 from topocc.planner.topology.catalogue import resolve_topology
@@ -81,13 +82,18 @@ class EmulatedRow:
         """The simulator's prediction over the measured time (1.0: exact; below: the run was slower)."""
         return self.predicted_time_s / self.time_s if self.time_s else math.nan
 
+    @property
+    def error(self) -> float:
+        """The prediction's error relative to the measured time (+0.1: predicted 10% slower than measured)."""
+        return self.predicted_time_s / self.time_s - 1 if self.time_s else math.nan
+
     def to_json(self) -> dict[str, Any]:
         """The row under the names ``docs/json.md`` lists (those of ``topocc bench --json`` where they meet)."""
         return {"size_bytes": self.size, "algorithm": self.algorithm, "time_s": self.time_s,
                 "native_time_s": self.native_time_s, "gloo_time_s": self.gloo_time_s,
                 "predicted_time_s": self.predicted_time_s, "wrong": self.wrong, "max_error": self.max_error,
                 "iters": self.iters, "regime": self.regime, "ratio": self.ratio,
-                "predicted_over_measured": self.predicted_over_measured}
+                "predicted_over_measured": self.predicted_over_measured, "error": self.error}
 
 
 def regime(predicted_s: float, measured_s: float) -> str:
@@ -102,8 +108,9 @@ def iterations_for(predicted_s: float, iters: int, budget_s: float = CASE_BUDGET
 
 def bench_emulated(topology_path: str | Path | Topology, source: str | Path | Schedule | Plan | None,
                    sizes: Sequence[int], *, scale: float = DEFAULT_SCALE, np: int | None = None, iters: int = 5,
-                   warmup: int = 1, include_gloo: bool = True, algorithm: str = "auto", trace: str | Path | None = None,
-                   timeout: float | None = None, progress: Callable[[str], None] | None = None) -> list[EmulatedRow]:
+                   warmup: int = 1, include_gloo: bool = True, include_native: bool = True, algorithm: str = "auto",
+                   trace: str | Path | None = None, timeout: float | None = None, budget_s: float = CASE_BUDGET_S,
+                   progress: Callable[[str], None] | None = None) -> list[EmulatedRow]:
     """Time an allreduce schedule (or plan) on the emulated ``topology_path``; one row per size.
 
     Parameters
@@ -119,11 +126,11 @@ def bench_emulated(topology_path: str | Path | Topology, source: str | Path | Sc
         Multiplies every inter-host bandwidth (see :class:`~topocc.planner.testbed.emulation.EmulatedCluster`).
     np:
         Ranks; must equal the topology's (each rank runs in its host's namespace).  None: the topology's.
-    iters, warmup:
+    iters, warmup, budget_s:
         Timed and untimed calls per size and method; ``iters`` is cut so that each method's timed
-        calls of a size take about :data:`CASE_BUDGET_S` by the prediction.
-    include_gloo:
-        Also time torch.distributed's gloo allreduce (needs torch).
+        calls of a size take about ``budget_s`` by the prediction.
+    include_gloo, include_native:
+        Also time torch.distributed's gloo allreduce (needs torch), and MPI's own.
     trace:
         A ``.json`` path: one call per size is recorded on every rank and written as a Chrome trace.
     timeout:
@@ -159,10 +166,10 @@ def bench_emulated(topology_path: str | Path | Topology, source: str | Path | Sc
         try:
             scaled = cluster.scaled_topology()
             predicted = [simulate(scaled, plan.select(s), s).time_s for s in sizes]
-            counts = [iterations_for(p, iters) for p in predicted]
+            counts = [iterations_for(p, iters, budget_s) for p in predicted]
             per_call = timeout if timeout is not None else 60.0 + 10 * max(predicted)
             # each size: warm-up and timed calls of 2-3 methods, at most a few times the prediction each
-            limit = 120.0 + sum((c + warmup + 1) * (3 if include_gloo else 2) * 4 * p
+            limit = 120.0 + sum((c + warmup + 1) * (1 + include_gloo + include_native) * 4 * p
                                 for c, p in zip(counts, predicted))
             env = {"GLOO_SOCKET_IFNAME": cluster.hosts[0].interface, "OMP_NUM_THREADS": "1"}
 
@@ -173,7 +180,8 @@ def bench_emulated(topology_path: str | Path | Topology, source: str | Path | Sc
             say(f"emulate: running {len(sizes)} sizes")
             report = bench_progress(say, len(sizes), topology.size) if progress else None
             measured = bench_schedule(plan, topology.size, sizes, iters=counts, warmup=warmup, timeout=per_call,
-                                      launcher=launcher, gloo=gloo, trace=trace, limit_s=limit, progress=report)
+                                      launcher=launcher, gloo=gloo, trace=trace, limit_s=limit, progress=report,
+                                      native=include_native)
         finally:
             say(TEARDOWN)
     return [EmulatedRow(size=m.size, algorithm=m.algorithm, time_s=m.time_s, native_time_s=m.native_time_s,
@@ -183,14 +191,15 @@ def bench_emulated(topology_path: str | Path | Topology, source: str | Path | Sc
 
 
 def format_emulated_table(rows: Sequence[EmulatedRow], topology: Topology, scale: float) -> str:
-    """The rows as a table: times, ratio to MPI, prediction, wrong elements, and each size's regime."""
+    """The rows as a table: times, ratio to MPI, prediction and its error, wrong elements, each size's regime."""
     head = (f"# allreduce on emulated {topology.name} ({topology.size} ranks, {len(topology.hosts)} hosts, "
-            f"inter-host bandwidth x{scale:g}); times: slowest rank's mean; ratio = time / native_time (MPI)")
+            f"inter-host bandwidth x{scale:g}); times: slowest rank's mean; ratio = time / native_time (MPI)\n"
+            f"# model: {model_note(topology)}; error = predicted / measured - 1")
     table = format_table(
         [(format_size(r.size), r.algorithm, format_time(r.time_s), opt_cell(r.native_time_s, format_time),
           opt_cell(r.gloo_time_s, format_time), format_time(r.predicted_time_s), opt_cell(r.ratio, RATIO.format),
-          f"{r.predicted_over_measured:.2f}", r.wrong, f"{r.max_error:.3g}", r.iters, r.regime) for r in rows],
-        ("size", "algorithm", "time", "native_time", "gloo_time", "predicted_time", "ratio", "pred/meas", "#wrong",
+          f"{r.error:+.1%}", r.wrong, f"{r.max_error:.3g}", r.iters, r.regime) for r in rows],
+        ("size", "algorithm", "time", "native_time", "gloo_time", "predicted_time", "ratio", "error", "#wrong",
          "max_error", "iters", "regime"), ">>>>>>>>>>><")
     lines = [head, table, f"# {bench_verdict([r.to_json() for r in rows])}"]
     bound = [r for r in rows if r.regime != "network-bound"]

@@ -56,7 +56,8 @@ from types import TracebackType
 import networkx as nx
 
 from topocc.planner.errors import TopologyError
-from topocc.planner.topology.model import Device, Topology, build_topology
+from topocc.planner.topology.calibration import link_classes_of
+from topocc.planner.topology.model import Device, Link, Topology, build_topology
 from topocc.runtime.errors import TopoccError
 from topocc.runtime.launch import find_mpiexec
 
@@ -187,7 +188,7 @@ def plan_emulation(topology: Topology, *, scale: float, prefix: str = "tcc", tag
     hosted = set(host_names)
     # Aggregate directed inter-host bandwidth between nodes: ("h", host) or ("s", network device).
     rate: dict[tuple[tuple[str, str], tuple[str, str]], float] = {}
-    for link in topology.links:
+    for link in topology.datasheet or topology.links:  # a calibrated topology's cluster is the file's
         if not is_inter_host(topology, link.src, link.dst):
             continue
         ends = []
@@ -266,12 +267,25 @@ def scaled_topology(topology: Topology, scale: float) -> Topology:
     """``topology`` with every inter-host link's bandwidth times ``scale``: what the emulated run should match.
 
     Intra-host links keep their bandwidth (the emulation does not shape the namespace loopback, which
-    is far faster than the scaled network); latencies are kept (see the module notes).
+    is far faster than the scaled network); latencies are kept (see the module notes).  A calibrated
+    topology measured on an emulated cluster holds that cluster's figures (at the calibration's scale):
+    its calibrated links are scaled by ``scale`` over that one, and it keeps its calibration.
     """
-    links = [replace(link, bandwidth=link.bandwidth * scale) if is_inter_host(topology, link.src, link.dst)
-             else link for link in topology.links]
-    return build_topology(f"{topology.name} (emulated x{scale:g})", topology.devices, links,
-                          description=topology.description, source=topology.source, routing=topology.routing)
+    cal = topology.calibration
+    classes = link_classes_of(topology) if cal is not None else {}
+
+    def factor(link: Link) -> float:
+        if not is_inter_host(topology, link.src, link.dst):
+            return 1.0
+        if cal is not None and classes[(link.src, link.dst)] in cal.links:
+            return scale / cal.scale
+        return scale
+
+    links = [replace(link, bandwidth=link.bandwidth * f) if (f := factor(link)) != 1.0 else link
+             for link in topology.links]
+    scaled = build_topology(f"{topology.name} (emulated x{scale:g})", topology.devices, links,
+                            description=topology.description, source=topology.source, routing=topology.routing)
+    return replace(scaled, calibration=cal)
 
 
 def scale_for_rate(topology: Topology, bits_per_s: float) -> float:

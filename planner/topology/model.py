@@ -16,12 +16,15 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
 from topocc.planner.errors import TopologyError, UsageError
 from topocc.runtime.bundle import rank_ranges
+
+if TYPE_CHECKING:
+    from topocc.planner.topology.calibration import Calibration
 
 __all__ = [
     "DEFAULT_ROUTING",
@@ -78,7 +81,9 @@ class Topology:
     """An immutable cluster description.
 
     Its lookups (graph, hosts, racks, fingerprint) are pure functions of the fields, computed once on first
-    use; routes are the planner's business (:class:`~topocc.planner.routing.network.Network`).
+    use; routes are the planner's business (:class:`~topocc.planner.routing.network.Network`).  A calibrated
+    topology's ``links`` carry the measured figures and ``datasheet`` the file's, which its fingerprint
+    keeps: it is the same cluster (:mod:`topocc.planner.topology.calibration`).
     """
 
     name: str
@@ -88,6 +93,8 @@ class Topology:
     description: str = ""
     source: str | None = field(default=None, compare=False)
     routing: str = DEFAULT_ROUTING
+    calibration: Calibration | None = field(default=None, compare=False)
+    datasheet: tuple[Link, ...] | None = field(default=None, compare=False, repr=False)
 
     @property
     def size(self) -> int:
@@ -143,7 +150,7 @@ class Topology:
             "devices": sorted([d.name, d.kind, d.host or "", d.rack or ""] for d in self.devices),
             "links": sorted([ln.src, ln.dst, repr(ln.bandwidth), repr(ln.latency), ln.count]
                             + ([ln.dim, ln.ascending] if labelled and ln.dim is not None else [])
-                            for ln in self.links),
+                            for ln in (self.datasheet or self.links)),
             "ranks": list(self.ranks),
         }
         if self.routing != "spray":
@@ -187,6 +194,7 @@ class Topology:
             raise TopologyError(UNLABELLED, where=self.source or self.name, fix="use a torus or mesh network")
         built = build_topology(self.name, self.devices, self.links, description=self.description, source=self.source,
                                routing=routing)
+        built = replace(built, calibration=self.calibration, datasheet=self.datasheet)
         return built if built.ranks == self.ranks else replace(built, ranks=self.ranks)  # a subset stays one
 
     def subset(self, ranks: Sequence[int]) -> Topology:
@@ -214,7 +222,8 @@ class Topology:
             return self
         label = f"[{rank_ranges(ranks)}]"
         return Topology(self.name + label, self.devices, self.links, tuple(self.ranks[r] for r in ranks),
-                        self.description, self.source + label if self.source else None, self.routing)
+                        self.description, self.source + label if self.source else None, self.routing,
+                        self.calibration, self.datasheet)
 
     def reversed(self) -> Topology:
         """The topology with every link turned round (itself when all links are full duplex): a gather timed
@@ -223,7 +232,7 @@ class Topology:
             return self
         return Topology(f"{self.name} (reversed)", self.devices,
                         tuple(replace(k, src=k.dst, dst=k.src, ascending=not k.ascending) for k in self.links),
-                        self.ranks, self.description, self.source, self.routing)
+                        self.ranks, self.description, self.source, self.routing, self.calibration)
 
 
 def parse_rank_ranges(text: str) -> tuple[int, ...]:

@@ -19,6 +19,7 @@ from topocc.planner.topology._fields import (
     positive_int,
     quantity,
 )
+from topocc.planner.topology.calibration import apply_calibration, parse_calibration
 from topocc.planner.topology.model import (
     DEFAULT_ROUTING,
     DEVICE_KINDS,
@@ -35,7 +36,7 @@ from topocc.planner.units import parse_bandwidth, parse_time
 
 __all__ = ["load_topology", "parse_topology", "parse_topology_text"]
 
-_TOP_KEYS = ("name", "description", "defaults", "routing", "devices", "links", "cluster")
+_TOP_KEYS = ("name", "description", "defaults", "routing", "devices", "links", "cluster", "calibration")
 _DEVICE_KEYS = ("name", "type", "host", "rack", "count")
 
 
@@ -142,5 +143,8 @@ def parse_topology(doc: Any, source: str = "<topology>") -> Topology:
     if unlabelled(top.get("routing"), links):
         raise src.error(top, "routing", UNLABELLED,
                         fix="use a torus or mesh network under cluster:, or give the grid's links dim: 0, 1, ...")
-    return build_topology(name, devices, links, description=description, source=source,
-                          routing=routing or DEFAULT_ROUTING)
+    topology = build_topology(name, devices, links, description=description, source=source,
+                              routing=routing or DEFAULT_ROUTING)
+    if "calibration" in top:
+        topology = apply_calibration(topology, parse_calibration(src, top["calibration"]), src, top["calibration"])
+    return topology

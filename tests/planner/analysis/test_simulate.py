@@ -10,14 +10,18 @@ import numpy as np
 import pytest
 
 from tests.planner.topology.test_topology import two_paths
+from topocc.planner._yaml import Source, parse_yaml
+from topocc.planner.analysis.lowered import as_lowered
 from topocc.planner.analysis.simulate import SimResult, chunk_bytes, simulate, simulate_within
 from topocc.planner.analysis.verify import verify
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.errors import SimulationError
 from topocc.planner.routing.network import Network
 from topocc.planner.routing.paths import assign_paths
+from topocc.planner.topology.calibration import apply_calibration, parse_calibration
 from topocc.planner.topology.model import ROUTING_MODES, Topology
 from topocc.planner.topology.parse import parse_topology_text
+from topocc.runtime.lowering import lower
 from topocc.runtime.schedule import Chunk, PathChoice, Schedule
 
 GB = 1e9
@@ -596,3 +600,63 @@ def test_the_bound_does_without_the_link_term_past_its_entries(monkeypatch: pyte
     monkeypatch.setattr(module, "_LOADS_MAX", 4)
     capped = module._bound(net, schedule, size).time_s
     assert 1.5 * capped < full <= simulated * (1 + 1e-9)
+
+
+# --------------------------------------------------------------------------- a calibrated topology
+
+
+def calibrated(topology: Topology, block: str) -> Topology:
+    """``topology`` with a calibration block."""
+    return apply_calibration(topology, parse_calibration(Source("cal"), parse_yaml(block, "cal")))
+
+
+@pytest.mark.parametrize("p", [2, 3, 5])
+def test_a_calibrated_ring_pays_each_message_and_each_reduction(p: int) -> None:
+    """Each message holds its connection for the fixed cost before its bytes go, and each received chunk is
+    reduced at the measured rate before the next step may send it on: the ring's closed form with both."""
+    size, gamma, rate = 1 << 24, 30e-6, 2 * GB
+    topo = calibrated(ring_topology(p), f"links: {{host-host: {{bandwidth: 5 GB/s, latency: 2 us}}}}\n"
+                                        f"message_cost: {gamma * 1e6:g} us\nreduce: {{float32: 2 GB/s}}\n")
+    chunk = size / p
+    expected = 2 * (p - 1) * (gamma + 2e-6 + chunk / (5 * GB)) + (p - 1) * chunk / rate
+    assert simulate(topo, ring_allreduce(p), size).time_s == pytest.approx(expected, rel=1e-6)
+    plain = simulate(ring_topology(p), ring_allreduce(p), size).time_s
+    assert plain == pytest.approx(2 * (p - 1) * (1e-6 + chunk / (10 * GB)), rel=1e-6)  # the datasheet: unchanged
+
+
+def test_connections_through_a_calibrated_link_share_less_of_it() -> None:
+    """k connections across a link of a class with ``shared`` s get bandwidth * (s + (1 - s) / k) in all."""
+    size = 12 * 10**8
+    topo = calibrated(two_senders_one_receiver(), "links: {host-switch: {bandwidth: 10 GB/s, shared: 0.6}}\n")
+    alone = simulate(topo, messages(3, [(0, 2)]), size).time_s
+    shared = simulate(topo, messages(3, [(0, 2), (1, 2)]), size).time_s
+    assert alone == pytest.approx(1e8 / (10 * GB), rel=1e-9)
+    assert shared == pytest.approx(2e8 / (10 * GB * (0.6 + 0.4 / 2)), rel=1e-9)
+    # the bound of a run without contention stays below the simulation
+    assert simulate_within(topo, messages(3, [(0, 2), (1, 2)]), size, shared * 1.001) is not None
+
+
+# --------------------------------------------------------------------------- a lowered schedule
+
+
+def test_a_lowered_ring_in_lock_step_takes_the_dataflow_time() -> None:
+    """A ring moves one chunk per step on every link: groups of one step each wait for nothing more."""
+    p, size = 5, 1 << 24
+    schedule = ring_allreduce(p)
+    lowered = as_lowered(schedule, lower(schedule, 1))
+    assert simulate(ring_topology(p), lowered, size).time_s == pytest.approx(
+        simulate(ring_topology(p), schedule, size).time_s, rel=1e-9)
+
+
+def test_a_group_waits_for_its_slowest_message() -> None:
+    """Rank 0 sends rank 1 a large message on channel 0 and small ones on channel 1; dataflow lets the small
+    ones flow beside the large one, but lowered in one group each, every round waits for the large one."""
+    b = ScheduleBuilder("allreduce", ranks=2, input_chunks=4, output_chunks=4, inplace=True)
+    b.transfer(0, 1, Chunk("o", 0, 3), Chunk("o", 0, 3), channel=0, step=0)
+    for c in range(3):
+        b.transfer(1, 0, Chunk("o", 3), Chunk("o", 3), channel=1, step=c)
+    schedule = b.build("test")
+    topo = ring_topology(2)
+    dataflow = simulate(topo, schedule, 4 << 20).time_s
+    lowered = simulate(topo, as_lowered(schedule, lower(schedule, 1)), 4 << 20).time_s
+    assert lowered > dataflow

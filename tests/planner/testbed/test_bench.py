@@ -71,7 +71,7 @@ def test_bench_emulated_two_hosts(tmp_path: Path) -> None:
             assert t > 0.7 * bound, (t, bound)
     assert rows[1].predicted_time_s > 2 * rows[0].predicted_time_s
     text = format_emulated_table(rows, topology, 1e-3)
-    assert "ring" in text and "pred/meas" in text and "# PASS" in text
+    assert "ring" in text and "error" in text and "model: datasheet" in text and "# PASS" in text
     assert lines[0].startswith("emulate: setting up emu-two")
     assert lines[-1] == "emulate: tearing down the emulated cluster"
     assert sum("done (" in line for line in lines) == 2

@@ -1,0 +1,53 @@
+"""The program NCCL runs for a lowered schedule, as a schedule the simulator times.
+
+A lowering (:mod:`topocc.runtime.lowering`) runs each rank's operations group by group: a group's sends and
+receives are posted together, the group ends when the slowest of them has, then its local operations run,
+and only then does the next group start.  The dataflow model of :func:`~topocc.planner.analysis.simulate
+.simulate` lets each operation start as soon as its own dependencies are met, so it predicts a lowered
+schedule too early wherever a group waits for a message it does not need.  :func:`as_lowered` writes those
+waits in: every rank's operations in group order, each group's sends and receives after the previous
+group's end, each group's end (an empty local operation) after its messages and local work.  Messages keep
+their order on each connection, so they match as they do in the schedule.
+
+>>> simulate(topology, as_lowered(schedule, lower(schedule, 4)), size)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from topocc.runtime.lowering import Lowering, RankLowering
+from topocc.runtime.schedule import Op, Schedule
+
+__all__ = ["as_lowered"]
+
+
+def as_lowered(schedule: Schedule, lowering: Lowering) -> Schedule:
+    """``schedule`` with each rank's program in its lowering's group order and every group after the last."""
+    return replace(schedule, programs=tuple(_in_groups(program, ranked)
+                                            for program, ranked in zip(schedule.programs, lowering.ranks)))
+
+
+def _in_groups(program: Sequence[Op], lowered: RankLowering) -> tuple[Op, ...]:
+    """One rank's program group by group: a group's messages after the last group's end, its end (an empty
+    local operation) after them, its local work after that, one operation after another."""
+    out: list[Op] = []
+    where: dict[int, int] = {}  # the schedule's index of an operation -> its index here
+    end: int | None = None  # the last group's end
+
+    def add(k: int, after: int | None) -> int:
+        op = program[k]
+        deps = {where[d] for d in op.deps} | ({after} if after is not None else set())
+        where[k] = len(out)
+        out.append(replace(op, deps=tuple(sorted(deps))))
+        return len(out) - 1
+
+    for group in lowered.groups:
+        posted = [add(k, end) for k in group.p2p]
+        if posted:  # the group ends when all of its messages have
+            out.append(Op("copy", deps=tuple(posted), step=out[-1].step))
+            end = len(out) - 1
+        for k in group.local:
+            end = add(k, end)
+    return tuple(out)
