@@ -53,15 +53,26 @@ class LinkClasses:
 
     def signature(self, src: int, dst: int) -> tuple[str, ...]:
         """The classes along the path from ``src`` to ``dst``, in order."""
-        return tuple(self.of(link) for link in self.path(src, dst))
+        key = (src, dst)
+        found = self._signatures.get(key)
+        if found is None:
+            found = self._signatures[key] = tuple(self.of(link) for link in self.path(src, dst))
+        return found
+
+    @cached_property
+    def _signatures(self) -> dict[tuple[int, int], tuple[str, ...]]:
+        return {}
 
     @cached_property
     def pairs(self) -> tuple[PairProbe, ...]:
         """One pair per signature (the first in rank order), those with fewer classes first, each with the
-        class it measures."""
+        class it measures.  Sources are every rank of the first host and the first rank of every host: a
+        host's ranks differ by their place in it (their links, their NIC), hosts by where they hang."""
         found: dict[tuple[str, ...], tuple[int, int]] = {}
         n = self.topology.size
-        for src in range(n):
+        hosts = list(self.topology.hosts.values())
+        sources = sorted(set(hosts[0]) | {ranks[0] for ranks in hosts})
+        for src in sources:
             for dst in range(n):
                 if src != dst and (signature := self.signature(src, dst)):
                     found.setdefault(signature, (src, dst))

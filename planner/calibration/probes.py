@@ -44,6 +44,9 @@ REPS = 3
 LOAD_REPS = 5
 #: Peers each rank sends to in a ``spread`` test (every peer across the class, up to this many).
 SPREAD_PEERS = 16
+#: Ranks after its own (in rank order, wrapping round) a rank looks among for peers of a signature: the
+#: regular fabrics put them near, and a scan of every rank from every rank is quadratic in the cluster.
+SCAN_RANKS = 256
 
 
 def _largest(bandwidth: float, seconds: float = TARGET_S) -> int:
@@ -68,26 +71,33 @@ def one_per_link(classes: LinkClasses, pairs: list[tuple[int, int]], cls: str) -
 def load_pairs(classes: LinkClasses, signature: tuple[str, ...]) -> list[tuple[int, int]]:
     """Every rank sending to one whose path has ``signature``, as a collective's step loads a class: the
     same shift for all where one fits (``s -> s + k``: every NIC, or every rack's uplink, both ways at once),
-    else each rank's nearest such peer."""
+    else each rank's nearest such peer (within :data:`SCAN_RANKS`)."""
     n = classes.topology.size
     for k in range(1, n):
         if all(classes.signature(s, (s + k) % n) == signature for s in range(n)):
             return [(s, (s + k) % n) for s in range(n)]
     pairs = []
     for s in range(n):
-        d = next((d for k in range(1, n) if classes.signature(s, d := (s + k) % n) == signature), None)
+        d = next((d for k in range(1, min(n, SCAN_RANKS + 1)) if classes.signature(s, d := (s + k) % n) == signature),
+                 None)
         if d is not None:
             pairs.append((s, d))
     return pairs
 
 
 def spread_pairs(classes: LinkClasses, signature: tuple[str, ...]) -> list[tuple[int, int]]:
-    """Every rank sending to each peer whose path has ``signature`` (the nearest :data:`SPREAD_PEERS`)."""
+    """Every rank sending to each peer whose path has ``signature`` (the nearest :data:`SPREAD_PEERS` within
+    :data:`SCAN_RANKS`)."""
     n = classes.topology.size
     pairs = []
     for s in range(n):
-        peers = [d for k in range(1, n) if classes.signature(s, d := (s + k) % n) == signature]
-        pairs += [(s, d) for d in peers[:SPREAD_PEERS]]
+        peers = 0
+        for k in range(1, min(n, SCAN_RANKS + 1)):
+            if classes.signature(s, d := (s + k) % n) == signature:
+                pairs.append((s, d))
+                peers += 1
+                if peers == SPREAD_PEERS:
+                    break
     return pairs
 
 
