@@ -161,6 +161,7 @@ def simulation_summary(topology: Topology, schedule: Schedule, size_bytes: int, 
         "ranks": schedule.ranks,
         **_what_if(schedule, topology),
         **_timing(sim, bound),
+        "model": model_note(topology),
         "link_utilisation": {f"{a} -> {b}": round(u, 4) for (a, b), u in sorted(sim.link_utilisation.items())},
     }
     if trace:
