@@ -447,20 +447,32 @@ def _shared_bandwidth(net: Network, links: _LinkIndex, route_links: Mapping[Conn
     """The links' capacities for a schedule whose connections take ``route_links``: a calibrated class's link
     crossed by ``k`` connections carries ``bandwidth * (shared + (1 - shared) / k)``; every other link its
     bandwidth."""
-    cal = net.topology.calibration
-    if cal is None or all(f.shared >= 1.0 for f in cal.links.values()):
+    shared = net.memo(_SHARED)
+    if shared is None:
         return links.bandwidth
-    classes = link_classes_of(net.topology)
     crossing = [0] * len(links.bandwidth)
     for route in route_links.values():
         for link in set(route):
             crossing[link] += 1
     out = links.bandwidth.copy()
-    for i, (name, k) in enumerate(zip(links.names, crossing)):
-        figures = cal.links.get(classes[name])
-        if figures is not None and k > 1:
-            out[i] *= figures.shared + (1.0 - figures.shared) / k
+    for i, (s, k) in enumerate(zip(shared, crossing)):
+        if k > 1 and s < 1.0:
+            out[i] *= s + (1.0 - s) / k
     return out
+
+
+def _link_shares(net: Network) -> list[float] | None:
+    """Each link's ``shared`` (by the simulator's link index) from its class's calibration, 1.0 where none; None
+    where no calibrated class shares less than all (every link keeps its bandwidth)."""
+    cal = net.topology.calibration
+    if cal is None or all(f.shared >= 1.0 for f in cal.links.values()):
+        return None
+    classes = link_classes_of(net.topology)
+    return [f.shared if (f := cal.links.get(classes[name])) is not None else 1.0 for name in net.memo(_LINKS).names]
+
+
+#: The calibrated ``shared`` of every link, found once per network (``auto`` simulates many schedules on one).
+_SHARED = Memo("simulator: calibrated link shares", _link_shares)
 
 
 # --------------------------------------------------------------------------- the run
