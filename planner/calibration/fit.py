@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from topocc.planner.calibration.classes import LinkClasses, bottleneck
+from topocc.planner.routing.network import Network
 from topocc.planner.topology.calibration import Calibration, ClassFigures, HostCosts
 from topocc.planner.topology.model import Topology
 
@@ -44,7 +45,7 @@ def _scaled(cls: str) -> bool:
     return cls in INTER_HOST or cls.startswith("switch-")
 
 
-def fit_calibration(topology: Topology, file_topology: Topology, tests: Sequence[dict[str, Any]],
+def fit_calibration(topology: Topology | Network, file_topology: Topology, tests: Sequence[dict[str, Any]],
                     rows: Sequence[dict[str, Any]], *, scale: float = 1.0, how: str = "", transport: str = ""
                     ) -> Calibration:
     """Fit the measurements ``rows`` of ``tests``, run on ``topology`` (the cluster as it ran: an emulated

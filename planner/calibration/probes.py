@@ -16,6 +16,7 @@ from collections import Counter
 from typing import Any
 
 from topocc.planner.calibration.classes import LinkClasses
+from topocc.planner.routing.network import Network
 from topocc.planner.topology.model import Topology
 
 __all__ = ["DTYPES", "MESSAGE_COUNTS", "probe_budget_s", "probe_tests"]
@@ -101,7 +102,7 @@ def spread_pairs(classes: LinkClasses, signature: tuple[str, ...]) -> list[tuple
     return pairs
 
 
-def probe_tests(topology: Topology) -> list[dict[str, Any]]:
+def probe_tests(topology: Topology | Network) -> list[dict[str, Any]]:
     """The tests for ``topology`` as it runs (an emulated one: its scaled figures), in the order to run them."""
     classes = LinkClasses(topology)
     tests: list[dict[str, Any]] = []
@@ -129,7 +130,7 @@ def probe_tests(topology: Topology) -> list[dict[str, Any]]:
     return tests
 
 
-def probe_budget_s(tests: list[dict[str, Any]], topology: Topology) -> float:
+def probe_budget_s(tests: list[dict[str, Any]], topology: Topology | Network) -> float:
     """A bound on the tests' time if the cluster runs at a tenth of its figures (a hung test fails it)."""
     classes = LinkClasses(topology)
     total = 30.0

@@ -20,7 +20,8 @@ from typing import Any
 from topocc.planner.calibration.fit import fit_calibration
 from topocc.planner.calibration.probes import LOAD_REPS, REPS, probe_budget_s, probe_tests
 from topocc.planner.errors import UsageError
-from topocc.planner.report.table import format_table
+from topocc.planner.report.table import format_table, opt_cell
+from topocc.planner.routing.network import Network
 from topocc.planner.testbed.emulation import DEFAULT_SCALE, EmulatedCluster, emulation_available, scaled_topology
 from topocc.planner.topology.calibration import (
     Calibration,
@@ -58,9 +59,11 @@ def calibrate(topology_arg: str, output: str | Path, *, emulate: bool, scale: fl
         raise UsageError(f"cannot read the file of topology {topology_arg!r}", fix="pass a topology file or name")
     if not (0 < scale <= 1):
         raise UsageError(f"scale must be in (0, 1], got {scale:g}")
-    ran_on = scaled_topology(topology, scale) if emulate else topology
+    # the cluster as it runs (an emulated one: scaled), its routes found once for the tests, their bound and the fit
+    ran_on = Network(scaled_topology(topology, scale) if emulate else topology)
     tests = probe_tests(ran_on)
-    rows = measure(topology, tests, emulate=emulate, scale=scale, mpiexec_args=mpiexec_args, progress=progress)
+    rows = measure(topology, tests, emulate=emulate, scale=scale, limit_s=probe_budget_s(tests, ran_on),
+                   mpiexec_args=mpiexec_args, progress=progress)
     library = " ".join(next((r["library"] for r in rows if r["id"] == "transport"), "MPI").split())
     transport = f"MPI ({library})" + (f", emulated cluster at x{scale:g}" if emulate else "")
     cal = fit_calibration(ran_on, topology, tests, [r for r in rows if r["id"] != "transport"],
@@ -78,7 +81,8 @@ def calibrate(topology_arg: str, output: str | Path, *, emulate: bool, scale: fl
 def format_calibration(done: Calibrated) -> str:
     """The fitted figures beside the file's, per link class, and the host costs, as text."""
     cal = done.calibration
-    rows = [(name, opt(f.file, format_bandwidth), opt(f.alone, format_bandwidth), format_bandwidth(f.bandwidth),
+    rows = [(name, opt_cell(f.file, format_bandwidth), opt_cell(f.alone, format_bandwidth),
+             format_bandwidth(f.bandwidth),
              f"{f.shared:.2f}", format_bandwidth(f.under(8)), f"{f.bandwidth / f.file:.2f}" if f.file else "-",
              format_time(f.latency)) for name, f in cal.links.items()]
     lines = [f"# calibrated {done.topology.name}: {cal.transport}" + (
@@ -104,34 +108,30 @@ def calibration_json(done: Calibrated) -> dict[str, Any]:
             "residuals": dict(cal.residuals)}
 
 
-def opt(value: float | None, fmt: Callable[[float], str]) -> str:
-    return "-" if value is None else fmt(value)
-
-
-def measure(topology: Topology, tests: list[dict[str, Any]], *, emulate: bool, scale: float = DEFAULT_SCALE,
-            mpiexec_args: Sequence[str] = (), progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+def measure(topology: Topology, tests: list[dict[str, Any]], *, emulate: bool, limit_s: float,
+            scale: float = DEFAULT_SCALE, mpiexec_args: Sequence[str] = (),
+            progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Run the probe ``tests`` on one rank per GPU of ``topology``; returns rank 0's result rows.
 
     ``emulate``: on an emulated cluster of the topology (root), its inter-host links ``scale`` times the
     file's (the tests are for that scaled cluster); else under ``mpiexec -n N`` here, with ``mpiexec_args``.
+    The job is killed after ``limit_s`` (:func:`~topocc.planner.calibration.probes.probe_budget_s`).
     """
     say = progress or (lambda _line: None)
-    ran_on = scaled_topology(topology, scale) if emulate else topology
-    limit = probe_budget_s(tests, ran_on)
     where = f"emulated {topology.name} (inter-host bandwidth x{scale:g})" if emulate else topology.name
     with tempfile.TemporaryDirectory(prefix="topocc-calibrate-") as tmp:
         spec = _write(tmp, tests)
         argv = ["-m", "topocc.runtime.probe", spec]
-        say(f"calibrate: {len(tests)} tests on {where}, {topology.size} ranks, at most {limit:.0f} s")
+        say(f"calibrate: {len(tests)} tests on {where}, {topology.size} ranks, at most {limit_s:.0f} s")
         if emulate:
             why = emulation_available()
             if why is not None:
                 raise TopoccError(f"cannot emulate a cluster here: {why}", fix="run as root on Linux with iproute2")
             with EmulatedCluster(topology, scale=scale) as cluster:
-                proc = _run(cluster.mpiexec_command(argv), limit, say)
+                proc = _run(cluster.mpiexec_command(argv), limit_s, say)
         else:
             proc = _run([find_mpiexec(), "-disable-auto-cleanup", *mpiexec_args, "-n", str(topology.size),
-                         *RANK_WRAPPER, sys.executable, *argv], limit, say)
+                         *RANK_WRAPPER, sys.executable, *argv], limit_s, say)
     if proc.returncode != 0:
         raise TopoccError("the calibration job failed: " + summarize_failures(proc.stderr.splitlines(), topology.size,
                                                                                proc.returncode))
