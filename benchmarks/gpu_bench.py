@@ -136,14 +136,18 @@ def prove(schedule: Any, sizes_bytes: Sequence[int], group_bytes: int) -> dict[i
     """Prove the schedule and its lowering at each size; the NCCL groups of the busiest rank, by size."""
     from topocc.planner.analysis.verify import verify
     from topocc.planner.analysis.verify_lowered import verify_lowering
-    from topocc.runtime.lowering import chunks_per_round_for, lower
 
     verify(schedule)
-    groups = {}
-    for size in sizes_bytes:
-        chunk = -(-size // 4 // schedule.input_chunks) * 4  # float32: the largest chunk, as the runtime cuts it
-        groups[size] = verify_lowering(schedule, lower(schedule, chunks_per_round_for(chunk, group_bytes))).max_groups
-    return groups
+    return {size: verify_lowering(schedule, lowering_at(schedule, size, group_bytes)).max_groups
+            for size in sizes_bytes}
+
+
+def lowering_at(schedule: Any, size: int, group_bytes: int) -> Any:
+    """The lowering the runtime replays ``schedule`` with at ``size`` bytes of float32."""
+    from topocc.runtime.lowering import chunks_per_round_for, lower
+
+    chunk = -(-size // 4 // schedule.input_chunks) * 4  # float32: the largest chunk, as the runtime cuts it
+    return lower(schedule, chunks_per_round_for(chunk, group_bytes))
 
 
 def predicted(topology: Any, schedule: Any, size: int, scale: float, group_bytes: int) -> float:
@@ -152,10 +156,8 @@ def predicted(topology: Any, schedule: Any, size: int, scale: float, group_bytes
     from topocc.planner.analysis.lowered import as_lowered
     from topocc.planner.analysis.simulate import simulate
     from topocc.planner.testbed.emulation import scaled_topology
-    from topocc.runtime.lowering import chunks_per_round_for, lower
 
-    chunk = -(-size // 4 // schedule.input_chunks) * 4  # float32: the largest chunk, as the runtime cuts it
-    lowered = as_lowered(schedule, lower(schedule, chunks_per_round_for(chunk, group_bytes)))
+    lowered = as_lowered(schedule, lowering_at(schedule, size, group_bytes))
     return simulate(scaled_topology(topology, scale), lowered, size).time_s
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -47,17 +46,11 @@ def _interface_address(ifname: str) -> str:
 
 def _timed(world: Any, call: Callable[[], Any], warmup: int, iters: int) -> float:
     """Median seconds of ``call`` over ``iters`` (after ``warmup``), each the slowest rank's, ranks aligned."""
-    from mpi4py import MPI
+    from topocc.runtime.probe import slowest_median
 
     for _ in range(warmup):
         call()
-    times = []
-    for _ in range(iters):
-        world.Barrier()
-        start = time.perf_counter()
-        call()
-        times.append(world.allreduce(time.perf_counter() - start, op=MPI.MAX))
-    return statistics.median(times)
+    return slowest_median(world, call, iters)
 
 
 def _model(mib: float) -> Any:

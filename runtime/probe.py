@@ -33,7 +33,7 @@ import numpy as np
 
 from topocc.runtime.executor import DTYPES
 
-__all__ = ["main", "run_tests"]
+__all__ = ["main", "run_tests", "slowest_median"]
 
 #: The probe's messages use this tag on a private duplicate of the world communicator.
 _TAG = 7
@@ -54,7 +54,7 @@ def _wait(requests: Sequence[Any], deadline: float) -> None:
             os.sched_yield()
 
 
-def _timed(comm: Any, fn: Callable[[], None], reps: int) -> float:
+def slowest_median(comm: Any, fn: Callable[[], Any], reps: int) -> float:
     """The median over ``reps`` of the slowest rank's time for ``fn`` (started together after a barrier)."""
     from mpi4py import MPI  # optional dependency: the probe runs over MPI, the rest of the runtime need not
 
@@ -81,7 +81,7 @@ def _pingpong(comm: Any, test: dict[str, Any], deadline: float) -> Iterator[dict
                 _wait([comm.Irecv(buf, a, _TAG)], deadline)
                 _wait([comm.Isend(buf, a, _TAG)], deadline)
 
-        yield {"id": test["id"], "size": size, "one_way_s": _timed(comm, trip, test["reps"]) / 2}
+        yield {"id": test["id"], "size": size, "one_way_s": slowest_median(comm, trip, test["reps"]) / 2}
 
 
 def _stream(comm: Any, test: dict[str, Any], deadline: float) -> Iterator[dict[str, Any]]:
@@ -103,7 +103,7 @@ def _stream(comm: Any, test: dict[str, Any], deadline: float) -> Iterator[dict[s
             _wait(requests, deadline)
 
         yield {"id": test["id"], "messages": count, "bytes": step * count, "pairs": len(test["pairs"]),
-               "time_s": _timed(comm, flow, test["reps"])}
+               "time_s": slowest_median(comm, flow, test["reps"])}
 
 
 def _local(comm: Any, test: dict[str, Any], deadline: float) -> Iterator[dict[str, Any]]:
