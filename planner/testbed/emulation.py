@@ -57,7 +57,7 @@ import networkx as nx
 
 from topocc.planner.errors import TopologyError
 from topocc.planner.topology.calibration import link_classes_of
-from topocc.planner.topology.model import Device, Link, Topology, build_topology
+from topocc.planner.topology.model import Link, Topology, build_topology
 from topocc.runtime.errors import TopoccError
 from topocc.runtime.launch import find_mpiexec
 
@@ -160,16 +160,9 @@ class EmulationPlan:
 # --------------------------------------------------------------------------- planning (pure)
 
 
-def _domain(device: Device) -> str | None:
-    """The host a device belongs to (a GPU without one is its own host); ``None`` for network devices."""
-    if device.host is not None:
-        return device.host
-    return device.name if device.kind == "gpu" else None
-
-
 def is_inter_host(topology: Topology, src: str, dst: str) -> bool:
     """Whether the link ``src -> dst`` belongs to the network between hosts (the part that is shaped)."""
-    a, b = _domain(topology.device(src)), _domain(topology.device(dst))
+    a, b = topology.device(src).domain, topology.device(dst).domain
     return a is None or b is None or a != b
 
 
@@ -193,7 +186,7 @@ def plan_emulation(topology: Topology, *, scale: float, prefix: str = "tcc", tag
             continue
         ends = []
         for name in (link.src, link.dst):
-            dom = _domain(topology.device(name))
+            dom = topology.device(name).domain
             ends.append(("s", name) if dom is None else ("h", dom))
         if any(kind == "h" and n not in hosted for kind, n in ends):
             continue  # a host without ranks (storage, CPU-only) is not emulated

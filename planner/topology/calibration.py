@@ -165,8 +165,7 @@ def link_classes_of(topology: Topology) -> dict[tuple[str, str], str]:
     """The class of every link (by its ends): ``host:KIND`` inside a host, ``host-host`` between hosts directly,
     ``host-switch`` from a host to the network, ``switch-N`` between a level-N switch and the level above (a
     switch next to hosts is level 1)."""
-    domain: dict[str, str | None] = {
-        d.name: d.host if d.host is not None else (d.name if d.kind == "gpu" else None) for d in topology.devices}
+    domain = {d.name: d.domain for d in topology.devices}
     level: dict[str, int] = {}
     frontier = [d for d, h in domain.items() if h is not None]
     seen = set(frontier)

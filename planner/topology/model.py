@@ -56,6 +56,13 @@ class Device:
     host: str | None = None
     rack: str | None = None
 
+    @property
+    def domain(self) -> str | None:
+        """The host the device belongs to (a GPU without one is its own host); None for network devices."""
+        if self.host is not None:
+            return self.host
+        return self.name if self.kind == "gpu" else None
+
 
 @dataclass(frozen=True, slots=True)
 class Link:
