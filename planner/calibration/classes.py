@@ -36,6 +36,7 @@ class LinkClasses:
     def __init__(self, topology: Topology | Network) -> None:
         self.net = network_of(topology)
         self.topology = self.net.topology
+        self._signatures: dict[tuple[int, int], tuple[str, ...]] = {}  # by (src, dst), as found
 
     @cached_property
     def _labels(self) -> dict[tuple[str, str], str]:
@@ -59,9 +60,6 @@ class LinkClasses:
             found = self._signatures[key] = tuple(self.of(link) for link in self.path(src, dst))
         return found
 
-    @cached_property
-    def _signatures(self) -> dict[tuple[int, int], tuple[str, ...]]:
-        return {}
 
     @cached_property
     def pairs(self) -> tuple[PairProbe, ...]:
