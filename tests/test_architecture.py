@@ -1,7 +1,7 @@
 """The house rules, checked on the source: import direction and no cycles, imports at the top, short functions.
 
 docs/architecture.md draws the folders and the direction data and imports flow; this reads every module of
-the product (``topocc/``, ``planner/``, ``runtime/``) with :mod:`ast` and holds the code to it.
+the product (``topocc/``) with :mod:`ast` and holds the code to it.
 """
 
 from __future__ import annotations
@@ -14,9 +14,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-
-#: Folder -> the package it is installed as (pyproject's package-dir).
-PACKAGES = {"topocc": "topocc", "planner": "topocc.planner", "runtime": "topocc.runtime"}
 
 #: What each part of the product may import (itself, and the parts listed; shared modules of the planner are
 #: open to every planner package).  Read top to bottom, it is the order data flows in.
@@ -62,12 +59,10 @@ class Module:
 
 def _modules() -> dict[str, Module]:
     found = {}
-    for folder, package in PACKAGES.items():
-        for path in sorted((REPO / folder).rglob("*.py")):
-            rel = path.relative_to(REPO / folder).with_suffix("")
-            parts = [p for p in rel.parts if p != "__init__"]
-            name = ".".join([package, *parts])
-            found[name] = Module(name, path, ast.parse(path.read_text(), str(path)))
+    for path in sorted((REPO / "topocc").rglob("*.py")):
+        parts = [p for p in path.relative_to(REPO).with_suffix("").parts if p != "__init__"]
+        name = ".".join(parts)
+        found[name] = Module(name, path, ast.parse(path.read_text(), str(path)))
     return found
 
 
@@ -180,7 +175,7 @@ def test_the_checks_see_a_cycle_and_a_wrong_way_import() -> None:
     wrong = ast.parse("from topocc.planner.compiler.compile import compile_schedule\n")
     spoiled = Module(runtime.name, runtime.path, ast.Module(body=[*wrong.body, *runtime.tree.body], type_ignores=[]))
     assert _wrong_way({runtime.name: spoiled}) == [
-        "runtime/schedule.py:1 imports topocc.planner.compiler.compile"]
+        "topocc/runtime/schedule.py:1 imports topocc.planner.compiler.compile"]
 
 
 def _inner_imports(module: Module) -> Iterator[ast.Import | ast.ImportFrom]:

@@ -1,8 +1,8 @@
-"""The distribution ships one import name, ``topocc``, with the folders of the user's layout mapped inside it.
+"""The distribution ships one import name, ``topocc``, whose folders are its import paths.
 
-``planner/`` and ``runtime/`` stay at the repository's top (the layout the user asked for); setuptools maps
-them to ``topocc.planner`` and ``topocc.runtime``, so an installed topocc puts nothing named ``planner`` or
-``runtime`` on anyone's path.
+``topocc/planner/`` and ``topocc/runtime/`` are the user's two halves; setuptools finds every package by
+discovery, so an installed topocc puts nothing named ``planner`` or ``runtime`` on anyone's path, and a
+checkout holds nothing else importable under the name ``topocc``.
 """
 
 from __future__ import annotations
@@ -23,17 +23,32 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
 
 
-def _packages_on_disk() -> set[str]:
-    found = set()
-    for name, folder in SETUPTOOLS["package-dir"].items():
-        for init in (REPO / folder).rglob("__init__.py"):
-            rel = init.parent.relative_to(REPO / folder)
-            found.add(".".join([name, *rel.parts]))
-    return found
+def test_every_folder_of_the_package_is_found_by_discovery_and_nothing_else() -> None:
+    from setuptools import find_packages
+
+    found = set(find_packages(str(REPO), **SETUPTOOLS["packages"]["find"]))
+    on_disk = {".".join(init.parent.relative_to(REPO).parts) for init in (REPO / "topocc").rglob("__init__.py")}
+    assert found == on_disk
+    assert "topocc.planner.compiler" in found and "topocc.runtime.distributed" in found
 
 
-def test_the_package_list_names_every_folder_of_the_product() -> None:
-    assert set(SETUPTOOLS["packages"]) == _packages_on_disk()
+def test_a_module_is_where_its_name_says() -> None:
+    code = ("import topocc.planner.compiler, topocc.runtime.schedule, topocc; "
+            "print(topocc.planner.compiler.__file__); print(topocc.runtime.schedule.__file__); "
+            "print(list(topocc.__path__))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    compiler, schedule, path = out.stdout.splitlines()
+    assert Path(compiler) == REPO / "topocc" / "planner" / "compiler" / "__init__.py"
+    assert Path(schedule) == REPO / "topocc" / "runtime" / "schedule.py"
+    assert path == repr([str(REPO / "topocc")])
+
+
+@pytest.mark.parametrize("name", ["topocc.tests", "topocc.benchmarks", "topocc.examples", "topocc.topocc"])
+def test_nothing_outside_the_package_imports_under_its_name(name: str) -> None:
+    out = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True, timeout=60,
+                         cwd=REPO)
+    assert out.returncode != 0 and "ModuleNotFoundError" in out.stderr
 
 
 def test_the_console_script_and_the_worker_live_in_topocc() -> None:

@@ -18,15 +18,7 @@ The names below are the public API, loaded on first use (``import topocc`` costs
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-# A source tree run without installing (PYTHONPATH=<repository>, as the GPU machine runs a copy of it) keeps
-# planner/ and runtime/ beside this folder, where the user's layout puts them; an installed topocc has them
-# inside (setuptools maps them there), and then this changes nothing.
-_SOURCE_ROOT = Path(__file__).resolve().parent.parent
-if not (Path(__file__).parent / "planner").is_dir() and (_SOURCE_ROOT / "pyproject.toml").is_file():
-    __path__.append(str(_SOURCE_ROOT))
 
 #: Public name -> the module that defines it.
 _EXPORTS = {

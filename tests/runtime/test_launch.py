@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -135,24 +134,10 @@ def test_mpiexec_is_the_one_given_else_the_one_beside_the_interpreter(tmp_path: 
     assert find_mpiexec() == (str(beside) if beside.exists() else shutil.which("mpiexec"))
 
 
-def _layout(root: Path, *, installed: bool) -> Path:
-    """A topocc as a wheel installs it (planner/ and runtime/ inside the package) or as a source checkout
-    (beside it, with the checkout's pyproject.toml); returns the folder to put on sys.path."""
-    package = root / "topocc"
-    package.mkdir(parents=True)
-    shutil.copy(REPO / "topocc" / "__init__.py", package / "__init__.py")
-    home = package if installed else root
-    for name in ("planner", "runtime"):
-        (home / name).symlink_to(REPO / name, target_is_directory=True)
-    if not installed:
-        shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
-    return root
-
-
 def _ranks_pythonpath(folder: Path, env_path: str | None, cwd: Path) -> tuple[str, str]:
-    """(checkout_root(), the ranks' PYTHONPATH) in a process that imports topocc from ``folder``."""
+    """(package_home(), the ranks' PYTHONPATH) in a process that imports topocc from ``folder``."""
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import topocc.runtime.launch as launch; "
-            "print(launch.__file__); print(launch.checkout_root()); print(launch.worker_env().get('PYTHONPATH'))")
+            "print(launch.__file__); print(launch.package_home()); print(launch.worker_env().get('PYTHONPATH'))")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if env_path is not None:
         env["PYTHONPATH"] = env_path
@@ -162,36 +147,19 @@ def _ranks_pythonpath(folder: Path, env_path: str | None, cwd: Path) -> tuple[st
     return out[1], out[2]
 
 
-def test_an_installed_topocc_puts_nothing_on_the_ranks_path(tmp_path: Path) -> None:
-    site = _layout(tmp_path / "site", installed=True)
-    assert _ranks_pythonpath(site, None, tmp_path) == ("None", "None")
-    assert _ranks_pythonpath(site, "/elsewhere", tmp_path) == ("None", "/elsewhere")
+def test_a_topocc_outside_the_site_folders_puts_its_folder_on_the_ranks_path(tmp_path: Path) -> None:
+    copy = tmp_path / "checkout"
+    (copy / "topocc").parent.mkdir()
+    (copy / "topocc").symlink_to(REPO / "topocc", target_is_directory=True)
+    # symlinked: the package resolves to this checkout's folder, which is what the ranks then import
+    assert _ranks_pythonpath(copy, None, tmp_path) == (str(REPO), str(REPO))
+    assert _ranks_pythonpath(copy, "/elsewhere", tmp_path) == (str(REPO), f"{REPO}{os.pathsep}/elsewhere")
+    assert _ranks_pythonpath(copy, str(REPO), tmp_path) == (str(REPO), str(REPO))  # once
 
 
-def test_a_source_checkout_run_without_installing_puts_its_root_on_the_ranks_path(tmp_path: Path) -> None:
-    checkout = _layout(tmp_path / "checkout", installed=False)
-    assert _ranks_pythonpath(checkout, None, tmp_path) == (str(checkout), str(checkout))
-    assert _ranks_pythonpath(checkout, "/elsewhere", tmp_path) == (str(checkout), f"{checkout}{os.pathsep}/elsewhere")
-    assert _ranks_pythonpath(checkout, str(checkout), tmp_path) == (str(checkout), str(checkout))  # once
-
-
-class _Distribution:
-    def __init__(self, direct_url: str | None) -> None:
-        self.direct_url = direct_url
-
-    def read_text(self, name: str) -> str | None:
-        return self.direct_url if name == "direct_url.json" else None
-
-
-def test_an_editable_install_of_the_checkout_in_use_needs_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    root = Path(topocc.__file__).resolve().parent.parent
-    if str(root) not in topocc.__path__:
-        pytest.skip("the topocc under test is installed as a wheel")
-    editable = json.dumps({"dir_info": {"editable": True}, "url": root.as_uri()})
-    monkeypatch.setattr(launch, "distribution", lambda name: _Distribution(editable))
-    assert launch.checkout_root() is None
-    other = json.dumps({"dir_info": {"editable": True}, "url": (root / "elsewhere").as_uri()})
-    monkeypatch.setattr(launch, "distribution", lambda name: _Distribution(other))
-    assert launch.checkout_root() == root  # an install of another checkout: this one must be on the path
-    monkeypatch.setattr(launch, "distribution", lambda name: _Distribution(json.dumps({"url": root.as_uri()})))
-    assert launch.checkout_root() == root  # a wheel built from it is a copy, not the checkout in use
+def test_a_topocc_in_a_site_folder_puts_nothing_on_the_ranks_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    home = Path(topocc.__file__).resolve().parent.parent
+    monkeypatch.setattr(launch.site, "getsitepackages", lambda: [str(home)])
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    assert launch.package_home() is None
+    assert "PYTHONPATH" not in launch.worker_env()

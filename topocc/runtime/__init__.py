@@ -1,6 +1,6 @@
 """topocc's runtime: replays compiled collective schedules (imports numpy and its transport only).
 
->>> from runtime import Communicator          # doctest: +SKIP
+>>> from topocc.runtime import Communicator   # doctest: +SKIP
 >>> comm = Communicator("ring_allreduce.json")  # doctest: +SKIP
 >>> comm.allreduce(x)                          # doctest: +SKIP
 """

@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import tempfile
@@ -25,7 +26,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 from typing import IO, Any
 
@@ -44,10 +44,10 @@ __all__ = [
     "bench_schedule",
     "bench_sizes",
     "check_ranks",
-    "checkout_root",
     "exit_on_sigterm",
     "find_mpiexec",
     "launch_worker",
+    "package_home",
     "rank_list",
     "run_schedule",
     "spawn_ranks",
@@ -83,33 +83,23 @@ def find_mpiexec(explicit: str | None = None, *, python: str = sys.executable) -
     return found
 
 
-def checkout_root() -> Path | None:
-    """The folder that holds the ``topocc`` in use when that is a source checkout run without installing it.
-
-    Such a checkout's ``topocc/__init__.py`` extends the package to the ``planner/`` and ``runtime/`` beside it
-    (its path then holds the checkout's root), and a rank's interpreter imports it only with that folder on its
-    path.  None for an installed topocc, which it finds by itself: a wheel holds both folders inside the package,
-    and an editable install of this very checkout is found through its install.
-    """
-    root = Path(topocc.__file__).resolve().parent.parent
-    if str(root) not in topocc.__path__:
-        return None
-    try:
-        origin = json.loads(distribution("topocc").read_text("direct_url.json") or "{}")
-    except PackageNotFoundError:
-        return root
-    editable = bool(origin.get("dir_info", {}).get("editable"))
-    return None if editable and origin.get("url") == root.as_uri() else root
+def package_home() -> Path | None:
+    """The folder a rank needs on its path to import this same topocc: the one holding the package, or None
+    where every interpreter of this Python searches it anyway (an installed topocc in site-packages)."""
+    home = Path(topocc.__file__).resolve().parent.parent
+    searched = {Path(p).resolve() for p in (*site.getsitepackages(), site.getusersitepackages())}
+    return None if home in searched else home
 
 
 def worker_env() -> dict[str, str]:
-    """The environment for the ranks: this process's, with the checkout on PYTHONPATH where it must be
-    (:func:`checkout_root`) so that the ranks import the same topocc."""
+    """The environment for the ranks: this process's, with :func:`package_home` first on PYTHONPATH where it
+    must be, so that the ranks import the same topocc (a checkout run as it is, or another than the one
+    installed)."""
     env = dict(os.environ)
-    root = checkout_root()
+    home = package_home()
     paths = env["PYTHONPATH"].split(os.pathsep) if env.get("PYTHONPATH") else []
-    if root is not None and str(root) not in paths:
-        env["PYTHONPATH"] = os.pathsep.join([str(root), *paths])
+    if home is not None and str(home) not in paths:
+        env["PYTHONPATH"] = os.pathsep.join([str(home), *paths])
     return env
 
 

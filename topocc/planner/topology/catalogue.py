@@ -22,7 +22,7 @@ __all__ = ["SCHEDULED_MAX_RANKS", "compiled_for", "resolve_topology", "schedule_
 
 def _shipped_dirs() -> list[Path]:
     """Where shipped topologies live: the source tree (editable install) or the installed share folder."""
-    return [Path(__file__).resolve().parents[2] / "topologies", Path(sys.prefix) / "share" / "topocc" / "topologies"]
+    return [Path(__file__).resolve().parents[3] / "topologies", Path(sys.prefix) / "share" / "topocc" / "topologies"]
 
 
 def shipped_topologies() -> dict[str, Path]:

@@ -30,7 +30,7 @@ from topocc.planner.units import UnitError, parse_bandwidth, parse_time
 __all__ = ["NETWORK_TYPES", "combine_hosts"]
 
 NETWORK_TYPES = ("switch", "fat_tree", "rail")
-#: The names the topology templates use for the same networks (planner/topology/templates.py) are accepted too.
+#: The names the topology templates use for the same networks (topocc/planner/topology/templates.py) are accepted too.
 _SAME_AS_TEMPLATES = {"single-switch": "switch", "fat-tree": "fat_tree", "rail-optimized": "rail"}
 _KEYS = ("type", "bandwidth", "latency", "hosts_per_leaf", "spines", "oversubscription", "name")
 
