@@ -351,7 +351,8 @@ def test_bundle_writes_a_folder_that_loads(tmp_path: Path, capsys: pytest.Captur
     assert [e.key() for e in bundle.plans] == keys and bundle.world == 4 and bundle.topology == "t2x2"
     lines = out.splitlines()
     assert lines[0] == "bundle for t2x2 (4 ranks): 8 plans"
-    assert lines[1].split() == ["collective", "group", "root", "buckets", "algorithms", "predicted"]
+    assert lines[1].split() == ["collective", "group", "root", "buckets", "algorithms", "native", "below",
+                                 "predicted"]
     assert lines[3].split()[:3] == ["allreduce", "world", "-"] and lines[10].split()[:3] == ["broadcast", "3,1", "1"]
     assert lines[-2:] == [f"  wrote {folder / 'bundle.json'}",
                           f'next: TOPOCC_PLAN={folder} torchrun ... train.py (with init_process_group("topocc"))']
@@ -361,6 +362,7 @@ def test_bundle_writes_a_folder_that_loads(tmp_path: Path, capsys: pytest.Captur
     doc = json.loads(out)
     assert [(p["collective"], p["group"], p["root"], p["ranks"]) for p in doc["plans"]] == [
         ("allgather", [0, 1, 2, 3], None, 4)]
+    assert doc["plans"][0]["native_below_bytes"] == load_bundle(folder).plans[0].native_below
     assert doc["output"] == str(folder / "bundle.json") and doc["ranks"] == 4
     assert [e.key() for e in load_bundle(folder).plans] == [("allgather", (0, 1, 2, 3), None)]
 
@@ -399,3 +401,63 @@ def test_bundle_refuses_a_group_the_topology_lacks(tmp_path: Path, capsys: pytes
     code, out, err = run(capsys, "bundle", "emu-racks", "-o", str(tmp_path / "b"), "--group", "8-12")
     assert code == 2 and out == "" and not (tmp_path / "b").exists()
     assert "rank 12 is not a rank of emu-racks (0-11)" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("spelling", "name"), [("all_reduce", "allreduce"), ("reduce_scatter", "reducescatter"),
+                                                ("All-Gather", "allgather"), ("all_to_all", "alltoall")])
+def test_every_collective_takes_torchs_spelling(spelling: str, name: str, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "compile", _t2x2(tmp_path), "-c", spelling, "-a", "direct", "-s", "4KiB", "--json")
+    assert code == 0, err
+    assert json.loads(out)["collective"] == name
+
+
+def test_a_misspelt_collective_is_refused_with_a_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "compile", "emu-uniform", "-c", "all_reduse")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("topocc: error: Invalid value for '-c' / '--collective': 'all_reduse' is not one of "
+                          "allreduce, reducescatter, allgather, broadcast, reduce, alltoall (did you mean allreduce?)")
+
+
+def test_topo_show_says_the_bandwidth_is_per_direction_and_lists_classes_narrowest_first(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "topo", "show", "dgx-a100-4node")
+    assert code == 0, err
+    assert "  link bandwidth: 25 GB/s .. 300 GB/s per direction (a full-duplex link carries its figure each way" in out
+    rows = out.split("links by class, narrowest first (bandwidth per direction):\n")[1].splitlines()
+    assert [r.split()[:3] for r in rows[2:6]] == [["host-switch", "64", "25"], ["host:pcie", "64", "32"],
+                                                  ["switch-1", "32", "50"], ["host:nvlink", "64", "300"]]
+    code, out, err = run(capsys, "topo", "show", "dgx-a100-4node", "--json")
+    classes = json.loads(out)["link_classes"]
+    assert list(classes) == ["host-switch", "host:pcie", "switch-1", "host:nvlink"]
+    assert classes["host:nvlink"] == {"links": 64, "min_link_bandwidth_GBps": 300.0, "max_link_bandwidth_GBps": 300.0,
+                                      "link": "h0.gpu0 -> h0.nvsw0", "latency_s": 0.35e-6}
+
+
+def test_files_written_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    page, trace = tmp_path / "t.html", tmp_path / "trace.json"
+    code, out, err = run(capsys, "topo", "show", "emu-uniform", "--html", str(page))
+    assert code == 0 and page.is_file() and out.splitlines()[-1] == f"  wrote {page}", err
+    code, out, err = run(capsys, "simulate", str(REPO / "schedules" / "emu-uniform-allreduce.json"), "--trace",
+                         str(trace))
+    assert code == 0 and trace.is_file() and out.splitlines()[-1] == f"  wrote {trace}", err
+
+
+def test_bundle_shows_the_prediction_at_the_largest_recorded_size(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A recorded 4.77 MB all-reduce is served by the last bucket, which may have been merged with the one tuned
+    at 1 MiB: the summary shows the time at 4.77MB, the size recorded, in its own unit."""
+    record = tmp_path / "calls.jsonl"
+    log = CallLog(record)
+    for size in (4096, 4_770_000):
+        log.add(Call("allreduce", (0, 1, 2, 3), size, "float32", "sum"))
+    code, out, err = run(capsys, "bundle", _t2x2(tmp_path), "-o", str(tmp_path / "b"), "--calls", str(record),
+                         "--json")
+    assert code == 0, err
+    (plan,) = json.loads(out)["plans"]
+    assert plan["size_bytes"] == 4_770_000 and plan["buckets"][-1]["size_bytes"] <= 4_770_000
+    slowest = max(b["predicted_time_s"] for b in plan["buckets"])
+    assert plan["predicted_time_s"] >= slowest
+    code, out, err = run(capsys, "bundle", _t2x2(tmp_path), "-o", str(tmp_path / "b"), "--calls", str(record))
+    assert code == 0, err
+    assert out.splitlines()[3].endswith(" at 4.77MB") and "at 1MiB" not in out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -32,8 +33,6 @@ from topocc.planner.units import (
         ("12.5 GBps", 12.5e9),
         ("1e3 MB/s", 1e9),
         ("+5 GB/s", 5e9),
-        (4096, 4096.0),
-        (2.5e9, 2.5e9),
     ],
 )
 def test_parse_bandwidth(text: object, expected: float) -> None:
@@ -41,8 +40,25 @@ def test_parse_bandwidth(text: object, expected: float) -> None:
 
 
 @pytest.mark.parametrize(
+    ("parse", "text", "message", "fix"),
+    [(parse_bandwidth, 300, "300 has no unit", "write it with one, e.g. 300GB/s or 2400Gb/s"),
+     (parse_bandwidth, "12.5", "12.5 has no unit", "write it with one, e.g. 12.5GB/s or 100Gb/s"),
+     (parse_bandwidth, 2.5e9, "2500000000.0 has no unit", "write it with one, e.g. 2.5GB/s if it is bytes/s"),
+     (parse_time, 0.7, "0.7 has no unit", "write it with one, e.g. 0.7us or 0.7ms"),
+     (parse_time, "5", "5 has no unit", "write it with one, e.g. 5us or 5ms"),
+     (parse_time, 7e-07, "7e-07 has no unit", "write it with one, e.g. 700ns if it is seconds")],
+)
+def test_a_bare_number_is_refused_with_what_to_write(parse: Any, text: object, message: str, fix: str) -> None:
+    """bytes/s and seconds are never what ``bandwidth: 300`` or ``latency: 0.7`` meant: the unit is required."""
+    with pytest.raises(UnitError) as refused:
+        parse(text)
+    assert (str(refused.value), refused.value.fix) == (message, fix)
+
+
+@pytest.mark.parametrize(
     ("text", "expected"),
-    [("0.7 us", 0.7e-6), ("700ns", 700e-9), ("1 ms", 1e-3), ("2 s", 2.0), ("1 µs", 1e-6), (0, 0.0), ("0 us", 0.0)],
+    [("0.7 us", 0.7e-6), ("700ns", 700e-9), ("1 ms", 1e-3), ("2 s", 2.0), ("1 µs", 1e-6), (0, 0.0), ("0 us", 0.0),
+     (0.0, 0.0), ("0", 0.0)],  # zero is zero in every unit
 )
 def test_parse_time(text: object, expected: float) -> None:
     assert parse_time(text) == pytest.approx(expected)
@@ -68,14 +84,15 @@ def test_parse_size_range() -> None:
 @pytest.mark.parametrize(
     "text",
     ["fast", "", "25", "25 GB", "25 G", "0 GB/s", "-25 GB/s", "1e999 GB/s", "GB/s", "25 GB/h", True, None, 0, -1,
-     10**400, float("nan"), float("inf"), [25]],
+     10**400, float("nan"), float("inf"), [25], 4096, 2.5e9],
 )
 def test_bad_bandwidth(text: object) -> None:
     with pytest.raises(UnitError):
         parse_bandwidth(text)
 
 
-@pytest.mark.parametrize("text", ["soon", "1", "-1 us", "3 parsecs", "1 us/s", "1e999 s", True, -0.5, float("nan")])
+@pytest.mark.parametrize("text", ["soon", "1", "-1 us", "3 parsecs", "1 us/s", "1e999 s", True, -0.5, float("nan"), 0.7,
+                                  1e-6])
 def test_bad_time(text: object) -> None:
     with pytest.raises(UnitError):
         parse_time(text)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from topocc.runtime.bundle import MANIFEST, Bundle, BundlePlan, load_bundle, save_bundle
+from topocc.runtime.bundle import MANIFEST, Bundle, BundlePlan, PlanFile, load_bundle, save_bundle
 from topocc.runtime.calls import Call, CallLog, read_calls
 from topocc.runtime.errors import ScheduleFormatError
 from topocc.runtime.plan import Plan, save_plan
@@ -73,6 +73,35 @@ def test_the_digest_changes_with_a_plan(folder: Path) -> None:
     assert load_bundle(folder).digest != before
 
 
+def test_thresholds_round_trip_and_an_older_manifest_has_none(folder: Path) -> None:
+    thresholded = Bundle(WORLD, (BundlePlan(copies("allreduce", 4, buckets=3), (0, 1, 2, 3), 65536),
+                                 BundlePlan(copies("broadcast", 3, root=1), (0, 2, 3), None)), "t", "f")
+    save_bundle(thresholded, folder)
+    loaded = load_bundle(folder)
+    assert [e.native_below for e in loaded.plans] == [65536, None] and loaded.plans == thresholded.plans
+    assert loaded.describe().splitlines() == [
+        "allreduce on world: 3 size bucket(s), native below 65536 B",
+        "broadcast on ranks 0,2-3, root 1: 1 size bucket(s), native at every size"]
+    doc = manifest(folder)  # as topocc wrote it before rows named their collective and threshold
+    doc["plans"] = [{"file": r["file"], "group": r["group"]} for r in doc["plans"]]
+    (folder / MANIFEST).write_text(json.dumps(doc))
+    older = load_bundle(folder)
+    assert [e.native_below for e in older.plans] == [0, 0] and older.plans[1].root == 1
+    assert all(isinstance(e.source, Plan) for e in older.plans)  # no collective in the row: read at once
+
+
+def test_a_bundle_is_read_once_and_its_plans_on_first_use(folder: Path) -> None:
+    first = load_bundle(folder)
+    assert load_bundle(folder / MANIFEST) is first  # the same files: the same bundle, not read again
+    assert all(isinstance(e.source, PlanFile) for e in first.plans)
+    plan = first.plans[0].plan
+    assert first.plans[0].plan is plan and load_bundle(folder).plans[0].plan is plan  # parsed once
+    name = manifest(folder)["plans"][1]["file"]
+    save_plan(copies("allreduce", 2, buckets=2), folder / name)  # a changed file: read again
+    again = load_bundle(folder)
+    assert again is not first and len(again.plans[1].plan.schedules) == 2
+
+
 @pytest.mark.parametrize("kind", ["plan", "schedule"])
 def test_one_plan_or_schedule_file_is_a_bundle_for_the_world(kind: str, tmp_path: Path) -> None:
     plan = copies("allreduce", 3, buckets=2 if kind == "plan" else 1)
@@ -118,12 +147,24 @@ BAD = {
     "group twice": (lambda f: manifest(f, plans=row(f, 1, group=[3, 3])), ": plans[1]: the group must name distinct"),
     "group size": (lambda f: manifest(f, plans=row(f, 1, group=[0, 1, 2])),
                    ": plans[1]: the group has 3 ranks but the plan is for 2"),
-    "no group, not the world": (lambda f: manifest(f, plans=row(f, 1, group=None)),
-                                ": plans[1]: the group has 4 ranks but the plan is for 2"),
+    "no group, not the world": (lambda f: manifest(f, plans=row(f, 3, group=None)),
+                                ": plans[3]: the group has 4 ranks but the plan is for 3"),
     "duplicate key": (lambda f: manifest(f, plans=row(f, 2, group=[2, 3])),
                       ": plans[2]: a second allreduce plan for the same group"),
     "row not an object": (lambda f: manifest(f, plans=["a.json"]), ": plans[0]: each plan must be"),
-    "row field": (lambda f: manifest(f, plans=row(f, 0, root=0)), ": plans[0]: each plan must be"),
+    "row field": (lambda f: manifest(f, plans=row(f, 0, owner="me")), ": plans[0]: each plan must be"),
+    "root of an allreduce": (lambda f: manifest(f, plans=row(f, 0, root=0)), ": plans[0]: root: root must be a rank"),
+    "broadcast without root": (lambda f: manifest(f, plans=[{k: v for k, v in r.items() if k != "root"}
+                                                            for r in manifest(f)["plans"]]),
+                               ": plans[3]: a broadcast row must name its root"),
+    "unknown collective": (lambda f: manifest(f, plans=row(f, 0, collective="allsum")),
+                           ": plans[0]: collective: unknown collective 'allsum'"),
+    "another collective": (lambda f: manifest(f, plans=row(f, 1, collective="allgather")),
+                           ": plans[1]: the file holds a allreduce plan (root None) but the row names allgather"),
+    "negative threshold": (lambda f: manifest(f, plans=row(f, 0, native_below_bytes=-1)),
+                           ": plans[0]: native_below_bytes: native_below_bytes must be a size in bytes"),
+    "threshold text": (lambda f: manifest(f, plans=row(f, 0, native_below_bytes="64KiB")),
+                       ": plans[0]: native_below_bytes: native_below_bytes must be a size in bytes"),
     "file with /": (lambda f: manifest(f, plans=row(f, 0, file="../b/x.json")),
                     ": plans[0]: plan file '../b/x.json' must be a plain name inside the bundle folder"),
     "file hidden": (lambda f: manifest(f, plans=row(f, 0, file=".x.json")), ": plans[0]: plan file '.x.json' must"),
@@ -142,7 +183,7 @@ def test_a_malformed_manifest_is_one_line_naming_the_place(case: str, folder: Pa
     path = folder / MANIFEST
     path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
     with pytest.raises(ScheduleFormatError) as info:
-        load_bundle(folder)
+        _ = [entry.plan for entry in load_bundle(folder).plans]  # a row's plan file is read on first use
     line = info.value.one_line()
     assert line.startswith(f"{path}{says}"), line
     assert "\n" not in line
@@ -156,8 +197,9 @@ def test_a_folder_without_a_manifest_says_how_to_make_one(tmp_path: Path) -> Non
 def test_a_bad_plan_file_is_named_by_its_path(folder: Path) -> None:
     name = manifest(folder)["plans"][0]["file"]
     (folder / name).write_text('{"format": "topocc-plan", "version": 1}')
+    bundle = load_bundle(folder)  # the manifest names the collective: the file is read when the plan is first used
     with pytest.raises(ScheduleFormatError, match=f"^{re.escape(str(folder / name))}: buckets: buckets must be"):
-        load_bundle(folder)
+        _ = bundle.plans[0].plan
 
 
 def test_the_call_log_writes_each_call_once_and_reads_back(tmp_path: Path) -> None:

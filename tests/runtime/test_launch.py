@@ -83,16 +83,19 @@ def test_a_size_without_a_whole_element_is_refused() -> None:
 
 
 def test_spawned_ranks_report_and_a_straggler_is_killed() -> None:
-    """Each rank's output and exit code come back; one that outlives the limit is killed, and says so."""
+    """Each rank's output and exit code come back; one that outlives the limit is killed, and says so.
+
+    The limit leaves a loaded machine time to start the two quick interpreters; the straggler sleeps far past it.
+    """
     env = dict(os.environ)
     code = "import sys, time; print('rank', sys.argv[1]); sys.stdout.flush(); time.sleep(float(sys.argv[2]))"
     start = time.monotonic()
-    done = spawn_ranks([([sys.executable, "-c", code, str(r), "60" if r == 1 else "0"], env) for r in range(3)],
-                       limit_s=2.0)
-    assert time.monotonic() - start < 30
+    done = spawn_ranks([([sys.executable, "-c", code, str(r), "120" if r == 1 else "0"], env) for r in range(3)],
+                       limit_s=10.0)
+    assert time.monotonic() - start < 60
     assert [p.stdout for p in done] == ["rank 0\n", "rank 1\n", "rank 2\n"]
     assert [p.returncode for p in done] == [0, -9, 0]
-    assert done[1].stderr.endswith("topocc: killed after 2 s\n") and not done[0].stderr
+    assert done[1].stderr.endswith("topocc: killed after 10 s\n") and not done[0].stderr
 
 
 def test_a_launcher_stopped_by_sigterm_takes_its_ranks_along(tmp_path: Path) -> None:

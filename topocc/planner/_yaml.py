@@ -17,14 +17,14 @@ from topocc.planner.errors import TopologyError
 __all__ = ["Source", "YDict", "YList", "load_yaml"]
 
 
-class YDict(dict):  # type: ignore[type-arg]
+class YDict(dict[Any, Any]):
     """A mapping that knows its own line and the line of each key."""
 
     line: int = 0
     lines: dict[Any, int]
 
 
-class YList(list):  # type: ignore[type-arg]
+class YList(list[Any]):
     """A sequence that knows its own line and the line of each item."""
 
     line: int = 0
@@ -70,10 +70,31 @@ _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _sequen
 
 
 class Source:
-    """A file name for messages: ``source.at(obj, key)`` gives ``file:line``."""
+    """A file name for messages: ``source.at(obj, key)`` gives ``file:line``; given the document it was
+    loaded from, ``source.path(obj, key)`` gives the field's place in it (``links[3].bandwidth``)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, root: Any = None) -> None:
         self.name = name
+        self._root = root  # held, so that the ids the paths are kept by stay its objects'
+        self._paths: dict[int, str] | None = None
+
+    def path(self, obj: Any, key: Any = None) -> str:
+        """Where ``obj[key]`` (or ``obj``) sits in the document: ``links[3].bandwidth``, ``cluster.host.nic``;
+        just ``key`` where the document is unknown."""
+        if self._paths is None:
+            self._paths = {}
+            stack: list[tuple[Any, str]] = [(self._root, "")]
+            while stack:  # an object reached twice (a YAML alias) keeps the first path found
+                node, where = stack.pop()
+                if isinstance(node, (dict, list)) and id(node) not in self._paths:
+                    self._paths[id(node)] = where
+                    items = node.items() if isinstance(node, dict) else enumerate(node)
+                    stack.extend((child, f"{where}[{k}]" if isinstance(node, list) else f"{where}.{k}".lstrip("."))
+                                 for k, child in items)
+        base = self._paths.get(id(obj), "")
+        if key is None:
+            return base
+        return f"{base}[{key}]" if isinstance(obj, list) else f"{base}.{key}".lstrip(".")
 
     def at(self, obj: Any = None, key: Any = None) -> str:
         line = 0

@@ -6,19 +6,23 @@ exits non-zero; set ``TOPOCC_DEBUG=1`` to see a traceback instead.
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import json
 import os
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
 from topocc.planner.collector import rare_collections
-from topocc.planner.errors import TopoccError, exit_codes
+from topocc.planner.errors import TopoccError, TopoccWarning, exit_codes
 from topocc.planner.units import UnitError, parse_size, parse_size_range
 from topocc.runtime.executor import DTYPE_NAMES
+from topocc.runtime.schedule import COLLECTIVES, canonical_collective
 
 __all__ = ["cli", "main"]
 
@@ -68,15 +72,32 @@ class RanksType(click.ParamType):
             self.fail(exc.one_line(), param, ctx)
 
 
+class CollectiveType(click.ParamType):
+    """A collective in any common spelling (``allreduce``, ``all-reduce``, torch's ``all_reduce``, ``AllReduce``),
+    given on as its stored name; a near miss is refused with a suggestion."""
+
+    name = "collective"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        try:
+            return canonical_collective(str(value))
+        except TopoccError:
+            key = str(value).lower().replace("-", "").replace("_", "").replace(" ", "")
+            near = difflib.get_close_matches(key, COLLECTIVES, n=1, cutoff=0.6)
+            self.fail(f"{value!r} is not one of {', '.join(COLLECTIVES)}"
+                      + (f" (did you mean {near[0]}?)" if near else ""), param, ctx)
+
+    def get_metavar(self, param: click.Parameter, *args: Any, **kwargs: Any) -> str:
+        return "[" + "|".join(COLLECTIVES) + "]"
+
+
 SIZE = SizeType()
 SIZE_RANGE = SizeRangeType()
 RANKS = RanksType()
 DTYPE = click.Choice(DTYPE_NAMES)
 PROGRESS_HELP = "Progress lines on stderr as the work goes (default: when stderr is a terminal)."
 WHAT_IF_HELP = "Allow a --topology the schedule was not compiled for (the output says it is a what-if)."
-COLLECTIVE = click.Choice(
-    ["allreduce", "reducescatter", "reduce-scatter", "allgather", "all-gather", "broadcast", "reduce", "alltoall",
-     "all-to-all"], case_sensitive=False)
+COLLECTIVE = CollectiveType()
 
 
 def _progress_echo(flag: bool | None) -> Callable[[str], None] | None:
@@ -102,10 +123,32 @@ def _exit_code_epilog() -> str:
     return head + "\n\n\b\n" + "\n".join(rows)
 
 
+@contextlib.contextmanager
+def _warnings_on_stderr() -> Iterator[None]:
+    """Every :class:`TopoccWarning` raised while a command runs as one ``topocc: warning: ...`` line on stderr
+    (each text once); other warnings as Python shows them."""
+    shown: set[str] = set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", TopoccWarning)
+        python_shows = warnings.showwarning
+
+        def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+            if not issubclass(category, TopoccWarning):
+                python_shows(message, category, *args, **kwargs)
+            elif (line := " ".join(str(message).split())) not in shown:
+                shown.add(line)
+                click.echo(f"topocc: warning: {line}", err=True)
+
+        warnings.showwarning = show
+        yield
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=_exit_code_epilog())
 @click.version_option(package_name="topocc")
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """topocc: compile, verify, simulate and run topology-aware collective schedules."""
+    ctx.with_resource(_warnings_on_stderr())
 
 
 @cli.command("compile")
@@ -118,10 +161,14 @@ def cli() -> None:
 @click.option("--pipeline", type=click.IntRange(1, 4096), default=None, help="Pieces per chunk.")
 @click.option("--root", type=click.IntRange(0), default=0, show_default=True, help="Root of broadcast/reduce.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the schedule here.")
+@click.option("--compress", "compression", default=None, metavar="POLICY",
+              help="Encode the messages that cross chosen links: ENCODING@SCOPE, e.g. bf16@slow, "
+                   "int8@links<=25Gb/s, topk:1%@inter-rack, fp16@host-switch (default: every byte exact).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
 @click.option("--progress/--no-progress", default=None, help=PROGRESS_HELP)
 def compile_cmd(topology: str, collective: str, size: tuple[int, int], algorithm: str, channels: int | None,
-                pipeline: int | None, root: int, output: str | None, as_json: bool, progress: bool | None) -> None:
+                pipeline: int | None, root: int, output: str | None, compression: str | None, as_json: bool,
+                progress: bool | None) -> None:
     """Compile COLLECTIVE for TOPOLOGY (a YAML file or a shipped name), verify and simulate it."""
     # loaded on use: every command starts without the others' modules
     from topocc.planner.compiler.compile import compile_schedule
@@ -132,6 +179,7 @@ def compile_cmd(topology: str, collective: str, size: tuple[int, int], algorithm
     from topocc.runtime.plan import save_plan
     from topocc.runtime.schedule import save_schedule
 
+    policy = _compression_policy(compression)
     topo = resolve_topology(topology)
     low, high = size
     options = Options(size_bytes=low, channels=channels, pipeline=pipeline, root=root)
@@ -139,15 +187,59 @@ def compile_cmd(topology: str, collective: str, size: tuple[int, int], algorithm
     report = (lambda event: echo(event.describe())) if echo else None
     if low != high:
         plan, results = compile_plan(topo, collective, low, high, algorithm, options, progress=report)
+        reports = None
+        if policy is not None:
+            plan, results, reports = _compress_plan(topo, results, policy)
         if output:
             save_plan(plan, output)
         doc = plan_summary(results, output) | {"model": model_note(topo)}
-        _emit(doc, as_json, format_plan(doc))
+        if reports is not None:
+            doc["compression"] = reports
+        _emit(doc, as_json, format_plan(doc) + "".join(f"\n{_compression_text(r)}" for r in reports or ()))
         return
     compiled = compile_schedule(topo, collective, algorithm, options, progress=report)
+    extra: dict[str, Any] = {}
+    if policy is not None:
+        from topocc.planner.compiler.compress import compress  # loaded on use: only --compress needs it
+
+        done = compress(topo, compiled, policy)
+        compiled, extra = done.compiled, {"compression": done.report.to_json()}
     if output:
         save_schedule(compiled.schedule, output)
-    _emit(compiled_summary(compiled, output) | {"model": model_note(topo)}, as_json)
+    doc = compiled_summary(compiled, output) | {"model": model_note(topo)} | extra
+    _emit(doc, as_json, _summary_text(doc) + (f"\n{_compression_text(extra['compression'])}" if extra else ""))
+
+
+def _compression_policy(text: str | None) -> Any:
+    """``--compress``'s policy, parsed before anything is compiled (None: exact)."""
+    if text is None:
+        return None
+    from topocc.planner.compiler.compress import parse_policy  # loaded on use: only --compress needs it
+
+    return parse_policy(text)
+
+
+def _compress_plan(topo: Any, results: Any, policy: Any) -> tuple[Any, list[Any], list[dict[str, Any]]]:
+    """Every bucket of a plan compressed: the plan, its buckets' results and their compression reports."""
+    # loaded on use: only --compress needs them
+    from topocc.planner.compiler.compress import compress_all
+    from topocc.runtime.plan import Plan
+
+    done = compress_all(topo, results, policy)
+    compiled = [d.compiled for d in done]
+    return Plan(tuple(c.schedule for c in compiled)), compiled, [d.report.to_json() for d in done]
+
+
+def _summary_text(doc: dict[str, Any]) -> str:
+    from topocc.planner.report.summary import format_summary  # loaded on use: the text output only
+
+    return format_summary(doc)
+
+
+def _compression_text(doc: dict[str, Any]) -> str:
+    from topocc.planner.report.compression import format_compression  # loaded on use: the text output only
+
+    return format_compression(doc)
 
 
 #: What DDP and FSDP issue: gradient all-reduce, sharded reduce-scatter and all-gather, the start's broadcast.

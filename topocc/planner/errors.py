@@ -19,6 +19,10 @@ code  raised as                                 meaning
 130                                             interrupted (Ctrl-C)
 141                                             stdout closed early (a broken pipe, e.g. ``| head``)
 ====  ========================================  ==================================================================
+
+A :class:`TopoccWarning` (a figure implausible for its link, a calibration far from its file) changes no
+exit code: the CLI prints it as one ``topocc: warning: ...`` line on stderr, a library caller gets it through
+Python's :mod:`warnings`.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ __all__ = [
     "ScheduleFormatError",
     "SimulationError",
     "TopoccError",
+    "TopoccWarning",
     "TopologyError",
     "UsageError",
     "VerificationError",
@@ -46,6 +51,10 @@ class TopologyError(TopoccError):
     """A topology file that is malformed or describes an unusable cluster."""
 
     exit_code = 3
+
+
+class TopoccWarning(UserWarning):
+    """Something that works but is likely not what was meant: one line, naming the place and the reading."""
 
 
 class VerificationError(TopoccError):

@@ -1,6 +1,11 @@
 """Human units: bandwidths ("25 GB/s", "200 Gbit/s"), latencies ("0.7 us"), sizes ("64MiB", "64M", "64MB").
 
 Bandwidths are returned in bytes per second, times in seconds, sizes in bytes.
+A bandwidth or a time must carry its unit: a bare ``300`` is refused
+(:class:`UnitError` with the fix), since bytes/s and seconds are never what a
+person writing ``bandwidth: 300`` or ``latency: 0.7`` meant; a time of ``0`` is
+zero in every unit and needs none.  A size may be bare (bytes, as nccl-tests
+reads ``-b 4096``).
 Bandwidth prefixes are decimal (``GB/s`` is 10^9 bytes a second, as links are
 specified).  Sizes follow nccl-tests (``-b 8 -e 128M``): a single-letter suffix
 (``K``, ``M``, ``G``, ``T``, either case) is binary, 2^10 ... 2^40; ``KiB``,
@@ -44,7 +49,31 @@ _TIME_SCALE = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
 
 class UnitError(ValueError):
-    """A quantity that does not parse; callers add the file and place."""
+    """A quantity that does not parse; callers add the file and place.  ``fix`` says what to write instead,
+    where the error knows better than its caller (a number without a unit)."""
+
+    def __init__(self, message: str, fix: str | None = None) -> None:
+        super().__init__(message)
+        self.fix = fix
+
+
+def _bare(text: object) -> float | None:
+    """The number ``text`` is when it is only a number (``300``, ``"0.7"``, YAML's ``2.5e9``), else None."""
+    if isinstance(text, bool):
+        return None
+    if isinstance(text, (int, float)) or (isinstance(text, str) and re.fullmatch(_NUMBER, text.strip())):
+        return _number(text)
+    return None
+
+
+def _written(text: object) -> str:
+    """A bare number as it was written (YAML's ``300``, ``0.7``, ``2.5e9``)."""
+    return text.strip() if isinstance(text, str) else repr(text)
+
+
+def _plain(value: float) -> str:
+    """``value`` as a person writes it: ``300``, ``0.7``, ``2400``."""
+    return _digits(value, 6)
 
 
 def _number(value: int | float | str) -> float:
@@ -62,39 +91,59 @@ def _prefix(prefix: str | None) -> float:
 
 
 def parse_bandwidth(text: object) -> float:
-    """Bytes per second from ``"25 GB/s"``, ``"200 Gbit/s"``, ``"100 Gbps"`` or a bare number (bytes/s)."""
+    """Bytes per second from ``"25 GB/s"``, ``"200 Gbit/s"`` or ``"100 Gbps"``; a number without a unit is refused.
+
+    >>> parse_bandwidth("200 Gbit/s")
+    25000000000.0
+    """
     if isinstance(text, bool):
         raise UnitError(f"{text!r} is not a bandwidth")
-    if isinstance(text, (int, float)):
-        value = _number(text)
-    else:
-        match = _BANDWIDTH.match(str(text).strip())
-        if not match or (match.group(3) is None and match.group(4) is None and match.group(2)):
-            raise UnitError(f"{text!r} is not a bandwidth (write e.g. '25 GB/s' or '200 Gbit/s')")
-        number, prefix, unit, per_second = match.groups()
-        if unit in ("bps",):
-            unit, per_second = "bit", "/s"
-        elif unit == "Bps":
-            unit, per_second = "B", "/s"
-        if unit is None or per_second is None:
-            raise UnitError(f"{text!r} is not a bandwidth (write e.g. '25 GB/s' or '200 Gbit/s')")
-        value = _number(number) * _prefix(prefix) / (8.0 if unit in ("bit", "b") else 1.0)
+    bare = _bare(text)
+    if bare is not None:
+        if not math.isfinite(bare) or bare <= 0:
+            raise UnitError(f"bandwidth must be positive, got {text!r}")
+        # a figure in the millions was meant as bytes/s (a script's 25e9); a small one as GB/s or Gb/s
+        fix = (f"write it with one, e.g. {format_bandwidth(bare).replace(' ', '')} if it is bytes/s"
+               if bare >= 1e6 else f"write it with one, e.g. {_plain(bare)}GB/s or {_plain(bare * 8)}Gb/s")
+        raise UnitError(f"{_written(text)} has no unit", fix=fix)
+    match = _BANDWIDTH.match(str(text).strip())
+    if not match or (match.group(3) is None and match.group(4) is None and match.group(2)):
+        raise UnitError(f"{text!r} is not a bandwidth (write e.g. '25 GB/s' or '200 Gbit/s')")
+    number, prefix, unit, per_second = match.groups()
+    if unit in ("bps",):
+        unit, per_second = "bit", "/s"
+    elif unit == "Bps":
+        unit, per_second = "B", "/s"
+    if unit is None or per_second is None:
+        raise UnitError(f"{text!r} is not a bandwidth (write e.g. '25 GB/s' or '200 Gbit/s')")
+    value = _number(number) * _prefix(prefix) / (8.0 if unit in ("bit", "b") else 1.0)
     if not math.isfinite(value) or value <= 0:
         raise UnitError(f"bandwidth must be positive, got {text!r}")
     return value
 
 
 def parse_time(text: object) -> float:
-    """Seconds from ``"0.7 us"``, ``"700ns"``, ``"1 ms"`` or a bare number (seconds)."""
+    """Seconds from ``"0.7 us"``, ``"700ns"`` or ``"1 ms"``; a number without a unit is refused, except 0.
+
+    >>> parse_time("0.7 us"), parse_time(0)
+    (7e-07, 0.0)
+    """
     if isinstance(text, bool):
         raise UnitError(f"{text!r} is not a time")
-    if isinstance(text, (int, float)):
-        value = _number(text)
-    else:
-        match = _TIME.match(str(text).strip())
-        if not match:
-            raise UnitError(f"{text!r} is not a time (write e.g. '0.7 us', '700 ns' or '1 ms')")
-        value = _number(match.group(1)) * _TIME_SCALE[match.group(2)]
+    bare = _bare(text)
+    if bare == 0:
+        return 0.0
+    if bare is not None:
+        if not math.isfinite(bare) or bare < 0:
+            raise UnitError(f"time must be zero or positive, got {text!r}")
+        # below a millisecond it was meant as seconds (a script's 7e-07); else as us or ms
+        fix = (f"write it with one, e.g. {format_time(bare).replace(' ', '')} if it is seconds"
+               if bare < 1e-3 else f"write it with one, e.g. {_plain(bare)}us or {_plain(bare)}ms")
+        raise UnitError(f"{_written(text)} has no unit", fix=fix)
+    match = _TIME.match(str(text).strip())
+    if not match:
+        raise UnitError(f"{text!r} is not a time (write e.g. '0.7 us', '700 ns' or '1 ms')")
+    value = _number(match.group(1)) * _TIME_SCALE[match.group(2)]
     if not math.isfinite(value) or value < 0:
         raise UnitError(f"time must be zero or positive, got {text!r}")
     return value

@@ -18,6 +18,7 @@ import os
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 from topocc.runtime.errors import ScheduleFormatError
 
@@ -62,7 +63,7 @@ class CallLog:
                 os.close(fd)
 
 
-def _int(value: object) -> bool:
+def _int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

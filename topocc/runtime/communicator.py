@@ -26,7 +26,11 @@ Failure behaviour
 * At interpreter exit, a process whose communicator failed prints that line
   again and leaves with ``os._exit(5)`` instead of running ``MPI_Finalize``
   (which would wait forever for the dead peer); a healthy process first checks,
-  with a barrier bounded by ``timeout``, that every peer reached its exit too.
+  with a barrier bounded by ``timeout``, that every peer reached its exit too,
+  then closes its communicators and, where every rank of torch.distributed's
+  world is at exit, destroys torch's process groups (gloo or topocc's) before
+  the interpreter finalizes (see ``_release_torch_groups``: gloo's worker threads
+  otherwise abort the process with std::terminate).
 
 With MPICH's hydra ``mpiexec``, the death of a rank makes hydra kill every other
 rank at once unless ``-disable-auto-cleanup`` is given; pass it to see each
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import itertools
 import os
 import sys
@@ -56,9 +61,10 @@ from topocc.runtime.executor import (
     message_tag_space,
     same_memory,
 )
-from topocc.runtime.group_executor import GroupProgram, Work
-from topocc.runtime.lowering import DEFAULT_GROUP_BYTES, RankLowering, chunks_per_round_for, lower
+from topocc.runtime.group_executor import Work
+from topocc.runtime.lowering import DEFAULT_GROUP_BYTES
 from topocc.runtime.plan import Plan, PlanSource, as_plan
+from topocc.runtime.replay import DataflowReplay, Events, LoweredReplay, Replay
 from topocc.runtime.schedule import Schedule, dump_schedule
 from topocc.runtime.transports import GroupTransport, PeerFailure, Transport
 
@@ -79,7 +85,7 @@ _GUARD_INSTALLED = False
 
 
 def _exit_guard() -> None:
-    """At exit: skip MPI_Finalize after a failure, and bound the wait for peers otherwise."""
+    """At exit: skip MPI_Finalize after a failure; otherwise bound the wait for peers, then tear down."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
@@ -87,6 +93,7 @@ def _exit_guard() -> None:
         err = _FAILURES[0]
         os.write(2, f"topocc: {err.one_line()} [exiting without MPI_Finalize]\n".encode())
         os._exit(err.exit_code)
+    met: list[Communicator] = []  # the open communicators whose every peer reached exit, in creation order
     for _, comm in sorted(_LIVE.items()):
         if comm._closed:
             continue
@@ -100,6 +107,45 @@ def _exit_guard() -> None:
             os.write(2, f"topocc: rank {comm.rank}: not every peer reached exit within {comm.timeout:g} s "
                         "(a rank died or hangs); exiting without MPI_Finalize\n".encode())
             os._exit(CommunicatorError.exit_code)
+        met.append(comm)
+    _tear_down(met)
+
+
+def _tear_down(met: list[Communicator]) -> None:
+    """Once every peer reached exit: close ``met`` in creation order (every rank closes the same ones in the same
+    order, as collective closes need), then release torch.distributed's groups (:func:`_release_torch_groups`)."""
+    for comm in met:
+        try:
+            comm.close()
+        except Exception as exc:  # one line, as every failure at exit; MPI_Finalize could wait on what failed
+            os.write(2, f"topocc: rank {comm.rank}: closing at exit: {exc}; exiting without MPI_Finalize\n".encode())
+            os._exit(CommunicatorError.exit_code)
+    _release_torch_groups(max((comm.size for comm in met), default=0))
+
+
+def _release_torch_groups(ranks_at_exit: int) -> None:
+    """Destroy torch.distributed's process groups, then collect, where every rank of its world is at exit (the
+    largest communicator whose exit barrier passed, ``ranks_at_exit`` ranks, spans it) and its backends are gloo
+    or topocc's.
+
+    gloo runs a collective on a worker thread, which drops the call's tensors a moment after the caller saw it
+    complete; dropping the last hold on a tensor whose Python object is gone takes the GIL, and a thread that
+    takes the GIL once the interpreter finalizes ends the process in std::terminate ("terminate called without
+    an active exception"). A group freed here, while threads may still take the GIL, joins its worker threads
+    first; one the program still holds (in a variable, a DDP model) is freed at finalization, as without this.
+    """
+    dist = sys.modules.get("torch.distributed")  # loaded by the program, or not at all: never imported here
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    backends = {part.rpartition(":")[2] for part in str(dist.get_backend()).split(",")}
+    if dist.get_world_size() > ranks_at_exit or not backends <= {"gloo", "topocc"}:
+        return
+    try:
+        dist.destroy_process_group()
+    except Exception as exc:  # the groups then go at finalization, as without this: say so, in one line
+        os.write(2, f"topocc: could not destroy torch.distributed's process groups at exit: {exc}\n".encode())
+        return
+    gc.collect()
 
 
 def _install_guard() -> None:
@@ -108,9 +154,6 @@ def _install_guard() -> None:
         atexit.register(_exit_guard)  # after mpi4py's import, so it runs before MPI finalizes
         _GUARD_INSTALLED = True
 
-
-#: Message tags of a lowered replay name operations, never match messages: any range does.
-_GROUP_TAG_UB = (1 << 31) - 1
 
 #: One traced operation: (rank, call number, collective, algorithm, op index, kind, peer, channel, elements,
 #: start, end); times are ``time.perf_counter()`` seconds, one clock for every process of a machine.
@@ -157,6 +200,9 @@ class Communicator:
     group_bytes:
         With a group transport: bytes each (sender, receiver, channel) stream carries per group, at
         least (:func:`~topocc.runtime.lowering.chunks_per_round_for`); every rank must pass the same.
+    on_failure:
+        Restates the error that ends the communicator before it is raised and kept (the ``topocc``
+        process group names the rank the job lost, agreed with the other ranks).
 
     >>> comm = Communicator("ring.json", timeout=10.0)   # doctest: +SKIP
     >>> x = comm.allreduce(np.ones(1001, np.float32))    # doctest: +SKIP
@@ -164,13 +210,15 @@ class Communicator:
 
     def __init__(self, source: PlanSource, mpi_comm: Any = None, *, fingerprint: str | None = None,
                  timeout: float = 30.0, transport: Transport | GroupTransport | None = None,
-                 group_bytes: int = DEFAULT_GROUP_BYTES) -> None:
+                 group_bytes: int = DEFAULT_GROUP_BYTES,
+                 on_failure: Callable[[CommunicatorError], CommunicatorError] | None = None) -> None:
         if not timeout > 0:
             raise CommunicatorError(f"timeout must be positive, got {timeout}")
         self.timeout = float(timeout)
         self._closed = True
         self._failed: CommunicatorError | None = None
         self._pending_failure: CommunicatorError | None = None  # found by a transport's watchdog thread
+        self._on_failure = on_failure
         self.plan = as_plan(source)
         if fingerprint is not None:
             for s in self.plan.schedules:
@@ -187,11 +235,14 @@ class Communicator:
             from topocc.runtime.transports.mpi import MPITransport
 
             transport = MPITransport(mpi_comm)
-        self.transport = transport
-        self.grouped = isinstance(transport, GroupTransport)
+        self.transport: Transport | GroupTransport = transport
         if not group_bytes > 0:
             raise CommunicatorError(f"group_bytes must be positive, got {group_bytes}")
         self.group_bytes = int(group_bytes)
+        # the replay mode, chosen once: the lowering over a group transport, else dataflow
+        self._replay: Replay = (LoweredReplay(transport, self.timeout, self.group_bytes)
+                                if isinstance(transport, GroupTransport) else DataflowReplay(transport, self.timeout))
+        self.grouped = self._replay.grouped
         self.ops: ArrayOps = getattr(transport, "array_ops", None) or NUMPY_OPS
         self._trace: list[TraceRecord] | None = None
         self._calls = 0
@@ -204,10 +255,9 @@ class Communicator:
             )
         self._digests = {id(s): zlib.crc32(dump_schedule(s).encode()) for s in self.plan.schedules}
         self._channels = {id(s): message_tag_space(s) for s in self.plan.schedules}
-        self._programs: dict[tuple[int, str, int], Program | GroupProgram] = {}
-        self._lowerings: dict[tuple[int, int], RankLowering] = {}
+        self._programs: dict[tuple[int, str, int, bool], Program] = {}
         digest = zlib.crc32(b"".join(d.to_bytes(4, "little") for d in self._digests.values()))
-        grouping = self.group_bytes if self.grouped else 0
+        grouping = self._replay.grouping
 
         def explain(r: int, theirs: tuple[int, ...]) -> str:
             if theirs[1] != digest:
@@ -227,6 +277,8 @@ class Communicator:
         return self.plan.collective
 
     def _fail(self, err: CommunicatorError) -> CommunicatorError:
+        if self._on_failure is not None:
+            err = self._on_failure(err)
         self._failed = err
         _FAILURES.append(err)
         return err
@@ -249,37 +301,29 @@ class Communicator:
                 raise self._fail(CommunicatorError(explain(r, row), where=f"rank {self.rank}",
                                                    fix="all ranks must call with the same schedule, dtype and size"))
 
-    def _program(self, schedule: Schedule, dtype: Any, block: int) -> Program | GroupProgram:
+    def _program(self, schedule: Schedule, dtype: Any, block: int, encode: bool = False) -> Program:
         name = self.ops.dtype_name(dtype)
-        key = (id(schedule), name, block)
+        key = (id(schedule), name, block, encode)
         program = self._programs.get(key)
         if program is None:
             code = DTYPE_NAMES.index(name)
             digest = self._digests[id(schedule)]
-            mine = (1, digest, code, block)
+            mine = (1, digest, code, block, int(encode))
 
             def explain(r: int, row: tuple[int, ...]) -> str:
                 theirs = DTYPE_NAMES[row[2]] if 0 <= row[2] < len(DTYPE_NAMES) else "?"
+                if row[2:4] == (code, block):
+                    return (f"{schedule.collective} replays its encodings on rank {r} "
+                            f"{'but not' if encode else 'and'} on rank {self.rank} (a different reduction op)")
                 return (f"{schedule.collective} called with {row[3]} x {theirs} per rank block on rank {r} "
                         f"but {block} x {name} on rank {self.rank}")
 
             self._agree(mine, f"set up {schedule.collective} for {block} x {name}", explain)
-            tag_ub = _GROUP_TAG_UB if self.grouped else self.transport.tag_ub
-            program = Program(schedule, self.rank, dtype, block, tag_ub=tag_ub,
-                              channels=self._channels[id(schedule)], ops=self.ops)
-            if self.grouped:  # numpy's and torch's dtypes both know their size
-                program = GroupProgram(program, self._lowering(schedule, program.layout.cap * dtype.itemsize))
+            program = Program(schedule, self.rank, dtype, block, tag_ub=self._replay.tag_ub,
+                              channels=self._channels[id(schedule)], ops=self.ops, encode=encode)
+            self._replay.adopt(program)
             self._programs[key] = program
         return program
-
-    def _lowering(self, schedule: Schedule, chunk_bytes: int) -> RankLowering:
-        """This rank's groups of ``schedule`` for chunks of ``chunk_bytes`` (every rank derives the same)."""
-        cap = chunks_per_round_for(chunk_bytes, self.group_bytes)
-        key = (id(schedule), cap)
-        mine = self._lowerings.get(key)
-        if mine is None:
-            mine = self._lowerings[key] = lower(schedule, cap).ranks[self.rank]
-        return mine
 
     def _check(self, collective: str) -> None:
         if self._failed is None and self._pending_failure is not None:
@@ -304,50 +348,25 @@ class Communicator:
                                     fix="use op='sum' and divide, or a float dtype")
         return reductions[op]
 
-    def _run(self, program: Program | GroupProgram, buffers: dict[str, Any], op: str, count: int, *,
+    def _run(self, program: Program, buffers: dict[str, Any], op: str, count: int, *,
              async_op: bool = False, epilogue: Callable[[], None] | None = None) -> Work | None:
         s = program.schedule
         what = f"{s.collective} ({s.metadata.algorithm}, {count} x {self.ops.dtype_name(program.dtype)})"
         reduce = self.ops.reductions.get(op, self.ops.reductions["sum"])
-        if isinstance(program, GroupProgram):
-            return self._run_groups(program, buffers, reduce, what, async_op, epilogue)
-        events: list[tuple[int, float, float]] | None = [] if self._trace is not None else None
-        try:
-            binding = program.bind(self.transport, buffers)
-            program.run(binding, reduce, self.timeout, what, events)
-        except CommunicatorError as err:
-            raise self._fail(err) from None
+        events: Events | None = [] if self._trace is not None else None
+        work = self._replay.run(program, buffers, reduce, what, async_op=async_op, epilogue=epilogue, events=events,
+                                fail=self._fail, fail_later=self._fail_later)
         self._calls += 1
         if events is not None and self._trace is not None:
             self._record(program, events)
-        if epilogue is not None:
-            epilogue()
-        return None
+        return work
 
-    def _run_groups(self, program: GroupProgram, buffers: dict[str, Any], reduce: Any, what: str, async_op: bool,
-                    epilogue: Callable[[], None] | None) -> Work | None:
-        """The lowered replay: everything posted in order; the caller's stream (or a handle) waits for it."""
-        timeout = self.timeout
-
-        def failed(exc: PeerFailure) -> CommunicatorError:
-            return self._fail(program.failure(exc, timeout, what))
-
-        def failed_later(exc: PeerFailure) -> None:
-            """From a transport's watchdog: report now (one line on stderr), raise at the next call."""
-            err = program.failure(exc, timeout, what)
-            if self._pending_failure is None and self._failed is None:
-                self._pending_failure = err
-                _FAILURES.append(err)
-                os.write(2, f"topocc: {err.one_line()}\n".encode())
-
-        try:
-            binding = program.bind(self.transport, buffers)
-            fence = program.start(binding, reduce, time.monotonic() + timeout, join=not async_op, epilogue=epilogue)
-        except PeerFailure as exc:
-            raise failed(exc) from None
-        self.transport.watch(fence, failed_later)
-        self._calls += 1
-        return Work(self.transport, fence, timeout, failed) if async_op else None
+    def _fail_later(self, err: CommunicatorError) -> None:
+        """From a transport's watchdog: report now (one line on stderr), raise at the next call."""
+        if self._pending_failure is None and self._failed is None:
+            self._pending_failure = err
+            _FAILURES.append(err)
+            os.write(2, f"topocc: {err.one_line()}\n".encode())
 
     # ------------------------------------------------------------------ tracing
 
@@ -363,7 +382,7 @@ class Communicator:
         records, self._trace = self._trace or [], None
         return records
 
-    def _record(self, program: Program, events: list[tuple[int, float, float]]) -> None:
+    def _record(self, program: Program, events: Events) -> None:
         assert self._trace is not None
         s = program.schedule
         ops = s.programs[self.rank]
@@ -381,11 +400,6 @@ class Communicator:
             self.ops.copyto(own, user)
         return own
 
-    def _input_in_place(self, program: Program | GroupProgram) -> bool:
-        """Whether ``program`` may read its input from the output's memory (see ``Program.input_copied_in_place``);
-        the lowered replay binds its buffers itself, so only a dataflow program."""
-        return isinstance(program, Program) and program.input_copied_in_place
-
     def _prepare(self, collective: str, send: Any, recv: Any, op: str | None) -> tuple[Schedule, Program, Any]:
         dtype = self.ops.dtype_of(send)
         if recv is not None and recv.dtype != send.dtype:
@@ -396,7 +410,10 @@ class Communicator:
         out_count = self.ops.count(recv) if recv is not None else in_count
         schedule = select_schedule(self.plan, max(in_count, out_count) * self.ops.itemsize(send))
         block = block_elements(schedule, in_count, out_count)
-        return schedule, self._program(schedule, dtype, block), dtype
+        # the schedule's encodings apply to sums and to data that is only moved; min, max and prod go exact, as
+        # does the lowered replay (the encodings are host code)
+        encode = not self.grouped and op in (None, "sum", "avg")
+        return schedule, self._program(schedule, dtype, block, encode), dtype
 
     # ------------------------------------------------------------------ collectives
 
@@ -420,7 +437,7 @@ class Communicator:
         buffers = {"o": a}
         if not schedule.inplace:
             # the program may copy its input onto the output first: then the input is the output's memory
-            buffers["i"] = a if self._input_in_place(program) else self._inputs(program, a, aliased=True)
+            buffers["i"] = a if self._replay.input_in_place(program) else self._inputs(program, a, aliased=True)
         divide = (lambda: self.ops.divide(a, self.size)) if op == "avg" else None
         work = self._run(program, buffers, op, self.ops.count(a), async_op=async_op, epilogue=divide)
         return work if async_op else array
@@ -523,15 +540,16 @@ class Communicator:
         if self._closed:
             return
         self._closed = True
-        if self.grouped and self._failed is None and self._pending_failure is None:
+        if self._failed is None and self._pending_failure is None:
             # a stream-ordered transport may still be using the programs' buffers: finish before freeing them
             try:
-                self.transport.wait(self.transport.fence(), time.monotonic() + self.timeout)
+                self._replay.drain(time.monotonic() + self.timeout)
             except PeerFailure as exc:
                 raise self._fail(CommunicatorError(f"closing: {exc}", where=f"rank {self.rank}")) from None
         for program in self._programs.values():
             program.free()
         self._programs.clear()
+        self._replay.forget()
         if self._failed is None and self._pending_failure is None:
             close = getattr(self.transport, "close", None)
             if close is not None:

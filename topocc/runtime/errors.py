@@ -7,7 +7,9 @@ so a caller (or the CLI) can catch every expected failure with one clause.
 
 from __future__ import annotations
 
-__all__ = ["CommunicatorError", "ScheduleFormatError", "TopoccError", "UsageError", "WrongResultError"]
+from collections.abc import Sequence
+
+__all__ = ["CommunicatorError", "PeerError", "ScheduleFormatError", "TopoccError", "UsageError", "WrongResultError"]
 
 
 class TopoccError(Exception):
@@ -45,6 +47,17 @@ class CommunicatorError(TopoccError):
     """The runtime refused a call (wrong rank count, dtype, size) or a peer failed."""
 
     exit_code = 5
+
+
+class PeerError(CommunicatorError):
+    """A call failed on its peers: ``failed`` are the ranks whose link broke (they died or left), ``waiting``
+    every rank the call still waited for (communicator ranks); empty ``failed`` means a timeout."""
+
+    def __init__(self, message: str, *, where: str | None = None, fix: str | None = None,
+                 failed: Sequence[int] = (), waiting: Sequence[int] = ()) -> None:
+        super().__init__(message, where=where, fix=fix)
+        self.failed = tuple(failed)
+        self.waiting = tuple(waiting)
 
 
 class WrongResultError(TopoccError):

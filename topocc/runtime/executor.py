@@ -22,18 +22,20 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from topocc.runtime.errors import CommunicatorError
+from topocc.runtime.encoding import Encoding, parse_encoding
+from topocc.runtime.errors import CommunicatorError, PeerError
 from topocc.runtime.matching import RECEIVES, sequence_numbers, streams
-from topocc.runtime.schedule import Chunk, Schedule
+from topocc.runtime.schedule import Chunk, Op, Schedule
 from topocc.runtime.transports import GroupTransport, PeerFailure, Transport
 
 __all__ = [
     "DTYPES",
     "DTYPE_NAMES",
+    "ITEMSIZES",
     "NUMPY_OPS",
     "REDUCTIONS",
     "ArrayOps",
@@ -69,6 +71,9 @@ REDUCTIONS: dict[str, Callable[..., Any]] = {
 
 #: Every element type name any backend may replay, in a fixed order (the set-up handshake sends the index).
 DTYPE_NAMES: tuple[str, ...] = ("float32", "float64", "float16", "int32", "int64", "int8", "uint8", "bfloat16")
+
+#: Bytes per element of each of :data:`DTYPE_NAMES` (bfloat16 too, which numpy alone does not know).
+ITEMSIZES: Mapping[str, int] = {name: 2 if name == "bfloat16" else np.dtype(name).itemsize for name in DTYPE_NAMES}
 
 COPY, REDUCE, SEND, RECV, RECV_REDUCE = range(5)
 _KIND = {"copy": COPY, "reduce": REDUCE, "send": SEND, "recv": RECV, "recv_reduce": RECV_REDUCE}
@@ -114,6 +119,14 @@ class ArrayOps:
 
     def empty(self, count: int, dtype: Any) -> Any:
         return np.empty(count, dtype=dtype)
+
+    def empty_bytes(self, count: int) -> Any:
+        """A new buffer of ``count`` bytes (an encoded message's, on the wire)."""
+        return np.empty(count, dtype=np.uint8)
+
+    def host(self, array: Any) -> np.ndarray | None:
+        """A numpy view of ``array``'s memory (the encodings work on these), or None where there is none."""
+        return array if isinstance(array, np.ndarray) else None
 
     def empty_like(self, array: Any, count: int | None = None) -> Any:
         """A new 1-D buffer of ``array``'s type (and device), ``count`` elements (default: as many)."""
@@ -355,10 +368,13 @@ class Program:
         a message's tag is ``(sequence * channels + channel) % (tag_ub + 1)``, so
         each message of a (pair, channel) stream has its own tag while it is in
         flight and receives may be posted in any order.
+    encode:
+        Replay the schedule's encodings (:mod:`topocc.runtime.encoding`) where they can carry ``dtype``
+        (every rank must pass the same); False replays every message and copy exact.
     """
 
     def __init__(self, schedule: Schedule, rank: int, dtype: Any, block: int, *, tag_ub: int,
-                 channels: int, ops: ArrayOps = NUMPY_OPS) -> None:
+                 channels: int, ops: ArrayOps = NUMPY_OPS, encode: bool = False) -> None:
         self.schedule = schedule
         self.ops = ops
         self.rank = rank
@@ -395,10 +411,15 @@ class Program:
             for k in range(self.n) if any(p[0] == "i" for p in self.src_pieces[k]))
         # staging: a message that is not one contiguous piece, and every received operand of a reduction
         self.staging: dict[int, Any] = {}
+        self.codecs = _codecs(program, ops, dtype) if encode else {}
         for k, kind in enumerate(self.kinds):
             pieces = self.src_pieces[k] if kind == SEND else self.dst_pieces[k]
-            if kind == RECV_REDUCE or (kind in (SEND, RECV) and len(pieces) > 1):
+            if kind == RECV_REDUCE or (kind in (SEND, RECV) and len(pieces) > 1) or (kind == COPY and k in self.codecs):
                 self.staging[k] = ops.empty(self.msg_len[k], dtype)
+        # an encoded message travels as bytes; a rounding copy encodes into them and decodes back
+        itemsize = ITEMSIZES[ops.dtype_name(dtype)]
+        self.wire = {k: ops.empty_bytes(codec.wire_bytes(self.msg_len[k], itemsize))
+                     for k, codec in self.codecs.items()}
         self.scratch = ops.empty(schedule.scratch_chunks * layout.cap, dtype)
         self._bindings: dict[tuple[int, ...], Any] = {}
         self._owned: dict[str, Any] = {}
@@ -440,7 +461,7 @@ class Program:
             binding.free()
         self._bindings.clear()
 
-    def run(self, binding: Binding, reduce: Callable[..., Any], timeout: float, what: str,
+    def run(self, binding: Binding[Transport], reduce: Callable[..., Any], timeout: float, what: str,
             events: list[tuple[int, float, float]] | None = None) -> None:
         """Execute the program once: start ops as their dependencies complete, poll, reduce in place.
 
@@ -474,8 +495,8 @@ class Program:
             else:
                 idle()  # let a peer sharing this core run (ranks often outnumber cores)
 
-    def failure(self, reason: str, active_ops: Sequence[int], peers: Sequence[int], what: str) -> CommunicatorError:
-        """One line naming the peers this rank was still waiting for."""
+    def failure(self, reason: str, active_ops: Sequence[int], peers: Sequence[int], what: str) -> PeerError:
+        """One line naming the peers this rank was still waiting for (``peers``: those whose link failed)."""
         waiting = sorted({p for k in active_ops if (p := self.peers[k]) is not None} | set(peers))
         detail = []
         for k in active_ops[:4]:
@@ -484,11 +505,23 @@ class Program:
                                                                       else ""))
         more = f", +{len(active_ops) - 4} more" if len(active_ops) > 4 else ""
         who = ", ".join(map(str, waiting)) if waiting else "none (no message pending)"
-        return CommunicatorError(
+        return PeerError(
             f"{reason} waiting for rank(s) {who} ({'; '.join(detail)}{more})",
             where=f"rank {self.rank}: {what}",
             fix="a peer died, hangs, or runs a different schedule; check its output",
+            failed=sorted(set(peers)), waiting=waiting,
         )
+
+
+def _codecs(program: Sequence[Op], ops: ArrayOps, dtype: Any) -> dict[int, Encoding]:
+    """The operations whose encoding can carry ``dtype`` here (both ends of a message decide alike): float data
+    an encoding makes smaller, in memory numpy can see (CPU)."""
+    name = ops.dtype_name(dtype)
+    itemsize = ITEMSIZES[name]
+    if not any(op.encoding for op in program) or ops.host(ops.empty(1, dtype)) is None:
+        return {}
+    found = {k: parse_encoding(op.encoding) for k, op in enumerate(program) if op.encoding is not None}
+    return {k: codec for k, codec in found.items() if codec.carries(name, itemsize)}
 
 
 class _Replay:
@@ -498,7 +531,7 @@ class _Replay:
     __slots__ = ("active", "active_ops", "binding", "done", "events", "program", "ready", "reduce", "remaining",
                  "started", "starting")
 
-    def __init__(self, program: Program, binding: Binding, reduce: Callable[..., Any],
+    def __init__(self, program: Program, binding: Binding[Transport], reduce: Callable[..., Any],
                  events: list[tuple[int, float, float]] | None) -> None:
         self.program = program
         self.binding = binding
@@ -517,6 +550,7 @@ class _Replay:
         a local copy or reduction runs at once (and may make others ready)."""
         program, binding, reduce, events = self.program, self.binding, self.reduce, self.events
         kinds, reqs, local, packs = program.kinds, binding.requests, binding.local, binding.packs
+        encodes, rounds = binding.encodes, binding.rounds
         copyto = program.ops.copyto
         ready, starting, active_ops = self.ready, self.starting, self.active_ops
         while ready:
@@ -528,10 +562,15 @@ class _Replay:
                 if kind == SEND and k in packs:
                     for d, s in packs[k]:
                         copyto(d, s)
+                if k in encodes:
+                    codec, data, wire = encodes[k]
+                    codec.encode(data, wire)
                 starting.append(reqs[k])
                 active_ops.append(k)
                 continue
-            if kind == COPY:
+            if k in rounds:
+                rounds[k].run(copyto)
+            elif kind == COPY:
                 for d, s in local[k]:
                     copyto(d, s)
             else:
@@ -543,11 +582,15 @@ class _Replay:
         """The requests at positions ``finished`` of the active ones completed: unpack or reduce what they
         received, finish their operations, and drop them from the active lists."""
         kinds, unpacks, folds = self.program.kinds, self.binding.unpacks, self.binding.folds
+        decodes = self.binding.decodes
         copyto, reduce = self.program.ops.copyto, self.reduce
         active_ops = self.active_ops
         for j in finished:
             k = active_ops[j]
             kind = kinds[k]
+            if k in decodes:  # decoded on receipt, before it is stored or reduced
+                codec, wire, data = decodes[k]
+                codec.decode(wire, data)
             if kind == RECV_REDUCE:
                 for d, left, s in folds[k]:
                     reduce(left, s, out=d)
@@ -575,7 +618,11 @@ class _Replay:
                 ready.append(s)
 
 
-class Binding:
+#: The transport a binding's requests live on: a dataflow replay's, or a group transport's (the lowered replay).
+_AnyTransport = TypeVar("_AnyTransport", bound="Transport | GroupTransport")
+
+
+class Binding(Generic[_AnyTransport]):
     """Views of one set of buffers and the persistent requests on them (made once, started every call).
 
     ``tags`` replaces the program's message tags (a group transport names messages by operation index);
@@ -584,7 +631,7 @@ class Binding:
     messages of its own (the lowered replay's bundles).
     """
 
-    def __init__(self, program: Program, transport: Transport | GroupTransport, buffers: Mapping[str, Any], *,
+    def __init__(self, program: Program, transport: _AnyTransport, buffers: Mapping[str, Any], *,
                  tags: Sequence[int] | None = None, skip_empty: bool = False, requests: bool = True) -> None:
         self.transport = transport
         tags = program.tags if tags is None else tags
@@ -601,9 +648,15 @@ class Binding:
         self.packs: dict[int, list[tuple[Any, Any]]] = {}
         self.unpacks: dict[int, list[tuple[Any, Any]]] = {}
         self.folds: dict[int, list[tuple[Any, Any, Any]]] = {}
+        self.encodes: dict[int, tuple[Encoding, Any, Any]] = {}  # codec, the message's elements, its bytes
+        self.decodes: dict[int, tuple[Encoding, Any, Any]] = {}  # codec, the bytes received, where they decode
+        self.rounds: dict[int, _Rounding] = {}
         for k, kind in enumerate(program.kinds):
             src, dst = program.src_pieces[k], program.dst_pieces[k]
             stage = program.staging.get(k)
+            if kind == COPY and k in program.codecs:
+                self.rounds[k] = _Rounding(program, k, view, src, dst)
+                continue
             if kind == COPY:  # a piece copied onto itself (the input bound to the output's memory) is no work
                 pairs = [(view(d), view(s)) for s, d in pair_pieces(src, dst)]
                 self.local[k] = [(d, s) for d, s in pairs if not same_memory(program.ops, d, s)]
@@ -634,6 +687,14 @@ class Binding:
                 self.folds[k] = [(view(d), view(a), stage[s[1]:s[1] + s[2]])
                                  for d, a, s in pair_pieces(dst, left, staged)]
                 buf = stage
+            codec = program.codecs.get(k)
+            if codec is not None:  # the message travels as its encoding's bytes
+                host = program.ops.host
+                if kind == SEND:  # buf: the elements (the source's view, or the staging they are packed into)
+                    self.encodes[k] = (codec, host(buf), host(program.wire[k]))
+                else:  # buf: where the elements go (the destination's view, or the staging)
+                    self.decodes[k] = (codec, host(program.wire[k]), host(buf))
+                buf = program.wire[k]
             self.buffers[k] = buf
             if requests:
                 init = transport.send_init if kind == SEND else transport.recv_init
@@ -642,6 +703,31 @@ class Binding:
     def free(self) -> None:
         self.transport.free(list(self.requests.values()))
         self.requests.clear()
+
+
+class _Rounding:
+    """A rounding copy bound to its buffers: ``dst := decode(encode(src))`` over the copy's elements in order
+    (as a message of the same chunks would encode them), through the program's staging and wire bytes."""
+
+    __slots__ = ("codec", "data", "packs", "unpacks", "wire")
+
+    def __init__(self, program: Program, k: int, view: Callable[[Piece], Any], src: list[Piece],
+                 dst: list[Piece]) -> None:
+        stage, whole = program.staging[k], [("@", 0, program.msg_len[k])]
+        self.codec = program.codecs[k]
+        self.packs = [(stage[b[1]:b[1] + b[2]], view(a)) for a, b in pair_pieces(src, whole)]
+        self.unpacks = [(view(a), stage[b[1]:b[1] + b[2]]) for a, b in pair_pieces(dst, whole)]
+        data, wire = program.ops.host(stage), program.ops.host(program.wire[k])
+        assert data is not None and wire is not None  # codecs exist only where the memory has a numpy view
+        self.data, self.wire = data, wire
+
+    def run(self, copyto: Callable[[Any, Any], None]) -> None:
+        for d, s in self.packs:
+            copyto(d, s)
+        self.codec.encode(self.data, self.wire)
+        self.codec.decode(self.wire, self.data)
+        for d, s in self.unpacks:
+            copyto(d, s)
 
 
 def same_memory(ops: ArrayOps, a: Any, b: Any) -> bool:

@@ -169,7 +169,9 @@ class GroupBinding:
                 else:
                     buf = bundles.shared.get(k, base.buffers[k])
                 init = transport.send_init if program.kinds[k] == SEND else transport.recv_init
-                mine.append(init(buf, program.peers[k], k))  # named by its first operation
+                peer = program.peers[k]
+                assert peer is not None  # bundles hold messages only, and every message has a peer
+                mine.append(init(buf, peer, k))  # named by its first operation
             messages += mine
             p2p = group.p2p
             packs = tuple(p for k in p2p for p in base.packs.get(k, ()))
@@ -197,10 +199,10 @@ class GroupBinding:
 class GroupProgram:
     """A :class:`~topocc.runtime.executor.Program` (layout, staging) replayed group by group as ``lowering`` says.
 
-    It offers what the communicator uses of a Program (``schedule``, ``dtype``,
-    ``writes``, ``owned``, ``bind``, ``free``), and runs in two halves:
-    :meth:`start` posts everything (returns a fence), the transport's ``wait``
-    or ``join`` completes it.
+    It offers what a replay uses of a Program (``schedule``, ``dtype``,
+    ``writes``, ``owned``, ``bind``, ``free``), and runs in two halves
+    (:class:`~topocc.runtime.replay.LoweredReplay`): :meth:`start` posts
+    everything (returns a fence), the transport's ``wait`` or ``join`` completes it.
     """
 
     def __init__(self, program: Program, lowering: RankLowering) -> None:

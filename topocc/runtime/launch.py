@@ -369,8 +369,8 @@ def summarize_failures(lines: Sequence[str], ranks: int, returncode: int) -> str
     if returncode != 0 and silent and groups:
         parts.append(f"{rank_list(silent)}: no error line (died, was killed or exited early)")
     for key, (members, waited, lists) in sorted(groups.items(), key=lambda g: min(g[1][0])):
-        peers = (rank_list(waited) + (" between them" if len(lists) > 1 else "")) if waited else ""
-        parts.append(f"{rank_list(members)}: {key.replace('waiting for {}', f'waiting for {peers}')}")
+        named = (rank_list(waited) + (" between them" if len(lists) > 1 else "")) if waited else ""
+        parts.append(f"{rank_list(members)}: {key.replace('waiting for {}', f'waiting for {named}')}")
     parts += list(unranked)
     if len(parts) > MAX_MESSAGES:
         more = len(parts) - MAX_MESSAGES

@@ -62,13 +62,13 @@ def streams(schedule: Schedule) -> dict[Connection, Stream]:
         for k, op in enumerate(program):
             kind = op.kind
             if kind == "send":
-                key: Connection = (rank, op.peer, op.channel)  # type: ignore[assignment]
+                key: Connection = (rank, op.peer, op.channel)  # type: ignore[assignment]  # peers unchecked here
                 stream = get(key)
                 if stream is None:
                     stream = found[key] = Stream([], [])
                 stream.sends.append(k)
             elif kind in RECEIVES:
-                key = (op.peer, rank, op.channel)  # type: ignore[assignment]
+                key = (op.peer, rank, op.channel)  # type: ignore[assignment]  # peers unchecked here
                 stream = get(key)
                 if stream is None:
                     stream = found[key] = Stream([], [])

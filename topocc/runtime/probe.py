@@ -16,6 +16,12 @@ Test kinds (every figure is the median of ``reps`` repetitions, each between bar
   connection; several pairs through one link give that link's bandwidth under contention.
 * ``local``: every rank at once reduces (``numpy`` in place, as the runtime does) and copies
   ``bytes`` of each dtype; the figure is the median rank's throughput.
+
+The file need only be readable on one rank's machine (the one ``topocc calibrate`` ran on, where its
+temporary folder is): the ranks that read it send it to the others.  With ``hosts`` in it (per rank, the
+topology's host for it: a real cluster), the ranks first check that they run where the topology puts them
+(:mod:`topocc.runtime.placement`); rank 0 says in one line where they do not, and every rank exits 5
+before measuring anything.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from topocc.runtime.executor import DTYPES
+from topocc.runtime.placement import placement_error
 
 __all__ = ["main", "run_tests", "slowest_median"]
 
@@ -148,14 +155,29 @@ def run_tests(comm: Any, tests: Sequence[dict[str, Any]], timeout_s: float) -> I
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the tests a file lists; rank 0 prints one JSON line per result, and ``progress`` lines to stderr."""
     p = argparse.ArgumentParser(prog="python -m topocc.runtime.probe", description=__doc__.splitlines()[0])
-    p.add_argument("tests", help="the tests, as JSON: {\"tests\": [...], \"timeout_s\": N}")
+    p.add_argument("tests", help="the tests, as JSON: {\"tests\": [...], \"timeout_s\": N, \"hosts\": [...]}")
     args = p.parse_args(argv)
-    with open(args.tests) as f:
-        spec = json.load(f)
+    try:
+        with open(args.tests) as f:
+            mine = json.load(f)
+    except FileNotFoundError:  # a machine without the launching one's temporary folder
+        mine = None
     from mpi4py import MPI  # optional dependency, loaded once the arguments are read (so --help needs no MPI)
 
     comm = MPI.COMM_WORLD.Dup()
     rank = comm.Get_rank()
+    readers = [r for r, ok in enumerate(comm.allgather(mine is not None)) if ok]
+    wrong = None if readers else (
+        f"no rank can read {args.tests} (fix: run topocc calibrate on a machine of the host file, or with TMPDIR "
+        "on a folder every machine shares)")
+    spec = comm.bcast(mine, root=readers[0]) if readers else {}
+    if wrong is None and spec.get("hosts") is not None:  # a real cluster: each rank on its host's machine
+        wrong = placement_error(spec["hosts"], comm.allgather(MPI.Get_processor_name()))
+    if wrong is not None:
+        if rank == 0:
+            print(f"topocc: {wrong}", file=sys.stderr, flush=True)
+        comm.Free()
+        return 5
     tests = spec["tests"]
     if rank == 0:
         print(json.dumps({"id": "transport", "library": MPI.Get_library_version().strip().splitlines()[0]}),

@@ -22,7 +22,9 @@ Execution model (what the verifier proves and the runtime relies on):
 
 A schedule for a source-routed fabric may also record, per connection, which of
 the pair's equal-cost network paths it takes (:class:`PathChoice`); replaying it
-does not depend on them.
+does not depend on them.  A message (a send and its receive) may travel encoded (``encoding``, one of
+:mod:`topocc.runtime.encoding`): the receiver gets an approximation of the chunks; a ``copy`` may name one to
+round its destination the same way.
 """
 
 from __future__ import annotations
@@ -37,11 +39,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from topocc.runtime.encoding import parse_encoding
 from topocc.runtime.errors import ScheduleFormatError
 
 __all__ = [
     "BUFFERS",
     "COLLECTIVES",
+    "ENCODABLE",
     "FORMAT",
     "OP_RULES",
     "VERSION",
@@ -66,9 +70,9 @@ __all__ = [
 ]
 
 FORMAT = "topocc-schedule"
-#: The newest format version (2 added ``paths``); a schedule is written with the oldest that holds it.
-VERSION = 2
-VERSIONS = (1, 2)
+#: The newest format version (2 added ``paths``, 3 ``enc``); a schedule is written with the oldest that holds it.
+VERSION = 3
+VERSIONS = (1, 2, 3)
 
 #: Buffer names as stored (MSCCL's letters): input, output, scratch.
 BUFFERS = ("i", "o", "s")
@@ -186,7 +190,9 @@ class Op:
     ``deps`` are indices of earlier operations of the same rank that must have
     completed before this one starts.  ``step`` is the algorithm's logical step
     (for display and tracing); ``channel`` separates independent FIFO streams
-    between a pair of ranks.
+    between a pair of ranks.  ``encoding`` (a canonical spec of :mod:`topocc.runtime.encoding`, None: exact)
+    is what a message carries, named alike by its send and its receive; on a ``copy``, the destination gets
+    ``decode(encode(src))``.
     """
 
     kind: str
@@ -196,6 +202,7 @@ class Op:
     deps: tuple[int, ...] = ()
     step: int = 0
     channel: int = 0
+    encoding: str | None = None
 
     @property
     def count(self) -> int:
@@ -307,6 +314,8 @@ def _op_to_json(op: Op) -> dict[str, Any]:
     out["step"] = op.step
     if op.channel:
         out["ch"] = op.channel
+    if op.encoding is not None:
+        out["enc"] = op.encoding
     return out
 
 
@@ -341,6 +350,8 @@ def _program_json(program: Sequence[Op]) -> str:
         text += f',"step":{int(op.step)}'
         if op.channel:
             text += f',"ch":{int(op.channel)}'
+        if op.encoding is not None:
+            text += ',"enc":' + quote(op.encoding)
         ops.append(text + "}")
     return "[" + ",".join(ops) + "]"
 
@@ -359,7 +370,7 @@ def _header(schedule: Schedule) -> dict[str, Any]:
     meta = schedule.metadata
     return {
         "format": FORMAT,
-        "version": 2 if schedule.paths else 1,
+        "version": 3 if _encoded(schedule) else 2 if schedule.paths else 1,
         "collective": schedule.collective,
         "ranks": schedule.ranks,
         "root": schedule.root,
@@ -381,6 +392,11 @@ def _header(schedule: Schedule) -> dict[str, Any]:
             "predicted_time_s": meta.predicted_time_s,
         },
     }
+
+
+def _encoded(schedule: Schedule) -> bool:
+    """Whether some operation names an encoding (the schedule then needs format version 3)."""
+    return any(op.encoding is not None for program in schedule.programs for op in program)
 
 
 def _path_to_json(choice: PathChoice) -> dict[str, Any]:
@@ -585,6 +601,7 @@ def parse_schedule(doc: Any, source: str = "<schedule>") -> Schedule:
               for k, op in enumerate(r.array(program, f"programs[{rank}]")))
         for rank, program in enumerate(programs_doc)
     )
+    _check_encodings(r, version, programs)
     paths = _parse_paths(r, top.get("paths", []), ranks, programs)
     return Schedule(collective, ranks, n_in, n_out, programs, n_scratch, root, inplace, metadata, paths)
 
@@ -615,6 +632,32 @@ def _parse_paths(r: _Reader, doc: Any, ranks: int, programs: Sequence[Sequence[O
         via = tuple(r.string(name, f"{place}.via[{k}]") for k, name in enumerate(r.array(entry["via"], f"{place}.via")))
         choices.append(PathChoice(src, dst, channel, via))
     return _by_connection(choices)
+
+
+def _check_encodings(r: _Reader, version: int, programs: Sequence[Sequence[Op]]) -> None:
+    """Encodings need format version 3, and both ends of a message name the same one (the k-th send of a
+    connection meets its k-th receive)."""
+    encoded = [(rank, k) for rank, program in enumerate(programs) for k, op in enumerate(program)
+               if op.encoding is not None]
+    if not encoded:
+        return
+    if version < 3:
+        rank, k = encoded[0]
+        raise r.fail(f"programs[{rank}][{k}].enc", "encodings need format version 3", fix="set version to 3")
+    ends: dict[tuple[int, int, int], tuple[list[int], list[int]]] = {}
+    for rank, program in enumerate(programs):
+        for k, op in enumerate(program):
+            if op.kind == "send":
+                ends.setdefault((rank, op.peer, op.channel), ([], []))[0].append(k)  # type: ignore[arg-type]
+            elif op.kind in ("recv", "recv_reduce"):
+                ends.setdefault((op.peer, rank, op.channel), ([], []))[1].append(k)  # type: ignore[arg-type]
+    for (src, dst, _), (sends, recvs) in ends.items():
+        for ks, kr in zip(sends, recvs):
+            sent, got = programs[src][ks].encoding, programs[dst][kr].encoding
+            if sent != got:
+                raise r.fail(f"programs[{dst}][{kr}]",
+                             f"receives {got or 'exact'} but its send programs[{src}][{ks}] sends {sent or 'exact'}",
+                             fix="give both ends of a message the same enc")
 
 
 def chunking_problem(collective: str, ranks: int, n_in: int, n_out: int) -> str | None:
@@ -655,7 +698,20 @@ def _parse_metadata(r: _Reader, doc: Any) -> Metadata:
     )
 
 
-_OP_FIELDS = frozenset(("op", "peer", "src", "dst", "deps", "step", "ch"))
+_OP_FIELDS = frozenset(("op", "peer", "src", "dst", "deps", "step", "ch", "enc"))
+
+#: Operation kinds that may name an encoding: a message's two ends, and a rounding copy.
+ENCODABLE = frozenset(("send", "recv", "recv_reduce", "copy"))
+
+
+def _canonical_encoding(text: Any) -> bool:
+    """Whether ``text`` is an encoding as the format writes it (anything else goes to :func:`_parse_op`)."""
+    if type(text) is not str:
+        return False
+    try:
+        return parse_encoding(text).spec == text
+    except ScheduleFormatError:
+        return False
 
 
 def _quick_op(doc: Any, rank: int, k: int, ranks: int, limits: Mapping[str, int]) -> Op | None:
@@ -685,7 +741,10 @@ def _quick_op(doc: Any, rank: int, k: int, ranks: int, limits: Mapping[str, int]
     step, channel = doc.get("step", 0), doc.get("ch", 0)
     if type(step) is not int or step < 0 or type(channel) is not int or not 0 <= channel <= 1 << 16:
         return None
-    return Op(kind, peer, src, dst, tuple(deps), step, channel)
+    encoding = doc.get("enc")
+    if "enc" in doc and (kind not in ENCODABLE or not _canonical_encoding(encoding)):
+        return None
+    return Op(kind, peer, src, dst, tuple(deps), step, channel, encoding)
 
 
 def _quick_chunk(doc: Any, limits: Mapping[str, int]) -> Chunk | None:
@@ -720,7 +779,7 @@ def _parse_chunk(r: _Reader, doc: Any, place: str, limits: Mapping[str, int]) ->
 
 
 def _parse_op(r: _Reader, doc: Any, place: str, rank: int, k: int, ranks: int, limits: Mapping[str, int]) -> Op:
-    op = r.obj(doc, place, ("op",), ("peer", "src", "dst", "deps", "step", "ch"))
+    op = r.obj(doc, place, ("op",), ("peer", "src", "dst", "deps", "step", "ch", "enc"))
     kind = op["op"]
     if not isinstance(kind, str) or kind not in OP_RULES:
         raise r.fail(f"{place}.op", f"unknown operation {_short(kind)}", fix=f"use one of {', '.join(OP_RULES)}")
@@ -747,7 +806,21 @@ def _parse_op(r: _Reader, doc: Any, place: str, rank: int, k: int, ranks: int, l
             )
     step = r.integer(op.get("step", 0), f"{place}.step", 0)
     channel = r.integer(op.get("ch", 0), f"{place}.ch", 0, 1 << 16)
-    return Op(kind, peer, src, dst, deps, step, channel)
+    return Op(kind, peer, src, dst, deps, step, channel, _parse_encoding(r, op, kind, f"{place}.enc"))
+
+
+def _parse_encoding(r: _Reader, op: Mapping[str, Any], kind: str, place: str) -> str | None:
+    """An operation's ``enc``, as its canonical spec (None: exact)."""
+    if "enc" not in op:
+        return None
+    if kind not in ENCODABLE:
+        raise r.fail(place, f"a {kind} carries no encoding", fix="name enc on sends, receives and copies only")
+    try:
+        return parse_encoding(r.string(op["enc"], place)).spec
+    except ScheduleFormatError as exc:
+        if exc.where:  # r.string's own failure names the place already
+            raise
+        raise r.fail(place, exc.message, exc.fix) from None
 
 
 #: How the loader words a fault of an operation's chunk references (``src``/``dst``: the references).

@@ -173,4 +173,4 @@ def write_trace(path: str | Path, events: Iterable[Any] | Mapping[str, Any], *,
     if isinstance(events, Mapping) and "traceEvents" in events:
         _dump(events, path)
     else:
-        _dump(chrome_trace(events, process_of=process_of), path)  # type: ignore[arg-type]
+        _dump(chrome_trace(events, process_of=process_of), path)

@@ -58,6 +58,7 @@ def test_default_port_speed_is_the_nic_link(a100: str) -> None:
     ({"type": "torus"}, "unknown network type"),
     ({"speed": 1}, "unknown network key"),
     ({"bandwidth": "fast"}, "not a bandwidth"),
+    ("{bandwidth: 100}", r"100 has no unit \(fix: write it with one, e.g. 100GB/s or 800Gb/s\)"),
     ({"type": "fat_tree", "spines": 0}, "spines must be a positive"),
     ("- a\n- b\n", "must be a mapping"),
 ])

@@ -51,7 +51,9 @@ def test_calibrate_over_mpiexec_writes_a_topology_every_command_reads(tmp_path: 
     runner = CliRunner()
     done = runner.invoke(cli, ["calibrate", str(source), "-o", str(out), "--json"], catch_exceptions=False)
     assert done.exit_code == 0, done.output
-    doc = json.loads(done.output)
+    doc = json.loads(done.stdout)
+    # loopback is far from the file's NIC: said in a line per class on stderr, the block written all the same
+    assert all(line.startswith("topocc: warning: calibration: link class ") for line in done.stderr.splitlines())
     assert set(doc["links"]) >= {"host:shm", "host-switch"} and doc["scale"] == 1.0
     _check_written(out, SMALL)
     again = tmp_path / "again.yaml"  # calibrating a calibrated file keeps one block
@@ -65,6 +67,27 @@ def test_calibrate_over_mpiexec_writes_a_topology_every_command_reads(tmp_path: 
                     ["topo", "show", str(again)], ["simulate", schedule, "-t", str(again)]):
         result = runner.invoke(cli, command)
         assert result.exit_code == 0, (command, result.output)
+
+
+@pytest.mark.mpi
+def test_calibrate_measures_the_ranks_named_and_keeps_the_gpu_fabric(tmp_path: Path) -> None:
+    """``FILE[ranks]`` as other commands read it: those ranks run the probe, the whole file is written with the
+    block; NVLink, which MPI between CPU processes never crosses, keeps the file's figures and says why."""
+    source = tmp_path / "nvlink.yaml"
+    text = SMALL.replace("kind: shm", "kind: nvlink")
+    source.write_text(text)
+    out = tmp_path / "nvlink.cal.yaml"
+    done = CliRunner().invoke(cli, ["calibrate", f"{source}[0-2]", "-o", str(out)], catch_exceptions=False)
+    assert done.exit_code == 0, done.output
+    assert "# kept at the file's figures (not measurable over MPI between CPU processes): host:nvlink" in done.stdout
+    written = out.read_text()
+    assert written.startswith(text.rstrip("\n")) and "on ranks 0-2:" in written
+    assert 'host:nvlink: {source: "file (not measurable over MPI between CPU processes)"}' in written
+    calibrated = load_topology(out)
+    cal = calibrated.calibration
+    assert calibrated.size == 4 and cal is not None and "host-switch" in cal.links and "host:nvlink" in cal.kept
+    plain = load_topology(source)
+    assert [lk for lk in calibrated.links if lk.kind == "nvlink"] == [lk for lk in plain.links if lk.kind == "nvlink"]
 
 
 def test_calibrate_refuses_what_it_cannot_measure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

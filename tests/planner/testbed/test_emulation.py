@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import random
 import re
+import string
 import subprocess
 import sys
 import textwrap
@@ -140,6 +142,8 @@ def test_scaled_topology_scales_only_the_network() -> None:
     assert scaled_net.route_bandwidth(0, 2) == pytest.approx(4 * GBIT * 1e-3)
     assert scaled_net.route_bandwidth(0, 1) == pytest.approx(net.route_bandwidth(0, 1))
     assert scale_for_rate(topo, 100e6) == pytest.approx(1e-2)
+    group = scaled_topology(topo.subset([3, 0]), 1e-3)  # a process group (topocc calibrate 'FILE[3,0]') stays one
+    assert group.ranks == topo.subset([3, 0]).ranks and group.size == 2
 
 
 def test_mpiexec_command_puts_each_rank_in_its_host_namespace() -> None:
@@ -164,12 +168,16 @@ def test_mpiexec_command_puts_each_rank_in_its_host_namespace() -> None:
 
 needs_root = pytest.mark.skipif(emulation_available() is not None, reason=str(emulation_available()))
 
+#: One TCP stream between two emulated hosts, its rate measured at the receiver. Server and client start
+#: together: the client retries until the server listens, and each waits up to ``START_S`` for the other (the
+#: interpreters' start under ``ip netns exec`` on a loaded machine), far more than an idle one needs.
+START_S = 30
 TCP_PAIR = textwrap.dedent("""\
     import socket, sys, time
-    role, addr, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    role, addr, seconds, start_s = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
     if role == "server":
         srv = socket.create_server((addr, 5201))
-        srv.settimeout(5)
+        srv.settimeout(start_s)
         conn, _ = srv.accept()
         conn.settimeout(5)
         marks = []
@@ -180,7 +188,7 @@ TCP_PAIR = textwrap.dedent("""\
         start = next(m for m in marks if m[0] >= marks[0][0] + 0.25)  # past slow start and the bucket's burst
         print(f"RATE {(total - start[1]) / (marks[-1][0] - start[0]):.0f}", flush=True)
     else:
-        deadline = time.monotonic() + 3
+        deadline = time.monotonic() + start_s
         while True:
             try:
                 sock = socket.create_connection((addr, 5201), timeout=1)
@@ -202,9 +210,10 @@ def measure_tcp(cluster: EmulatedCluster, src: int, dst: int, tmp_path: Path, se
     script = tmp_path / "tcp_pair.py"
     script.write_text(TCP_PAIR)
     addr = cluster.hosts[dst].address
-    server = " ".join(cluster.host_command(dst, [sys.executable, str(script), "server", addr, "0"]))
-    client = " ".join(cluster.host_command(src, [sys.executable, str(script), "client", addr, str(seconds)]))
-    done = cluster.run(["sh", "-c", f"{server} & {client} && wait $!"], timeout_s=seconds + 6)
+    server = " ".join(cluster.host_command(dst, [sys.executable, str(script), "server", addr, "0", str(START_S)]))
+    client = " ".join(cluster.host_command(src, [sys.executable, str(script), "client", addr, str(seconds),
+                                                 str(START_S)]))
+    done = cluster.run(["sh", "-c", f"{server} & {client} && wait $!"], timeout_s=seconds + 2 * START_S)
     assert done.returncode == 0, done.stderr
     return float(re.search(r"RATE (\d+)", done.stdout).group(1))
 
@@ -310,12 +319,18 @@ def test_failed_build_removes_only_what_it_made() -> None:
     cluster = EmulatedCluster(topo, scale=1e-2)
     taken = cluster.hosts[1].namespace
     subprocess.run(["ip", "netns", "add", taken], timeout=10, check=True)
+
+    def its_namespaces(netns: list[str]) -> set[str]:
+        """The cluster's names among ``netns`` (a test run beside this one adds and removes its own)."""
+        return {line.split()[0] for line in netns if line} & set(cluster.plan.namespaces)
+
     try:
         before = our_state()
         with pytest.raises(TopoccError, match=rf"'\S*ip netns add {taken}' failed"), cluster:
             pass
         netns, links = our_state()
-        assert netns == before[0] and links == before[1]  # ours removed, the one in the way kept
+        assert its_namespaces(netns) == its_namespaces(before[0]) == {taken}  # ours removed, the one in the way kept
+        assert links == before[1]
     finally:
         subprocess.run(["ip", "netns", "delete", taken], timeout=10, check=True)
 
@@ -323,13 +338,15 @@ def test_failed_build_removes_only_what_it_made() -> None:
 @pytest.mark.root
 @needs_root
 def test_cleanup_stale_removes_only_dead_owners() -> None:
-    child = subprocess.Popen(["true"])
-    child.wait()  # its pid is free now (and unlikely to be reused at once)
-    stale, live = f"tcct{child.pid}x0-h0", f"tcct{os.getpid()}x99-h0"
+    # a prefix of this run's own (a run of this test beside it has another), and an owner that cannot be alive:
+    # the kernel gives out pids below pid_max only
+    prefix = "tct" + "".join(random.choices(string.ascii_lowercase, k=5))
+    dead = int(Path("/proc/sys/kernel/pid_max").read_text())
+    stale, live = f"{prefix}{dead}x0-h0", f"{prefix}{os.getpid()}x99-h0"
     for ns in (stale, live):
         subprocess.run(["ip", "netns", "add", ns], timeout=10, check=True)
     try:
-        assert cleanup_stale("tcct") == 1
+        assert cleanup_stale(prefix) == 1
         netns = our_state()[0]
         assert not any(x.split()[0] == stale for x in netns if x)
         assert any(x.split()[0] == live for x in netns if x)

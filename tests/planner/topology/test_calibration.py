@@ -91,9 +91,31 @@ def test_strip_calibration_leaves_one_block() -> None:
     ("reduce: {float32: 3 GB/s, float16: 100 MB/s}", "reduce: 3 GB/s"),
     ("scale: 0.001", "scale: -1"),
     ("message_cost: 40 us", "message_cost: fast"),
+    ("message_cost: 40 us", "message_cost: 0.00004"),  # the block's figures carry units as the file's do
+    ("switch-1: {bandwidth: 6 MB/s, latency: 20 us}", "switch-1: {bandwidth: 6 MB/s, source: measured}"),
+    ("switch-1: {bandwidth: 6 MB/s, latency: 20 us}", "host:nvlink: {source: file}"),
 ])
 def test_a_bad_block_is_one_line_naming_the_place(change: str, message: str) -> None:
     with pytest.raises(TopologyError) as info:
         parse_topology_text(EMU + BLOCK.replace(change, message), "cal.yaml")
     text = info.value.one_line()
     assert "cal.yaml" in text and "\n" not in text
+
+
+def test_a_class_kept_at_the_files_figures_says_why_and_reads_back() -> None:
+    """A class ``topocc calibrate`` cannot measure is written with ``source: file (why)``: its links keep the
+    file's figures, and the block written again says the same."""
+    kept = BLOCK.replace("    switch-1: {bandwidth: 6 MB/s, latency: 20 us}\n",
+                         '    host:shm: {source: "file (not measurable over MPI between CPU processes)"}\n')
+    plain = parse_topology_text(EMU, "emu-racks.yaml")
+    cal = parse_topology_text(EMU + kept, "cal.yaml")
+    assert cal.calibration is not None
+    assert dict(cal.calibration.kept) == {"host:shm": "not measurable over MPI between CPU processes"}
+    classes = link_classes_of(cal)
+    for before, after in zip(plain.links, cal.links):
+        if classes[(after.src, after.dst)] != "host-switch":
+            assert after == before
+    text = calibration_yaml(cal.calibration)
+    assert 'host:shm: {source: "file (not measurable over MPI between CPU processes)"}' in text
+    again = parse_topology_text(EMU + "\n" + text, "again.yaml").calibration
+    assert again is not None and again.kept == cal.calibration.kept

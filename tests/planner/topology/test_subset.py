@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from topocc.planner.errors import UsageError
-from topocc.planner.topology.catalogue import resolve_topology
+from topocc.planner.topology.catalogue import resolve_topology, split_ranks
 from topocc.planner.topology.model import parse_rank_ranges
 from topocc.runtime.bundle import rank_ranges
 
@@ -86,3 +88,15 @@ def test_a_subset_resolves_by_name_and_by_file() -> None:
     assert resolve_topology("emu-racks[4-7][1,0]").ranks == whole.subset([5, 4]).ranks
     with pytest.raises(UsageError, match="rank 12 is not a rank of emu-racks"):
         resolve_topology("emu-racks[0,12]")
+
+
+def test_split_ranks_parts_a_topology_argument_from_its_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``topocc calibrate`` reads a topology argument as: the file and the ranks, unless the whole argument
+    is a file's name."""
+    assert split_ranks("cluster.yaml[0-1,4-5]") == ("cluster.yaml", (0, 1, 4, 5))
+    assert split_ranks("emu-racks") == ("emu-racks", None)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "odd[1].yaml").write_text("")
+    assert split_ranks("odd[1].yaml") == ("odd[1].yaml", None)
+    (tmp_path / "odd[2]").write_text("")
+    assert split_ranks("odd[2]") == ("odd[2]", None)

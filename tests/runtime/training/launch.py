@@ -17,10 +17,12 @@ from topocc.planner.topology.parse import parse_topology_text
 from topocc.runtime.launch import RANK_WRAPPER, find_mpiexec
 from topocc.runtime.plan import save_plan
 
-#: Every rank's preamble: MPI for the rows, torch.distributed over gloo (rendezvous on a port rank 0 picks),
-#: and the model whose DDP buckets (``bucket_cap_mb=0.1``) come in several sizes, with different data per rank.
+#: Every rank's preamble: MPI for the rows, torch.distributed over gloo (rank 0's store binds a free port itself
+#: and the others learn it over MPI: no port picked, released and raced for), and the model whose DDP buckets
+#: (``bucket_cap_mb=0.1``) come in several sizes, with different data per rank.
 PREAMBLE = r'''
-import json, socket, sys
+import json, sys
+from datetime import timedelta
 import torch, torch.distributed as dist
 from torch import nn
 from mpi4py import MPI
@@ -28,12 +30,11 @@ from mpi4py import MPI
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
 torch.set_num_threads(1)
-port = 0
-if rank == 0:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
-port = world.bcast(port)
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+store = dist.TCPStore("127.0.0.1", 0, size, True, timedelta(seconds=60), wait_for_workers=False) if rank == 0 else None
+port = world.bcast(store.port if store is not None else None)
+if store is None:
+    store = dist.TCPStore("127.0.0.1", port, size, False, timedelta(seconds=60))
+dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
 
 def model():
     torch.manual_seed(0)
@@ -66,8 +67,9 @@ def plan_for(tmp_path: Path, hosts: int, gpus: int) -> Path:
     return path
 
 
-def launch(np_: int, script: str, args: list[str], tmp_path: Path, limit: float = 50) -> list[dict]:
-    """Run ``script`` on ``np_`` ranks; kill the whole job past ``limit`` seconds; rank rows sorted by rank."""
+def launch(np_: int, script: str, args: list[str], tmp_path: Path, limit: float = 180) -> list[dict]:
+    """Run ``script`` on ``np_`` ranks; kill the whole job past ``limit`` seconds (a hang's ceiling, far above
+    what a loaded machine needs); rank rows sorted by rank."""
     file = tmp_path / "worker.py"
     file.write_text(script)
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))

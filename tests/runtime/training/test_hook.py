@@ -44,7 +44,7 @@ dist.destroy_process_group()
 @pytest.mark.mpi
 @pytest.mark.parametrize(("hosts", "gpus"), [(1, 2), (2, 2)])
 def test_hook_matches_ddp_over_every_transport(tmp_path: Path, hosts: int, gpus: int) -> None:
-    rows = launch(hosts * gpus, WORKER, [str(plan_for(tmp_path, hosts, gpus))], tmp_path, limit=120)
+    rows = launch(hosts * gpus, WORKER, [str(plan_for(tmp_path, hosts, gpus))], tmp_path, limit=240)
     for r in rows:
         for name in ("mpi", "gloo", "lowered"):
             got = r[name]

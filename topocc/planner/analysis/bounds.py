@@ -302,9 +302,9 @@ class _CutFamily:
                     host_rack[d.host or d.name] = rack
             rack_members: dict[str, set[int]] = {rack: set() for rack in topo.racks}
             for i, d in enumerate(devices):
-                rack = d.rack if d.rack in rack_members else host_rack.get(d.host or d.name)
-                if rack is not None:
-                    rack_members[rack].add(i)
+                in_rack = d.rack if d.rack in rack_members else host_rack.get(d.host or d.name)
+                if in_rack is not None:
+                    rack_members[in_rack].add(i)
             for rack, members in rack_members.items():
                 self._add(f"rack {rack} ({_plural(len(topo.racks[rack]), 'rank')})", members)
             if len(topo.racks) < len(host_names):
@@ -339,7 +339,7 @@ class _CutFamily:
         return {dev: r for dev, r in owner.items() if r is not None and dev not in self.rank_of}
 
     def _kernighan_lin(self) -> None:
-        graph = nx.Graph()
+        graph: nx.Graph[int] = nx.Graph()
         graph.add_nodes_from(range(len(self.in_adj)))
         for a, edges in enumerate(self.out_adj):
             for b, bw, _ in edges:
@@ -493,7 +493,7 @@ def _solve_routed(lp: LinearProgram, net: Network, usage: dict[tuple[str, str], 
     topology = net.topology
     scale = max(link.bandwidth for link in topology.links)
     for key in sorted(usage):
-        lp.add_le(usage[key], topology.link(*key).bandwidth / scale)  # type: ignore[union-attr]
+        lp.add_le(usage[key], topology.bandwidth(*key) / scale)
     try:
         solution = solve(lp, SolverOptions(backend="glop", time_limit_s=ROUTED_PARTITION_SECONDS))
     except (InfeasibleError, NotApplicableError):  # no time, or no solver installed: no refinement

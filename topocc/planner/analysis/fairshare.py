@@ -408,9 +408,9 @@ class Fabric:
             pids = self.pid[slots]
             weight = np.bincount(pids)  # flows per path
             paths = np.flatnonzero(weight)
-            rates = np.empty(weight.size)
-            rates[paths] = self._refill(paths, weight, delta)
-            self._apply(slots, rates[pids], now)
+            path_rates = np.empty(weight.size)
+            path_rates[paths] = self._refill(paths, weight, delta)
+            self._apply(slots, path_rates[pids], now)
 
     def _refill(self, paths: np.ndarray, weight: np.ndarray, delta: dict[int, int]) -> np.ndarray:
         """Fair rates of the flows on ``paths`` (``weight[id]`` flows on path ``id``), given ``delta`` (flows

@@ -39,7 +39,11 @@ The model (the execution model of :mod:`topocc.runtime.schedule`, timed):
   of a calibrated class that ``k`` of the schedule's connections cross
   carries ``bandwidth * (shared + (1 - shared) / k)`` in all: many TCP flows
   through one shaped or congested link lose part of it to losses and
-  recovery, as measured (the class's ``shared``).
+  recovery, as measured (the class's ``shared``);
+* an encoded message (the schedule's ``enc``) carries its encoding's bytes
+  instead of the exact ones, after the sender's host has encoded it, and
+  completes once the receiver's host has decoded it; a rounding copy takes
+  both times (:mod:`topocc.planner.analysis.codec_costs`).
 
 Complexity: every operation is visited a constant number of times; events at
 the same instant (within a relative 1e-12) are handled as one group, so fair
@@ -74,6 +78,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from topocc.planner.analysis.codec_costs import CodecCost, codec_costs
 from topocc.planner.analysis.fairshare import SAME_INSTANT, Fabric, Route, Unshared, make_route
 from topocc.planner.collector import collector_paused
 from topocc.planner.errors import SimulationError
@@ -421,6 +426,7 @@ class _Setup:
     routes: dict[Connection, Route]
     route_links: dict[Connection, tuple[int, ...]]  # every path's links one after the other, per connection
     bandwidth: list[float]  # each link's capacity for this schedule (below its figure where flows contend)
+    codecs: Mapping[int, CodecCost]  # each encoded send's and rounding copy's costs, by operation number
 
     @staticmethod
     def of(net: Network, schedule: Schedule, size_bytes: int) -> _Setup:
@@ -438,8 +444,10 @@ class _Setup:
         programs = _flatten(schedule, where)
         routes = _routes(net, schedule, programs.connections, where)
         route_links = {key: tuple(link for path in route.paths for link in path) for key, route in routes.items()}
+        codecs = codec_costs(schedule.programs, programs.base, chunk_bytes(schedule, size_bytes),
+                             topology.calibration)
         return _Setup(schedule, size_bytes, where, links, programs, routes, route_links,
-                      _shared_bandwidth(net, links, route_links))
+                      _shared_bandwidth(net, links, route_links), codecs)
 
 
 def _shared_bandwidth(net: Network, links: _LinkIndex, route_links: Mapping[Connection, tuple[int, ...]]
@@ -487,7 +495,8 @@ class _Run:
     arrived (:meth:`message_done`).  :meth:`run` moves the clock from instant to instant.
     """
 
-    __slots__ = ("arrivals", "base", "chunk_bytes", "conn_links", "conn_of", "conn_queue", "copy_Bps", "cpu_free",
+    __slots__ = ("arrivals", "base", "chunk_bytes", "codecs", "conn_links", "conn_of", "conn_queue", "copy_Bps",
+                 "cpu_free",
                  "dependents", "fabric", "finished", "kinds", "launches", "link_bytes", "link_events", "local_done",
                  "message_s", "msg_start", "on_message", "op_events", "op_rank", "partner", "posted", "programs",
                  "rank_finish", "ready", "reduce_Bps", "routes", "setup", "start_time", "waiting")
@@ -523,6 +532,7 @@ class _Run:
         self.reduce_Bps = cal.host.reduce_rate() if cal is not None else inf
         self.cpu_free = [0.0] * len(self.programs)  # when each rank's host is done with its local work
         self.launches: list[tuple[float, int]] = []  # (time, send): a message's bytes go once its fixed cost is paid
+        self.codecs = setup.codecs
         self.local_done: list[tuple[float, int]] = []  # (time, op): local work that ends later than it starts
 
     def make_fabric(self, bandwidth: list[float], messages: int, record: bool) -> Fabric | Unshared:
@@ -546,7 +556,10 @@ class _Run:
             self.start_time[op] = now
         kind = self.kinds[op]
         if kind == _LOCAL:
-            if self.copy_Bps == self.reduce_Bps == math.inf:
+            codec = self.codecs.get(op)
+            if codec is not None:  # a rounding copy: encode and decode on the host
+                self.busy(op, now, codec.encode_s + codec.decode_s)
+            elif self.copy_Bps == self.reduce_Bps == math.inf:
                 self.complete(op, now)
             else:
                 self.local_work(op, now, self.reduce_Bps if self.op_kind(op) == "reduce" else self.copy_Bps)
@@ -569,9 +582,13 @@ class _Run:
             self.complete(op, now)
             return
         r = self.op_rank[op]
-        k = op - self.base[r]
+        self.busy(op, now, self.programs[r][op - self.base[r]].count * self.chunk_bytes / rate)
+
+    def busy(self, op: int, now: float, seconds: float) -> None:
+        """Operation ``op`` keeps its rank's host busy ``seconds``, after the work queued there, then completes."""
+        r = self.op_rank[op]
         start = max(now, self.cpu_free[r])
-        end = self.cpu_free[r] = start + self.programs[r][k].count * self.chunk_bytes / rate
+        end = self.cpu_free[r] = start + seconds
         if end <= now:
             self.complete(op, now)
         else:
@@ -615,8 +632,16 @@ class _Run:
         self.start_message(send, now)
 
     def start_message(self, send: int, now: float) -> None:
-        """The message holds its connection from ``now``: its bytes go once its fixed cost is paid."""
-        if self.message_s > 0.0:
+        """The message holds its connection from ``now``: its bytes go once its fixed cost is paid (and its
+        sender's host has encoded it)."""
+        codec = self.codecs.get(send)
+        if codec is not None:
+            r = self.op_rank[send]
+            done = self.cpu_free[r] = max(now, self.cpu_free[r]) + codec.encode_s
+            if self.on_message is not None:
+                self.msg_start[send] = now
+            heapq.heappush(self.launches, (done + self.message_s, send))
+        elif self.message_s > 0.0:
             if self.on_message is not None:
                 self.msg_start[send] = now
             heapq.heappush(self.launches, (now + self.message_s, send))
@@ -628,7 +653,9 @@ class _Run:
         src = self.op_rank[send]
         key = self.conn_of[send]
         route = self.routes[key]
-        nbytes = self.programs[src][send - self.base[src]].count * self.chunk_bytes
+        codec = self.codecs.get(send)
+        nbytes = codec.wire_bytes if codec is not None else self.programs[src][send - self.base[src]].count * \
+            self.chunk_bytes
         if self.on_message is not None:
             self.msg_start.setdefault(send, now)
         if nbytes <= 0.0:
@@ -658,7 +685,14 @@ class _Run:
         """The message has arrived: both of its ends complete."""
         recv = self.partner[send]
         self.complete(send, now)
-        if self.reduce_Bps != math.inf and self.op_kind(recv) == "recv_reduce":
+        codec = self.codecs.get(send)
+        reduces = self.reduce_Bps != math.inf and self.op_kind(recv) == "recv_reduce"
+        if codec is not None:  # decoded on receipt, then reduced
+            r = self.op_rank[recv]
+            reduce_s = self.programs[r][recv - self.base[r]].count * self.chunk_bytes / self.reduce_Bps if reduces \
+                else 0.0
+            self.busy(recv, now, codec.decode_s + reduce_s)
+        elif reduces:
             self.local_work(recv, now, self.reduce_Bps)
         else:
             self.complete(recv, now)
@@ -830,6 +864,6 @@ class _ContentionFree(_Run):
         time_s = super().time_s()
         loads = self.loads
         if 0 < len(loads[0]) < _LOADS_MAX:
-            columns = (np.frombuffer(column, dtype=column.typecode) for column in loads)
-            time_s = max(time_s, _suffix_bound(*columns, self.setup.bandwidth))
+            start, link, nbytes = (np.frombuffer(column, dtype=column.typecode) for column in loads)
+            time_s = max(time_s, _suffix_bound(start, link, nbytes, self.setup.bandwidth))
         return time_s

@@ -9,7 +9,10 @@ Three properties, each with a precise error when it fails:
   operations concurrently);
 * the schedule terminates under rendezvous semantics (no deadlock) and leaves
   every output chunk holding exactly the value the collective specifies: for a
-  reduction, each rank's contribution exactly once.
+  reduction, each rank's contribution exactly once;
+* an encoded schedule (messages that carry an approximation) computes the same
+  dataflow, and every rank ends with the same bits where the collective's
+  output is the same everywhere (:mod:`topocc.planner.analysis.encodings`).
 
 Sends (and receives) of one rank to (from) one peer on one channel are assumed
 to be posted in program order, as a runtime that matches by posting order (MPI's
@@ -31,6 +34,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from topocc.planner.analysis.collectives import CollectiveSpec, Value, spec
+from topocc.planner.analysis.encodings import check_encodings, is_encoded
 from topocc.planner.analysis.hazards import ChunkRuns
 from topocc.planner.errors import VerificationError
 from topocc.runtime.schedule import BUFFERS, OP_RULES, Chunk, Op, OpFault, Schedule, chunking_problem
@@ -45,13 +49,15 @@ _SAME_ON_EVERY_RANK = frozenset({"allreduce", "broadcast", "allgather"})
 
 @dataclass(frozen=True, slots=True)
 class VerifyReport:
-    """What the verifier checked: sizes of the proof, for display."""
+    """What the verifier checked: sizes of the proof, for display; for an encoded schedule, how many output
+    chunks (over all ranks) end approximate (:mod:`topocc.planner.analysis.encodings`)."""
 
     collective: str
     ranks: int
     operations: int
     messages: int
     chunks_sent: int
+    approximate_chunks: int = 0
 
 
 def _fail(schedule: Schedule, message: str, fix: str | None = None) -> VerificationError:
@@ -359,9 +365,9 @@ class _Matching:
             for k, op in enumerate(program):
                 kind = op.kind
                 if kind == "send":
-                    sends.setdefault((rank, op.peer, op.channel), []).append(k)  # type: ignore[arg-type]
+                    sends.setdefault((rank, op.peer, op.channel), []).append(k)  # type: ignore[arg-type]  # has a peer
                 elif kind == "recv" or kind == "recv_reduce":
-                    recvs.setdefault((op.peer, rank, op.channel), []).append(k)  # type: ignore[arg-type]
+                    recvs.setdefault((op.peer, rank, op.channel), []).append(k)  # type: ignore[arg-type]  # has a peer
         self.partner: list[list[tuple[int, int] | None]] = [[None] * len(p) for p in programs]
         #: the next/previous operation of the same (rank, direction, peer, channel) queue, or -1
         self.next_in_queue = [[-1] * len(p) for p in programs]
@@ -375,7 +381,7 @@ class _Matching:
             sender, receiver = programs[src], programs[dst]
             for n, (ks, kr) in enumerate(zip(s, r)):
                 send, recv = sender[ks], receiver[kr]
-                if send.src.count != recv.dst.count:  # type: ignore[union-attr]
+                if send.src.count != recv.dst.count:  # type: ignore[union-attr]  # refs checked by kind above
                     raise _fail(
                         schedule,
                         f"{_describe(src, ks, send)} sends {send.count} chunk(s) but its matching receive "
@@ -527,12 +533,13 @@ def _verify(schedule: Schedule) -> VerifyReport:
         kind = op.kind
         if kind == "copy" or kind == "reduce":
             mem = memories[r]
-            values = mem.read(op.src)  # type: ignore[arg-type]
+            # a copy or reduce has a src and a dst (its kind's rule, checked before the replay)
+            values = mem.read(op.src)  # type: ignore[arg-type]  # see above
             if _empty(values):
-                raise _uninitialised(schedule, r, k, op.src, values)  # type: ignore[arg-type]
+                raise _uninitialised(schedule, r, k, op.src, values)  # type: ignore[arg-type]  # see above
             if kind == "reduce":
-                values = _reduced(schedule, r, k, op.dst, mem.read(op.dst), values)  # type: ignore[arg-type]
-            mem.write(op.dst, values)  # type: ignore[arg-type,arg-type]
+                values = _reduced(schedule, r, k, op.dst, mem.read(op.dst), values)  # type: ignore[arg-type]  # see above
+            mem.write(op.dst, values)  # type: ignore[arg-type]  # see above
             complete(r, k)
             completed += 1
             continue
@@ -542,22 +549,23 @@ def _verify(schedule: Schedule) -> VerifyReport:
             rank_waiting[nxt] -= 1
             if not rank_waiting[nxt]:
                 push((r, nxt))
-        pr, pk = partner[r][k]  # type: ignore[misc]
+        pr, pk = partner[r][k]  # type: ignore[misc]  # a message's partner is known once matching succeeded
         if not posted[pr][pk]:
             posted[r][k] = True
             continue
         send_r, send_k, recv_r, recv_k = (r, k, pr, pk) if kind == "send" else (pr, pk, r, k)
         send, recv = programs[send_r][send_k], programs[recv_r][recv_k]
         src = send.src
-        payload = memories[send_r].read(src)  # type: ignore[arg-type]
+        # a send has a src, a receive a dst (their kinds' rules, checked before the replay)
+        payload = memories[send_r].read(src)  # type: ignore[arg-type]  # see above
         if _empty(payload):
-            raise _uninitialised(schedule, send_r, send_k, send.src, payload)  # type: ignore[arg-type]
+            raise _uninitialised(schedule, send_r, send_k, send.src, payload)  # type: ignore[arg-type]  # see above
         rmem = memories[recv_r]
         if recv.kind == "recv_reduce":
             left = recv.src if recv.src is not None else recv.dst
-            payload = _reduced(schedule, recv_r, recv_k, left, rmem.read(left), payload)  # type: ignore[arg-type]
-        rmem.write(recv.dst, payload)  # type: ignore[arg-type]
-        chunks_sent += src.count  # type: ignore[union-attr]
+            payload = _reduced(schedule, recv_r, recv_k, left, rmem.read(left), payload)  # type: ignore[arg-type]  # above
+        rmem.write(recv.dst, payload)  # type: ignore[arg-type]  # see above
+        chunks_sent += src.count  # type: ignore[union-attr]  # see above
         complete(send_r, send_k)
         complete(recv_r, recv_k)
         completed += 2
@@ -583,7 +591,9 @@ def _verify(schedule: Schedule) -> VerifyReport:
             if want is None or actual[c] == want:
                 continue
             raise _fail(schedule, f"rank {rank} output chunk {c}: " + _explain_value(sp, actual[c], want))
-    return VerifyReport(schedule.collective, schedule.ranks, total, matching.messages, chunks_sent)
+    # an encoded schedule: the same dataflow, and every rank ending with the same bits (its own proof)
+    approximate = check_encodings(schedule).approximate_chunks if is_encoded(schedule) else 0
+    return VerifyReport(schedule.collective, schedule.ranks, total, matching.messages, chunks_sent, approximate)
 
 
 def _name_value(sp: CollectiveSpec, key: int) -> str:
@@ -620,7 +630,7 @@ def _explain_deadlock(programs: Programs, done: list[list[bool]], posted: list[l
     def waits_for(r: int, k: int) -> tuple[tuple[int, int], str]:
         op = programs[r][k]
         if posted[r][k]:
-            return matching.partner[r][k], "its partner"  # type: ignore[return-value]
+            return matching.partner[r][k], "its partner"  # type: ignore[return-value]  # a posted message has one
         pending = [d for d in op.deps if not done[r][d]]
         if pending:
             return (r, pending[0]), "its dependency"

@@ -180,9 +180,9 @@ def _check_matching(schedule: Schedule, lowering: Lowering) -> tuple[Queue, Queu
             for k in group.p2p:
                 op = program[k]
                 if op.kind == "send":
-                    sends[(rank, op.peer)].append((rank, k))  # type: ignore[index]
+                    sends[(rank, op.peer)].append((rank, k))  # type: ignore[index]  # a message has a peer
                 else:
-                    recvs[(op.peer, rank)].append((rank, k))  # type: ignore[index]
+                    recvs[(op.peer, rank)].append((rank, k))  # type: ignore[index]  # a message has a peer
     for pair in sends.keys() | recvs.keys():
         for n, (send, recv) in enumerate(zip(sends.get(pair, ()), recvs.get(pair, ()))):
             if partner[send] != recv:
@@ -271,9 +271,9 @@ def _explain(schedule: Schedule, lowering: Lowering, group_of: list[list[int]], 
         program = schedule.programs[rank]
         for k in group.p2p:
             op = program[k]
-            pair = (rank, op.peer) if op.kind == "send" else (op.peer, rank)  # type: ignore[assignment]
-            j = position[pair]  # type: ignore[index]
-            (a, ks), (b, kr) = sends[pair][j], recvs[pair][j]  # type: ignore[index]
+            pair: tuple[int, int] = (rank, op.peer) if op.kind == "send" else (op.peer, rank)  # type: ignore[assignment]  # has a peer
+            j = position[pair]
+            (a, ks), (b, kr) = sends[pair][j], recvs[pair][j]
             mine, theirs = ((a, ks), (b, kr)) if a == rank else ((b, kr), (a, ks))
             if group_of[mine[0]][mine[1]] != g:
                 continue

@@ -15,8 +15,13 @@ from functools import cached_property
 from topocc.planner.routing.network import Network, network_of
 from topocc.planner.topology.calibration import link_classes_of
 from topocc.planner.topology.model import Link, Topology
+from topocc.planner.topology.plausible import gpu_fabric
 
-__all__ = ["LinkClasses", "PairProbe", "bottleneck"]
+__all__ = ["NOT_OVER_MPI", "LinkClasses", "PairProbe", "bottleneck"]
+
+#: Why a class keeps the file's figures: the probe's messages go between CPU processes over MPI, which moves
+#: a host's messages through the host's memory and never over its GPU fabric.
+NOT_OVER_MPI = "not measurable over MPI between CPU processes"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +67,24 @@ class LinkClasses:
 
 
     @cached_property
+    def unmeasurable(self) -> dict[str, str]:
+        """The classes the probe cannot measure, each with why: a host's GPU fabric (NVLink, NVSwitch, xGMI:
+        every link of the class is one, :func:`~topocc.planner.topology.plausible.gpu_fabric`).  They keep the
+        file's figures."""
+        types = {d.name: d.kind for d in self.topology.devices}
+        fabric: dict[str, bool] = {}
+        for link in self.topology.links:
+            name = self.of(link)
+            if name.startswith("host:"):
+                fabric[name] = fabric.get(name, True) and gpu_fabric(link.kind, (types[link.src], types[link.dst]))
+        return {name: NOT_OVER_MPI for name, every in fabric.items() if every}
+
+    @cached_property
     def pairs(self) -> tuple[PairProbe, ...]:
         """One pair per signature (the first in rank order), those with fewer classes first, each with the
-        class it measures.  Sources are every rank of the first host and the first rank of every host: a
-        host's ranks differ by their place in it (their links, their NIC), hosts by where they hang."""
+        class it measures (never an :attr:`unmeasurable` one).  Sources are every rank of the first host and
+        the first rank of every host: a host's ranks differ by their place in it (their links, their NIC),
+        hosts by where they hang."""
         found: dict[tuple[str, ...], tuple[int, int]] = {}
         n = self.topology.size
         hosts = list(self.topology.hosts.values())
@@ -74,7 +93,7 @@ class LinkClasses:
             for dst in range(n):
                 if src != dst and (signature := self.signature(src, dst)):
                     found.setdefault(signature, (src, dst))
-        known: set[str] = set()
+        known = set(self.unmeasurable)  # as good as measured: the file's figures stand
         probes = []
         for signature, (src, dst) in sorted(found.items(), key=lambda kv: (len(set(kv[0])), len(kv[0]), kv[1])):
             fresh = [c for c in dict.fromkeys(signature) if c not in known]

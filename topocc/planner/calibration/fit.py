@@ -8,7 +8,9 @@ the message's fixed cost already explain.  The fixed cost of a message on a conn
 stream's time over the number of messages it was split into (the median over pairs, at least zero).
 Reduction and copy throughput are the median rank's, with every rank at work.  On an emulated cluster
 the figures are that cluster's (inter-host links at its scale), and so is the file's figure beside them.  The
-residuals compare each test a class's figures stand for with what they predict for it.
+residuals compare each test a class's figures stand for with what they predict for it.  A class the probe
+cannot measure (:attr:`~topocc.planner.calibration.classes.LinkClasses.unmeasurable`: a host's GPU fabric,
+over MPI between CPU processes) is ``kept`` at the file's figures, with why.
 """
 
 from __future__ import annotations
@@ -80,11 +82,11 @@ def fit_calibration(topology: Topology | Network, file_topology: Topology, tests
         rates = {}  # per load test: (flows through its link, bytes/s they got in all, bytes, seconds)
         for what in ("load", "spread"):
             test = next((t for t in tests if t["id"] == f"{what} {probe.link}"), None)
-            row = next(iter(by_id.get(f"{what} {probe.link}", [])), None)
-            took = row["time_s"] - fixed if row is not None else 0.0
-            if test is not None and row is not None and took > 0 and test["flows"]:
-                nbytes = test["flows"] * row["bytes"]
-                rates[what] = (test["flows"], nbytes / took, nbytes, row["time_s"])
+            measured = next(iter(by_id.get(f"{what} {probe.link}", [])), None)
+            took = measured["time_s"] - fixed if measured is not None else 0.0
+            if test is not None and measured is not None and took > 0 and test["flows"]:
+                nbytes = test["flows"] * measured["bytes"]
+                rates[what] = (test["flows"], nbytes / took, nbytes, measured["time_s"])
         # one flow per link with every link busy: the class's bandwidth (a lone message may get more)
         bandwidth = min(alone, rates["load"][1] / rates["load"][0]) if "load" in rates else alone
         points = [(k, min(1.0, rate / bandwidth)) for k, rate, _, _ in rates.values()]
@@ -104,7 +106,8 @@ def fit_calibration(topology: Topology | Network, file_topology: Topology, tests
     host = HostCosts(message_s, statistics.median(copies) if copies else float("inf"), MappingProxyType(reduce))
     return Calibration(measured=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), how=how,
                        transport=transport, host=host, links=MappingProxyType(figures),
-                       residuals=MappingProxyType(residuals), scale=scale)
+                       residuals=MappingProxyType(residuals), scale=scale,
+                       kept=MappingProxyType(dict(classes.unmeasurable)))
 
 
 def _shared(points: Sequence[tuple[int, float]]) -> float:

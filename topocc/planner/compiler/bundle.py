@@ -4,8 +4,9 @@ What to compile is a list of :class:`BundleRequest`: the collectives a framework
 given groups (:func:`requests_for`), or the calls a job recorded (:func:`requests_from_calls`, read by
 :func:`topocc.runtime.calls.read_calls`).  :func:`compile_bundle` compiles each as a plan of size buckets
 (:func:`~topocc.planner.compiler.plans.compile_plan`) on its group's topology
-(:meth:`~topocc.planner.topology.model.Topology.subset`) and returns the
-:class:`~topocc.runtime.bundle.Bundle` the runtime loads.
+(:meth:`~topocc.planner.topology.model.Topology.subset`), finds the size below which gloo's own algorithm
+is predicted as fast (:func:`~topocc.planner.compiler.thresholds.native_threshold`: the runtime hands those
+calls to the native backend) and returns the :class:`~topocc.runtime.bundle.Bundle` the runtime loads.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from topocc.planner.compiler.compile import Compiled
 from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.plans import compile_plan
 from topocc.planner.compiler.race import Progress, ProgressFn
+from topocc.planner.compiler.thresholds import Threshold, native_threshold
 from topocc.planner.errors import ScheduleFormatError, UsageError
 from topocc.planner.routing.network import Network
 from topocc.planner.topology.model import Topology
@@ -79,11 +81,13 @@ class BundleRequest:
 
 @dataclass(frozen=True, slots=True)
 class CompiledPlan:
-    """A request's plan with each of its buckets' compilation (algorithm, prediction, bound)."""
+    """A request's plan with each of its buckets' compilation (algorithm, prediction, bound), and where it is
+    predicted to beat the native backend (``native``; None where thresholds were not asked for)."""
 
     request: BundleRequest
     plan: Plan
     buckets: tuple[Compiled, ...]
+    native: Threshold | None = None
 
 
 def requests_for(world: int, collectives: Iterable[str], low: int, high: int, groups: Iterable[Sequence[int]] = (),
@@ -124,11 +128,13 @@ def requests_from_calls(calls: Sequence[Call], world: int) -> list[BundleRequest
 
 
 def compile_bundle(topology: Topology, requests: Sequence[BundleRequest], algorithm: str = "auto", *,
-                   progress: ProgressFn | None = None) -> tuple[Bundle, list[CompiledPlan]]:
+                   progress: ProgressFn | None = None, thresholds: bool = True) -> tuple[Bundle, list[CompiledPlan]]:
     """Compile a plan for each request on ``topology`` (the world) or its group's subset; the bundle of them.
 
     Requests on one group share that group's network (its routes are found once).  ``progress`` gets the
-    plans' events (:class:`Progress`), each labelled with its plan and bucket.
+    plans' events (:class:`Progress`), each labelled with its plan and bucket.  With ``thresholds`` each plan
+    records the size below which the native backend is predicted as fast (:func:`native_threshold`);
+    without, every call runs the plan.
     """
     if not requests:
         raise UsageError("nothing to compile: no collective on two or more ranks was asked for",
@@ -150,9 +156,11 @@ def compile_bundle(topology: Topology, requests: Sequence[BundleRequest], algori
             if progress is not None:
                 progress(replace(event, bucket=f"{label} {event.bucket}"))
 
-        plan, buckets = compile_plan(networks[request.group], request.collective, request.low, request.high,
+        net = networks[request.group]
+        plan, buckets = compile_plan(net, request.collective, request.low, request.high,
                                      algorithm, Options(root=request.root or 0), progress=report)
-        compiled.append(CompiledPlan(request, plan, tuple(buckets)))
-    bundle = Bundle(topology.size, tuple(BundlePlan(c.plan, c.request.group) for c in compiled), topology.name,
-                    topology.fingerprint)
+        native = native_threshold(net, plan, request.low, request.high, request.root or 0) if thresholds else None
+        compiled.append(CompiledPlan(request, plan, tuple(buckets), native))
+    bundle = Bundle(topology.size, tuple(BundlePlan(c.plan, c.request.group, c.native.native_below if c.native else 0)
+                                         for c in compiled), topology.name, topology.fingerprint)
     return bundle, compiled

@@ -37,8 +37,8 @@ def link_time(net: Network, schedule: Schedule, size_bytes: int) -> float:
         shares = net.route_shares(a, b, channel) if path is None else {(ln.src, ln.dst): 1.0 for ln in path}
         for key, share in shares.items():
             load[key] = load.get(key, 0.0) + share * chunks * cb
-    link = net.topology.link
-    return max((v / link(*key).bandwidth for key, v in load.items()), default=0.0)  # type: ignore[union-attr]
+    bandwidth = net.topology.bandwidth
+    return max((v / bandwidth(*key) for key, v in load.items()), default=0.0)
 
 
 def least_latency(topology: Topology) -> float:

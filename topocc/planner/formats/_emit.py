@@ -35,6 +35,19 @@ class ImportedTopology:
     notes: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class _LinkText:
+    """One ``links:`` entry as it will be written."""
+
+    a: str
+    b: str
+    bandwidth: float  # bytes/s per lane
+    latency: float  # seconds
+    count: int
+    kind: str
+    direction: str
+
+
 @dataclass
 class TopologyText:
     """Devices and links accumulated in order, written as explicit-form topology YAML."""
@@ -42,7 +55,7 @@ class TopologyText:
     name: str
     description: str = ""
     devices: list[tuple[str, str, str | None, str | None]] = field(default_factory=list)
-    links: list[dict[str, object]] = field(default_factory=list)
+    links: list[_LinkText] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     _names: set[str] = field(default_factory=set)
 
@@ -59,8 +72,7 @@ class TopologyText:
     def link(self, a: str, b: str, bandwidth: float, latency: float, *, count: int = 1, kind: str = "",
              direction: str = "both") -> None:
         """A link; ``bandwidth`` is per lane (bytes/s), ``count`` the lanes."""
-        self.links.append({"ends": (a, b), "bandwidth": bandwidth, "latency": latency, "count": count,
-                           "kind": kind, "direction": direction})
+        self.links.append(_LinkText(a, b, bandwidth, latency, count, kind, direction))
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -77,15 +89,14 @@ class TopologyText:
             lines.append(f"  - {{name: {_q(name)}, type: {kind}{extra}}}")
         lines.append("links:")
         for ln in self.links:
-            a, b = ln["ends"]  # type: ignore[misc]
-            parts = [f"ends: [{_q(a)}, {_q(b)}]", f"bandwidth: {fmt_bandwidth(ln['bandwidth'])}",  # type: ignore[arg-type]
-                     f"latency: {fmt_time(ln['latency'])}"]  # type: ignore[arg-type]
-            if ln["count"] != 1:
-                parts.append(f"count: {ln['count']}")
-            if ln["direction"] != "both":
-                parts.append(f"direction: {ln['direction']}")
-            if ln["kind"]:
-                parts.append(f"kind: {ln['kind']}")
+            parts = [f"ends: [{_q(ln.a)}, {_q(ln.b)}]", f"bandwidth: {fmt_bandwidth(ln.bandwidth)}",
+                     f"latency: {fmt_time(ln.latency)}"]
+            if ln.count != 1:
+                parts.append(f"count: {ln.count}")
+            if ln.direction != "both":
+                parts.append(f"direction: {ln.direction}")
+            if ln.kind:
+                parts.append(f"kind: {ln.kind}")
             lines.append("  - {" + ", ".join(parts) + "}")
         return "\n".join(lines) + "\n"
 

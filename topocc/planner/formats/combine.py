@@ -72,7 +72,7 @@ def combine_hosts(host_yaml_text: str, hosts: int, network: Mapping[str, Any] | 
         port_bw = parse_bandwidth(net["bandwidth"]) if "bandwidth" in net else None
         latency = parse_time(net.get("latency", "1 us"))
     except UnitError as exc:
-        raise _fail(str(exc), fix="write e.g. bandwidth: 25 GB/s, latency: 1 us") from None
+        raise _fail(str(exc), fix=exc.fix or "write e.g. bandwidth: 25 GB/s, latency: 1 us") from None
     nic_bw = {n: port_bw if port_bw is not None else _own_bandwidth(host, n) for n in nics}
 
     out = TopologyText(str(net.get("name", f"{host.name}-x{hosts}")),

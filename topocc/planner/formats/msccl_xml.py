@@ -205,7 +205,7 @@ def parse_msccl(text: str, source: str = "<msccl>") -> Schedule:
                           root=sp.root, inplace=inplace, metadata=meta)
 
 
-def _root(root: ET.Element, collective: str, parsed: dict[int, tuple[list[_Tb], list[Chunk]]],
+def _root(root: ET.Element, collective: str, parsed: dict[int, tuple[list[_Tb], list[tuple[Chunk, Chunk]]]],
           a: _Attrs) -> int | None:
     """The root of broadcast/reduce: the ``root`` attribute, or the one rank that never receives (sends)."""
     if collective not in ROOTED:
@@ -229,7 +229,7 @@ def _parse_gpu(a: _Attrs, g: ET.Element, gid: int, ngpus: int, n_in: int, n_out:
             where = f"gpu {gid} copy"
             src = _chunk(a, "i", a.int(child, "i_off", where, low=0), 1, limits, where)
             dst = _chunk(a, "o", a.int(child, "o_off", where, low=0), 1, limits, where)
-            copies.append((src, dst))  # type: ignore[arg-type]
+            copies.append((src, dst))
             continue
         if child.tag != "tb":
             continue
@@ -252,19 +252,19 @@ def _parse_gpu(a: _Attrs, g: ET.Element, gid: int, ngpus: int, n_in: int, n_out:
             steps.append(_parse_step(a, st, swhere, limits, send, recv))
         tbs[tid] = _Tb(tid, send, recv, chan, tuple(steps), where)
     for tb in tbs.values():
-        for st in tb.steps:
-            if st.depid < 0:
+        for step in tb.steps:
+            if step.depid < 0:
                 continue
-            target = tbs.get(st.depid)
-            if target is None or st.depid == tb.id:
-                raise a.fail(st.where, f"depid={st.depid} names no other thread block of gpu {gid}")
-            if not 0 <= st.deps < len(target.steps):
-                raise a.fail(st.where, f"deps={st.deps} is not a step of gpu {gid} tb {st.depid} "
-                                       f"(it has {len(target.steps)})")
+            target = tbs.get(step.depid)
+            if target is None or step.depid == tb.id:
+                raise a.fail(step.where, f"depid={step.depid} names no other thread block of gpu {gid}")
+            if not 0 <= step.deps < len(target.steps):
+                raise a.fail(step.where, f"deps={step.deps} is not a step of gpu {gid} tb {step.depid} "
+                                         f"(it has {len(target.steps)})")
     return [tbs[t] for t in sorted(tbs)], copies
 
 
-_NEEDS = {  # type: (needs send peer, needs recv peer, uses src, uses dst)
+_NEEDS = {  # step type -> (needs send peer, needs recv peer, uses src, uses dst)
     "s": (True, False, True, False),
     "r": (False, True, False, True),
     "rcs": (True, True, False, True),
@@ -277,7 +277,7 @@ _NEEDS = {  # type: (needs send peer, needs recv peer, uses src, uses dst)
 }
 
 
-def _chunk(a: _Attrs, buffer: str, index: int, count: int, limits: dict[str, int], where: str) -> Chunk | None:
+def _chunk(a: _Attrs, buffer: str, index: int, count: int, limits: dict[str, int], where: str) -> Chunk:
     if buffer not in limits:
         raise a.fail(where, f"unknown buffer {buffer!r}", fix="use i (input), o (output) or s (scratch)")
     limit = limits[buffer]
@@ -433,7 +433,7 @@ def _expand(st: _Step, tb: _Tb, temp: int | None, redirect: Callable[[Chunk | No
 
 def _accesses(op: Op) -> tuple[list[Chunk], Chunk | None]:
     if op.kind == "send":
-        return [op.src], None  # type: ignore[list-item]
+        return [op.src], None  # type: ignore[list-item]  # a send has a src
     if op.kind == "recv":
         return [], op.dst
     return [c for c in (op.src, op.dst) if c is not None], op.dst
@@ -514,9 +514,9 @@ def _match(schedule: Schedule) -> dict[tuple[int, int], tuple[int, int]]:
     for rank, program in enumerate(schedule.programs):
         for k, op in enumerate(program):
             if op.kind == "send":
-                queues.setdefault((rank, op.peer, op.channel), ([], []))[0].append(k)  # type: ignore[arg-type]
+                queues.setdefault((rank, op.peer, op.channel), ([], []))[0].append(k)  # type: ignore[arg-type]  # has a peer
             elif op.kind in ("recv", "recv_reduce"):
-                queues.setdefault((op.peer, rank, op.channel), ([], []))[1].append(k)  # type: ignore[arg-type]
+                queues.setdefault((op.peer, rank, op.channel), ([], []))[1].append(k)  # type: ignore[arg-type]  # has a peer
     partner: dict[tuple[int, int], tuple[int, int]] = {}
     for (src, dst, ch), (sends, recvs) in queues.items():
         if len(sends) != len(recvs):
@@ -552,15 +552,15 @@ def _partition(program: tuple[Op, ...], chan_index: dict[int, int]) -> tuple[lis
         anc.append(mask)
         if op.kind in ("send", "recv", "recv_reduce"):
             role = "s" if op.kind == "send" else "r"
-            key = (role, op.peer, op.channel)  # type: ignore[assignment]
+            key: tuple[str, int, int] = (role, op.peer, op.channel)  # type: ignore[assignment]  # a message has a peer
             if key not in keyed:
-                keyed[key] = len(tbs)  # type: ignore[index]
+                keyed[key] = len(tbs)
                 chan = chan_index[op.channel]
-                tbs.append(_OutTb(op.peer if role == "s" else -1, op.peer if role == "r" else -1, chan, []))  # type: ignore[arg-type]
-            t = keyed[key]  # type: ignore[index]
+                tbs.append(_OutTb(key[1] if role == "s" else -1, key[1] if role == "r" else -1, chan, []))
+            t = keyed[key]
         else:
             # A chain of local ops may only grow by an op that already waits for the chain's last op.
-            t = next((c for c in local_tails if (mask >> tbs[c].entries[-1][0]) & 1), -1)  # type: ignore[operator]
+            t = next((c for c in local_tails if (mask >> tbs[c].entries[-1][0]) & 1), -1)  # type: ignore[operator]  # no nops yet
             if t < 0:
                 t = len(tbs)
                 tbs.append(_OutTb(-1, -1, 0, []))

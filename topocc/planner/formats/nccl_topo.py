@@ -206,7 +206,7 @@ def convert_nccl_topo(path: str | Path, *, name: str | None = None) -> ImportedT
     if not cpus:
         raise TopologyError("no <cpu> elements", where=source, fix="the file is empty or not an NCCL topology")
     vendors = set()
-    cpu_names = []
+    cpu_names: list[str] = []
     for i, cpu in enumerate(cpus):
         numa = _int(cpu.get("numaid"))
         cname = r.out.device(f"cpu{numa if numa is not None else i}", "cpu", r.host)
@@ -232,9 +232,9 @@ def convert_nccl_topo(path: str | Path, *, name: str | None = None) -> ImportedT
 def _add_gpus(r: _Reader) -> None:
     gpus = r.gpus
     if all(g.rank is not None for g in gpus):
-        gpus.sort(key=lambda g: g.rank)  # type: ignore[arg-type,return-value]
+        gpus.sort(key=lambda g: g.rank)  # type: ignore[arg-type,return-value]  # all ranks known (checked above)
     elif all(g.dev is not None for g in gpus):
-        gpus.sort(key=lambda g: g.dev)  # type: ignore[arg-type,return-value]
+        gpus.sort(key=lambda g: g.dev)  # type: ignore[arg-type,return-value]  # all devs known (checked above)
     else:
         gpus.sort(key=lambda g: g.busid)
     # GPUs first in the device list would be tidier, but ranks only need declaration order among GPUs.
@@ -261,9 +261,10 @@ def _add_gpus(r: _Reader) -> None:
             elif tclass is not None and tclass >> 8 == 0x0604:
                 r.out.link(g.name, g.parent, lane, NVLINK_LATENCY, count=count, kind="nvlink")
             elif target in by_bus:
-                key = tuple(sorted((g.busid, target)))
+                lo, hi = sorted((g.busid, target))
+                key = (lo, hi)
                 if key not in seen:
-                    seen.add(key)  # type: ignore[arg-type]
+                    seen.add(key)
                     r.out.link(g.name, by_bus[target].name, lane, NVLINK_LATENCY, count=count, kind="nvlink")
             else:
                 r.note(f"{g.name}: NVLink target {target} is not a GPU in the file: ignored")

@@ -45,6 +45,9 @@ _NV = re.compile(r"^NV(\d+)$")
 
 
 def _bandwidth(value: str | float, what: str) -> float:
+    """A bandwidth argument: text with its unit (``"25 GB/s"``), or a number of bytes/s (Python's own unit)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf"):
+        return float(value)
     try:
         return parse_bandwidth(value)
     except UnitError as exc:
@@ -69,7 +72,8 @@ def import_nvidia_smi(text_or_path: str | Path, *, nvlink_bandwidth: str | float
                       nvswitch: bool | None = None, name: str | None = None) -> str:
     """Topology YAML (explicit form) from ``nvidia-smi topo -m`` output (text or a file path).
 
-    ``nvlink_bandwidth`` is per lane; ``pcie_bandwidth`` defaults by NVLink generation
+    Bandwidths are text with a unit, or numbers of bytes/s.  ``nvlink_bandwidth`` is per lane;
+    ``pcie_bandwidth`` defaults by NVLink generation
     (NV18: PCIe 5 x16, 64 GB/s; NV12: PCIe 4, 32 GB/s; else PCIe 3, 16 GB/s);
     ``nvswitch`` forces (True) or forbids (False) the NVSwitch model instead of the
     rule in the module docstring.
@@ -189,8 +193,8 @@ def convert_nvidia_smi(text_or_path: str | Path, *, nvlink_bandwidth: str | floa
     nv_bw = _bandwidth(nvlink_bandwidth, "NVLink bandwidth")
     smp_bw = _bandwidth(smp_bandwidth, "SMP bandwidth")
     out = TopologyText(name or "nvidia-smi", f"imported from nvidia-smi topo -m ({Path(source).name})")
-    lanes = {(a, b): int(_NV.match(m.cell(a, b)).group(1))  # type: ignore[union-attr]
-             for a in m.gpus for b in m.gpus if a != b and _NV.match(m.cell(a, b))}
+    lanes = {(a, b): int(nv.group(1))
+             for a in m.gpus for b in m.gpus if a != b and (nv := _NV.match(m.cell(a, b)))}
     max_lanes = max(lanes.values(), default=0)
     if pcie_bandwidth is None:
         gen, pcie_bw = (5, 64e9) if max_lanes >= 18 else (4, 32e9) if max_lanes >= 12 else (3, 16e9)

@@ -143,8 +143,8 @@ def _finish(profile: Profile, sent: Sequence[Block], gating: str) -> Timeline:
         t = max(t, comm_end) + profile.forward_total_s
     else:
         needed = [0.0] * len(profile.layers)
-        for i, p in enumerate(profile.params):
-            needed[p.layer] = max(needed[p.layer], arrive[i])
+        for i, param in enumerate(profile.params):
+            needed[param.layer] = max(needed[param.layer], arrive[i])
         for layer, f in enumerate(profile.forward_time_s):
             t = max(t, needed[layer]) + f
     return Timeline(tuple(sent), t, comm_end)

@@ -136,7 +136,7 @@ def _intervals(run: Run, total: float) -> list[int]:
                       both([np.ones(run.messages), np.zeros(run.messages)]) + 2 * both([run.reduce] * 2)],
                      axis=1).astype(np.int64)
     table = table[np.lexsort((table[:, 2], table[:, 1], table[:, 0]))]
-    return table.ravel().tolist()  # type: ignore[no-any-return]
+    return table.ravel().tolist()
 
 
 def _steps(run: Run, steps: np.ndarray, total: float, bins: int) -> dict[str, Any]:

@@ -17,12 +17,16 @@ from functools import cache
 from typing import Any
 
 import jinja2
+import markupsafe
 
 from topocc.planner.analysis.bounds import lower_bound
+from topocc.planner.analysis.encodings import is_encoded
 from topocc.planner.analysis.simulate import SimResult
+from topocc.planner.compiler.compress import describe_encoded
 from topocc.planner.report._model import View, build_view, messages, step_buckets
 from topocc.planner.report._run import Run, link_step_bytes, record_run
 from topocc.planner.report._timeline import INTERVAL_RANKS, timeline_doc
+from topocc.planner.report.compression import compression_section
 from topocc.planner.topology.model import Topology, describe
 from topocc.planner.units import format_bandwidth, format_size, format_time
 from topocc.runtime.schedule import Schedule
@@ -256,6 +260,9 @@ def render_html(topology: Topology, schedule: Schedule, size_bytes: int, *,
         "timeline": timeline_doc(topology, run),
         "timeline_ranks": INTERVAL_RANKS,
         "summary": _summary_ctx(topology, schedule, run.result, baselines or {}),
+        # an encoded schedule: which links carry which encoding, the bytes saved, the time against exact
+        "compression": markupsafe.Markup(compression_section(describe_encoded(topology, schedule, size_bytes)
+                                                               .to_json())) if is_encoded(schedule) else "",
     }
     return _env().get_template("report.html.j2").render(**ctx)
 

@@ -18,8 +18,9 @@ from topocc.planner.compiler.compile import Compiled, compile_schedule
 from topocc.planner.compiler.options import Options
 from topocc.planner.report.table import format_table, indent, percent
 from topocc.planner.report.trace import simulated_trace
+from topocc.planner.topology.calibration import link_classes_of
 from topocc.planner.topology.catalogue import compiled_for
-from topocc.planner.topology.model import Topology, describe
+from topocc.planner.topology.model import Link, Topology, describe
 from topocc.planner.units import format_bandwidth, format_size, format_time
 from topocc.runtime.bundle import group_label
 from topocc.runtime.schedule import Schedule
@@ -116,32 +117,54 @@ def format_plan(doc: Mapping[str, Any]) -> str:
 
 
 def bundle_summary(topology: Topology, plans: Sequence[CompiledPlan], manifest: str | Path) -> dict[str, Any]:
-    """What ``topocc bundle`` reports: the world, and per plan its group, root and ``compile --size LOW:HIGH``'s
-    summary."""
+    """What ``topocc bundle`` reports: the world, and per plan its group, root, ``compile --size LOW:HIGH``'s
+    summary, the time predicted at the largest size asked for (``size_bytes``) and the size below which calls
+    go native (``native_below_bytes``; None for every call)."""
     return {
         "topology": topology.name,
         "ranks": topology.size,
         "fingerprint": topology.fingerprint,
-        "plans": [{"group": list(c.request.group), "root": c.request.root, **plan_summary(c.buckets)} for c in plans],
+        "plans": [{"group": list(c.request.group), "root": c.request.root, **plan_summary(c.buckets),
+                   "size_bytes": c.request.high, "predicted_time_s": _predicted_at_largest(topology, c),
+                   "native_below_bytes": c.native.native_below if c.native is not None else 0}
+                  for c in plans],
         "output": str(manifest),
     }
 
 
+def _predicted_at_largest(topology: Topology, compiled: CompiledPlan) -> float:
+    """The plan's predicted time at the largest size its request asked for.  The last bucket serves it, but it
+    was timed at the size it was tuned for, which is smaller where neighbouring buckets chose one schedule and
+    were merged (a recorded 4.77 MB all-reduce served by the bucket tuned at 1 MiB)."""
+    last = compiled.buckets[-1]
+    if last.sim.size_bytes == compiled.request.high:
+        return last.sim.time_s
+    group = topology.subset(compiled.request.group)
+    return simulate(group, last.schedule, compiled.request.high).time_s
+
+
 def format_bundle(doc: Mapping[str, Any]) -> str:
-    """A line per plan (collective, group, root, buckets, algorithms, prediction at the largest bucket), the
-    manifest written, and how a job uses the bundle."""
+    """A line per plan (collective, group, root, buckets, algorithms, the size below which calls go native,
+    prediction at the largest size asked for), the manifest written, and how a job uses the bundle."""
     rows = []
     for p in doc["plans"]:
-        largest = p["buckets"][-1]
         algorithms = ",".join(dict.fromkeys(b["algorithm"] for b in p["buckets"]))
         rows.append((p["collective"], group_label(p["group"], doc["ranks"]), "-" if p["root"] is None else p["root"],
-                     len(p["buckets"]), algorithms,
-                     f"{format_time(largest['predicted_time_s'])} at {format_size(largest['size_bytes'])}"))
+                     len(p["buckets"]), algorithms, _native_cell(p.get("native_below_bytes", 0)),
+                     f"{format_time(p['predicted_time_s'])} at {format_size(p['size_bytes'])}"))
     folder = Path(doc["output"]).parent
     return (f"bundle for {doc['topology']} ({doc['ranks']} ranks): {len(rows)} plans\n"
-            + indent(format_table(rows, ("collective", "group", "root", "buckets", "algorithms", "predicted")))
+            + indent(format_table(rows, ("collective", "group", "root", "buckets", "algorithms", "native below",
+                                         "predicted")))
             + f"\n  wrote {doc['output']}"
             + f"\nnext: TOPOCC_PLAN={folder} torchrun ... train.py (with init_process_group(\"topocc\"))")
+
+
+def _native_cell(native_below: int | None) -> str:
+    """Where calls go to the native backend: ``-`` (none), a size, or ``every size``."""
+    if native_below is None:
+        return "every size"
+    return format_size(native_below) if native_below else "-"
 
 
 def simulation_summary(topology: Topology, schedule: Schedule, size_bytes: int, *, candidates: bool = False,
@@ -202,7 +225,7 @@ def what_if_line(doc: Mapping[str, Any]) -> str | None:
 
 
 def verify_summary(schedule: Schedule, proof: VerifyReport) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "verified": True,
         "collective": schedule.collective,
         "algorithm": schedule.metadata.algorithm,
@@ -211,6 +234,9 @@ def verify_summary(schedule: Schedule, proof: VerifyReport) -> dict[str, Any]:
         "messages": proof.messages,
         "chunks_sent": proof.chunks_sent,
     }
+    if proof.approximate_chunks:  # an encoded schedule: proved bitwise equal on every rank, and this approximate
+        out["approximate_chunks"] = proof.approximate_chunks
+    return out
 
 
 def topology_summary(topology: Topology, size_bytes: int = 1 << 30) -> dict[str, Any]:
@@ -227,7 +253,25 @@ def topology_summary(topology: Topology, size_bytes: int = 1 << 30) -> dict[str,
             "bound_cut": bound.cut,
         }
     out["bounds"] = bounds
+    out["link_classes"] = _link_classes(topology)
     return out
+
+
+def _link_classes(topology: Topology) -> dict[str, dict[str, Any]]:
+    """Per link class (:func:`~topocc.planner.topology.calibration.link_classes_of`), narrowest first: its
+    directed links, their bandwidth range (per direction) and the narrowest one with its latency, so that a
+    figure in the wrong unit stands out at the top."""
+    classes = link_classes_of(topology)
+    members: dict[str, list[Link]] = {}
+    for link in topology.links:
+        members.setdefault(classes[(link.src, link.dst)], []).append(link)
+    rows = {}
+    for name, links in sorted(members.items(), key=lambda kv: (min(lk.bandwidth for lk in kv[1]), kv[0])):
+        narrowest = min(links, key=lambda lk: lk.bandwidth)
+        rows[name] = {"links": len(links), "min_link_bandwidth_GBps": narrowest.bandwidth / 1e9,
+                      "max_link_bandwidth_GBps": max(lk.bandwidth for lk in links) / 1e9,
+                      "link": f"{narrowest.src} -> {narrowest.dst}", "latency_s": narrowest.latency}
+    return rows
 
 
 def algorithms_table() -> list[dict[str, Any]]:
@@ -265,26 +309,46 @@ def format_summary(doc: Mapping[str, Any]) -> str:
             ]
             lines.append("")
             lines.append(indent(format_table(rows, ("candidate", "predicted", "ops", "compile", "why not chosen"))))
-        if doc.get("output"):
-            lines.append(f"  wrote {doc['output']}")
+        for written in ("output", "trace"):
+            if doc.get(written):
+                lines.append(f"  wrote {doc[written]}")
     elif "bounds" in doc:
-        lines.append(f"{doc['topology']}: {doc['ranks']} ranks, {doc['hosts']} hosts, {doc['racks']} racks, "
-                     f"{doc['links']} directed links")
-        if doc.get("description"):
-            lines.append(f"  {doc['description']}")
-        lines.append("  devices: " + ", ".join(f"{n} {k}" for k, n in doc["devices"].items()))
-        lines.append(f"  link bandwidth: {format_bandwidth(doc['min_link_bandwidth_GBps'] * 1e9)} .. "
-                     f"{format_bandwidth(doc['max_link_bandwidth_GBps'] * 1e9)}")
-        lines.append(f"  routing: {doc['routing']}")
-        for coll, cut in doc["bounds"].items():
-            lines.append(f"  cut bound ({coll}, {format_size(cut['size_bytes'])}): {format_time(cut['lower_bound_s'])}"
-                         f" = at most {format_bandwidth(cut['max_algbw_GBps'] * 1e9)} algbw; "
-                         f"tightest cut: {cut['bound_cut']}")
-        lines.append(f"  fingerprint: {doc['fingerprint'][:16]}")
+        lines += _topology_lines(doc)
     elif "verified" in doc:
         lines.append(f"verified: {doc['collective']} ({doc['algorithm']}) on {doc['ranks']} ranks, "
                      f"{doc['operations']} operations, {doc['messages']} messages")
+        if doc.get("approximate_chunks"):
+            lines.append(f"  encoded: every rank ends bitwise equal; {doc['approximate_chunks']} output chunks (over "
+                         "all ranks) hold an approximate value")
     return "\n".join(lines)
+
+
+def _topology_lines(doc: Mapping[str, Any]) -> list[str]:
+    """``topocc topo show`` as text: counts, bandwidth range (per direction), links by class, bounds."""
+    lines = [f"{doc['topology']}: {doc['ranks']} ranks, {doc['hosts']} hosts, {doc['racks']} racks, "
+             f"{doc['links']} directed links"]
+    if doc.get("description"):
+        lines.append(f"  {doc['description']}")
+    lines.append("  devices: " + ", ".join(f"{n} {k}" for k, n in doc["devices"].items()))
+    lines.append(f"  link bandwidth: {format_bandwidth(doc['min_link_bandwidth_GBps'] * 1e9)} .. "
+                 f"{format_bandwidth(doc['max_link_bandwidth_GBps'] * 1e9)} per direction "
+                 "(a full-duplex link carries its figure each way at once)")
+    if doc.get("link_classes"):
+        classes = [(name, c["links"], format_bandwidth(c["min_link_bandwidth_GBps"] * 1e9),
+                    format_bandwidth(c["max_link_bandwidth_GBps"] * 1e9), format_time(c["latency_s"]), c["link"])
+                   for name, c in doc["link_classes"].items()]
+        lines.append("  links by class, narrowest first (bandwidth per direction):")
+        lines.append(indent(format_table(classes, ("class", "links", "narrowest", "widest", "its latency",
+                                                   "narrowest link"), "<>>>><"), "    "))
+    lines.append(f"  routing: {doc['routing']}")
+    for coll, cut in doc["bounds"].items():
+        lines.append(f"  cut bound ({coll}, {format_size(cut['size_bytes'])}): {format_time(cut['lower_bound_s'])}"
+                     f" = at most {format_bandwidth(cut['max_algbw_GBps'] * 1e9)} algbw; "
+                     f"tightest cut: {cut['bound_cut']}")
+    lines.append(f"  fingerprint: {doc['fingerprint'][:16]}")
+    if doc.get("html"):
+        lines.append(f"  wrote {doc['html']}")
+    return lines
 
 
 def format_algorithms(rows: Iterable[Mapping[str, Any]]) -> str:

@@ -74,8 +74,8 @@ def _trace(topology: Topology, schedule: Schedule, result: SimResult, max_link_s
 
     # links: flows merged per (link, step) into busy periods, bytes summed
     flows: dict[tuple[str, str, int], list[tuple[float, float, float]]] = defaultdict(list)
-    for e in result.link_events:
-        flows[(e.src, e.dst, e.step)].append((e.start_s, e.end_s, e.bytes))
+    for flow in result.link_events:
+        flows[(flow.src, flow.dst, flow.step)].append((flow.start_s, flow.end_s, flow.bytes))
     per_link: dict[tuple[str, str], list[Slice]] = defaultdict(list)
     for (src, dst, step), items in flows.items():
         periods: list[list[float]] = []  # [start, end, bytes, flows]: overlapping flows merged, in one sweep

@@ -112,7 +112,7 @@ class Network:
         """The value of ``memo`` for this network, built on first use."""
         if memo not in self._memos:
             self._memos[memo] = memo.build(self)
-        return self._memos[memo]  # type: ignore[no-any-return]
+        return self._memos[memo]
 
     def reversed(self) -> Network:
         """The network of the topology with every link turned round (itself when all links are full duplex): a

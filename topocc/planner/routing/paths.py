@@ -44,8 +44,8 @@ def connection_chunks(schedule: Schedule) -> dict[tuple[int, int, int], int]:
     for rank, program in enumerate(schedule.programs):
         for op in program:
             if op.kind == "send":
-                key = (rank, op.peer, op.channel)  # type: ignore[arg-type]  # a send has a peer
-                volume[key] = volume.get(key, 0) + op.count  # type: ignore[index]
+                key: tuple[int, int, int] = (rank, op.peer, op.channel)  # type: ignore[assignment]  # a send has a peer
+                volume[key] = volume.get(key, 0) + op.count
     return volume
 
 
@@ -169,9 +169,9 @@ def spread_channels(net: Network, schedule: Schedule) -> Schedule:
         ops = []
         for op in program:
             if op.kind == "send":
-                new = renumber.get((rank, op.peer, op.channel), op.channel)  # type: ignore[arg-type]
+                new = renumber.get((rank, op.peer, op.channel), op.channel)  # type: ignore[arg-type]  # has a peer
             elif op.kind in ("recv", "recv_reduce"):
-                new = renumber.get((op.peer, rank, op.channel), op.channel)  # type: ignore[arg-type]
+                new = renumber.get((op.peer, rank, op.channel), op.channel)  # type: ignore[arg-type]  # has a peer
             else:
                 new = op.channel
             ops.append(op if new == op.channel else replace(op, channel=new))

@@ -16,6 +16,7 @@ import heapq
 from array import array
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar, overload
 
 __all__ = ["Adjacency", "HubSearches", "RouteTree", "Search", "SharedTree", "hubs", "route_tree", "search"]
 
@@ -25,6 +26,10 @@ Adjacency = Sequence[Sequence[tuple[int, float, int]]]
 #: Two route costs within this relative difference are equal (both paths are cheapest).
 TIE = 1e-9
 _INF = float("inf")
+
+_T = TypeVar("_T")
+#: A value per device: a list indexed by device (a full search) or a dict of the devices reached (a local one).
+PerDevice = MutableMapping[int, _T] | list[_T]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,13 +47,20 @@ class RouteTree:
 class Search:
     """One search's result: cost and parent link per device reached, further equal-cost parents."""
 
-    dist: MutableMapping[int, float]
-    first: MutableMapping[int, int]
+    dist: PerDevice[float]
+    first: PerDevice[int]
     extra: dict[int, list[int]]
 
     def frozen_extra(self) -> dict[int, tuple[int, ...]]:
         """:attr:`extra` with each device's further parents as a tuple, to keep."""
         return {k: tuple(v) for k, v in self.extra.items()}
+
+
+def _reached(found: Search) -> MutableMapping[int, float]:
+    """A local search's costs by device reached (a full search's are a list indexed by device)."""
+    dist = found.dist
+    assert not isinstance(dist, list), "a local search keeps its costs in a dict"
+    return dist
 
 
 class _Costs(dict[int, float]):
@@ -62,8 +74,8 @@ def search(adjacency: Adjacency, blocked: bytearray, start: int, *, local: bool 
     """Dijkstra from device ``start`` that reaches but never expands a device flagged in ``blocked``; keeps
     every equal-cost parent link.  Lists indexed by device (-1: unreached) unless ``local`` (a search that
     stays near ``start``): then dicts of the devices reached."""
-    dist: MutableMapping[int, float]
-    first: MutableMapping[int, int]
+    dist: PerDevice[float]
+    first: PerDevice[int]
     if local:
         dist, first = _Costs({start: 0.0}), {start: -2}
     else:
@@ -133,14 +145,15 @@ class SharedTree:
     on demand, in the same form.
     """
 
-    __slots__ = ("_hubs", "_near", "_own", "_rank_device", "_through", "cost", "extra", "first")
+    __slots__ = ("_hubs", "_near", "_own", "_own_dist", "_rank_device", "_through", "cost", "extra", "first")
 
     def __init__(self, start: int, own: Search, reached: list[tuple[float, _Hub]], rank_device: Sequence[int]):
         self._own = own
+        self._own_dist = _reached(own)
         self._hubs = reached
         self._rank_device = rank_device
         self._through: tuple[float, _Hub] | None = None  # set below, once the near devices are worked out
-        near = {node: self._tight(node) for node in own.dist}
+        near = {node: self._tight(node) for node in self._own_dist}
         near[start] = (-2,)
         self._near = near  # the devices its own search reached, worked out at once: few, and asked often
         # a rank that reaches a single hub (a fat-tree GPU's NIC leads to one leaf) has that hub's costs and
@@ -155,7 +168,7 @@ class SharedTree:
         through = self._through
         if through is not None and node not in self._near:
             return through[0] + through[1].dist[node]
-        best = self._own.dist.get(node, _INF)
+        best = self._own_dist.get(node, _INF)
         for offset, hub in self._hubs:
             d = offset + hub.dist[node]
             if d < best:
@@ -182,7 +195,7 @@ class SharedTree:
         tight = best * (1 + TIE)
         links: list[int] = []
         own = self._own
-        if own.dist.get(node, _INF) <= tight:
+        if self._own_dist.get(node, _INF) <= tight:
             links.append(own.first[node])
             links.extend(own.extra.get(node, ()))
         for offset, hub in self._hubs:
@@ -202,7 +215,7 @@ class _First:
         tree = self._tree
         through = tree._through
         if through is not None and node not in tree._near:  # parents()' shortcut, without building a tuple
-            return through[1].first[node]  # type: ignore[no-any-return]
+            return through[1].first[node]
         found = tree.parents(node)
         return found[0] if found else -1
 
@@ -213,7 +226,14 @@ class _Extra:
     def __init__(self, tree: SharedTree) -> None:
         self._tree = tree
 
+    @overload
+    def get(self, node: int) -> tuple[int, ...] | None: ...
+
+    @overload
+    def get(self, node: int, default: tuple[int, ...]) -> tuple[int, ...]: ...
+
     def get(self, node: int, default: tuple[int, ...] | None = None) -> tuple[int, ...] | None:
+        """As ``dict.get`` on :attr:`RouteTree.extra`: the further parent links of ``node``, else ``default``."""
         tree = self._tree
         through = tree._through
         if through is not None and node not in tree._near:  # as in _First: a route walk asks this per device
@@ -249,7 +269,7 @@ class HubSearches:
         """The DAG from rank device ``start``: its own search over non-hub devices, then the hubs it reached."""
         own = search(self._adjacency, self._own_blocked, start, local=True)
         reached: list[tuple[float, _Hub]] = []
-        for node, d in own.dist.items():
+        for node, d in _reached(own).items():
             if self._flags[node]:
                 hub = self._done.get(node)
                 if hub is None:

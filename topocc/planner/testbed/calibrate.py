@@ -12,14 +12,16 @@ import json
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from topocc.planner.calibration.checks import surprises
 from topocc.planner.calibration.fit import fit_calibration
 from topocc.planner.calibration.probes import LOAD_REPS, REPS, probe_budget_s, probe_tests
-from topocc.planner.errors import UsageError
+from topocc.planner.errors import TopoccWarning, UsageError
 from topocc.planner.report.table import format_table, opt_cell
 from topocc.planner.routing.network import Network
 from topocc.planner.testbed.emulation import DEFAULT_SCALE, EmulatedCluster, emulation_available, scaled_topology
@@ -29,10 +31,11 @@ from topocc.planner.topology.calibration import (
     datasheet_topology,
     strip_calibration,
 )
-from topocc.planner.topology.catalogue import resolve_topology
+from topocc.planner.topology.catalogue import resolve_topology, split_ranks
 from topocc.planner.topology.model import Topology
 from topocc.planner.topology.parse import parse_topology_text
 from topocc.planner.units import format_bandwidth, format_time
+from topocc.runtime.bundle import rank_ranges
 from topocc.runtime.errors import TopoccError
 from topocc.runtime.launch import RANK_WRAPPER, find_mpiexec, summarize_failures, worker_env
 
@@ -52,11 +55,17 @@ def calibrate(topology_arg: str, output: str | Path, *, emulate: bool, scale: fl
     """Measure the cluster of ``topology_arg`` (a file or a shipped name) and write it calibrated to ``output``.
 
     ``emulate``: on an emulated cluster (root), inter-host links at ``scale`` times the file's; else on
-    one rank per GPU under ``mpiexec`` here (``mpiexec_args``: a host file, on a real cluster).
+    one rank per GPU under ``mpiexec`` here (``mpiexec_args``: a host file, on a real cluster), each rank
+    checked to run on its host's machine.  ``topology_arg`` may end in ranks, as other commands read it
+    (``cluster.yaml[0-1,4-5]``): one process per rank named, in that order, measures the classes their paths
+    cross, and the whole file is written with the block.  A class measured far from its file's figure or
+    fitted poorly is a :class:`~topocc.planner.errors.TopoccWarning` (:mod:`~topocc.planner.calibration.checks`).
     """
-    topology = datasheet_topology(resolve_topology(topology_arg))
-    if topology.source is None or not Path(topology.source).is_file():
+    file_arg, ranks = split_ranks(topology_arg)
+    whole = datasheet_topology(resolve_topology(file_arg))
+    if whole.source is None or not Path(whole.source).is_file():
         raise UsageError(f"cannot read the file of topology {topology_arg!r}", fix="pass a topology file or name")
+    topology = whole if ranks is None else whole.subset(ranks)
     if not (0 < scale <= 1):
         raise UsageError(f"scale must be in (0, 1], got {scale:g}")
     # the cluster as it runs (an emulated one: scaled), its routes found once for the tests, their bound and the fit
@@ -66,13 +75,18 @@ def calibrate(topology_arg: str, output: str | Path, *, emulate: bool, scale: fl
                    mpiexec_args=mpiexec_args, progress=progress)
     library = " ".join(next((r["library"] for r in rows if r["id"] == "transport"), "MPI").split())
     transport = f"MPI ({library})" + (f", emulated cluster at x{scale:g}" if emulate else "")
+    on = "" if ranks is None else f" on ranks {rank_ranges(ranks)}"
     cal = fit_calibration(ran_on, topology, tests, [r for r in rows if r["id"] != "transport"],
                           scale=scale if emulate else 1.0,
-                          how=f"topocc calibrate: medians of {REPS} repetitions, {LOAD_REPS} under load",
+                          how=f"topocc calibrate{on}: medians of {REPS} repetitions, {LOAD_REPS} under load",
                           transport=transport)
-    text = strip_calibration(Path(topology.source).read_text()) + "\n" + calibration_yaml(cal)
+    for line in surprises(cal):
+        warnings.warn(TopoccWarning(line), stacklevel=2)
+    text = strip_calibration(Path(whole.source).read_text()) + "\n" + calibration_yaml(cal)
     out = Path(output)
-    calibrated = parse_topology_text(text, str(out))  # what every command will read back
+    with warnings.catch_warnings():  # the file's figures were warned of as it was read: once is enough
+        warnings.simplefilter("ignore", TopoccWarning)
+        calibrated = parse_topology_text(text, str(out))  # what every command will read back
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return Calibrated(calibrated, cal)
@@ -94,6 +108,9 @@ def format_calibration(done: Calibrated) -> str:
     if cal.residuals:
         lines.append("# fit residuals (largest error of a class's figures on its tests): "
                      + ", ".join(f"{name} {err:.1%}" for name, err in cal.residuals.items()))
+    for why in dict.fromkeys(cal.kept.values()):
+        lines.append(f"# kept at the file's figures ({why}): "
+                     + ", ".join(name for name, reason in cal.kept.items() if reason == why))
     return "\n".join(lines)
 
 
@@ -105,7 +122,7 @@ def calibration_json(done: Calibrated) -> dict[str, Any]:
             "reduce_Bps": dict(cal.host.reduce_Bps),
             "links": {name: {"bandwidth_Bps": f.bandwidth, "latency_s": f.latency, "shared": f.shared,
                              "alone_Bps": f.alone, "file_Bps": f.file} for name, f in cal.links.items()},
-            "residuals": dict(cal.residuals)}
+            "residuals": dict(cal.residuals), "kept": dict(cal.kept)}
 
 
 def measure(topology: Topology, tests: list[dict[str, Any]], *, emulate: bool, limit_s: float,
@@ -119,8 +136,10 @@ def measure(topology: Topology, tests: list[dict[str, Any]], *, emulate: bool, l
     """
     say = progress or (lambda _line: None)
     where = f"emulated {topology.name} (inter-host bandwidth x{scale:g})" if emulate else topology.name
+    host_of = {rank: host for host, ranks in topology.hosts.items() for rank in ranks}
     with tempfile.TemporaryDirectory(prefix="topocc-calibrate-") as tmp:
-        spec = _write(tmp, tests)
+        # a real cluster's ranks check their machines; an emulated one's hosts share this machine's name
+        spec = _write(tmp, tests, None if emulate else [host_of[r] for r in range(topology.size)])
         argv = ["-m", "topocc.runtime.probe", spec]
         say(f"calibrate: {len(tests)} tests on {where}, {topology.size} ranks, at most {limit_s:.0f} s")
         if emulate:
@@ -138,9 +157,10 @@ def measure(topology: Topology, tests: list[dict[str, Any]], *, emulate: bool, l
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
-def _write(folder: str, tests: list[dict[str, Any]]) -> str:
+def _write(folder: str, tests: list[dict[str, Any]], hosts: list[str] | None) -> str:
+    """The probe's input file: the tests and, on a real cluster, each rank's host (to check the placement)."""
     path = Path(folder) / "tests.json"
-    path.write_text(json.dumps({"tests": tests, "timeout_s": 120.0}))
+    path.write_text(json.dumps({"tests": tests, "timeout_s": 120.0, "hosts": hosts}))
     path.chmod(0o644)
     Path(folder).chmod(0o755)
     return str(path)

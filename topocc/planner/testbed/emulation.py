@@ -192,7 +192,7 @@ def plan_emulation(topology: Topology, *, scale: float, prefix: str = "tcc", tag
             continue  # a host without ranks (storage, CPU-only) is not emulated
         key = (ends[0], ends[1])
         rate[key] = rate.get(key, 0.0) + link.bandwidth * scale
-    graph = nx.Graph()
+    graph: nx.Graph[tuple[str, str]] = nx.Graph()
     graph.add_nodes_from(("h", h) for h in host_names)
     graph.add_edges_from(rate)
     for h in host_names:
@@ -278,7 +278,7 @@ def scaled_topology(topology: Topology, scale: float) -> Topology:
              for link in topology.links]
     scaled = build_topology(f"{topology.name} (emulated x{scale:g})", topology.devices, links,
                             description=topology.description, source=topology.source, routing=topology.routing)
-    return replace(scaled, calibration=cal)
+    return replace(scaled, calibration=cal, ranks=topology.ranks)  # a process group's subset stays one
 
 
 def scale_for_rate(topology: Topology, bits_per_s: float) -> float:

@@ -6,16 +6,17 @@ Each raises the :class:`~topocc.planner._yaml.Source`'s error, which names the f
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from topocc.planner._yaml import Source, YDict, YList
 from topocc.planner.topology.model import Link
+from topocc.planner.topology.plausible import gpu_fabric, warn_implausible
 from topocc.planner.units import UnitError, parse_bandwidth, parse_time
 
-__all__ = ["LinkDefaults", "check_keys", "choice", "close_match", "name_string", "parse_link", "positive_int",
-           "quantity"]
+__all__ = ["LinkDefaults", "check_figures", "check_keys", "choice", "close_match", "name_string", "parse_link",
+           "positive_int", "quantity"]
 
 
 def check_keys(src: Source, obj: Any, what: str, allowed: Iterable[str], required: Iterable[str] = ()) -> YDict:
@@ -33,7 +34,7 @@ def check_keys(src: Source, obj: Any, what: str, allowed: Iterable[str], require
     for key in required:
         if key not in obj:
             raise src.error(obj, None, f"{what} lacks the required key {key!r}")
-    return obj  # type: ignore[return-value]
+    return obj  # type: ignore[return-value]  # a mapping of loaded YAML is a YDict
 
 
 def close_match(word: str, choices: Iterable[str]) -> str | None:
@@ -57,7 +58,7 @@ def quantity(src: Source, obj: Any, key: str, parse: Any, default: Any = None) -
     try:
         return parse(obj[key])
     except UnitError as exc:
-        raise src.error(obj, key, f"bad {key}: {exc}") from None
+        raise src.error(obj, key, f"{src.path(obj, key)}: {exc}", fix=exc.fix) from None
 
 
 def positive_int(src: Source, obj: Any, key: str, default: int | None = None, minimum: int = 1) -> int:
@@ -78,17 +79,35 @@ def name_string(src: Source, obj: Any, key: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class LinkDefaults:
-    """Values a link takes when it does not say (``defaults:`` at the top of a file)."""
+    """Values a link takes when it does not say (``defaults:`` at the top of a file; ``place``: that mapping,
+    for messages about a value taken from it)."""
 
     latency: float = 0.0
     bandwidth: float | None = None
+    place: Any = field(default=None, compare=False)
+
+
+def check_figures(src: Source, obj: Any, defaults: LinkDefaults, bandwidth: float | None, latency: float,
+                  fabric: bool, keys: tuple[str, str] = ("bandwidth", "latency")) -> None:
+    """Warn of a bandwidth or latency implausible for its link (:mod:`~topocc.planner.topology.plausible`),
+    at the place it was written: ``obj`` under ``keys``, else the defaults it was taken from."""
+    for key, value in zip(keys, (bandwidth, latency)):
+        base = key.rpartition("_")[2]  # attach_latency falls back on defaults' latency
+        if value is None:
+            continue
+        if isinstance(obj, dict) and key in obj:
+            warn_implausible(src, obj, key, value, fabric=fabric)
+        elif isinstance(defaults.place, dict) and base in defaults.place and value == getattr(defaults, base):
+            warn_implausible(src, defaults.place, base, value, fabric=fabric)
 
 
 LINK_KEYS = ("ends", "bandwidth", "latency", "count", "direction", "kind", "dim")
 
 
-def parse_link(src: Source, item: Any, defaults: LinkDefaults) -> tuple[list[Link], str, str]:
-    """One ``links:`` entry -> its directed links (two for full duplex) and its two ends."""
+def parse_link(src: Source, item: Any, defaults: LinkDefaults,
+               types: Mapping[str, str] | None = None) -> tuple[list[Link], str, str]:
+    """One ``links:`` entry -> its directed links (two for full duplex) and its two ends (``types``: the
+    devices' types by name, to tell a GPU fabric link without a ``kind``)."""
     check_keys(src, item, "a link", LINK_KEYS, ("ends",))
     ends = item["ends"]
     if not isinstance(ends, list) or len(ends) != 2 or not all(isinstance(e, (str, int)) for e in ends):
@@ -104,13 +123,15 @@ def parse_link(src: Source, item: Any, defaults: LinkDefaults) -> tuple[list[Lin
     if direction not in ("both", "forward"):
         raise src.error(item, "direction", f"direction must be 'both' or 'forward', got {direction!r}")
     dim = positive_int(src, item, "dim", minimum=0) if "dim" in item else None
+    check_figures(src, item, defaults, per_lane, latency, gpu_fabric(kind, ((types or {}).get(e) for e in (a, b))))
     links = [Link(a, b, per_lane * count, latency, count, kind, dim)]
     if direction == "both":
         links.append(Link(b, a, per_lane * count, latency, count, kind, dim, ascending=False))
     return links, a, b
 
 
-def choice(src: Source, obj: YDict, key: str, choices: tuple[str, ...], default: str | None, what: str) -> str:
+def choice(src: Source, obj: dict[Any, Any], key: str, choices: tuple[str, ...], default: str | None,
+           what: str) -> str:
     """``obj[key]`` must be one of ``choices``; a near miss is suggested."""
     if key not in obj:
         if default is None:

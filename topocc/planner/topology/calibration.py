@@ -19,11 +19,18 @@ either file run on both.
       reduce: {float32: 4.4 GB/s, float16: 130 MB/s}
       links:
         host-switch: {bandwidth: 12.1 GB/s, latency: 60 us, shared: 0.8, file: 12.5 GB/s}
+        host:nvlink: {source: "file (not measurable over MPI between CPU processes)"}
       residuals: {host-switch: 0.04}  # per class: the largest error of its figures on its tests
+
+Every figure carries its unit, as everywhere in the file (``topocc calibrate`` has always written them so);
+a bare number is refused with the fix, like any other.  A class with ``source: file (why)`` was not
+measured: its links keep the file's figures (``topocc calibrate`` says why, e.g. a GPU fabric it cannot
+reach over MPI between CPU processes); a class without ``source`` was measured.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -39,6 +46,9 @@ __all__ = ["Calibration", "ClassFigures", "HostCosts", "apply_calibration", "cal
 
 _KEYS = ("measured", "how", "transport", "scale", "message_cost", "copy", "reduce", "links", "residuals")
 _LINK_KEYS = ("bandwidth", "latency", "shared", "alone", "file")
+#: ``source:`` of a class kept at the file's figures: ``file (WHY)``.
+FILE_SOURCE = "file"
+_FILE_SOURCE = re.compile(r"file(?: \((.*)\))?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +85,8 @@ class HostCosts:
 
 @dataclass(frozen=True, slots=True)
 class Calibration:
-    """The block as data; ``links`` by class name."""
+    """The block as data; ``links`` (measured) by class name, ``kept`` (at the file's figures) by class name with
+    why they were not measured."""
 
     measured: str
     how: str
@@ -84,6 +95,7 @@ class Calibration:
     links: Mapping[str, ClassFigures]
     residuals: Mapping[str, float]
     scale: float = 1.0
+    kept: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def parse_calibration(src: Source, doc: Any) -> Calibration:
@@ -114,7 +126,15 @@ def parse_calibration(src: Source, doc: Any) -> Calibration:
         raise src.error(top, "links", "calibration links must map link classes to figures",
                         fix="write e.g. links: {host-switch: {bandwidth: 10 GB/s, latency: 20 us}}")
     links = {}
+    kept = {}
     for name, figures in classes.items():
+        if isinstance(figures, dict) and "source" in figures:
+            source = _FILE_SOURCE.fullmatch(str(figures["source"]))
+            if source is None or len(figures) > 1:
+                raise src.error(figures, "source", f"link class {name!r}: source must be 'file (WHY)' and stand "
+                                "alone", fix="leave out source: for a measured class")
+            kept[str(name)] = source[1] or "not measured"
+            continue
         entry = check_keys(src, figures, f"link class {name!r}", _LINK_KEYS, ("bandwidth",))
         shared = entry.get("shared", 1.0)
         if isinstance(shared, bool) or not isinstance(shared, (int, float)) or not 0 < shared <= 1:
@@ -129,7 +149,8 @@ def parse_calibration(src: Source, doc: Any) -> Calibration:
     if not isinstance(residuals, dict) or not all(isinstance(v, (int, float)) for v in residuals.values()):
         raise src.error(top, "residuals", "calibration residuals must map names to numbers")
     return Calibration(text["measured"], text["how"], text["transport"], host, MappingProxyType(links),
-                       MappingProxyType({str(k): float(v) for k, v in residuals.items()}), float(scale))
+                       MappingProxyType({str(k): float(v) for k, v in residuals.items()}), float(scale),
+                       MappingProxyType(kept))
 
 
 def calibration_yaml(cal: Calibration) -> str:
@@ -147,7 +168,7 @@ def calibration_yaml(cal: Calibration) -> str:
     if cal.host.reduce_Bps:
         lines.append("  reduce: {" + ", ".join(f"{k}: {format_bandwidth(v)}" for k, v in cal.host.reduce_Bps.items())
                      + "}")
-    lines.append("  links:  # measured per link class; they replace the figures above for every link of the class")
+    lines.append("  links:  # per link class: measured figures replace those above for every link of the class")
     for name, f in cal.links.items():
         parts = [f"bandwidth: {format_bandwidth(f.bandwidth)}", f"latency: {format_time(f.latency)}",
                  f"shared: {f.shared:.3g}"]
@@ -156,6 +177,8 @@ def calibration_yaml(cal: Calibration) -> str:
         if f.file is not None:
             parts.append(f"file: {format_bandwidth(f.file)}")
         lines.append(f"    {name}: {{{', '.join(parts)}}}")
+    for name, why in cal.kept.items():
+        lines.append(f"    {name}: {{source: {q(f'{FILE_SOURCE} ({why})')}}}  # the figures above stand")
     if cal.residuals:
         lines.append("  residuals: {" + ", ".join(f"{k}: {v:.4g}" for k, v in cal.residuals.items()) + "}")
     return "\n".join(lines) + "\n"
@@ -200,7 +223,7 @@ def apply_calibration(topology: Topology, cal: Calibration, src: Source | None =
     """``topology`` with every link of a calibrated class at its measured figures; it keeps the file's links as
     its datasheet (and fingerprint).  A class the topology does not have is an error naming it."""
     classes = link_classes_of(topology)
-    unknown = sorted(set(cal.links) - set(classes.values()))
+    unknown = sorted((set(cal.links) | set(cal.kept)) - set(classes.values()))
     if unknown and src is not None:
         raise src.error(at, "links", f"calibration names link class {unknown[0]!r}, which this topology lacks",
                         fix="calibrate this topology (topocc calibrate), or remove the class; its classes: "

@@ -17,7 +17,7 @@ from topocc.planner.topology.parse import load_topology
 from topocc.runtime.schedule import Schedule
 
 __all__ = ["SCHEDULED_MAX_RANKS", "compiled_for", "resolve_topology", "schedule_topology", "scheduled_topologies",
-           "shipped_topologies"]
+           "shipped_topologies", "split_ranks"]
 
 
 def _shipped_dirs() -> list[Path]:
@@ -42,9 +42,9 @@ def resolve_topology(arg: str) -> Topology:
     (:meth:`Topology.subset`), as a bundle's plans for a group record it.
     """
     path = Path(arg)
-    group = re.fullmatch(r"(.+)\[([0-9,\- ]+)\]", arg)
-    if group is not None and not path.exists():
-        return resolve_topology(group[1]).subset(parse_rank_ranges(group[2]))
+    whole, ranks = split_ranks(arg)
+    if ranks is not None:
+        return resolve_topology(whole).subset(ranks)
     if path.exists() or path.suffix in (".yaml", ".yml"):
         return load_topology(path)
     shipped = shipped_topologies()
@@ -52,6 +52,15 @@ def resolve_topology(arg: str) -> Topology:
         return load_topology(shipped[arg])
     raise UsageError(f"no topology file or shipped topology named {arg!r}",
                      fix=f"pass a YAML path or one of: {', '.join(shipped) or '(none shipped)'}")
+
+
+def split_ranks(arg: str) -> tuple[str, tuple[int, ...] | None]:
+    """``cluster.yaml[0-1,4-5]`` -> (``cluster.yaml``, (0, 1, 4, 5)): a topology argument and the ranks of the
+    process group it ends in (None where it names none, or is a file whose name only looks so)."""
+    group = re.fullmatch(r"(.+)\[([0-9,\- ]+)\]", arg)
+    if group is None or Path(arg).exists():
+        return arg, None
+    return group[1], parse_rank_ranges(group[2])
 
 
 def compiled_for(schedule: Schedule, topology: Topology) -> bool:

@@ -111,7 +111,7 @@ class Topology:
     @cached_property
     def graph(self) -> nx.DiGraph:
         """Devices as nodes (attribute ``device``), links as edges (attribute ``link``)."""
-        g = nx.DiGraph(name=self.name)
+        g: nx.DiGraph[str] = nx.DiGraph(name=self.name)
         for d in self.devices:
             g.add_node(d.name, device=d)
         for link in self.links:
@@ -142,6 +142,10 @@ class Topology:
     def link(self, src: str, dst: str) -> Link | None:
         """The directed link ``src -> dst``, if there is one."""
         return self._links.get((src, dst))
+
+    def bandwidth(self, src: str, dst: str) -> float:
+        """The bandwidth of the directed link ``src -> dst``, which must exist (a key of a route or load table)."""
+        return self._links[(src, dst)].bandwidth
 
     @cached_property
     def fingerprint(self) -> str:

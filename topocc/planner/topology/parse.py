@@ -57,7 +57,7 @@ def parse_topology_text(text: str, name: str = "<topology>") -> Topology:
 
 def parse_topology(doc: Any, source: str = "<topology>") -> Topology:
     """Validate a decoded topology document and build the :class:`Topology`."""
-    src = Source(source)
+    src = Source(source, doc)
     if doc is None:
         raise TopologyError("empty topology file", where=source, fix="see docs/topology-format.md")
     top = check_keys(src, doc, "the topology", _TOP_KEYS, ("name",))
@@ -71,6 +71,7 @@ def parse_topology(doc: Any, source: str = "<topology>") -> Topology:
         defaults = LinkDefaults(
             quantity(src, d, "latency", parse_time, 0.0),
             quantity(src, d, "bandwidth", parse_bandwidth) if "bandwidth" in d else None,
+            place=d,
         )
     if "devices" not in top and "cluster" not in top:
         raise src.error(top, None, "the topology declares no devices", fix="add 'devices:' and 'links:' or 'cluster:'")
@@ -131,8 +132,9 @@ def parse_topology(doc: Any, source: str = "<topology>") -> Topology:
     link_list = top.get("links", [])
     if not isinstance(link_list, list):
         raise src.error(top, "links", "links must be a list")
+    types = {d.name: d.kind for d in devices}
     for i, item in enumerate(link_list):
-        new, a, b = parse_link(src, item, defaults)
+        new, a, b = parse_link(src, item, defaults, types)
         for end in (a, b):
             if end not in places:
                 hint = close_match(end, places)

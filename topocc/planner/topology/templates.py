@@ -34,6 +34,7 @@ from typing import Any
 from topocc.planner._yaml import Source, YDict
 from topocc.planner.topology._fields import (
     LinkDefaults,
+    check_figures,
     check_keys,
     choice,
     close_match,
@@ -43,6 +44,7 @@ from topocc.planner.topology._fields import (
     quantity,
 )
 from topocc.planner.topology.model import DEFAULT_ROUTING, DEVICE_KINDS, ROUTING_MODES, Device, Link
+from topocc.planner.topology.plausible import gpu_fabric
 from topocc.planner.units import parse_bandwidth, parse_time
 
 __all__ = ["FABRICS", "HYBRID_CUBE_MESH_LANES", "MAX_DEVICES", "MAX_LINKS", "NETWORKS", "NETWORK_ROUTING",
@@ -261,6 +263,7 @@ def _nics(src: Source, host: YDict, gpus: int, defaults: LinkDefaults, devices: 
     port = _spec_of(src, nic, "nic", defaults, "ib", count=False)
     attach_bw = quantity(src, nic, "attach_bandwidth", parse_bandwidth, port.bandwidth)
     attach_lat = quantity(src, nic, "attach_latency", parse_time, defaults.latency)
+    check_figures(src, nic, defaults, attach_bw, attach_lat, False, ("attach_bandwidth", "attach_latency"))
     attach_spec = _Spec(attach_bw, attach_lat, 1, "pcie")
     local = {name for name, _ in devices}
     attach = nic.get("attach", "pcie" if gpu_switch else "gpu")
@@ -322,8 +325,9 @@ def _extra_links(src: Source, host: YDict, defaults: LinkDefaults, devices: list
         raise src.error(host, "links", "host links must be a list")
     known = [name for name, _ in devices]
     taken = {(ln.src, ln.dst) for ln in links}
+    types = dict(devices)
     for item in items:
-        new, a, b = parse_link(src, item, defaults)
+        new, a, b = parse_link(src, item, defaults, types)
         for end in (a, b):
             if end not in known:
                 hint = close_match(end, known)
@@ -428,6 +432,7 @@ def _spines(src: Source, net: YDict, lower: list[str], down: float, nic: _Spec, 
         return
     ratio = _ratio(src, net, "oversubscription")
     latency = quantity(src, net, "latency", parse_time, nic.latency)
+    check_figures(src, net, LinkDefaults(), None, latency, False)
     spec = _Spec(down / ratio / spines, latency, 1, nic.kind)
     for s in range(spines):
         devices.append(Device(f"spine{s}", "switch"))
@@ -490,7 +495,9 @@ def _spec_of(src: Source, obj: YDict, what: str, defaults: LinkDefaults, kind: s
     bandwidth = quantity(src, obj, "bandwidth", parse_bandwidth, defaults.bandwidth)
     latency = quantity(src, obj, "latency", parse_time, defaults.latency)
     lanes = positive_int(src, obj, "count", 1) if count else 1
-    return _Spec(bandwidth, latency, lanes, _kind_name(src, obj, kind))
+    label = _kind_name(src, obj, kind)
+    check_figures(src, obj, defaults, bandwidth, latency, gpu_fabric(label))
+    return _Spec(bandwidth, latency, lanes, label)
 
 
 def _kind_name(src: Source, obj: YDict, default: str) -> str:

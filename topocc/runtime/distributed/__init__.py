@@ -1,16 +1,17 @@
 """topocc as a ``torch.distributed`` backend: ``init_process_group("topocc")`` runs the compiled plans.
 
-Importing this package registers the backend (CPU and CUDA)::
+Installing topocc registers the backend (CPU and CUDA) at ``import torch``, through torch's
+backend autoloading (:mod:`topocc._autoload`); importing this package registers it too::
 
-    import topocc.runtime.distributed  # registers "topocc"
     dist.init_process_group("topocc")  # TOPOCC_PLAN=bundle-folder, under torchrun or mpiexec
     ...
     print(topocc.runtime.distributed.counters())  # planned and native calls per collective
 
 Plans come from a bundle (``topocc bundle TOPOLOGY -o FOLDER``) named by
 ``TOPOCC_PLAN`` or by ``pg_options=BackendOptions(plan=...)``; ``TOPOCC_RECORD``
-records the calls a job makes, ``TOPOCC_LOG=debug`` logs every call that went to
-the native backend and why.
+records the calls a job makes, ``TOPOCC_DEBUG=INFO`` prints what ran each distinct
+call (:mod:`~topocc.runtime.distributed.debug`), ``TOPOCC_LOG=debug`` logs every
+call that went to the native backend and why.
 """
 
 from __future__ import annotations
@@ -23,11 +24,14 @@ from typing import Any
 import torch.distributed as dist
 
 from topocc.runtime.distributed.counters import Counters, Tally
+from topocc.runtime.distributed.debug import debug_level, install_excepthook
 from topocc.runtime.distributed.job import BackendOptions, Job
 from topocc.runtime.distributed.process_group import TopoccProcessGroup
+from topocc.runtime.distributed.restarts import attempt_store
 from topocc.runtime.errors import CommunicatorError
 
-__all__ = ["BACKEND", "BackendOptions", "Counters", "Tally", "TopoccProcessGroup", "counters", "register"]
+__all__ = ["BACKEND", "BackendOptions", "Counters", "Tally", "TopoccProcessGroup", "counters", "create_backend",
+           "register"]
 
 #: The name ``init_process_group`` takes.
 BACKEND = "topocc"
@@ -35,21 +39,28 @@ BACKEND = "topocc"
 LOG_ENV = "TOPOCC_LOG"
 
 
-def _create(options: Any, backend_options: Any) -> TopoccProcessGroup:
-    """torch's extended backend constructor: the world's group starts the job, later groups share it."""
+def create_backend(options: Any, backend_options: Any) -> TopoccProcessGroup:
+    """torch's extended backend constructor: the world's group starts the job, later groups share it.
+
+    Also the point where a job is known to use topocc: ``TOPOCC_DEBUG`` is checked, and an uncaught topocc
+    failure from here on ends the output with its one line (:func:`.debug.install_excepthook`).
+    """
+    install_excepthook()
+    debug_level()
     ranks = tuple(options.global_ranks_in_group)
+    store = attempt_store(options.store)  # a restarted torchrun job must not read its killed attempt's keys
     if ranks:
         job = Job.current()
     else:
-        job = Job.start(options.store, options.group_rank, options.group_size, backend_options)
+        job = Job.start(store, options.group_rank, options.group_size, backend_options)
         ranks = tuple(range(options.group_size))
-    return TopoccProcessGroup(options.store, options.group_rank, options.group_size, ranks, options.timeout, job)
+    return TopoccProcessGroup(store, options.group_rank, options.group_size, ranks, options.timeout, job)
 
 
 def register() -> None:
     """Register the ``topocc`` backend with torch.distributed (done on import; harmless to repeat)."""
     if BACKEND.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
+        dist.Backend.register_backend(BACKEND, create_backend, extended_api=True, devices=["cpu", "cuda"])
     if os.environ.get(LOG_ENV, "").lower() == "debug":
         logger = logging.getLogger("topocc.distributed")
         if not logger.handlers:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from topocc.runtime.bundle import Bundle, load_bundle
+from topocc.runtime.distributed.topology_check import check_topology
 from topocc.runtime.errors import CommunicatorError
 from topocc.runtime.transports.store import StoreControl
 
@@ -24,7 +25,7 @@ __all__ = ["PLAN_ENV", "RECORD_ENV", "TIMEOUT_ENV", "TOPOLOGY_ENV", "BackendOpti
 
 #: The bundle (a folder from ``topocc bundle``, or one plan or schedule file).
 PLAN_ENV = "TOPOCC_PLAN"
-#: The cluster this job runs on (a topology name or fingerprint), checked against the bundle's.
+#: The cluster this job runs on (the topology's name, fingerprint or file), checked against the bundle's.
 TOPOLOGY_ENV = "TOPOCC_TOPOLOGY"
 #: Where to record the calls the job makes (JSON lines, for ``topocc bundle --calls``).
 RECORD_ENV = "TOPOCC_RECORD"
@@ -93,11 +94,8 @@ class Job:
                 f"the plan bundle is for {bundle.world} ranks but this job has {size}", where=bundle.source,
                 fix=f"launch {bundle.world} ranks, or compile a bundle for a {size}-rank topology: {_COMPILE_HINT}")
         expected = opts.topology or os.environ.get(TOPOLOGY_ENV)
-        if expected and expected not in (bundle.topology, bundle.fingerprint):
-            raise CommunicatorError(
-                f"the plan bundle was compiled for {bundle.topology or 'an unnamed topology'} but "
-                f"{TOPOLOGY_ENV} names {expected}", where=bundle.source,
-                fix=f"compile the bundle for this cluster: topocc bundle {expected} -o FOLDER")
+        if expected:
+            check_topology(bundle, expected, TOPOLOGY_ENV, PLAN_ENV)
         timeout = opts.timeout if opts.timeout is not None else _env_timeout(rank)
         control = StoreControl(store, rank, size, prefix="topocc-job")
         rows = control.allgather_ints([bundle.digest], timeout or 300.0)
@@ -108,7 +106,9 @@ class Job:
             if digest != bundle.digest:
                 raise CommunicatorError(f"rank {r} loaded a different plan bundle than rank {rank}",
                                         where=bundle.source, fix=f"give every rank the same {PLAN_ENV}")
-        logging.getLogger("topocc.distributed").debug("rank %d loaded %s:\n%s", rank, bundle.source, bundle.describe())
+        log = logging.getLogger("topocc.distributed")
+        if log.isEnabledFor(logging.DEBUG):  # describing reads every plan, which a job otherwise reads on first use
+            log.debug("rank %d loaded %s:\n%s", rank, bundle.source, bundle.describe())
         record = opts.record if opts.record is not None else os.environ.get(RECORD_ENV)
         job = cls(bundle, Path(record) if record else None, timeout)
         cls._current = job

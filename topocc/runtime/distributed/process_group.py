@@ -11,10 +11,17 @@ not replay; point-to-point, barrier, gather, scatter) goes to the native backend
 (:class:`~topocc.runtime.distributed.counters.Counters`) and logged at debug
 level on the ``topocc.distributed`` logger (``TOPOCC_LOG=debug`` prints it).
 
-Calls run to completion before they return (the replay is host-driven on CPU;
-on CUDA it is enqueued on NCCL's stream with the caller's stream ordered after
-it), and return a completed ``Work`` whose future holds the outputs, so
-``async_op=True`` and DDP's ``get_future()`` work unchanged.
+A planned call on CPU tensors is queued to the group's progress thread
+(:mod:`~topocc.runtime.distributed.progress`), which replays the group's calls in
+call order while the caller goes on (DDP's backward computes the next buckets),
+and returns a ``Work`` that completes when the call has run; on CUDA it is
+enqueued on NCCL's stream with the caller's stream ordered after it, and
+returns a completed ``Work``.  Either future holds the outputs, so
+``async_op=True`` and DDP's ``get_future()`` work unchanged.  A call the plan is
+not predicted to speed up (below the bundle's ``native_below`` for the plan, on
+CPU) goes native.  Plans are read, and the communicators that replay them made,
+at their first call; gloo connects the private group's ranks pair by pair as a
+plan first talks between them.
 
 Method names follow the PyTorch release: the pybind trampoline asks for
 ``all_gather_single`` or ``_allgather_base`` and so on, so each is defined
@@ -24,19 +31,22 @@ under every name a supported release dispatches to.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
+from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]  # private: not in the stub
 
-from topocc.runtime.bundle import ROOTED
+from topocc.runtime.bundle import ROOTED, BundlePlan, group_label
 from topocc.runtime.calls import Call, CallLog
 from topocc.runtime.communicator import Communicator
 from topocc.runtime.distributed.counters import Counters
+from topocc.runtime.distributed.debug import CallReport, debug_level, note_failure
 from topocc.runtime.distributed.job import Job
+from topocc.runtime.distributed.lost import LostRanks
+from topocc.runtime.distributed.progress import Progress
 from topocc.runtime.errors import CommunicatorError
 from topocc.runtime.transports.gloo import GlooTransport
 from topocc.runtime.transports.store import StoreControl
@@ -45,6 +55,9 @@ from topocc.runtime.transports.torch_ops import TORCH_DTYPES
 __all__ = ["TopoccProcessGroup"]
 
 log = logging.getLogger("topocc.distributed")
+
+#: What names a plan of a group and the device it runs on: (collective, root or None, device type).
+_Key = tuple[str, int | None, str]
 
 #: torch's reduction ops the plans replay, by the runtime's names (``ReduceOp`` objects do not hash by value).
 _OPS: tuple[tuple[Any, str], ...] = (
@@ -97,7 +110,7 @@ class TopoccProcessGroup(dist.ProcessGroup):
 
     def __init__(self, store: Any, rank: int, size: int, group: tuple[int, ...], timeout: timedelta,
                  job: Job) -> None:
-        super().__init__(rank, size)
+        super().__init__(rank, size)  # type: ignore[call-arg]  # the stub lacks the binding's (rank, size) overload
         self._rank, self._size = rank, size
         self.group = group
         self.job = job
@@ -108,17 +121,23 @@ class TopoccProcessGroup(dist.ProcessGroup):
         self._desc = ""
         self._native: dict[str, Any] = {"cpu": dist.ProcessGroupGloo(dist.PrefixStore("native-cpu/", store),
                                                                      rank, size, timeout)}
-        # made now, while every rank is here: a peer that dies later fails a call within the timeout instead
-        # of stalling gloo's rendezvous; a group the bundle has no plan for needs none
-        self._plans = {(e.collective, e.root): e.plan for e in job.bundle.plans_for(group)}
+        # a plan is read at its first call; the private gloo group connects a pair of ranks when a plan first
+        # talks between them (a group the bundle has no plan for needs none)
+        self._plans: dict[tuple[str, int | None], BundlePlan] = {
+            (e.collective, e.root): e for e in job.bundle.plans_for(group)}
         self._transports: dict[str, Any] = {}
         if self._plans:
             self._transports["cpu"] = GlooTransport.over_store(dist.PrefixStore("topocc-cpu/", store), rank, size,
-                                                               timeout=self.timeout_s)
+                                                               timeout=self.timeout_s, lazy=True)
+        label = group_label(group, job.bundle.world)
+        self._progress = Progress(f"topocc-progress-{label}")
+        self._report = CallReport(rank, "world" if label == "world" else f"ranks {label}", debug_level() == "INFO")
         self._comms: dict[tuple[str, int | None, str], Communicator] = {}
         self._unavailable: dict[str, str] = {}  # device type -> why its planned transport could not be made
         self._timeout = timeout
         self._log = CallLog(job.record) if job.record is not None and rank == 0 else None
+        # a failed planned call names the rank the job lost, agreed with the other ranks through the store
+        self._lost = LostRanks(store, rank, group, window_s=min(5.0, self.timeout_s))
 
     # ------------------------------------------------------------------ identity
 
@@ -194,28 +213,72 @@ class TopoccProcessGroup(dist.ProcessGroup):
         return None
 
     def _route(self, collective: str, tensors: Sequence[torch.Tensor], nbytes: int, op: Any = None,
-               root: int | None = None) -> Communicator | None:
-        """The communicator that replays this call, or None (then the caller delegates it), counted and logged."""
+               root: int | None = None) -> _Key | None:
+        """The plan that runs this call (its key, for :meth:`_planned`), or None (then the caller delegates it),
+        counted and logged."""
         first = tensors[0]
+        dtype = TORCH_DTYPES.get(first.dtype, str(first.dtype))
         if self._log is not None:
-            self._log.add(Call(collective, self.group, nbytes, TORCH_DTYPES.get(first.dtype, str(first.dtype)),
-                               _op_name(op) if op is not None else None,
+            self._log.add(Call(collective, self.group, nbytes, dtype, _op_name(op) if op is not None else None,
                                root if collective in ROOTED else None, first.device.type))
         why = self._refusal(collective, tensors, op, root) or self._unavailable.get(first.device.type)
-        comm = None
+        key = (collective, root if collective in ROOTED else None, first.device.type)
         if why is None:
-            key = (collective, root if collective in ROOTED else None, first.device.type)
-            comm = self._comms.get(key)
-            if comm is None:
-                try:
-                    transport = self._transport(first.device)
-                except CommunicatorError as exc:  # e.g. no CuPy: every rank finds the same, so all go native
-                    why = self._unavailable[first.device.type] = f"no {first.device.type} transport ({exc.message})"
-                else:
-                    comm = self._comms[key] = Communicator(self._plans[key[:2]], transport=transport,
-                                                           timeout=self.timeout_s)
+            why = self._no_gain(self._plans[key[:2]], nbytes, first.device)
+        if why is None and key not in self._comms:
+            try:
+                self._transport(first.device)
+            except CommunicatorError as exc:  # e.g. no CuPy: every rank finds the same, so all go native
+                why = self._unavailable[first.device.type] = f"no {first.device.type} transport ({exc.message})"
         self._tally(collective, nbytes, why, first.device)
+        if why is not None:
+            self._report.native(collective, nbytes, dtype, first.device.type,
+                                "gloo" if first.device.type == "cpu" else "nccl", why)
+            return None
+        if self._report.enabled:  # reads the plan now, not at the first call's replay
+            plan = self._plans[key[:2]].plan
+            schedule = plan.select(nbytes)
+            self._report.planned(collective, nbytes, dtype, first.device.type, schedule,
+                                 plan.schedules.index(schedule), len(plan.schedules))
+        return key
+
+    @staticmethod
+    def _no_gain(entry: BundlePlan, nbytes: int, device: torch.device) -> str | None:
+        """Why a CPU call of ``nbytes`` goes native though a plan serves it: the compiler predicts it no faster
+        than gloo's own algorithm (the bundle's ``native_below``); None when the plan runs it.  CUDA calls run
+        the plan at every size: the threshold is found against gloo's algorithms, not NCCL's."""
+        if device.type != "cpu" or entry.native_below == 0:
+            return None
+        if entry.native_below is None:
+            return "model predicts no gain at any size"
+        if nbytes < entry.native_below:
+            return f"model predicts no gain at {nbytes} bytes (the plan runs from {entry.native_below})"
+        return None
+
+    def _comm(self, key: _Key) -> Communicator:
+        """The communicator of the plan ``key`` names, made at its first call (a handshake with the peers: on CPU
+        it runs on the progress thread, in call order with the group's other planned calls)."""
+        comm = self._comms.get(key)
+        if comm is None:
+            comm = self._comms[key] = Communicator(self._plans[key[:2]].plan, transport=self._transports[key[2]],
+                                                   timeout=self.timeout_s, on_failure=self._lost.restate)
         return comm
+
+    def _planned(self, key: _Key, run: Callable[[Communicator], Any], result: Any) -> Any:
+        """Run a planned call, ``run(communicator)``: on CPU by the group's progress thread (the caller gets its
+        ``Work`` at once), on CUDA now (NCCL's stream orders it); the work's future holds ``result``."""
+        if key[2] != "cpu":
+            run(self._comm(key))
+            return _completed(result)
+
+        def call() -> None:
+            try:
+                run(self._comm(key))
+            except CommunicatorError as exc:  # the excepthook names it last, however torch re-raises it
+                note_failure(exc)
+                raise
+
+        return self._progress.submit(call, result)
 
     def _tally(self, collective: str, nbytes: int, why: str | None, device: torch.device) -> None:
         """Count a call (planned when ``why`` is None) and log why one goes to the native backend."""
@@ -231,19 +294,23 @@ class TopoccProcessGroup(dist.ProcessGroup):
         return _native_call(self.native(device), names, *args)
 
     # ------------------------------------------------------------------ planned collectives
+    # Each method takes the list form the C++ trampoline calls; torch's stub declares the Python-side
+    # overloads too, so the overrides differ from it (ignore[override]).
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]  # list form: see above
         opts = opts if opts is not None else dist.AllreduceOptions()
         comm = (self._route("allreduce", tensors, _nbytes(tensors[0]), opts.reduceOp)
                 if len(tensors) == 1 else self._count_many("allreduce", tensors))
         if comm is None:
             return self.native(tensors[0].device).allreduce(tensors, opts)
-        comm.allreduce(tensors[0].detach(), op=_op_name(opts.reduceOp) or "sum")
-        return _completed(tensors)
+        x, op = tensors[0].detach(), _op_name(opts.reduceOp) or "sum"
+        return self._planned(comm, lambda c: c.allreduce(x, op=op), tensors)
 
-    def _count_many(self, collective: str, tensors: Sequence[torch.Tensor]) -> None:
+    def _count_many(self, collective: str, tensors: Sequence[torch.Tensor]) -> _Key | None:
+        """Count a call of several tensors, which goes native: None, as :meth:`_route` for a native call."""
         self._tally(collective, _nbytes(*tensors), "several tensors per call",
                     tensors[0].device)
+        return None
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         """One planned all-reduce of the tensors laid end to end (as NCCL's coalescing does, one call)."""
@@ -252,34 +319,37 @@ class TopoccProcessGroup(dist.ProcessGroup):
         comm = self._route("allreduce", tensors, nbytes, opts.reduceOp) if tensors else None
         if comm is None:
             return self.native(tensors[0].device).allreduce_coalesced(tensors, opts)
-        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
-        comm.allreduce(flat, op=_op_name(opts.reduceOp) or "sum")
-        offset = 0
-        for t in tensors:
-            t.detach().view(-1).copy_(flat[offset:offset + t.numel()])
-            offset += t.numel()
-        return _completed(tensors)
+        flat, op = torch.cat([t.detach().reshape(-1) for t in tensors]), _op_name(opts.reduceOp) or "sum"
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        def run(c: Communicator) -> None:
+            c.allreduce(flat, op=op)
+            offset = 0
+            for t in tensors:
+                t.detach().view(-1).copy_(flat[offset:offset + t.numel()])
+                offset += t.numel()
+
+        return self._planned(comm, run, tensors)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]  # list form: see above
         opts = opts if opts is not None else dist.BroadcastOptions()
         comm = (self._route("broadcast", tensors, _nbytes(tensors[0]), root=opts.rootRank)
                 if len(tensors) == 1 else self._count_many("broadcast", tensors))
         if comm is None:
             return self.native(tensors[0].device).broadcast(tensors, opts)
-        comm.broadcast(tensors[0].detach())
-        return _completed(tensors)
+        x = tensors[0].detach()
+        return self._planned(comm, lambda c: c.broadcast(x), tensors)
 
-    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]  # list form: see above
         opts = opts if opts is not None else dist.ReduceOptions()
         comm = (self._route("reduce", tensors, _nbytes(tensors[0]), opts.reduceOp,
                             opts.rootRank) if len(tensors) == 1 else self._count_many("reduce", tensors))
         if comm is None:
             return self.native(tensors[0].device).reduce(tensors, opts)
-        comm.reduce(tensors[0].detach(), op=_op_name(opts.reduceOp) or "sum")
-        return _completed(tensors)
+        x, op = tensors[0].detach(), _op_name(opts.reduceOp) or "sum"
+        return self._planned(comm, lambda c: c.reduce(x, op=op), tensors)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else dist.AllgatherOptions()  # type: ignore[attr-defined]  # not in the stub
         fits = output.numel() == input.numel() * self._size and output.dtype == input.dtype
         comm = self._route("allgather", [output, input], _nbytes(output)) if fits else None
         if comm is None:
@@ -287,13 +357,14 @@ class TopoccProcessGroup(dist.ProcessGroup):
                 self._tally("allgather", _nbytes(output), "sizes do not fit", input.device)
             return _native_call(self.native(input.device), ("all_gather_single", "_allgather_base"), output, input,
                                 opts)
-        comm.allgather(input.detach(), output.detach())
-        return _completed([output])
+        send, recv = input.detach(), output.detach()
+        return self._planned(comm, lambda c: c.allgather(send, recv), [output])
 
     _allgather_base = all_gather_single
 
-    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
-        opts = opts if opts is not None else dist.AllgatherOptions()
+    def allgather(  # type: ignore[override]  # list form: see above
+            self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
+        opts = opts if opts is not None else dist.AllgatherOptions()  # type: ignore[attr-defined]  # not in the stub
         first = inputs[0]
         fits = (len(inputs) == 1 and len(outputs[0]) == self._size
                 and all(o.shape == first.shape and o.dtype == first.dtype for o in outputs[0]))
@@ -303,17 +374,48 @@ class TopoccProcessGroup(dist.ProcessGroup):
             if not fits:
                 self._tally("allgather", nbytes, "a list form that is not one tensor per rank", first.device)
             return self.native(first.device).allgather(outputs, inputs, opts)
-        flat = comm.allgather(first.detach())
-        for r, out in enumerate(outputs[0]):
-            out.detach().view(-1).copy_(flat[r * first.numel():(r + 1) * first.numel()])
-        return _completed(outputs)
+        mine = first.detach()
+
+        def run(c: Communicator) -> None:
+            flat = c.allgather(mine)
+            for r, out in enumerate(outputs[0]):
+                out.detach().view(-1).copy_(flat[r * mine.numel():(r + 1) * mine.numel()])
+
+        return self._planned(comm, run, outputs)
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                     opts: Any = None) -> Any:
         works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
         return _joined(works, outputs)
 
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]  # an alias: see the module doc
+
+    def allgather_coalesced(
+            self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
+        """``all_gather_coalesced``: ``outputs[r][i]`` gets rank r's ``inputs[i]``, by one planned all-gather of
+        the inputs laid end to end (as :meth:`allreduce_coalesced`), else by the native backend."""
+        opts = opts if opts is not None else dist.AllgatherOptions()  # type: ignore[attr-defined]  # not in the stub
+        fits = bool(inputs) and len(outputs) == self._size and all(
+            len(row) == len(inputs) and all(o.numel() == i.numel() and o.dtype == i.dtype == inputs[0].dtype
+                                            for o, i in zip(row, inputs)) for row in outputs)
+        flat = torch.cat([i.detach().reshape(-1) for i in inputs]) if fits else None
+        nbytes = _nbytes(*inputs) * self._size
+        comm = self._route("allgather", [flat], nbytes) if flat is not None and flat.numel() else None
+        if comm is None:
+            if flat is None or not flat.numel():
+                self._tally("allgather", nbytes, "a coalesced list form that is not one tensor per input and rank"
+                            if flat is None else "an empty tensor", inputs[0].device if inputs else torch.device("cpu"))
+            return self.native(inputs[0].device).allgather_coalesced(outputs, inputs, opts)
+
+        def run(c: Communicator) -> None:
+            assert flat is not None  # a call with no tensor to gather went native above
+            gathered = c.allgather(flat)
+            for r, row in enumerate(outputs):
+                pieces = gathered[r * flat.numel():(r + 1) * flat.numel()].split([i.numel() for i in inputs])
+                for out, piece in zip(row, pieces):
+                    out.detach().view(-1).copy_(piece)
+
+        return self._planned(comm, run, outputs)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
@@ -325,12 +427,13 @@ class TopoccProcessGroup(dist.ProcessGroup):
                 self._tally("reducescatter", nbytes, "sizes do not fit", input.device)
             return _native_call(self.native(input.device), ("reduce_scatter_single", "_reduce_scatter_base"),
                                 output, input, opts)
-        comm.reduce_scatter(input.detach(), output.detach(), op=_op_name(opts.reduceOp) or "sum")
-        return _completed([output])
+        send, recv, op = input.detach(), output.detach(), _op_name(opts.reduceOp) or "sum"
+        return self._planned(comm, lambda c: c.reduce_scatter(send, recv, op=op), [output])
 
-    _reduce_scatter_base = reduce_scatter_single
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]  # an alias: see the module doc
 
-    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Any:
+    def reduce_scatter(  # type: ignore[override]  # list form: see above
+            self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         out = outputs[0]
         fits = (len(outputs) == 1 and len(inputs[0]) == self._size
@@ -342,15 +445,15 @@ class TopoccProcessGroup(dist.ProcessGroup):
                 self._tally("reducescatter", nbytes, "a list form that is not one tensor per rank", out.device)
             return self.native(out.device).reduce_scatter(outputs, inputs, opts)
         flat = torch.cat([i.detach().reshape(-1) for i in inputs[0]])
-        comm.reduce_scatter(flat, out.detach(), op=_op_name(opts.reduceOp) or "sum")
-        return _completed(outputs)
+        recv, op = out.detach(), _op_name(opts.reduceOp) or "sum"
+        return self._planned(comm, lambda c: c.reduce_scatter(flat, recv, op=op), outputs)
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> Any:
         works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
         return _joined(works, outputs)
 
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]  # an alias: see the module doc
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_splits: list[int],
                           input_splits: list[int], opts: Any = None) -> Any:
@@ -365,10 +468,10 @@ class TopoccProcessGroup(dist.ProcessGroup):
                 self._tally("alltoall", nbytes, "uneven splits", input.device)
             return _native_call(self.native(input.device), ("all_to_all_single", "alltoall_base"), output, input,
                                 output_splits, input_splits, opts)
-        comm.alltoall(input.detach(), output.detach())
-        return _completed([output])
+        send, recv = input.detach(), output.detach()
+        return self._planned(comm, lambda c: c.alltoall(send, recv), [output])
 
-    alltoall_base = all_to_all_single
+    alltoall_base = all_to_all_single  # type: ignore[assignment]  # an alias: see the module doc
 
     # ------------------------------------------------------------------ always native
 
@@ -376,17 +479,31 @@ class TopoccProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.BarrierOptions()
         return self._delegate("barrier", torch.device("cpu"), 0, "not a planned collective", ("barrier",), opts)
 
+    def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
+        """gloo's barrier that names the ranks that did not arrive within ``timeout``, on the native group.
+
+        ``dist.monitored_barrier`` itself refuses every backend but gloo by name; torch code that holds the
+        process group (``group.monitored_barrier(...)``) reaches this."""
+        self._tally("barrier", 0, "not a planned collective", torch.device("cpu"))
+        native = self.native(torch.device("cpu"))
+        if timeout is None:
+            native.monitored_barrier(wait_all_ranks=wait_all_ranks)
+        else:
+            native.monitored_barrier(timeout, wait_all_ranks)
+
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         nbytes = _nbytes(*inputs)
         return self._delegate("alltoall", inputs[0].device, nbytes, "the list form", ("alltoall",), outputs, inputs,
                               opts if opts is not None else dist.AllToAllOptions())
 
-    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
+    def gather(  # type: ignore[override]  # list form: see above
+            self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         return self._delegate("gather", inputs[0].device, _nbytes(inputs[0]),
                               "not a planned collective", ("gather",), outputs, inputs,
                               opts if opts is not None else dist.GatherOptions())
 
-    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Any:
+    def scatter(  # type: ignore[override]  # list form: see above
+            self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Any:
         return self._delegate("scatter", outputs[0].device, _nbytes(outputs[0]),
                               "not a planned collective", ("scatter",), outputs, inputs,
                               opts if opts is not None else dist.ScatterOptions())
@@ -406,7 +523,9 @@ class TopoccProcessGroup(dist.ProcessGroup):
     # ------------------------------------------------------------------ lifetime
 
     def close(self) -> None:
-        """Close the communicators and transports (collective: every rank of the group, while healthy)."""
+        """Close the communicators and transports (collective: every rank of the group, while healthy), once the
+        planned calls queued so far have run."""
+        self._progress.close()
         for comm in self._comms.values():
             comm.close()
         self._comms.clear()

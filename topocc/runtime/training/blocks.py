@@ -249,12 +249,12 @@ class BlockScheduler:
         buf = self._buffers[j]
         at = 0
         for i, lo, hi in self.blocks[j]:
-            buf[at:at + hi - lo].copy_(self.params[i].grad.view(-1)[lo:hi])  # type: ignore[union-attr]
+            buf[at:at + hi - lo].copy_(self.params[i].grad.view(-1)[lo:hi])  # type: ignore[union-attr]  # block ready
             at += hi - lo
         self.comm.allreduce(buf if self._tensors else buf.numpy(), op="avg")
         at = 0
         for i, lo, hi in self.blocks[j]:
-            self.params[i].grad.view(-1)[lo:hi].copy_(buf[at:at + hi - lo])  # type: ignore[union-attr]
+            self.params[i].grad.view(-1)[lo:hi].copy_(buf[at:at + hi - lo])  # type: ignore[union-attr]  # block ready
             at += hi - lo
 
     @contextlib.contextmanager

@@ -93,9 +93,13 @@ class DASO:
                 raise CommunicatorError(f"the node communicator has {local_plan.size} ranks; group_size is "
                                         f"{group_size}")
             self.global_comm = global_plan
-            self.local_comm = local_plan if group_size > 1 else None
+            # a Communicator whenever group_size > 1 (checked above)
+            self.local_comm = local_plan if group_size > 1 and isinstance(local_plan, Communicator) else None
             self.threaded = False  # a stream-ordered global average needs no thread; a host one runs when due
         else:
+            if isinstance(local_plan, Communicator):
+                raise CommunicatorError("with a global plan, DASO makes the node's communicator itself",
+                                        fix="pass local_plan as a plan, or global_plan as a Communicator too")
             from mpi4py import MPI  # importing mpi4py starts MPI: only where MPI is used
 
             self.global_comm = Communicator(global_plan, base, timeout=timeout)

@@ -85,7 +85,7 @@ class TopoccHookState:
             self.comm.allreduce(flat.detach().numpy(), op="avg")
         return tensor
 
-    def average(self, tensor: torch.Tensor):  # type: ignore[no-untyped-def]
+    def average(self, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
         """Average ``tensor`` in place like :meth:`allreduce_avg_`; a ``torch.futures.Future`` of it.
 
         On CUDA (NCCL) the future is complete for the host at once and ordered on the GPU (its ``wait()``
@@ -108,7 +108,7 @@ class TopoccHookState:
         self.comm.close()
 
 
-def topocc_allreduce_hook(state: TopoccHookState, bucket):  # type: ignore[no-untyped-def]
+def topocc_allreduce_hook(state: TopoccHookState, bucket):  # unannotated on purpose: see below
     """DDP communication hook: average the bucket with the compiled plan; returns a completed future.
 
     ``bucket`` is a ``torch.distributed.GradBucket``; the result a

@@ -22,11 +22,13 @@ so the executor's deadline fires first and fails with its one-line
 
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -43,6 +45,9 @@ __all__ = ["GlooTransport"]
 TAG_UB = (1 << 24) - 1
 #: The process group's own timeout is this many times the communicator's (and at least a minute).
 BACKEND_TIMEOUT_FACTOR = 4.0
+#: Seconds gloo's worker thread may take to let go of a finished collective's tensors: microseconds once it gets
+#: a core; the bound only keeps a release that never shows (another torch) from hanging the caller.
+RELEASE_S = 5.0
 
 _IDLE, _ACTIVE, _DONE, _FAILED = range(4)
 
@@ -105,6 +110,35 @@ def _gloo_timeout(timeout: float) -> timedelta:
     return timedelta(seconds=max(60.0, BACKEND_TIMEOUT_FACTOR * timeout))
 
 
+def _lazy_devices() -> list[Any]:
+    """gloo devices that connect on first use, on the interfaces ``GLOO_SOCKET_IFNAME`` lists (as torch picks
+    them for its own groups), else the default one."""
+    names = [n for n in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if n]
+    if names:
+        return [dist.ProcessGroupGloo.create_device(interface=n, lazy_init=True) for n in names]
+    return [dist.ProcessGroupGloo.create_default_device(lazy_init=True)]
+
+
+def _held_elsewhere(tensor: torch.Tensor) -> bool:
+    """Whether anything besides the caller holds ``tensor`` (torch's private ``Tensor._use_count``; without
+    it nothing is known, and nothing waits)."""
+    use_count = getattr(tensor, "_use_count", None)
+    return use_count is not None and use_count() > 1
+
+
+def _released(tensors: Sequence[torch.Tensor]) -> None:
+    """Wait until gloo's worker thread has let go of ``tensors`` (each held by the caller alone again).
+
+    A worker drops a finished collective's tensors a moment after the caller saw it complete. Dropping the
+    last hold on a tensor whose Python object is gone takes the GIL, and a thread taking the GIL once the
+    interpreter finalizes ends the process in std::terminate ("terminate called without an active
+    exception"): so a collective that may be a process's last (the exit guard's barrier) returns once let go.
+    """
+    deadline = time.monotonic() + RELEASE_S
+    while any(_held_elsewhere(t) for t in tensors) and time.monotonic() < deadline:
+        time.sleep(0.0002)
+
+
 def _byte_view(buf: torch.Tensor) -> torch.Tensor:
     """The tensor's bytes (gloo then moves any dtype, bfloat16 included, unchanged)."""
     return buf.view(torch.uint8) if buf.numel() else buf
@@ -138,11 +172,25 @@ class GlooTransport:
         self._attach(self.group._get_backend(torch.device("cpu")), dist.get_rank(self.group), ranks)
 
     @classmethod
-    def over_store(cls, store: Any, rank: int, size: int, *, timeout: float = 30.0) -> GlooTransport:
-        """A transport on a new gloo group of ``size`` ranks that meet through ``store`` (collective)."""
+    def over_store(cls, store: Any, rank: int, size: int, *, timeout: float = 30.0,
+                   lazy: bool = False) -> GlooTransport:
+        """A transport on a new gloo group of ``size`` ranks that meet through ``store`` (collective).
+
+        With ``lazy`` gloo connects each pair of ranks when it first exchanges a message (gloo's lazy init,
+        ``TORCH_GLOO_LAZY_INIT``), not all pairs now: construction costs nothing, and a plan that talks to two
+        neighbours opens two connections, not ``size - 1``.
+        """
         transport = cls.__new__(cls)
         transport.group = None
-        transport._attach(dist.ProcessGroupGloo(store, rank, size, _gloo_timeout(timeout)), rank, list(range(size)))
+        if lazy:
+            options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # the binding has it, not the stub
+            options._timeout = _gloo_timeout(timeout)
+            options._devices = _lazy_devices()
+            options._threads = 2 * len(options._devices)  # torch's own default
+            backend = dist.ProcessGroupGloo(store, rank, size, options)
+        else:
+            backend = dist.ProcessGroupGloo(store, rank, size, _gloo_timeout(timeout))
+        transport._attach(backend, rank, list(range(size)))
         return transport
 
     def _attach(self, backend: Any, rank: int, ranks: list[int]) -> None:
@@ -201,9 +249,11 @@ class GlooTransport:
 
     # ------------------------------------------------------------------ small collectives
 
-    def _within(self, work: Any, timeout: float) -> bool:
-        """Poll a collective's work until it completes (True) or ``timeout`` passes (False)."""
+    def _within(self, issue: Callable[[], Any], tensors: Sequence[torch.Tensor], timeout: float) -> bool:
+        """Start a collective on ``tensors`` (``issue()`` returns its work) and poll it until it completes (True)
+        or ``timeout`` passes (False); completed, return once gloo let go of the tensors (:func:`_released`)."""
         deadline = time.monotonic() + timeout
+        work = issue()
         while not work.is_completed():
             if time.monotonic() > deadline:
                 return False
@@ -212,29 +262,35 @@ class GlooTransport:
             work.wait()
         except Exception as exc:
             raise PeerFailure(f"gloo: {_first_line(exc)}") from None
+        del work  # the work holds the tensors too
+        _released(tensors)
         return True
 
     def allgather_ints(self, values: Sequence[int], timeout: float) -> list[tuple[int, ...]] | None:
         mine = torch.tensor(list(values), dtype=torch.int64, device=self.device)
         rows = [torch.empty_like(mine) for _ in range(self.size)]
-        if not self._within(self._gloo.allgather([rows], [mine]), timeout):
+        if not self._within(lambda: self._gloo.allgather([rows], [mine]), [mine, *rows], timeout):
             return None
         return [tuple(int(v) for v in row.tolist()) for row in rows]
 
     def barrier(self, timeout: float) -> bool:
         token = torch.zeros(1, dtype=torch.int32, device=self.device)
-        return self._within(self._gloo.allreduce([token]), timeout)
+        return self._within(lambda: self._gloo.allreduce([token]), [token], timeout)
 
     def max_float(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
         opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.MAX
-        self._gloo.allreduce([t], opts).wait()
+        opts.reduceOp = dist.ReduceOp.MAX  # type: ignore[assignment]  # the binding converts the enum member
+        work = self._gloo.allreduce([t], opts)
+        work.wait()
+        del work  # the work holds the tensor too
+        _released([t])
         return float(t.item())
 
     def close(self) -> None:
         """Destroy the private process group (call on every rank, while healthy); one over a store stays
         with its owner."""
-        if self.group is not None:
-            dist.destroy_process_group(self.group)
-            self.group = None
+        group, self.group = self.group, None
+        if group is not None:
+            with contextlib.suppress(ValueError):  # torch destroyed it already: destroy_process_group() takes all
+                dist.destroy_process_group(group)

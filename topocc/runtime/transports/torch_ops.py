@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from topocc.runtime.errors import CommunicatorError
@@ -64,6 +65,15 @@ class TorchOps(ArrayOps):
 
     def empty_like(self, array: Any, count: int | None = None) -> Any:
         return torch.empty(array.numel() if count is None else count, dtype=array.dtype, device=array.device)
+
+    def empty_bytes(self, count: int) -> Any:
+        return torch.empty(count, dtype=torch.uint8, device=self.device)
+
+    def host(self, array: Any) -> np.ndarray | None:
+        """The CPU tensor's memory as numpy (bfloat16, which numpy lacks, and CUDA memory have none)."""
+        if array.device.type != "cpu" or array.dtype == torch.bfloat16:
+            return None
+        return array.numpy()
 
     def copyto(self, dst: Any, src: Any) -> None:
         dst.copy_(src)

@@ -205,9 +205,9 @@ def _connect(chosen: set[tuple[int, int]], out_peers: list[list[int]], in_peers:
             for u in sorted(component):
                 out = next((v for v in out_peers[u] if v not in component), None)
                 inn = next((v for v in in_peers[u] if v not in component), None)
-                for arc in ((u, out), (inn, u)):
-                    if None not in arc and arc not in chosen:
-                        chosen.add(arc)  # type: ignore[arg-type]
+                for a, b in ((u, out), (inn, u)):
+                    if a is not None and b is not None and (a, b) not in chosen:
+                        chosen.add((a, b))
                         grew = True
         if not grew:
             raise NotApplicableError("tree packing: some rank cannot reach every other rank over routes, "
@@ -230,7 +230,7 @@ def _incidence(net: Network, arcs: list[tuple[int, int]], cost: dict[tuple[int, 
             entry_link.append(keys.setdefault(key, len(keys)))
             share.append(s)
     links = tuple(keys)
-    bandwidth = np.array([net.topology.link(*key).bandwidth for key in links])  # type: ignore[union-attr]
+    bandwidth = np.array([net.topology.bandwidth(*key) for key in links])
     top = float(bandwidth.max())
     e_arc = np.array(entry_arc, dtype=np.int64)
     e_link = np.array(entry_link, dtype=np.int64)

@@ -148,8 +148,8 @@ class LinkLoads:
         key = self.net.route_key(a, b, self.channel)
         got = self._shares.get(key)
         if got is None:
-            link = self.net.topology.link
-            got = [(k, s, link(*k).bandwidth)  # type: ignore[union-attr]
+            bandwidth = self.net.topology.bandwidth
+            got = [(k, s, bandwidth(*k))
                    for k, s in path_shares(self.net, a, b, self.channel).items()]
             self._shares[key] = got
         return got
@@ -253,7 +253,7 @@ class _CycleSearch:
 
     def keeps_an_exit(self, v: int) -> bool:
         """Whether visiting ``v`` leaves its group an exit for later (or ``v`` is the group's last member)."""
-        g = self.groups[v]  # type: ignore[index]
+        g = self.groups[v]  # type: ignore[index]  # asked only where groups are given (candidates)
         return self.remaining_in[g] == 1 or not self.exits[v] or self.exits_left[g] > 1
 
     def candidates(self, u: int) -> Iterator[int]:

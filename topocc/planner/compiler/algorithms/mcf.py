@@ -280,7 +280,7 @@ def _arrivals(lp: LinearProgram, p: int, sources: Sequence[int], edges: Sequence
 def _capacities(lp: LinearProgram, net: Network, edges: Sequence[_Edge], occupancy: Sequence[int], send: _Sends,
                 piece_bytes: float, tau: float) -> None:
     """Rows: physical link capacity per epoch; a whole piece on an edge of occupancy w uses 1/w of it per epoch."""
-    capacity_of = {key: net.topology.link(*key).bandwidth * tau / piece_bytes  # type: ignore[union-attr]
+    capacity_of = {key: net.topology.bandwidth(*key) * tau / piece_bytes
                    for e in edges for key, _ in e.shares}
     load: dict[tuple[tuple[str, str], int], tuple[list[int], list[float]]] = {}
     send_var, _, send_e, send_t = send
@@ -477,7 +477,7 @@ def flow_plan(net: Network, sources: Sequence[int], piece_bytes: float, *, subpi
             fix="use hierarchical or treepack here, or pass fewer pieces",
         )
     q = 1 if exact else subpieces
-    link_capacity = {key: topology.link(*key).bandwidth * tau / piece_bytes  # type: ignore[union-attr]
+    link_capacity = {key: topology.bandwidth(*key) * tau / piece_bytes
                      for e in edges for key, _ in e.shares}
     started = time.perf_counter()
     for _ in range(3):

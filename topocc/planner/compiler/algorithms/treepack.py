@@ -422,7 +422,8 @@ def _phases_load(*packings: Packing) -> float:
     load: dict[tuple[str, str], float] = {}
     for packing in packings:
         graph = packing.graph
-        per_link = sum(graph.arc_loads(arcs) for trees in packing.trees.values() for arcs in trees)
+        per_link = sum((graph.arc_loads(arcs) for trees in packing.trees.values() for arcs in trees),
+                       np.zeros(len(graph.links)))
         for key, x in zip(graph.links, per_link / graph.top_bandwidth):
             load[key] = load.get(key, 0.0) + float(x)
     return max(load.values())
@@ -480,7 +481,7 @@ def _rooted(net: Network, collective: str, options: Options, plan: _Plan) -> Sch
     return b.build("treepack", {**options.as_dict(), "trees_per_root": cut.units,
                                 "pieces_per_tree": ":".join(map(str, cut.shape)),
                                 "load": round(max(loads), 6),
-                                "oracle": (down or up).oracle})  # type: ignore[union-attr]
+                                "oracle": (down or up).oracle})  # type: ignore[union-attr]  # a plan has a phase
 
 
 # --------------------------------------------------------------------------- undirected trees (all-reduce)

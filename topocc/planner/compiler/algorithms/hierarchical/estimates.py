@@ -69,7 +69,7 @@ def estimate(net: Network, stage: Stage, method: str, part_bytes: float, slices:
 
     ``spread``: ECMP routes as :func:`spread_shares` sees them for an all-reduce.
     """
-    link = net.topology.link
+    bandwidth = net.topology.bandwidth
     total = 0.0
     seen: dict[tuple[tuple[int, int, int], ...], float] = {}  # a ring's steps all cost the same
     for step in METHODS[method](stage.size, False):
@@ -83,7 +83,7 @@ def estimate(net: Network, stage: Stage, method: str, part_bytes: float, slices:
                     for key, share in spread_shares(net, g[i], g[j], channel, spread).items():
                         load[key] = load.get(key, 0.0) + share * parts
                 latency = max(latency, max(path_latency(net, g[i], g[j], channel) for i, j, _ in shape))
-            busiest = max((v / link(*key).bandwidth for key, v in load.items()), default=0.0)  # type: ignore[union-attr]
+            busiest = max((v / bandwidth(*key) for key, v in load.items()), default=0.0)
             cost = seen[shape] = latency + slices * part_bytes * busiest
         total += cost
     return total
@@ -101,7 +101,7 @@ def round_trip(net: Network, stage: Stage, method: str, part_bytes: float, slice
     reduce-scatter and incoming ones in the all-gather, which a phase-by-phase
     :func:`estimate` would count as if they queued.
     """
-    link = net.topology.link
+    bandwidth = net.topology.bandwidth
     load: dict[tuple[str, str], float] = {}
     latency = 0.0
     for gather in (False, True):
@@ -112,7 +112,7 @@ def round_trip(net: Network, stage: Stage, method: str, part_bytes: float, slice
                     for key, share in spread_shares(net, g[i], g[j], channel, True).items():
                         load[key] = load.get(key, 0.0) + share * parts
             latency += max(path_latency(net, g[i], g[j], channel) for g in stage.groups for i, j, _, _ in step)
-    busiest = max((v / link(*key).bandwidth for key, v in load.items()), default=0.0)  # type: ignore[union-attr]
+    busiest = max((v / bandwidth(*key) for key, v in load.items()), default=0.0)
     return latency + slices * part_bytes * busiest
 
 

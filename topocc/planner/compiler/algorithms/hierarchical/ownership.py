@@ -44,12 +44,12 @@ def _host_rates(net: Network, stage: Stage, channel: int) -> dict[int, float]:
     members: dict[str, int] = {}
     for h in home.values():
         members[h] = members.get(h, 0) + 1
-    link = topology.link
+    bandwidth = topology.bandwidth
 
     def capacity(keys: set[tuple[str, str]]) -> float:
         total = 0.0
         for k in keys:
-            total += link(*k).bandwidth  # type: ignore[union-attr]
+            total += bandwidth(*k)
         return total
 
     return {r: min(capacity(out.get(h, set())), capacity(into.get(h, set()))) / members[h] for r, h in home.items()}
