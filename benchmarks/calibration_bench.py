@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from topocc.planner.analysis.simulate import simulate
-from topocc.planner.compiler.plans import compile_plan
+from topocc.planner.compiler.size_buckets import compile_plan
 from topocc.planner.report.table import format_table
 from topocc.planner.testbed.bench import EmulatedRow, bench_emulated
 from topocc.planner.testbed.calibrate import calibrate, format_calibration

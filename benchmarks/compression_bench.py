@@ -126,7 +126,7 @@ def _drive(args: argparse.Namespace) -> int:
     from topocc.planner.routing.network import network_of
     from topocc.planner.testbed.emulation import DEFAULT_SCALE, EmulatedCluster, emulation_available
     from topocc.planner.topology.catalogue import resolve_topology
-    from topocc.runtime.launch import find_mpiexec, worker_env
+    from topocc.runtime.harness.launch import find_mpiexec, worker_env
     from topocc.runtime.schedule import save_schedule
 
     why = emulation_available()

@@ -206,12 +206,11 @@ def rank_main(args: argparse.Namespace) -> None:
 def format_rows(name: str, rows: list[dict[str, Any]]) -> str:
     """The table: times in ms, gloo over topocc, and what the topocc group ran."""
     from topocc.planner.report.table import format_table
-    from topocc.planner.units import format_size
 
     out = []
     for r in rows:
-        grads = format_size(r["grad_bytes"]) if "grad_bytes" in r else "-"
-        calls = (f"{r['planned']} planned ({format_size(r['planned_bytes'])}), {r['native']} native"
+        grads = f"{r['grad_bytes'] / MIB:.1f} MiB" if "grad_bytes" in r else "-"
+        calls = (f"{r['planned']} planned ({r['planned_bytes'] / MIB:.1f} MiB), {r['native']} native"
                  if "planned" in r else f"{r['tries']} tries each")
         out.append((name, r["what"], grads, f"{1e3 * r['topocc']:,.0f}", f"{1e3 * r['gloo']:,.0f}",
                     f"{r['gloo'] / r['topocc']:.2f}", calls))
@@ -246,7 +245,7 @@ def _warm_bytecode(env: dict[str, str]) -> None:
 def run_cluster(name: str, args: argparse.Namespace, cache: str) -> list[dict[str, Any]] | None:
     """Compile the bundle for ``name`` as emulated, run the ranks (reading bytecode from ``cache``); the rows, or
     None when they failed."""
-    from topocc.planner.compiler.bundle import compile_bundle, requests_for
+    from topocc.planner.compiler.bundling import compile_bundle, requests_for
     from topocc.planner.testbed.bench import run_emulated
     from topocc.planner.testbed.emulation import scaled_topology
     from topocc.planner.topology.catalogue import resolve_topology

@@ -20,7 +20,7 @@ import json
 import sys
 import time
 
-from topocc.planner.compiler.plans import compile_plan
+from topocc.planner.compiler.size_buckets import compile_plan
 from topocc.planner.testbed.bench import EmulatedRow, bench_emulated, format_emulated_table
 from topocc.planner.testbed.emulation import DEFAULT_SCALE, emulation_available
 from topocc.planner.topology.catalogue import resolve_topology

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from topocc.runtime.launch import find_mpiexec, worker_env
+from topocc.runtime.harness.launch import find_mpiexec, worker_env
 from topocc.runtime.schedule import save_schedule
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "tests" / "runtime" / "mpi_scripts"

@@ -55,9 +55,9 @@ FAMILIES = ("multi-chassis", "heterogeneous-nics", "rail-optimized", "torus", "m
 
 #: Which shipped topologies are switch-based (see the module docstring); every shipped file must be listed.
 SHIPPED_SWITCH_BASED: dict[str, bool] = {
-    "dgx-a100-4node": True, "dgx1-v100": False, "dgx2": True, "emu-racks": True, "emu-uniform": True,
-    "fattree-1024": True, "fattree-16384": True, "ibm-s822lc-48x4": True, "mesh-4x4": False, "ndv2-2chassis": False,
-    "pcie-4x4-10gbe": True, "torus-4x4": False,
+    "dgx-a100-4node": True, "dgx1-v100": False, "dgx2": True, "dgx2-2chassis": False, "emu-racks": True,
+    "emu-uniform": True, "fattree-1024": True, "fattree-16384": True, "ibm-s822lc-48x4": True, "mesh-4x4": False,
+    "mesh-4x4x4": False, "ndv2-2chassis": False, "pcie-4x4-10gbe": True, "torus-4x4": False,
 }
 
 

@@ -201,7 +201,7 @@ def leftovers(token: str, settle_s: float = 2.0, besides: tuple[int, ...] = ()) 
 
 def job_env(plan: Path, timeout_s: float) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
-           "TOPOCC_PLAN": str(plan), "TOPOCC_TIMEOUT": f"{timeout_s:g}"}
+           "TOPOCC_PLAN": str(plan), "TOPOCC_TIMEOUT": f"{timeout_s:g}", "TOPOCC_TUNE": "off"}
     env.pop("TORCHELASTIC_RESTART_COUNT", None)
     return env
 

@@ -182,7 +182,7 @@ def rank_env(rank: int, interface: str | None) -> dict[str, str]:
 
 def run_ranks(commands: Sequence[tuple[list[str], dict[str, str]]], limit: float) -> dict[str, Any]:
     """Start every rank, wait at most ``limit`` seconds, return rank 0's RESULT (or raise with the errors)."""
-    from topocc.runtime.launch import spawn_ranks
+    from topocc.runtime.harness.launch import spawn_ranks
 
     done = spawn_ranks(commands, limit_s=limit)
     lines = [line for line in done[0].stdout.splitlines() if line.startswith("RESULT ")]
@@ -371,7 +371,7 @@ def _measure(comm: Any, transport: Any, device: Any, size: int, budget: float, m
              profile: bool = False, wait: str = "poll") -> dict[str, Any]:
     import torch
 
-    from topocc.runtime.baselines import native
+    from topocc.runtime.harness.baselines import native
 
     sync = gpu_waiter(wait) if device.type == "cuda" else (lambda: None)
     g = torch.Generator().manual_seed(1000 * comm.rank + size % 997)
@@ -490,7 +490,7 @@ def _probe(transport: Any, store: Any, rank: int, world: int, device: Any) -> li
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "rank":
         sys.exit(rank_main(sys.argv[2:]))
-    from topocc.runtime.launch import exit_on_sigterm
+    from topocc.runtime.harness.launch import exit_on_sigterm
 
     exit_on_sigterm()  # a `timeout` on this launcher takes its ranks along
     sys.exit(main())

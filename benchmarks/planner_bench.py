@@ -21,6 +21,10 @@ Run: ``python benchmarks/planner_bench.py [--quick] [--topologies a,b] [--routin
 ``python benchmarks/planner_bench.py --suite [--quick] [--topologies a,b] [--collective allgather]
 [--sizes 1MiB,256MiB] [--limit 600]``.
 
+``--anchors`` measures the cases where a published plan led topocc's (:data:`targets.ANCHORS`): ``auto``'s
+pick, its share of the bound against the anchor's target, its algbw beside the published one, and the compile
+time; then each anchor's race.  Run: ``python benchmarks/planner_bench.py --anchors [--limit 600]``.
+
 ``--routing MODE`` times every shipped topology (and the scale table's fat-trees) under that routing instead of
 its own (``spray`` gives the figures of topocc before routing was modelled).
 """
@@ -39,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fabrics import Fabric, shipped_fabrics, small_suite, suite
-from targets import LARGE_BYTES, SMALL_BYTES, Measured, Verdict, judge
+from targets import ANCHORS, LARGE_BYTES, SMALL_BYTES, Anchor, Measured, Verdict, judge
 
 from topocc.planner.analysis.bounds import lower_bound
 from topocc.planner.analysis.collectives import canonical_collective
@@ -306,6 +310,43 @@ def run_suite(fabrics: list[Fabric], collectives: tuple[str, ...], sizes: tuple[
     print(machine_line().replace("machine:", "at the end, machine:"))
 
 
+def anchor_row(anchor: Anchor, run: Run) -> tuple[object, ...]:
+    """One anchor: auto's pick, its share of the bound (against the anchor's target), its algbw and the bound's
+    beside the published figure, and the compile time."""
+    m = run.measured
+    head = (anchor.topology, m.collective, format_size(m.size_bytes), anchor.source)
+    published = "-" if anchor.reported_GBps is None else f"{anchor.reported_GBps:.1f} GB/s"
+    if m.predicted_s is None or m.bound_s is None:
+        return (*head, "none", "-", f">= {anchor.share:.0%}", "missed", "-", "-", published,
+                f"{m.compile_s:.1f}s", run.error)
+    share = m.bound_s / m.predicted_s
+    return (*head, run.chose, f"{100 * share:.1f}%", f">= {anchor.share:.0%}",
+            "met" if share >= anchor.share else f"missed by {100 * (anchor.share - share):.1f} points",
+            f"{m.size_bytes / m.predicted_s / 1e9:.1f} GB/s", f"{m.size_bytes / m.bound_s / 1e9:.1f} GB/s", published,
+            f"{m.compile_s:.1f}s", "")
+
+
+def run_anchors(limit: float | None) -> None:
+    """Measure every anchor (:data:`targets.ANCHORS`) on its shipped topology: a table of the verdicts, then
+    each anchor's race."""
+    shipped = {f.name: f for f in shipped_fabrics()}
+    print(machine_line(), flush=True)
+    runs: list[tuple[Anchor, Run]] = []
+    for anchor in ANCHORS:
+        run = measure(shipped[anchor.topology], anchor.collective, anchor.size_bytes, limit)
+        runs.append((anchor, run))
+        print(f"  {anchor.topology} {anchor.collective} {format_size(anchor.size_bytes)}: "
+              f"{run.chose or run.error}, {run.measured.compile_s:.1f} s", file=sys.stderr, flush=True)
+    print("Anchors (benchmarks/targets.py): auto against the published plans that led it")
+    print(format_table([anchor_row(anchor, run) for anchor, run in runs],
+                       ("topology", "collective", "size", "anchor", "auto chose", "of bound", "target", "verdict",
+                        "algbw", "bound algbw", "published", "compile", "error")))
+    for anchor, run in runs:
+        print(f"\n{anchor.topology} {anchor.collective} {format_size(anchor.size_bytes)}: the race")
+        print(format_table(run_rows(run), ("collective", "size", "algorithm", "of bound", "predicted", "compile",
+                                           "chose / reason")))
+
+
 def _sizes(text: str) -> tuple[int, ...]:
     try:
         return tuple(parse_size(part) for part in text.split(","))
@@ -328,13 +369,19 @@ def main() -> None:
     parser.add_argument("--scale-only", action="store_true", help="print only the scale table")
     parser.add_argument("--scale-size", default="64MiB", help="message size of the scale table (default 64MiB)")
     parser.add_argument("--suite", action="store_true", help="the fabric suite against issue #11's targets")
+    parser.add_argument("--anchors", action="store_true",
+                        help="the cases where a published plan led topocc's (benchmarks/targets.py ANCHORS)")
     parser.add_argument("--limit", type=float, default=None,
-                        help="with --suite, abandon a compile after this many seconds (reported as missed)")
+                        help="with --suite or --anchors, abandon a compile after this many seconds (reported as "
+                             "missed)")
     parser.add_argument("--routing", default=None,
                         help="time every topology (and the scale table's fat-trees) under this routing instead of "
                              "its own")
     args = parser.parse_args()
     names = args.topologies.split(",") if args.topologies else None
+    if args.anchors:
+        run_anchors(args.limit)
+        return
     if args.suite:
         try:
             collectives = (tuple(canonical_collective(c) for c in args.collective.split(","))

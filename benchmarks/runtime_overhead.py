@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from topocc.runtime.launch import bench_schedule
+from topocc.runtime.harness.launch import BenchRequest, bench_schedule
 from topocc.runtime.schedule import Schedule
 
 TARGETS = {1 << 20: 2.0, 64 << 20: 1.3}
@@ -37,7 +37,8 @@ def main() -> int:
     schedule = ring_schedule(args.ranks)
     print(f"# {args.ranks} ranks on {os.cpu_count()} cores"
           + (" (oversubscribed: ranks share cores, CPU-bound regime)" if args.ranks > (os.cpu_count() or 1) else ""))
-    rows = bench_schedule(schedule, args.ranks, sorted(TARGETS), iters=args.iters, warmup=args.warmup, timeout=60)
+    request = BenchRequest(tuple(sorted(TARGETS)), args.iters, args.warmup, timeout=60)
+    rows = bench_schedule(schedule, args.ranks, request)
     print(f"\n{'size':>10} {'replay (ms)':>12} {'MPI (ms)':>10} {'ratio':>6} {'target':>7}  ok")
     ok = True
     for r in rows:

@@ -10,14 +10,17 @@
 
 ``benchmarks/planner_bench.py --suite`` measures the fabric suite
 (:mod:`benchmarks.fabrics`) and judges every compile with :func:`judge`.
+
+:data:`ANCHORS` are the cases where a published plan led topocc's, each with the share of the bound ``auto``
+must reach there; ``benchmarks/planner_bench.py --anchors`` measures them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["BANDWIDTH_SHARE", "COMPILE_SECONDS", "LARGE_BYTES", "LATENCY_RATIO", "SMALL_BYTES", "Measured",
-           "Verdict", "compile_limit", "judge"]
+__all__ = ["ANCHORS", "BANDWIDTH_SHARE", "COMPILE_SECONDS", "LARGE_BYTES", "LATENCY_RATIO", "SMALL_BYTES", "Anchor",
+           "Measured", "Verdict", "compile_limit", "judge"]
 
 LARGE_BYTES = 256 << 20
 SMALL_BYTES = 1 << 20
@@ -26,6 +29,29 @@ LATENCY_RATIO = 1.3
 #: (up to this many ranks, at most this many seconds), smallest first; no target above the last.
 COMPILE_SECONDS = ((64, 10.0), (512, 60.0))
 _UNITS = {"bandwidth": "points", "latency": "x", "compile": "s"}
+
+
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    """A case where a published plan led topocc's: a shipped topology, a collective and size, what the
+    publication reports there (None: a share of the bound only), and the share of the lower bound ``auto`` must
+    reach."""
+
+    topology: str
+    collective: str
+    size_bytes: int
+    source: str
+    reported_GBps: float | None
+    share: float
+
+
+ANCHORS = (
+    # a 3D mesh's corner routers have three links: an all-reduce whose ranks all do the same work (rings, the
+    # bucket algorithm) reaches at most 77.5% of the bound there; trees that make the corners leaves can do more
+    Anchor("mesh-4x4x4", "allreduce", LARGE_BYTES, "all-reduce on a 3D mesh", None, 0.95),
+    # TE-CCL (Liu et al., SIGCOMM 2024) reports its all-gather of 1 GB on two DGX-2 at the bound, 129.0 GB/s
+    Anchor("dgx2-2chassis", "allgather", 10**9, "TE-CCL, two DGX-2", 129.0, 0.99),
+)
 
 
 @dataclass(frozen=True, slots=True)

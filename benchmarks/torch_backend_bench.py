@@ -46,7 +46,7 @@ def _interface_address(ifname: str) -> str:
 
 def _timed(world: Any, call: Callable[[], Any], warmup: int, iters: int) -> float:
     """Median seconds of ``call`` over ``iters`` (after ``warmup``), each the slowest rank's, ranks aligned."""
-    from topocc.runtime.probe import slowest_median
+    from topocc.runtime.harness.probe import slowest_median
 
     for _ in range(warmup):
         call()
@@ -152,6 +152,7 @@ def rank_main(args: argparse.Namespace) -> None:
     rank, size = world.Get_rank(), world.Get_size()
     address = world.bcast(f"{_interface_address(os.environ['GLOO_SOCKET_IFNAME'])}:29517" if rank == 0 else None)
     torch.set_num_threads(1)
+    os.environ["TOPOCC_TUNE"] = "off"  # this bench times the plans themselves: no measured choice against gloo
     dist.init_process_group("topocc", init_method=f"tcp://{address}", rank=rank, world_size=size,
                             timeout=timedelta(seconds=600), pg_options=td.BackendOptions(plan=args.bundle))
     gloo = dist.new_group(backend="gloo", timeout=timedelta(seconds=600))
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.bundle:
         rank_main(args)
         return 0
-    from topocc.planner.compiler.bundle import compile_bundle, requests_for
+    from topocc.planner.compiler.bundling import compile_bundle, requests_for
     from topocc.planner.testbed.bench import run_emulated
     from topocc.planner.testbed.emulation import DEFAULT_SCALE, emulation_available
     from topocc.planner.topology.catalogue import resolve_topology

@@ -10,7 +10,7 @@ configuration after another in the same processes:
 * ``hook``: the same DDP with :func:`topocc.runtime.training.topocc_allreduce_hook`, the topology's shipped
   all-reduce schedule replayed over :class:`topocc.runtime.transports.nccl.NCCLTransport`;
 * ``prophet``: :class:`topocc.runtime.training.BlockScheduler` with blocks that
-  ``topocc.planner.gradblocks.plan`` plans from this run's own profile (``profile_model`` on the first
+  ``topocc.planner.gradblocks.block_plan`` plans from this run's own profile (``profile_model`` on the first
   batch) and the schedule's all-reduce time measured here
   at three sizes and for all the gradients at once, before any configuration is timed; its prediction, and
   DDP's default buckets' (the ``hook`` row), are printed beside the measurement;
@@ -448,8 +448,8 @@ def rank_main(argv: Sequence[str]) -> int:
             # 39 MiB all-reduce at 1573 ms where it took 1210 (with the point: 1255)
             points = [*_measured_cost(comm, device, sync, transport), (4 * report["params"], report["replay_s"])]
             if rank == 0:
+                from topocc.planner.gradblocks.block_plan import plan_blocks
                 from topocc.planner.gradblocks.cost import fit_cost
-                from topocc.planner.gradblocks.plan import plan_blocks
 
                 plan = plan_blocks(profile, fit_cost(points))
                 store.set("blocks", json.dumps({"blocks": [list(map(list, b.pieces)) for b in plan.blocks],
@@ -554,7 +554,7 @@ def rank_main(argv: Sequence[str]) -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "rank":
         sys.exit(rank_main(sys.argv[2:]))
-    from topocc.runtime.launch import exit_on_sigterm
+    from topocc.runtime.harness.launch import exit_on_sigterm
 
     exit_on_sigterm()  # a `timeout` on this launcher takes its ranks along
     sys.exit(main())

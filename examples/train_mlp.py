@@ -12,7 +12,7 @@ it.  It then trains the same seeded model on the same synthetic data five ways:
 2. DDP with :func:`topocc.runtime.training.topocc_allreduce_hook` (the compiled plan
    over MPI): the loss curves of 1 and 2 must match to float tolerance;
 3. topocc blocks laid out like DDP's default buckets, update after all arrive;
-4. topocc blocks planned by ``topocc.planner.gradblocks.plan`` (Prophet) from a profile of
+4. topocc blocks planned by ``topocc.planner.gradblocks.block_plan`` (Prophet) from a profile of
    this model, updates gated per layer in the next forward pass; 3 and 4 print
    the planner's predicted iteration time next to the measured one;
 5. DASO: gradients averaged inside each "host" (2 ranks) every step, parameters
@@ -71,7 +71,7 @@ def compiled_plan(path: Path | None, cache: Path, ranks: int) -> tuple[Path, Pat
     global_path = path if path is not None else cache / "two_hosts_2x2-allreduce.plan.json"
     local_path = cache / "one_host_2-allreduce.plan.json"
     if MPI.COMM_WORLD.Get_rank() == 0 and not (global_path.exists() and local_path.exists()):
-        from topocc.planner.compiler.plans import compile_plan
+        from topocc.planner.compiler.size_buckets import compile_plan
         from topocc.planner.topology.parse import load_topology, parse_topology_text
 
         cache.mkdir(parents=True, exist_ok=True)
@@ -284,8 +284,8 @@ def main() -> None:
     blocks_ddp = blocks_prophet = None
     report: dict[str, Any] = {}
     if rank == 0:
+        from topocc.planner.gradblocks.block_plan import ddp_blocks, format_block_plan, plan_blocks, simulate_blocks
         from topocc.planner.gradblocks.cost import fit_cost, plan_cost
-        from topocc.planner.gradblocks.plan import ddp_blocks, format_block_plan, plan_blocks, simulate_blocks
 
         cost = fit_cost(points)
         bucket_plan = plan_blocks(profile, cost)

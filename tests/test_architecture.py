@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from topocc.runtime.collective import DESCRIPTIONS
 
 #: What each part of the product may import (itself, and the parts listed; shared modules of the planner are
 #: open to every planner package).  Read top to bottom, it is the order data flows in.
 ALLOWED: dict[str, tuple[str, ...]] = {
     "topocc.runtime": (),
+    "topocc.runtime.harness": ("topocc.runtime",),
     "topocc.planner.topology": ("topocc.runtime",),
     "topocc.planner.routing": ("topocc.planner.topology", "topocc.runtime"),
     "topocc.planner.analysis": ("topocc.planner.topology", "topocc.planner.routing", "topocc.planner.solvers",
@@ -28,13 +30,21 @@ ALLOWED: dict[str, tuple[str, ...]] = {
                                 "topocc.planner.solvers", "topocc.runtime"),
     "topocc.planner.formats": ("topocc.planner.topology", "topocc.planner.analysis", "topocc.runtime"),
     "topocc.planner.report": ("topocc.planner.topology", "topocc.planner.routing", "topocc.planner.analysis",
-                              "topocc.planner.compiler", "topocc.runtime"),
+                              "topocc.planner.compiler", "topocc.runtime", "topocc.runtime.harness"),
     "topocc.planner.gradblocks": ("topocc.planner.topology", "topocc.planner.analysis", "topocc.runtime"),
     "topocc.planner.calibration": ("topocc.planner.topology", "topocc.planner.routing", "topocc.runtime"),
     "topocc.planner.testbed": ("topocc.planner.topology", "topocc.planner.routing", "topocc.planner.analysis",
                                "topocc.planner.compiler", "topocc.planner.report", "topocc.planner.calibration",
-                               "topocc.runtime"),
+                               "topocc.runtime", "topocc.runtime.harness"),
 }
+#: The runtime modules the planner reads (besides the harness, which only report and testbed run): the formats
+#: both halves share and the rules the simulator and verifier apply as the replay does.
+PLANNER_READS = frozenset({
+    "topocc.runtime", "topocc.runtime.schedule", "topocc.runtime.collective", "topocc.runtime.plan",
+    "topocc.runtime.bundle", "topocc.runtime.calls", "topocc.runtime.errors", "topocc.runtime.encoding",
+    "topocc.runtime.matching", "topocc.runtime.lowering", "topocc.runtime.bandwidth", "topocc.runtime.executor",
+    "topocc.runtime.chrome_trace", "topocc.runtime.training.profile",
+})
 #: Modules every planner package may import.
 SHARED = ("topocc.planner.errors", "topocc.planner.units", "topocc.planner._yaml", "topocc.planner.collector")
 #: Optional dependencies (and the accelerated parts of required ones), loaded when used: an import inside a
@@ -159,6 +169,16 @@ def _wrong_way(modules: dict[str, Module]) -> list[str]:
     return wrong
 
 
+def test_the_planner_reads_only_the_runtimes_formats_and_rules() -> None:
+    """Outside the harness, the planner loads only :data:`PLANNER_READS` of the runtime (docs/architecture.md)."""
+    wrong = [f"{m.path.relative_to(REPO)}:{node.lineno} imports {target}"
+             for name, m in MODULES.items() if name.startswith("topocc.planner.")
+             for node, target in _top_level_imports(m)
+             if target.startswith("topocc.runtime") and _part(target) == "topocc.runtime"
+             and target not in PLANNER_READS]
+    assert not wrong, "\n".join(wrong)
+
+
 def test_no_import_cycles() -> None:
     assert not _cycles(_graph()), f"import cycles: {_cycles(_graph())}"
 
@@ -236,3 +256,64 @@ def test_functions_are_short() -> None:
 @pytest.mark.parametrize("name", sorted(n for n, m in MODULES.items() if m.path.name == "__init__.py"))
 def test_every_package_says_what_lives_there(name: str) -> None:
     assert ast.get_docstring(MODULES[name].tree), f"{name} has no docstring"
+
+
+#: The one module that may compare collective names: the descriptions every other layer asks instead.
+DESCRIPTIONS_MODULE = "topocc.runtime.collective"
+#: Every spelling of a collective's name.
+COLLECTIVE_SPELLINGS = frozenset(n for c in DESCRIPTIONS for n in (c.name, *c.aliases))
+
+
+def _spelling(node: ast.expr) -> str | None:
+    """The collective name ``node`` is a string constant of, if it is one."""
+    return node.value if isinstance(node, ast.Constant) and node.value in COLLECTIVE_SPELLINGS else None
+
+
+def _asks_an_operation(node: ast.expr) -> bool:
+    """Whether ``node`` reads an operation's kind (``op.kind``, ``kind``, ``op_kind(op)``, ``row["op"]``), which
+    "reduce" names too: comparing it with "reduce" asks about an operation, not a collective."""
+    if isinstance(node, ast.Call):
+        node = node.func
+    if isinstance(node, ast.Subscript):
+        return isinstance(node.slice, ast.Constant) and node.slice.value == "op"
+    name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+    return name in ("kind", "op_kind")
+
+
+def _names_compared(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """(line, name) of each comparison with a collective's name: ``==``/``!=``/``is`` with one, ``in`` a
+    literal tuple, list or set of them, and ``case "allreduce":``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.MatchValue) and (name := _spelling(node.value)):
+            yield node.lineno, name
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        for op, left, right in zip(node.ops, operands, operands[1:]):
+            if isinstance(op, (ast.In, ast.NotIn)):
+                pairs = [(e, left) for e in right.elts] if isinstance(right, (ast.Tuple, ast.List, ast.Set)) else []
+            else:
+                pairs = [(left, right), (right, left)]
+            for side, other in pairs:
+                name = _spelling(side)
+                if name and not (name == "reduce" and _asks_an_operation(other)):
+                    yield node.lineno, name
+
+
+def test_collective_names_are_compared_only_by_their_descriptions() -> None:
+    """What a collective means lives in :mod:`topocc.runtime.collective`; every other module asks its
+    description (``c.rooted``, ``c.reduces``, ``c is ALLGATHER``) and never compares names."""
+    found = [f"{m.path.relative_to(REPO)}:{line} compares the name {name!r}"
+             for m in MODULES.values() if m.name != DESCRIPTIONS_MODULE for line, name in _names_compared(m.tree)]
+    assert not found, "\n".join(found)
+
+
+def test_the_name_check_sees_each_form_of_comparison() -> None:
+    code = ('if c == "allgather" or "broadcast" != c or c.name in ("all_reduce", x) or c not in {"alltoall"}:\n'
+            '    pass\n'
+            'match c:\n'
+            '    case "reducescatter":\n'
+            '        pass\n'
+            'ok = op.kind == "reduce" or kind in ("copy", "reduce") or row["op"] == "reduce" or "reduce" in top\n')
+    assert sorted(_names_compared(ast.parse(code))) == [
+        (1, "all_reduce"), (1, "allgather"), (1, "alltoall"), (1, "broadcast"), (4, "reducescatter")]

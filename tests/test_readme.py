@@ -32,7 +32,7 @@ from tests.conftest import REPO, run_bounded
 from topocc.planner.cli import cli
 from topocc.planner.testbed.emulation import emulation_available
 from topocc.planner.topology.parse import load_topology
-from topocc.runtime.launch import find_mpiexec
+from topocc.runtime.harness.launch import find_mpiexec
 
 README = REPO / "README.md"
 

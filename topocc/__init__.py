@@ -29,7 +29,7 @@ _EXPORTS = {
     "Options": "topocc.planner.compiler.options",
     "ALGORITHMS": "topocc.planner.compiler.algorithms",
     "compile_schedule": "topocc.planner.compiler.compile",
-    "compile_plan": "topocc.planner.compiler.plans",
+    "compile_plan": "topocc.planner.compiler.size_buckets",
     "verify": "topocc.planner.analysis.verify",
     "simulate": "topocc.planner.analysis.simulate",
     "lower_bound": "topocc.planner.analysis.bounds",
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from topocc.planner.compiler.algorithms import ALGORITHMS as ALGORITHMS
     from topocc.planner.compiler.compile import compile_schedule as compile_schedule
     from topocc.planner.compiler.options import Options as Options
-    from topocc.planner.compiler.plans import compile_plan as compile_plan
+    from topocc.planner.compiler.size_buckets import compile_plan as compile_plan
     from topocc.planner.routing.network import Network as Network
     from topocc.planner.topology.model import Topology as Topology
     from topocc.planner.topology.parse import load_topology as load_topology

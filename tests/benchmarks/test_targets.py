@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.targets import LARGE_BYTES, LATENCY_RATIO, SMALL_BYTES, Measured, compile_limit, judge
+from benchmarks.targets import ANCHORS, LARGE_BYTES, LATENCY_RATIO, SMALL_BYTES, Measured, compile_limit, judge
+from topocc.planner.topology.catalogue import shipped_topologies
+from topocc.runtime.collective import collective
 
 
 def measured(**changes: object) -> Measured:
@@ -69,3 +71,12 @@ def test_auto_meets_the_latency_target_on_small_switch_based_fabrics(name: str, 
     compiled = compile_schedule(fabric.topology(), collective, "auto", Options(size_bytes=SMALL_BYTES))
     ratio = compiled.sim.time_s / compiled.bound.time_s
     assert 1 - 1e-9 <= ratio <= LATENCY_RATIO, (compiled.schedule.metadata.algorithm, ratio)
+
+
+def test_anchors_name_shipped_topologies_and_collectives() -> None:
+    """Each anchor is measurable: a shipped topology, a collective topocc knows, a share of the bound."""
+    shipped = shipped_topologies()
+    for anchor in ANCHORS:
+        assert anchor.topology in shipped
+        assert collective(anchor.collective).name == anchor.collective
+        assert 0 < anchor.share <= 1 and anchor.size_bytes > 0

@@ -63,3 +63,27 @@ def test_refusals_are_one_line(argv: list[str], code: int, fragment: str, capsys
     assert main(argv) == code
     err = capsys.readouterr().err.strip()
     assert fragment in err and "\n" not in err
+
+
+def test_bundle_compress_compiles_every_plan_with_the_policy(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "bundle"
+    argv = ["bundle", "emu-racks", "-o", str(out), "-c", "allreduce", "-s", "256KiB:1MiB", "--group", "0-1",
+            "--compress", "topk:budget=2%@inter-host"]
+    assert main(argv) == 6  # the group 0-1 shares a host: nothing to compress there
+    err = capsys.readouterr().err.strip()
+    assert "plan 2/2 (allreduce on 0-1): compression policy 'topk:budget=2%@inter-host' selects no message" in err
+    assert "--compress-else exact" in err and "\n" not in err
+    assert main([*argv, "--compress-else", "exact", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    world, group = doc["plans"]
+    assert all(r["encoded_messages"] > 0 for r in world["compression"])
+    assert {c["encoding"] for r in world["compression"] for c in r["encoded_classes"]} <= {"topk:0.02", "topk:0.01"}
+    assert all(r["encoded_messages"] == 0 for r in group["compression"])
+    assert main([*argv, "--compress-else", "exact"]) == 0
+    assert "compressed with topk:budget=2%@inter-host: 1 of 2 plans encode" in capsys.readouterr().out
+
+
+def test_bundle_compress_else_needs_compress(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bundle", "emu-racks", "-o", str(tmp_path / "b"), "--compress-else", "exact"]) == 2
+    assert "--compress-else says what --compress does" in capsys.readouterr().err

@@ -15,7 +15,7 @@ from topocc.planner.compiler.compile import compile_schedule
 from topocc.planner.compiler.compress import compress
 from topocc.planner.compiler.options import Options
 from topocc.planner.topology.parse import parse_topology_text
-from topocc.runtime.launch import RANK_WRAPPER, find_mpiexec, spawn_ranks
+from topocc.runtime.harness.launch import RANK_WRAPPER, find_mpiexec, spawn_ranks
 from topocc.runtime.schedule import save_schedule
 
 SCRIPT = Path(__file__).parent / "mpi_scripts" / "encoded_check.py"

@@ -105,3 +105,48 @@ def test_bad_specs_say_what_to_write(text: str, fragment: str) -> None:
         parse_encoding(text)
     assert info.value.fix and ("topk" in info.value.fix or "int8:block=N" in info.value.fix)
     assert "\n" not in str(info.value)
+
+
+def _decoded(codec: TopK, wire: np.ndarray, n: int, dtype: type = np.float32) -> np.ndarray:
+    out: np.ndarray = np.empty(n, dtype)
+    codec.decode(wire, out)
+    return out
+
+
+@pytest.mark.parametrize("n", [1000, 100_000])  # positions as int32 indices, then as a bitmap
+def test_top_k_above_a_threshold_sends_what_passes_it_k_at_most(n: int) -> None:
+    codec = TopK(0.05)
+    k = codec.keep(n)
+    x = _data(n, np.float32, seed=4)
+    wire = np.empty(codec.wire_bytes(n, 4), np.uint8)
+    threshold = codec.encode_refreshed(x, wire)  # a refresh is exact top-k, and keeps the k-th magnitude
+    exact = np.empty_like(wire)
+    codec.encode(x, exact)
+    assert wire.tobytes() == exact.tobytes() and threshold == np.sort(np.abs(x))[-k]
+    codec.encode_above(x * 0.5, wire, threshold)  # fewer pass: exactly those, the rest zero
+    got = _decoded(codec, wire, n)
+    passed = np.abs(x * 0.5) >= threshold
+    assert 0 < passed.sum() < k and np.array_equal(got, np.where(passed, x * 0.5, 0))
+    codec.encode_above(x * 2, wire, threshold)  # more pass: the k largest of them
+    codec.encode(x * 2, exact)
+    assert wire.tobytes() == exact.tobytes()
+
+
+def test_top_k_above_a_threshold_passes_a_decoded_value_whole() -> None:
+    """A value with at most k nonzeros (one decoded before) travels bit for bit whatever the threshold: the
+    owner's rounding and every relay agree, as an encoded schedule's consistency needs."""
+    codec = TopK(0.01)
+    n = 5000
+    x = _data(n, np.float32, seed=6)
+    wire = np.empty(codec.wire_bytes(n, 4), np.uint8)
+    codec.encode_above(x, wire, 0.5)
+    once = _decoded(codec, wire, n)
+    for threshold in (0.0, 0.5, 10.0, np.inf):
+        codec.encode_above(once, wire, threshold)
+        assert _decoded(codec, wire, n).tobytes() == once.tobytes()
+    codec.encode(once, wire)
+    assert _decoded(codec, wire, n).tobytes() == once.tobytes()
+    nan = x.copy()
+    nan[7] = np.nan
+    codec.encode_above(nan, wire, np.inf)  # NaNs always pass, as they count largest
+    assert np.isnan(_decoded(codec, wire, n)[7])

@@ -137,7 +137,8 @@ def test_plan_picks_by_size() -> None:
 
 
 def test_runtime_imports_no_planner() -> None:
-    code = ("import sys, topocc.runtime, topocc.runtime.launch, topocc.runtime.worker, topocc.runtime.executor; "
+    code = ("import sys, topocc.runtime, topocc.runtime.harness.launch, topocc.runtime.harness.worker, "
+            "topocc.runtime.executor; "
             "bad = [m for m in sys.modules if m.startswith('topocc.planner') "
             "or m.split('.')[0] in ('networkx', 'ortools', 'pulp')]; "
             "print(bad)")

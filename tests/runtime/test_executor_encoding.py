@@ -105,3 +105,20 @@ def test_a_program_encodes_only_what_its_dtype_lets_it() -> None:
         assert not Program(s, 0, np.dtype(dtype), 10, tag_ub=100, channels=1, encode=encode).codecs
     wire = Program(s, 0, np.dtype("float64"), 10, tag_ub=100, channels=1, encode=True).wire
     assert {k: w.nbytes for k, w in wire.items()} == dict.fromkeys((1, 2, 3, 4, 5), 10)  # 5 elements, 2 bytes each
+
+
+@pytest.mark.parametrize(("collective", "algorithm"), [
+    ("allgather", "hierarchical"), ("broadcast", "ring"), ("reducescatter", "ring"), ("allreduce", "hierarchical"),
+])
+def test_an_exact_call_replays_an_encoded_plan_exact(collective: str, algorithm: str) -> None:
+    """``exact=True`` (what the ``topocc`` backend passes for all but gradients) sends every byte of an encoded
+    plan exact: the exact plan's result, bit for bit, and its bytes on the wire."""
+    exact_plan, plan = _plans(collective, algorithm, "int8@inter-rack")
+    n = 1001
+    inputs = _inputs(collective, n * RANKS if collective == "reducescatter" else n)
+    call = {"reducescatter": "reduce_scatter"}.get(collective, collective)
+    want, want_bytes = run_ranks(exact_plan, [x.copy() for x in inputs], call)
+    got, sent = run_ranks(plan, [x.copy() for x in inputs], call, exact=True)
+    assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want)) and sent == want_bytes
+    encoded, fewer = run_ranks(plan, [x.copy() for x in inputs], call)
+    assert fewer < sent and any(e.tobytes() != w.tobytes() for e, w in zip(encoded, want))

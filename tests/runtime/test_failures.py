@@ -2,7 +2,7 @@
 
 MPICH's hydra mpiexec kills every rank as soon as one dies by a signal, and
 after any non-zero exit unless ``-disable-auto-cleanup`` is given; these tests
-use that flag (and ``topocc.runtime.launch``'s shell wrapper for signal deaths) so the
+use that flag (and ``topocc.runtime.harness.launch``'s shell wrapper for signal deaths) so the
 surviving ranks can report, and check plain ``mpiexec`` still ends promptly.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from topocc.runtime.errors import UsageError
-from topocc.runtime.launch import find_mpiexec, launch_worker, run_schedule, summarize_failures
+from topocc.runtime.harness.launch import find_mpiexec, launch_worker, run_schedule, summarize_failures
 from topocc.runtime.schedule import save_schedule
 
 pytestmark = pytest.mark.mpi

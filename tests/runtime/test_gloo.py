@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
 
 from topocc.runtime.errors import CommunicatorError  # noqa: E402
-from topocc.runtime.launch import spawn_ranks  # noqa: E402
+from topocc.runtime.harness.launch import spawn_ranks  # noqa: E402
 
 SCRIPT = Path(__file__).parent / "mpi_scripts" / "torch_check.py"
 REPO = Path(__file__).resolve().parent.parent.parent

@@ -19,8 +19,8 @@ import pytest
 from tests.conftest import REPO
 from topocc.runtime.communicator import Communicator
 from topocc.runtime.executor import ArrayOps
+from topocc.runtime.harness.worker import call
 from topocc.runtime.schedule import load_schedule
-from topocc.runtime.worker import call
 
 torch = pytest.importorskip("torch")
 

@@ -24,7 +24,7 @@ from tests.runtime.test_mpi import (
     save_verified,
 )
 from topocc.runtime.errors import CommunicatorError
-from topocc.runtime.launch import find_mpiexec, run_schedule
+from topocc.runtime.harness.launch import find_mpiexec, run_schedule
 
 pytestmark = pytest.mark.mpi
 

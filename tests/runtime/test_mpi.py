@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from topocc.planner.analysis.verify import verify
-from topocc.runtime.launch import RANK_WRAPPER, bench_schedule, find_mpiexec, run_schedule
+from topocc.runtime.harness.launch import RANK_WRAPPER, BenchRequest, bench_schedule, find_mpiexec, run_schedule
 from topocc.runtime.schedule import save_schedule
 
 pytestmark = pytest.mark.mpi
@@ -31,7 +31,7 @@ def check_all(files: list[Path], np_: int, dtypes: list[str], ops: list[str], co
               limit: float = 90, extra: Sequence[str] = ()) -> list[dict]:
     """Run the worker on every file (``extra``: more worker arguments) and return rank 0's rows."""
     cmd = [find_mpiexec(), "-disable-auto-cleanup", "-n", str(np_), *RANK_WRAPPER, sys.executable, "-m",
-           "topocc.runtime.worker", "check", "--each", *map(str, files), "--data", "exact", "--timeout", "20",
+           "topocc.runtime.harness.worker", "check", "--each", *map(str, files), "--data", "exact", "--timeout", "20",
            "--repeat", "2", "--dtypes", *dtypes, "--ops", *ops, "--counts", *map(str, counts), *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -114,7 +114,8 @@ def test_run_and_bench_library_functions(tmp_path: Path) -> None:
     assert 0 < result.max_error < 1e-4 and row.time_s > 0  # random floats: rounding differs, within tolerance
     assert abs(row.busbw - row.algbw * 4 / 3) < 1e-9 and abs(row.algbw - 4000 / row.time_s / 1e9) < 1e-12
     seen = []
-    rows = bench_schedule(schedule, 3, [4096, 1 << 16], iters=3, warmup=1, timeout=20, progress=seen.append)
+    rows = bench_schedule(schedule, 3, BenchRequest((4096, 1 << 16), iters=3, warmup=1, timeout=20),
+                          progress=seen.append)
     assert [r.size for r in rows] == [4096, 1 << 16] and seen == rows  # progress saw each row as its size ended
     assert all(r.time_s > 0 and r.native_time_s and r.wrong == 0 and r.max_error < 1e-4 for r in rows)
     assert abs(rows[0].busbw - rows[0].algbw * 4 / 3) < 1e-9

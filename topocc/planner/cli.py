@@ -7,7 +7,6 @@ exits non-zero; set ``TOPOCC_DEBUG=1`` to see a traceback instead.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import json
 import os
 import sys
@@ -21,7 +20,9 @@ import click
 from topocc.planner.collector import rare_collections
 from topocc.planner.errors import TopoccError, TopoccWarning, exit_codes
 from topocc.planner.units import UnitError, parse_size, parse_size_range
+from topocc.runtime.collective import closest_collective
 from topocc.runtime.executor import DTYPE_NAMES
+from topocc.runtime.harness.torchbench.sweep import OPS
 from topocc.runtime.schedule import COLLECTIVES, canonical_collective
 
 __all__ = ["cli", "main"]
@@ -82,10 +83,9 @@ class CollectiveType(click.ParamType):
         try:
             return canonical_collective(str(value))
         except TopoccError:
-            key = str(value).lower().replace("-", "").replace("_", "").replace(" ", "")
-            near = difflib.get_close_matches(key, COLLECTIVES, n=1, cutoff=0.6)
+            near = closest_collective(str(value))
             self.fail(f"{value!r} is not one of {', '.join(COLLECTIVES)}"
-                      + (f" (did you mean {near[0]}?)" if near else ""), param, ctx)
+                      + (f" (did you mean {near}?)" if near else ""), param, ctx)
 
     def get_metavar(self, param: click.Parameter, *args: Any, **kwargs: Any) -> str:
         return "[" + "|".join(COLLECTIVES) + "]"
@@ -173,7 +173,7 @@ def compile_cmd(topology: str, collective: str, size: tuple[int, int], algorithm
     # loaded on use: every command starts without the others' modules
     from topocc.planner.compiler.compile import compile_schedule
     from topocc.planner.compiler.options import Options
-    from topocc.planner.compiler.plans import compile_plan
+    from topocc.planner.compiler.size_buckets import compile_plan
     from topocc.planner.report.summary import compiled_summary, format_plan, model_note, plan_summary
     from topocc.planner.topology.catalogue import resolve_topology
     from topocc.runtime.plan import save_plan
@@ -259,18 +259,24 @@ TRAINING_COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast")
 @click.option("--calls", type=click.Path(dir_okay=False), default=None,
               help="Compile what a recorded job called (TOPOCC_RECORD's JSON lines) instead.")
 @click.option("-a", "--algorithm", default="auto", show_default=True, help="An algorithm name, or auto.")
+@click.option("--compress", "compression", default=None, metavar="POLICY",
+              help="Compile every plan with this compression policy, as compile --compress (e.g. bf16@slow, "
+                   "topk:budget=1%@inter-host); train with TOPOCC_ERROR_FEEDBACK=ef (default: every byte exact).")
+@click.option("--compress-else", "compress_else", type=click.Choice(["refuse", "exact"]), default="refuse",
+              show_default=True, help="With --compress, a plan the policy selects nothing of (a group without "
+                                      "slow links): refuse the bundle, or keep that plan exact.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
 @click.option("--progress/--no-progress", default=None, help=PROGRESS_HELP)
 def bundle_cmd(topology: str, output: str, collectives: tuple[str, ...], size: tuple[int, int] | None,
-               groups: tuple[tuple[int, ...], ...], root: int | None, calls: str | None, algorithm: str, as_json: bool,
-               progress: bool | None) -> None:
+               groups: tuple[tuple[int, ...], ...], root: int | None, calls: str | None, algorithm: str,
+               compression: str | None, compress_else: str, as_json: bool, progress: bool | None) -> None:
     """Compile a plan bundle for a training job on TOPOLOGY: a plan per collective, process group and root.
 
     By default, what DDP and FSDP issue on the world (and on each --group); with --calls, what a recorded
     job called.  A job loads the folder with TOPOCC_PLAN=OUTPUT and init_process_group("topocc").
     """
     # loaded on use: every command starts without the others' modules
-    from topocc.planner.compiler.bundle import compile_bundle, requests_for, requests_from_calls
+    from topocc.planner.compiler.bundling import compile_bundle, requests_for, requests_from_calls
     from topocc.planner.report.summary import bundle_summary, format_bundle
     from topocc.planner.topology.catalogue import resolve_topology
     from topocc.runtime.bundle import save_bundle
@@ -278,6 +284,9 @@ def bundle_cmd(topology: str, output: str, collectives: tuple[str, ...], size: t
 
     if calls is not None and (collectives or size or groups or root is not None):
         raise click.UsageError("--calls compiles what the record lists; leave out -c, -s, --group and --root with it")
+    if compress_else != "refuse" and compression is None:
+        raise click.UsageError("--compress-else says what --compress does where it selects nothing; give --compress")
+    policy = _compression_policy(compression)
     topo = resolve_topology(topology)
     if calls is not None:
         requests = requests_from_calls(read_calls(calls), topo.size)
@@ -286,9 +295,17 @@ def bundle_cmd(topology: str, output: str, collectives: tuple[str, ...], size: t
         requests = requests_for(topo.size, collectives or TRAINING_COLLECTIVES, low, high, groups, root or 0)
     echo = _progress_echo(progress)
     bundle, plans = compile_bundle(topo, requests, algorithm,
-                                   progress=(lambda event: echo(event.describe())) if echo else None)
+                                   progress=(lambda event: echo(event.describe())) if echo else None,
+                                   compress=policy, exact_if_none=compress_else == "exact")
     doc = bundle_summary(topo, plans, save_bundle(bundle, output))
-    _emit(doc, as_json, format_bundle(doc))
+    text = format_bundle(doc)
+    if policy is not None:
+        for entry, compiled in zip(doc["plans"], plans):
+            entry["compression"] = [r.to_json() for r in compiled.compression]
+        encoded = sum(any(r.encoded_messages for r in c.compression) for c in plans)
+        text += (f"\ncompressed with {policy.text}: {encoded} of {len(plans)} plans encode their slow hops "
+                 f"(the rest exact); train with TOPOCC_ERROR_FEEDBACK=ef")
+    _emit(doc, as_json, text)
 
 
 @cli.command("verify")
@@ -445,7 +462,7 @@ def run_cmd(schedule: str, nprocs: int | None, size: int, dtype: str, op: str, i
     # loaded on use: every command starts without the others' modules
     from topocc.planner.errors import CommunicatorError
     from topocc.planner.report.runs import format_run, run_summary, wrong_result
-    from topocc.runtime.launch import run_schedule
+    from topocc.runtime.harness.launch import run_schedule
 
     result = run_schedule(schedule, nprocs, size, dtype=dtype, op=op, timeout=timeout, repeat=iters, warmup=warmup,
                           progress=_progress_echo(progress))
@@ -480,9 +497,9 @@ def bench_cmd(schedule: str, nprocs: int | None, sizes: tuple[int, int], factor:
               trace: str | None, as_json: bool, progress: bool | None) -> None:
     """Time SCHEDULE (or a plan) against the MPI's native collective, nccl-tests style."""
     # loaded on use: every command starts without the others' modules
-    from topocc.planner.compiler.plans import bucket_sizes
+    from topocc.planner.compiler.size_buckets import bucket_sizes
     from topocc.planner.report.runs import bench_progress, bench_rows, format_bench, predicted_times, wrong_result
-    from topocc.runtime.launch import bench_schedule, bench_sizes, check_ranks
+    from topocc.runtime.harness.launch import BenchRequest, bench_schedule, bench_sizes, check_ranks
     from topocc.runtime.plan import load_any
 
     loaded = load_any(schedule)
@@ -502,13 +519,71 @@ def bench_cmd(schedule: str, nprocs: int | None, sizes: tuple[int, int], factor:
         predictions = predicted_times(loaded, bench_sizes(loaded.collective, loaded.ranks, size_list, dtype),
                                       schedule, topology, what_if=what_if)
         report = bench_progress(echo, len(size_list), loaded.ranks) if echo else None
-        rows = bench_schedule(schedule, nprocs, size_list, iters=iters, warmup=warmup, dtype=dtype, timeout=timeout,
-                              trace=trace, progress=report)
+        request = BenchRequest(tuple(size_list), iters, warmup, dtype, timeout=timeout, trace=trace)
+        rows = bench_schedule(schedule, nprocs, request, progress=report)
         doc = bench_rows(rows, predictions)
         text = format_bench(doc, loaded.collective, loaded.ranks, predictions, iters=iters, warmup=warmup)
     _emit(doc, as_json, text)
     if any(r["wrong"] for r in doc):
         raise wrong_result(doc, schedule)
+
+
+@cli.command("torchbench")
+@click.option("-c", "--collective", type=COLLECTIVE, default="allreduce", show_default=True,
+              help="torch's spellings too: all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all.")
+@click.option("-b", "--minbytes", type=SIZE, default="1K", show_default=True,
+              help="Smallest size: bytes of the larger buffer (K, M, G: powers of 1024, as nccl-tests reads them).")
+@click.option("-e", "--maxbytes", type=SIZE, default="16M", show_default=True, help="Largest size.")
+@click.option("-f", "--stepfactor", type=click.IntRange(2), default=2, show_default=True, help="Size step.")
+@click.option("-n", "--iters", type=click.IntRange(1), default=20, show_default=True, help="Timed calls per size.")
+@click.option("-w", "--warmup_iters", "warmup", type=click.IntRange(0), default=5, show_default=True,
+              help="Untimed calls per size first (they also carry topocc's measured trials against gloo).")
+@click.option("-d", "--datatype", default="float", show_default=True,
+              help="float, half, bfloat16, double, int8, uint8, int32, int64 (or torch's float32, float16, ...).")
+@click.option("-o", "--op", type=click.Choice(OPS), default="sum", show_default=True, help="The reduction.")
+@click.option("-r", "--root", type=click.IntRange(0), default=0, show_default=True, help="Root of broadcast/reduce.")
+@click.option("--ranks", type=click.IntRange(2), default=2, show_default=True, help="torchrun's --nproc-per-node.")
+@click.option("--backend", "backends", default="topocc,gloo", show_default=True,
+              help="Backends to time side by side, comma-separated: topocc, gloo, nccl (nccl needs CUDA).")
+@click.option("--bundle", type=click.Path(exists=True), default=None,
+              help="topocc's plans: a folder from topocc bundle (default: compiled for --topology).")
+@click.option("--topology", default=None,
+              help="Compile topocc's plans for this topology, as topocc bundle does (default: the first --ranks "
+                   "ranks of emu-uniform).")
+@click.option("--force-plans", "force_plans", is_flag=True,
+              help="Run topocc's plans at every size, also where the model or a measured trial picks gloo.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Where topocc's and gloo's tensors live (nccl's are always on the GPU).")
+@click.option("--timeout", type=click.FloatRange(1.0), default=300.0, show_default=True,
+              help="Seconds one size of one backend may take, and a rank waits for its peers.")
+@click.option("--torchrun", default=None, help="The torchrun to launch (default: the one beside this Python).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write the rows here.")
+@click.option("--progress/--no-progress", default=None, help=PROGRESS_HELP)
+def torchbench_cmd(collective: str, minbytes: int, maxbytes: int, stepfactor: int, iters: int, warmup: int,
+                   datatype: str, op: str, root: int, ranks: int, backends: str, bundle: str | None,
+                   topology: str | None, force_plans: bool, device: str, timeout: float, torchrun: str | None,
+                   json_path: str | None, progress: bool | None) -> None:
+    """Time a torch.distributed backend under torchrun, nccl-tests style: topocc beside gloo (or nccl)."""
+    # loaded on use: every command starts without the others' modules
+    from topocc.planner.report.torchbench_table import (
+        format_torchbench,
+        torchbench_json,
+        torchbench_progress,
+        torchbench_wrong,
+    )
+    from topocc.planner.testbed.torchbench import torchbench
+    from topocc.runtime.harness.torchbench.sweep import make_sweep
+
+    sweep = make_sweep(collective, minbytes, maxbytes, stepfactor, ranks=ranks, datatype=datatype, op=op, root=root,
+                       iters=iters, warmup=warmup, backends=backends, device=device, timeout_s=timeout)
+    echo = _progress_echo(progress)
+    result = torchbench(sweep, bundle=bundle, topology=topology, force_plans=force_plans, torchrun=torchrun,
+                        progress=echo, on_row=torchbench_progress(echo, sweep) if echo else None)
+    click.echo(format_torchbench(result))
+    if json_path:
+        Path(json_path).write_text(json.dumps(torchbench_json(result), indent=1) + "\n")
+    if (error := torchbench_wrong(result)) is not None:
+        raise error
 
 
 @cli.command("calibrate")
@@ -581,9 +656,9 @@ def emulate_cmd(topology: str, command: tuple[str, ...], scale: float, timeout: 
 def plan_buckets_cmd(profile: str, plan_path: str, output: str | None, as_json: bool) -> None:
     """Group gradients into blocks and order them (Prophet) against DDP's default and per-tensor priority."""
     # loaded on use: every command starts without the others' modules
+    from topocc.planner.gradblocks.block_plan import block_plan_to_dict, format_block_plan, plan_blocks
     from topocc.planner.gradblocks.cost import plan_cost
-    from topocc.planner.gradblocks.plan import block_plan_to_dict, format_block_plan, plan_blocks
-    from topocc.planner.gradblocks.profile import load_profile
+    from topocc.planner.gradblocks.profile_file import load_profile
     from topocc.runtime.plan import as_plan
 
     loaded = load_profile(profile)
@@ -612,7 +687,7 @@ def algorithms_cmd(as_json: bool) -> None:
 def compile_shipped_cmd(output: str, size: int, names: tuple[str, ...]) -> None:
     """Recompile the allreduce schedules of the shipped topologies (those up to 4096 ranks, or NAMES) into OUTPUT."""
     # loaded on use: every command starts without the others' modules
-    from topocc.planner.compiler.plans import compile_shipped
+    from topocc.planner.compiler.size_buckets import compile_shipped
     from topocc.planner.report.table import format_table
     from topocc.planner.units import format_time
 

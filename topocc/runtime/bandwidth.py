@@ -7,23 +7,20 @@ rank count.
 
 from __future__ import annotations
 
+from topocc.runtime.collective import BY_NAME, NAMES
 from topocc.runtime.errors import ScheduleFormatError
-from topocc.runtime.schedule import COLLECTIVES
 
 __all__ = ["bus_factor"]
 
 
 def bus_factor(collective: str, ranks: int) -> float:
-    """busbw / algbw for ``collective`` (a stored name, as in a schedule) on ``ranks`` ranks.
+    """busbw / algbw for ``collective`` (a stored name, as in a schedule) on ``ranks`` ranks
+    (:meth:`Collective.bus_factor <topocc.runtime.collective.Collective.bus_factor>`).
 
     >>> bus_factor("allreduce", 8)
     1.75
     """
-    n = ranks
-    if collective == "allreduce":
-        return 2.0 * (n - 1) / n
-    if collective in ("allgather", "reducescatter", "alltoall"):
-        return (n - 1) / n
-    if collective in ("broadcast", "reduce"):
-        return 1.0
-    raise ScheduleFormatError(f"unknown collective {collective!r}", fix=f"use one of {', '.join(COLLECTIVES)}")
+    described = BY_NAME.get(collective)
+    if described is None:
+        raise ScheduleFormatError(f"unknown collective {collective!r}", fix=f"use one of {', '.join(NAMES)}")
+    return described.bus_factor(ranks)

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from topocc.runtime.collective import ROOTED
 from topocc.runtime.errors import ScheduleFormatError
-from topocc.runtime.plan import PLAN_FORMAT, Plan, as_plan, load_any, save_plan
+from topocc.runtime.plan import PLAN_FORMAT, AnyPlan, LazyPlan, as_plan, load_any, read_lazy_plan, save_plan
 from topocc.runtime.schedule import canonical_collective, read_json_document
 
 __all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "MANIFEST", "ROOTED", "Bundle", "BundlePlan", "PlanFile", "group_label",
@@ -42,12 +43,10 @@ BUNDLE_FORMAT = "topocc-bundle"
 BUNDLE_VERSION = 1
 #: The manifest's name inside a bundle folder.
 MANIFEST = "bundle.json"
-#: Collectives whose plans hold for one root only.
-ROOTED = ("broadcast", "reduce")
 
 
 #: Parsed plan files of this process, by (path, modification time, size): a file is parsed once.
-_PARSED: dict[tuple[str, int, int], Plan] = {}
+_PARSED: dict[tuple[str, int, int], LazyPlan] = {}
 _PARSED_LOCK = threading.Lock()
 
 
@@ -67,15 +66,17 @@ class PlanFile:
     root: int | None
     ranks: int
     where: str
+    digest: int
 
-    def load(self) -> Plan:
-        """The plan, parsed once per process; one that disagrees with its row is refused naming the row."""
+    def load(self) -> LazyPlan:
+        """The plan, read once per process and each bucket parsed at its first use (:class:`LazyPlan`); one
+        that disagrees with its row is refused naming the row."""
         stamp = _stamp(self.path)
         with _PARSED_LOCK:  # progress threads of several groups may ask at once
             plan = _PARSED.get(stamp)
             if plan is None:
-                plan = as_plan(self.path)
-                root = plan.schedules[0].root if plan.collective in ROOTED else None
+                plan = read_lazy_plan(self.path, self.digest)
+                root = (plan.root if plan.root is not None else 0) if plan.collective in ROOTED else None
                 if (plan.collective, root) != (self.collective, self.root):
                     raise ScheduleFormatError(f"the file holds a {plan.collective} plan (root {root}) but the row "
                                               f"names {self.collective} (root {self.root})", where=self.where,
@@ -95,12 +96,12 @@ class BundlePlan:
     ``native_below`` bytes go to the native backend (None: every call), where the compiler predicts no gain.
     """
 
-    source: Plan | PlanFile
+    source: AnyPlan | PlanFile
     group: tuple[int, ...]
     native_below: int | None = 0
 
     @property
-    def plan(self) -> Plan:
+    def plan(self) -> AnyPlan:
         return self.source.load() if isinstance(self.source, PlanFile) else self.source
 
     @property
@@ -112,7 +113,7 @@ class BundlePlan:
         """The root (a group rank) of a broadcast or reduce plan; None for the other collectives."""
         if isinstance(self.source, PlanFile):
             return self.source.root
-        return self.source.schedules[0].root if self.collective in ROOTED else None
+        return self.source.schedule(0).root if self.collective in ROOTED else None
 
     def key(self) -> tuple[str, tuple[int, ...], int | None]:
         return (self.collective, self.group, self.root)
@@ -142,7 +143,7 @@ class Bundle:
         seen: set[tuple[str, tuple[int, ...], int | None]] = set()
         for i, entry in enumerate(self.plans):
             where = f"{self.source}: plans[{i}]"
-            if isinstance(entry.source, Plan) and len(entry.group) != entry.source.ranks:
+            if not isinstance(entry.source, PlanFile) and len(entry.group) != entry.source.ranks:
                 raise ScheduleFormatError(f"the group has {len(entry.group)} ranks but the plan is for "
                                           f"{entry.plan.ranks}", where=where, fix="recompile the bundle")
             if len(set(entry.group)) != len(entry.group) or not all(0 <= r < self.world for r in entry.group):
@@ -154,7 +155,7 @@ class Bundle:
                                           fix="keep one plan per collective, group and root")
             seen.add(entry.key())
 
-    def find(self, collective: str, group: Sequence[int], root: int | None = None) -> Plan | None:
+    def find(self, collective: str, group: Sequence[int], root: int | None = None) -> AnyPlan | None:
         """The plan for ``collective`` on the process group of global ranks ``group`` (and ``root``), if any."""
         key = (collective, tuple(group), root if collective in ROOTED else None)
         for entry in self.plans:
@@ -175,7 +176,7 @@ class Bundle:
             root = f", root {e.root}" if e.root is not None else ""
             native = ("" if e.native_below == 0 else ", native at every size" if e.native_below is None
                       else f", native below {e.native_below} B")
-            lines.append(f"{e.collective} on {group}{root}: {len(e.plan.schedules)} size bucket(s){native}")
+            lines.append(f"{e.collective} on {group}{root}: {e.plan.bucket_count} size bucket(s){native}")
         return "\n".join(lines)
 
 
@@ -352,7 +353,7 @@ def _read_bundle(manifest: Path, raw: Any) -> Bundle:
                                       fix="copy the whole folder, or recompile it") from None
         digest = zlib.crc32(data, digest)
         group = row.group if row.group is not None else tuple(range(world))
-        source: Plan | PlanFile = (PlanFile(file, row.collective, row.root, len(group), where)
-                                   if row.collective is not None else as_plan(file))
+        source: AnyPlan | PlanFile = (PlanFile(file, row.collective, row.root, len(group), where, zlib.crc32(data))
+                                      if row.collective is not None else as_plan(file))
         entries.append(BundlePlan(source, group, row.native_below))
     return Bundle(world, tuple(entries), topology, fingerprint, str(manifest), digest)

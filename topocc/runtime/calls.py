@@ -20,12 +20,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TypeGuard
 
+from topocc.runtime.collective import NAMES
 from topocc.runtime.errors import ScheduleFormatError
 
 __all__ = ["COLLECTIVES", "Call", "CallLog", "read_calls"]
 
 #: The collectives a call names, as schedules name them.
-COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall")
+COLLECTIVES = NAMES
 
 
 @dataclass(frozen=True, slots=True)

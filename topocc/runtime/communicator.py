@@ -34,7 +34,7 @@ Failure behaviour
 
 With MPICH's hydra ``mpiexec``, the death of a rank makes hydra kill every other
 rank at once unless ``-disable-auto-cleanup`` is given; pass it to see each
-surviving rank's message (``topocc.runtime.launch`` always does).
+surviving rank's message (``topocc.runtime.harness.launch`` always does).
 """
 
 from __future__ import annotations
@@ -61,9 +61,10 @@ from topocc.runtime.executor import (
     message_tag_space,
     same_memory,
 )
+from topocc.runtime.feedback import Residual
 from topocc.runtime.group_executor import Work
 from topocc.runtime.lowering import DEFAULT_GROUP_BYTES
-from topocc.runtime.plan import Plan, PlanSource, as_plan
+from topocc.runtime.plan import AnyPlan, LazyPlan, PlanSource, as_plan
 from topocc.runtime.replay import DataflowReplay, Events, LoweredReplay, Replay
 from topocc.runtime.schedule import Schedule, dump_schedule
 from topocc.runtime.transports import GroupTransport, PeerFailure, Transport
@@ -71,7 +72,7 @@ from topocc.runtime.transports import GroupTransport, PeerFailure, Transport
 __all__ = ["Communicator", "PlanSource", "select_schedule"]
 
 
-def select_schedule(plan: Plan, nbytes: int) -> Schedule:
+def select_schedule(plan: AnyPlan, nbytes: int) -> Schedule:
     """The schedule for a call moving ``nbytes`` (the larger of the input and output buffers, as nccl-tests)."""
     return plan.select(nbytes)
 
@@ -208,7 +209,7 @@ class Communicator:
     >>> x = comm.allreduce(np.ones(1001, np.float32))    # doctest: +SKIP
     """
 
-    def __init__(self, source: PlanSource, mpi_comm: Any = None, *, fingerprint: str | None = None,
+    def __init__(self, source: PlanSource | LazyPlan, mpi_comm: Any = None, *, fingerprint: str | None = None,
                  timeout: float = 30.0, transport: Transport | GroupTransport | None = None,
                  group_bytes: int = DEFAULT_GROUP_BYTES,
                  on_failure: Callable[[CommunicatorError], CommunicatorError] | None = None) -> None:
@@ -219,14 +220,14 @@ class Communicator:
         self._failed: CommunicatorError | None = None
         self._pending_failure: CommunicatorError | None = None  # found by a transport's watchdog thread
         self._on_failure = on_failure
-        self.plan = as_plan(source)
+        self.plan: AnyPlan = source if isinstance(source, LazyPlan) else as_plan(source)
         if fingerprint is not None:
-            for s in self.plan.schedules:
-                if s.metadata.fingerprint != fingerprint:
+            for i, theirs in enumerate(self.plan.fingerprints):
+                if theirs != fingerprint:
                     raise CommunicatorError(
                         f"topology fingerprint mismatch: the schedule was compiled for "
-                        f"{s.metadata.fingerprint or 'an unknown topology'}, this machine is {fingerprint}",
-                        where=f"{s.collective} schedule ({s.metadata.algorithm})",
+                        f"{theirs or 'an unknown topology'}, this machine is {fingerprint}",
+                        where=f"{self.plan.collective} plan, bucket {i + 1} of {len(self.plan.fingerprints)}",
                         fix="recompile the schedule for this topology",
                     )
         on_mpi = transport is None
@@ -253,10 +254,11 @@ class Communicator:
                 f"the schedule is for {self.plan.ranks} ranks but the communicator has {self.size}",
                 where=f"rank {self.rank}", fix=_rank_count_fix(self.plan.ranks, self.size, on_mpi),
             )
-        self._digests = {id(s): zlib.crc32(dump_schedule(s).encode()) for s in self.plan.schedules}
-        self._channels = {id(s): message_tag_space(s) for s in self.plan.schedules}
+        # what the ranks agree on: the plan here, each schedule at its first call (a lazy plan parses it then)
+        self._digests: dict[int, int] = {}
         self._programs: dict[tuple[int, str, int, bool], Program] = {}
-        digest = zlib.crc32(b"".join(d.to_bytes(4, "little") for d in self._digests.values()))
+        digest = (self.plan.digest if isinstance(self.plan, LazyPlan)
+                  else zlib.crc32(b"".join(self._digest(s).to_bytes(4, "little") for s in self.plan.schedules)))
         grouping = self._replay.grouping
 
         def explain(r: int, theirs: tuple[int, ...]) -> str:
@@ -301,14 +303,20 @@ class Communicator:
                 raise self._fail(CommunicatorError(explain(r, row), where=f"rank {self.rank}",
                                                    fix="all ranks must call with the same schedule, dtype and size"))
 
+    def _digest(self, schedule: Schedule) -> int:
+        """A checksum of ``schedule`` as written (kept per schedule: ranks compare them before its first call)."""
+        digest = self._digests.get(id(schedule))
+        if digest is None:
+            digest = self._digests[id(schedule)] = zlib.crc32(dump_schedule(schedule).encode())
+        return digest
+
     def _program(self, schedule: Schedule, dtype: Any, block: int, encode: bool = False) -> Program:
         name = self.ops.dtype_name(dtype)
         key = (id(schedule), name, block, encode)
         program = self._programs.get(key)
         if program is None:
             code = DTYPE_NAMES.index(name)
-            digest = self._digests[id(schedule)]
-            mine = (1, digest, code, block, int(encode))
+            mine = (1, self._digest(schedule), code, block, int(encode))
 
             def explain(r: int, row: tuple[int, ...]) -> str:
                 theirs = DTYPE_NAMES[row[2]] if 0 <= row[2] < len(DTYPE_NAMES) else "?"
@@ -320,7 +328,7 @@ class Communicator:
 
             self._agree(mine, f"set up {schedule.collective} for {block} x {name}", explain)
             program = Program(schedule, self.rank, dtype, block, tag_ub=self._replay.tag_ub,
-                              channels=self._channels[id(schedule)], ops=self.ops, encode=encode)
+                              channels=message_tag_space(schedule), ops=self.ops, encode=encode)
             self._replay.adopt(program)
             self._programs[key] = program
         return program
@@ -349,13 +357,14 @@ class Communicator:
         return reductions[op]
 
     def _run(self, program: Program, buffers: dict[str, Any], op: str, count: int, *,
-             async_op: bool = False, epilogue: Callable[[], None] | None = None) -> Work | None:
+             async_op: bool = False, epilogue: Callable[[], None] | None = None,
+             feedback: Residual | None = None) -> Work | None:
         s = program.schedule
         what = f"{s.collective} ({s.metadata.algorithm}, {count} x {self.ops.dtype_name(program.dtype)})"
         reduce = self.ops.reductions.get(op, self.ops.reductions["sum"])
         events: Events | None = [] if self._trace is not None else None
         work = self._replay.run(program, buffers, reduce, what, async_op=async_op, epilogue=epilogue, events=events,
-                                fail=self._fail, fail_later=self._fail_later)
+                                fail=self._fail, fail_later=self._fail_later, feedback=feedback)
         self._calls += 1
         if events is not None and self._trace is not None:
             self._record(program, events)
@@ -400,7 +409,8 @@ class Communicator:
             self.ops.copyto(own, user)
         return own
 
-    def _prepare(self, collective: str, send: Any, recv: Any, op: str | None) -> tuple[Schedule, Program, Any]:
+    def _prepare(self, collective: str, send: Any, recv: Any, op: str | None,
+                 exact: bool = False) -> tuple[Schedule, Program, Any]:
         dtype = self.ops.dtype_of(send)
         if recv is not None and recv.dtype != send.dtype:
             raise CommunicatorError(f"{collective}: send buffer is {send.dtype} but receive buffer is {recv.dtype}")
@@ -412,15 +422,19 @@ class Communicator:
         block = block_elements(schedule, in_count, out_count)
         # the schedule's encodings apply to sums and to data that is only moved; min, max and prod go exact, as
         # does the lowered replay (the encodings are host code)
-        encode = not self.grouped and op in (None, "sum", "avg")
+        encode = not self.grouped and op in (None, "sum", "avg") and not exact
         return schedule, self._program(schedule, dtype, block, encode), dtype
 
     # ------------------------------------------------------------------ collectives
 
-    def allreduce(self, array: Any, op: str = "sum", *, async_op: bool = False) -> Any:
+    def allreduce(self, array: Any, op: str = "sum", *, async_op: bool = False, exact: bool = False,
+                  feedback: Residual | None = None) -> Any:
         """Reduce ``array`` over all ranks, in place; returns ``array``, or a :class:`Work` with ``async_op``.
 
-        ``op`` is sum, prod, max, min or avg (avg sums, then divides once; refused for integers).
+        ``op`` is sum, prod, max, min or avg (avg sums, then divides once; refused for integers).  ``exact``
+        replays an encoded plan's messages exact (every rank must pass the same).  ``feedback``: the bucket's
+        error-feedback residual (:mod:`topocc.runtime.feedback`), added to ``array`` first and refilled with what
+        the encodings drop, where the call runs encoded; untouched where it runs exact.
 
         With a stream-ordered transport (NCCL) the call only enqueues, as ``torch.distributed.all_reduce``:
         without ``async_op`` the caller's current CUDA stream is ordered after the collective; with it, the
@@ -433,35 +447,43 @@ class Communicator:
             raise CommunicatorError(f"async_op needs a group transport (NCCL); the {self.transport.name} transport "
                                     "replays on the host", fix="call without async_op")
         a = self.ops.check(array, "allreduce buffer")
-        schedule, program, _ = self._prepare("allreduce", a, None, op)
+        schedule, program, _ = self._prepare("allreduce", a, None, op, exact)
+        host = self.ops.host(a) if feedback is not None and program.encoded else None
+        if feedback is not None and host is not None:  # encoded calls run on host memory (numpy views)
+            feedback.inject(host)
+        else:
+            feedback = None
         buffers = {"o": a}
         if not schedule.inplace:
             # the program may copy its input onto the output first: then the input is the output's memory
             buffers["i"] = a if self._replay.input_in_place(program) else self._inputs(program, a, aliased=True)
         divide = (lambda: self.ops.divide(a, self.size)) if op == "avg" else None
-        work = self._run(program, buffers, op, self.ops.count(a), async_op=async_op, epilogue=divide)
+        work = self._run(program, buffers, op, self.ops.count(a), async_op=async_op, epilogue=divide,
+                         feedback=feedback)
         return work if async_op else array
 
-    def broadcast(self, array: Any) -> Any:
-        """Copy the root's ``array`` to every rank, in place; returns ``array``."""
+    def broadcast(self, array: Any, *, exact: bool = False) -> Any:
+        """Copy the root's ``array`` to every rank, in place; returns ``array``.  ``exact`` as for
+        :meth:`allreduce`."""
         self._check("broadcast")
         a = self.ops.check(array, "broadcast buffer")
-        schedule, program, _ = self._prepare("broadcast", a, None, None)
+        schedule, program, _ = self._prepare("broadcast", a, None, None, exact)
         buffers = {"o": a}
         if not schedule.inplace:
             buffers["i"] = self._inputs(program, a, aliased=True, needed=self.rank == schedule.root)
         self._run(program, buffers, "sum", self.ops.count(a))
         return array
 
-    def reduce(self, array: Any, op: str = "sum") -> Any:
+    def reduce(self, array: Any, op: str = "sum", *, exact: bool = False) -> Any:
         """Reduce ``array`` onto the root, in place there; returns ``array``.
 
         On the other ranks the array's contents afterwards are unspecified when
         the schedule is in place (NCCL's convention), and unchanged otherwise.
+        ``exact`` as for :meth:`allreduce`.
         """
         self._check("reduce")
         a = self.ops.check(array, "reduce buffer")
-        schedule, program, _ = self._prepare("reduce", a, None, op)
+        schedule, program, _ = self._prepare("reduce", a, None, op, exact)
         root = self.rank == schedule.root
         if schedule.inplace:
             buffers = {"o": a}
@@ -474,14 +496,15 @@ class Communicator:
             self.ops.divide(a, self.size)
         return array
 
-    def allgather(self, sendbuf: Any, recvbuf: Any = None) -> Any:
-        """Gather every rank's ``sendbuf`` into ``recvbuf`` (rank order; allocated if None); returns it."""
+    def allgather(self, sendbuf: Any, recvbuf: Any = None, *, exact: bool = False) -> Any:
+        """Gather every rank's ``sendbuf`` into ``recvbuf`` (rank order; allocated if None); returns it.
+        ``exact`` as for :meth:`allreduce`."""
         self._check("allgather")
         s = self.ops.check(sendbuf, "allgather send buffer")
         if recvbuf is None:
             recvbuf = self.ops.empty_like(s, self.ops.count(s) * self.size)
         r = self.ops.check(recvbuf, "allgather receive buffer")
-        schedule, program, _ = self._prepare("allgather", s, r, None)
+        schedule, program, _ = self._prepare("allgather", s, r, None, exact)
         if schedule.inplace:
             mine = r[self.rank * self.ops.count(s):(self.rank + 1) * self.ops.count(s)]
             if not same_memory(self.ops, mine, s):
@@ -492,8 +515,9 @@ class Communicator:
         self._run(program, buffers, "sum", self.ops.count(s))
         return recvbuf
 
-    def reduce_scatter(self, sendbuf: Any, recvbuf: Any = None, op: str = "sum") -> Any:
-        """Reduce ``sendbuf`` over ranks; rank r gets block r in ``recvbuf`` (allocated if None); returns it."""
+    def reduce_scatter(self, sendbuf: Any, recvbuf: Any = None, op: str = "sum", *, exact: bool = False) -> Any:
+        """Reduce ``sendbuf`` over ranks; rank r gets block r in ``recvbuf`` (allocated if None); returns it.
+        ``exact`` as for :meth:`allreduce`."""
         self._check("reducescatter")
         s = self.ops.check(sendbuf, "reduce_scatter send buffer")
         if self.ops.count(s) % self.size:
@@ -502,7 +526,7 @@ class Communicator:
         if recvbuf is None:
             recvbuf = self.ops.empty_like(s, self.ops.count(s) // self.size)
         r = self.ops.check(recvbuf, "reduce_scatter receive buffer")
-        schedule, program, _ = self._prepare("reducescatter", s, r, op)
+        schedule, program, _ = self._prepare("reducescatter", s, r, op, exact)
         if schedule.inplace:
             mine = s[self.rank * self.ops.count(r):(self.rank + 1) * self.ops.count(r)]
             work = s if same_memory(self.ops, mine, r) else self._inputs(program, s, aliased=True)
@@ -516,14 +540,15 @@ class Communicator:
             self.ops.divide(r, self.size)
         return recvbuf
 
-    def alltoall(self, sendbuf: Any, recvbuf: Any = None) -> Any:
-        """Block j of ``sendbuf`` goes to rank j; block j of ``recvbuf`` comes from rank j; returns ``recvbuf``."""
+    def alltoall(self, sendbuf: Any, recvbuf: Any = None, *, exact: bool = False) -> Any:
+        """Block j of ``sendbuf`` goes to rank j; block j of ``recvbuf`` comes from rank j; returns ``recvbuf``.
+        ``exact`` as for :meth:`allreduce`."""
         self._check("alltoall")
         s = self.ops.check(sendbuf, "alltoall send buffer")
         if recvbuf is None:
             recvbuf = self.ops.empty_like(s)
         r = self.ops.check(recvbuf, "alltoall receive buffer")
-        schedule, program, _ = self._prepare("alltoall", s, r, None)
+        schedule, program, _ = self._prepare("alltoall", s, r, None, exact)
         if schedule.inplace:
             if not same_memory(self.ops, r, s):
                 self.ops.copyto(r, s)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -39,7 +40,7 @@ import numpy as np
 
 from topocc.runtime.errors import ScheduleFormatError
 
-__all__ = ["FLOAT_NAMES", "Bf16", "Encoding", "Fp16", "Int8Blocks", "TopK", "parse_encoding"]
+__all__ = ["FLOAT_NAMES", "Bf16", "Encoding", "Fp16", "Int8Blocks", "TopK", "parse_encoding", "why_exact"]
 
 #: Element types an encoding may carry, by the runtime's names (integers go exact).
 FLOAT_NAMES = frozenset({"float16", "bfloat16", "float32", "float64"})
@@ -262,12 +263,63 @@ class TopK(Encoding):
         return k * itemsize + min(4 * k, -(-n // 8))
 
     def encode(self, x: np.ndarray, out: np.ndarray) -> None:
+        k = self.keep(x.size)
+        if k:
+            self._write(x, _largest(_magnitude(x), k), out)
+
+    def encode_refreshed(self, x: np.ndarray, out: np.ndarray) -> float:
+        """:meth:`encode`, and the threshold DCT keeps until its next refresh: the smallest magnitude kept (the
+        k-th largest; 0 where fewer than k elements are nonzero; infinity where every kept value is NaN)."""
+        k = self.keep(x.size)
+        if not k:
+            return math.inf
+        magnitude = _magnitude(x)
+        where = _largest(magnitude, k)
+        self._write(x, where, out)
+        kept = magnitude[where]
+        kept = kept[~np.isnan(kept)]
+        return float(kept.min()) if kept.size else math.inf
+
+    def encode_above(self, x: np.ndarray, out: np.ndarray, threshold: float) -> None:
+        """DCT's thresholded top-k (Gupta et al., KDD 2021, "DCT"): the elements whose magnitude is at least
+        ``threshold`` (NaNs too), the ``k`` largest of them where more pass; in the same wire layout, the unused
+        slots naming the first unselected positions with the value zero.
+
+        A value with at most ``k`` nonzeros travels whole, whatever the threshold: so a value decoded once (by
+        this or by :meth:`encode`) passes every later encoding unchanged, on any rank, as the consistency of an
+        encoded schedule needs (the owner keeps what it sends; relays forward it bit for bit).
+        """
         n, k = x.size, self.keep(x.size)
         if not k:
             return
-        where = _largest(np.abs(x if x.itemsize >= 4 else x.astype(np.float32)), k)
+        magnitude = _magnitude(x)
+        if np.isnan(magnitude.max()):  # NaNs pass whatever the threshold (they count largest)
+            chosen = np.flatnonzero(~(magnitude < threshold))
+        else:
+            chosen = np.flatnonzero(magnitude >= threshold)
+        if chosen.size > k:
+            chosen = chosen[np.argpartition(magnitude[chosen], chosen.size - k)[chosen.size - k:]]
+            chosen.sort()
+        elif chosen.size < k and np.count_nonzero(magnitude) <= k:  # NaN counts as nonzero
+            chosen = np.flatnonzero(magnitude)
+        if chosen.size == k:
+            self._write(x, chosen, out)
+            return
+        free = np.ones(n, bool)
+        free[chosen] = False
+        pads = np.flatnonzero(free)[:k - chosen.size]
+        where = np.concatenate([chosen, pads])
+        order = np.argsort(where, kind="stable")
+        self._write(x, where[order], out, padded=order >= chosen.size)
+
+    def _write(self, x: np.ndarray, where: np.ndarray, out: np.ndarray, padded: np.ndarray | None = None) -> None:
+        """The values of ``x`` at the ascending positions ``where`` (``k`` of them), and the positions, into
+        ``out``; the values at ``padded`` positions are sent as zero."""
+        n, k = x.size, where.size
         values = out[:k * x.itemsize].view(x.dtype)
         np.add(x[where], x.dtype.type(0), out=values)  # -0.0 + 0.0 is +0.0
+        if padded is not None:
+            values[padded] = 0
         positions = out[k * x.itemsize:]
         if self._bitmap(n):
             mask = np.zeros(n, np.uint8)
@@ -288,6 +340,11 @@ class TopK(Encoding):
         else:
             where = positions.view(np.int32)
         out[where] = values
+
+
+def _magnitude(x: np.ndarray) -> np.ndarray:
+    """``|x|``, computed in float32 at least (float16's absolute values compare alike, but sort faster so)."""
+    return np.abs(x if x.itemsize >= 4 else x.astype(np.float32))
 
 
 #: Elements of a strided sample that :func:`_largest` estimates its threshold from.
@@ -316,6 +373,16 @@ def _largest(magnitude: np.ndarray, k: int) -> np.ndarray:
     where = np.argpartition(magnitude, n - k)[n - k:]
     where.sort()
     return where
+
+
+def why_exact(specs: Iterable[str], dtype_name: str, itemsize: int, op: str | None = None) -> str | None:
+    """Why a call of ``dtype_name`` data (``op``: its reduction, None for data only moved) runs a schedule naming
+    the encodings ``specs`` exact, as the runtime decides it; None where some encoding carries it."""
+    if op not in (None, "sum", "avg"):
+        return f"op {op} (encodings carry sums and moved data)"
+    if not any(parse_encoding(spec).carries(dtype_name, itemsize) for spec in specs):
+        return f"{dtype_name} data (encodings carry float data they make smaller)"
+    return None
 
 
 def parse_encoding(text: str) -> Encoding:

@@ -22,10 +22,11 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
+from topocc.runtime.collective import collective as describe
 from topocc.runtime.encoding import Encoding, parse_encoding
 from topocc.runtime.errors import CommunicatorError, PeerError
 from topocc.runtime.matching import RECEIVES, sequence_numbers, streams
@@ -40,6 +41,7 @@ __all__ = [
     "REDUCTIONS",
     "ArrayOps",
     "Binding",
+    "Feedback",
     "Layout",
     "Program",
     "block_elements",
@@ -180,20 +182,15 @@ def block_elements(schedule: Schedule, in_count: int, out_count: int) -> int:
 
     Raises :class:`CommunicatorError` when the two sizes do not fit the collective.
     """
-    c, n = schedule.collective, schedule.ranks
-    if c == "allgather":
-        block, want = in_count, (in_count, in_count * n)
-    elif c == "reducescatter":
-        block, want = out_count, (out_count * n, out_count)
-    elif c == "alltoall":
-        if in_count % n:
-            raise CommunicatorError(f"alltoall needs a buffer size divisible by {n} ranks, got {in_count} elements")
-        block, want = in_count // n, (in_count, in_count)
-    else:
-        block, want = in_count, (in_count, in_count)
+    c, n = describe(schedule.collective), schedule.ranks
+    if c.exchanges and in_count % n:
+        raise CommunicatorError(f"{c.name} needs a buffer size divisible by {n} ranks, got {in_count} elements")
+    block = c.block(n, in_count, out_count)
+    want = c.sizes(n, block)
     if (in_count, out_count) != want:
         raise CommunicatorError(
-            f"{c} on {n} ranks needs {want[0]} input and {want[1]} output elements, got {in_count} and {out_count}"
+            f"{c.name} on {n} ranks needs {want[0]} input and {want[1]} output elements, got {in_count} and "
+            f"{out_count}"
         )
     return block
 
@@ -221,24 +218,15 @@ class Layout:
 
 def _per_rank(schedule: Schedule) -> int:
     """Chunks per rank block (``k``)."""
-    c = schedule.collective
-    if c == "reducescatter":
-        return schedule.output_chunks
-    if c == "alltoall":
-        return schedule.input_chunks // schedule.ranks
-    return schedule.input_chunks
+    return describe(schedule.collective).block(schedule.ranks, schedule.input_chunks, schedule.output_chunks)
 
 
 def _alias(schedule: Schedule, rank: int, ref: Chunk | None) -> Chunk | None:
-    """Where an in-place schedule keeps ``ref`` (NCCL's conventions, as topocc.planner.analysis.collectives.alias)."""
+    """Where an in-place schedule keeps ``ref`` (:meth:`Collective.alias`: the rule the verifier proves)."""
     if ref is None or not schedule.inplace or ref.buffer == "s":
         return ref
-    c, k = schedule.collective, _per_rank(schedule)
-    if c == "allgather":
-        return Chunk("o", rank * k + ref.index, ref.count) if ref.buffer == "i" else ref
-    if c == "reducescatter":
-        return Chunk("i", rank * k + ref.index, ref.count) if ref.buffer == "o" else ref
-    return Chunk("o", ref.index, ref.count)
+    buffer, index = describe(schedule.collective).alias(rank, ref.buffer, ref.index, _per_rank(schedule))
+    return Chunk(buffer, index, ref.count)
 
 
 def message_tag_space(schedule: Schedule) -> int:
@@ -246,27 +234,28 @@ def message_tag_space(schedule: Schedule) -> int:
     return 1 + max((op.channel for program in schedule.programs for op in program), default=0)
 
 
-def _chunk_sizes(schedule: Schedule, layout: Layout, rank: int) -> list[list[int]]:
-    """Elements in each chunk an operation of ``rank`` touches (per op, one entry per chunk).
+def _chunk_origins(schedule: Schedule, rank: int) -> list[list[int]]:
+    """Which chunk each chunk an operation of ``rank`` touches holds (per op, one entry per chunk), by its index
+    in the input or output buffer that the chunk's value came from.
 
-    Input and output chunk sizes follow from the layout; a scratch chunk holds
-    whatever was last put there, so schedules using scratch are executed
-    symbolically (all ranks, in dependency order) to learn what each message carries.
+    An input or output chunk holds itself; a scratch chunk holds whatever was last put there, so schedules
+    using scratch are executed symbolically (all ranks, in dependency order) to learn what each message
+    carries.  Sizes (:meth:`Layout.size`) and, for an all-reduce, positions (:meth:`Layout.offset`) follow.
     """
     if schedule.scratch_chunks == 0:
         out = []
         for op in schedule.programs[rank]:
             ref = op.src if op.src is not None else op.dst
             assert ref is not None
-            out.append([layout.size(x) for x in range(ref.index, ref.index + ref.count)])
+            out.append(list(range(ref.index, ref.index + ref.count)))
         return out
-    return _infer_with_scratch(schedule, layout)[rank]
+    return _infer_with_scratch(schedule)[rank]
 
 
-def _infer_with_scratch(schedule: Schedule, layout: Layout) -> list[list[list[int]]]:
+def _infer_with_scratch(schedule: Schedule) -> list[list[list[int]]]:
     programs = schedule.programs
-    sizes: list[list[list[int]]] = [[[] for _ in p] for p in programs]
-    content: list[dict[int, int]] = [{} for _ in programs]
+    origins: list[list[list[int]]] = [[[] for _ in p] for p in programs]
+    content: list[dict[int, int]] = [{} for _ in programs]  # scratch slot -> the chunk it holds
     send_of = {(b, kr): (a, ks) for (a, b, _), stream in streams(schedule).items() for ks, kr in stream.messages()}
     remaining = [[len(op.deps) for op in p] for p in programs]
     succ: list[list[list[int]]] = [[[] for _ in p] for p in programs]
@@ -279,9 +268,9 @@ def _infer_with_scratch(schedule: Schedule, layout: Layout) -> list[list[list[in
     work = [(r, k) for r, p in enumerate(programs) for k, op in enumerate(p) if not op.deps]
     done = 0
 
-    def ref_sizes(r: int, ref: Chunk, where: str) -> list[int]:
+    def ref_origins(r: int, ref: Chunk, where: str) -> list[int]:
         if ref.buffer != "s":
-            return [layout.size(x) for x in range(ref.index, ref.index + ref.count)]
+            return list(range(ref.index, ref.index + ref.count))
         try:
             return [content[r][x] for x in range(ref.index, ref.index + ref.count)]
         except KeyError:
@@ -300,7 +289,7 @@ def _infer_with_scratch(schedule: Schedule, layout: Layout) -> list[list[list[in
             got = sent.pop(send)
         else:
             assert op.src is not None
-            got = ref_sizes(r, op.src, where)
+            got = ref_origins(r, op.src, where)
             if op.kind == "send":
                 sent[(r, k)] = got
                 if (r, k) in parked:
@@ -308,7 +297,7 @@ def _infer_with_scratch(schedule: Schedule, layout: Layout) -> list[list[list[in
         if op.dst is not None and op.dst.buffer == "s":
             for t, z in enumerate(got):
                 content[r][op.dst.index + t] = z
-        sizes[r][k] = got
+        origins[r][k] = got
         done += 1
         for s in succ[r][k]:
             remaining[r][s] -= 1
@@ -317,7 +306,7 @@ def _infer_with_scratch(schedule: Schedule, layout: Layout) -> list[list[list[in
     if done != schedule.op_count:
         raise CommunicatorError("the schedule cannot complete: some receives have no matching send",
                                 fix="verify the schedule with topocc verify")
-    return sizes
+    return origins
 
 
 Piece = tuple[str, int, int]  # buffer, element offset, element count
@@ -383,7 +372,8 @@ class Program:
         self.layout = layout = Layout(block, _per_rank(schedule))
         program = schedule.programs[rank]
         self.n = len(program)
-        sizes = _chunk_sizes(schedule, layout, rank)
+        self.origins = _chunk_origins(schedule, rank)
+        sizes = [[layout.size(x) for x in chunks] for chunks in self.origins]
         seqs = sequence_numbers(program)
         self.kinds = [_KIND[op.kind] for op in program]
         self.peers = [op.peer for op in program]
@@ -412,6 +402,8 @@ class Program:
         # staging: a message that is not one contiguous piece, and every received operand of a reduction
         self.staging: dict[int, Any] = {}
         self.codecs = _codecs(program, ops, dtype) if encode else {}
+        # whether some rank's program encodes (the same on every rank: what a call's error feedback agrees on)
+        self.encoded = bool(encode and any(_codecs(p, ops, dtype) for p in schedule.programs))
         for k, kind in enumerate(self.kinds):
             pieces = self.src_pieces[k] if kind == SEND else self.dst_pieces[k]
             if kind == RECV_REDUCE or (kind in (SEND, RECV) and len(pieces) > 1) or (kind == COPY and k in self.codecs):
@@ -438,6 +430,18 @@ class Program:
         chunks = self.schedule.chunk_count(buffer)
         return self.layout.offset(chunks - 1) + self.layout.size(chunks - 1)
 
+    def positions(self, k: int) -> list[tuple[int, int]]:
+        """Where the elements operation ``k`` moves lie in an all-reduce's buffer, in the operation's order:
+        ``(offset, count)`` runs (the chunks it holds, wherever the schedule keeps them)."""
+        runs: list[tuple[int, int]] = []
+        for x in self.origins[k]:
+            start, count = self.layout.offset(x), self.layout.size(x)
+            if runs and runs[-1][0] + runs[-1][1] == start:
+                runs[-1] = (runs[-1][0], runs[-1][1] + count)
+            else:
+                runs.append((start, count))
+        return runs
+
     def bind(self, transport: Any, buffers: Mapping[str, Any], cache: int = 4,
              make: Callable[[Program, Any, Mapping[str, Any]], Any] | None = None) -> Any:
         """Views and persistent requests for these buffers, reused while the same buffers come back.
@@ -462,13 +466,14 @@ class Program:
         self._bindings.clear()
 
     def run(self, binding: Binding[Transport], reduce: Callable[..., Any], timeout: float, what: str,
-            events: list[tuple[int, float, float]] | None = None) -> None:
+            events: list[tuple[int, float, float]] | None = None, feedback: Feedback | None = None) -> None:
         """Execute the program once: start ops as their dependencies complete, poll, reduce in place.
 
         With ``events`` (a list), append ``(op index, start, end)`` in ``time.perf_counter()`` seconds for
         every operation (a message: from its start until this rank saw it complete); None records nothing.
+        With ``feedback``, the encoded sends and rounding copies encode through it (:class:`Feedback`).
         """
-        replay = _Replay(self, binding, reduce, events)
+        replay = _Replay(self, binding, reduce, events, feedback)
         transport = binding.transport
         test_some, idle = transport.test_some, os.sched_yield
         deadline = time.monotonic() + timeout
@@ -524,19 +529,32 @@ def _codecs(program: Sequence[Op], ops: ArrayOps, dtype: Any) -> dict[int, Encod
     return {k: codec for k, codec in found.items() if codec.carries(name, itemsize)}
 
 
+class Feedback(Protocol):
+    """What an encoded replay tells error feedback (:mod:`topocc.runtime.feedback`): it encodes each encoded
+    send's elements (``data``, in message order) into ``wire``, and each rounding copy's, decoding them back
+    into ``data``; and it keeps what the encoding dropped at :meth:`Program.positions` of the operation."""
+
+    def send(self, program: Program, k: int, codec: Encoding, data: np.ndarray, wire: np.ndarray) -> None:
+        """Encode send ``k``'s elements ``data`` into ``wire``."""
+
+    def round(self, program: Program, k: int, codec: Encoding, data: np.ndarray, wire: np.ndarray) -> None:
+        """Replace rounding copy ``k``'s elements ``data`` by their decoded encoding (``wire``: its bytes)."""
+
+
 class _Replay:
     """One execution of a :class:`Program` (see :meth:`Program.run`): the operations ready to start, the
     requests in flight and their operations, and how many operations are done."""
 
-    __slots__ = ("active", "active_ops", "binding", "done", "events", "program", "ready", "reduce", "remaining",
-                 "started", "starting")
+    __slots__ = ("active", "active_ops", "binding", "done", "events", "feedback", "program", "ready", "reduce",
+                 "remaining", "started", "starting")
 
     def __init__(self, program: Program, binding: Binding[Transport], reduce: Callable[..., Any],
-                 events: list[tuple[int, float, float]] | None) -> None:
+                 events: list[tuple[int, float, float]] | None, feedback: Feedback | None = None) -> None:
         self.program = program
         self.binding = binding
         self.reduce = reduce
         self.events = events
+        self.feedback = feedback
         self.remaining = program.ndeps.copy()  # dependencies each operation still waits for
         self.ready = program.roots.copy()
         self.starting: list[Any] = []  # requests to start
@@ -564,12 +582,15 @@ class _Replay:
                         copyto(d, s)
                 if k in encodes:
                     codec, data, wire = encodes[k]
-                    codec.encode(data, wire)
+                    if self.feedback is None:
+                        codec.encode(data, wire)
+                    else:
+                        self.feedback.send(program, k, codec, data, wire)
                 starting.append(reqs[k])
                 active_ops.append(k)
                 continue
             if k in rounds:
-                rounds[k].run(copyto)
+                rounds[k].run(copyto, self.feedback)
             elif kind == COPY:
                 for d, s in local[k]:
                     copyto(d, s)
@@ -709,11 +730,12 @@ class _Rounding:
     """A rounding copy bound to its buffers: ``dst := decode(encode(src))`` over the copy's elements in order
     (as a message of the same chunks would encode them), through the program's staging and wire bytes."""
 
-    __slots__ = ("codec", "data", "packs", "unpacks", "wire")
+    __slots__ = ("codec", "data", "k", "packs", "program", "unpacks", "wire")
 
     def __init__(self, program: Program, k: int, view: Callable[[Piece], Any], src: list[Piece],
                  dst: list[Piece]) -> None:
         stage, whole = program.staging[k], [("@", 0, program.msg_len[k])]
+        self.program, self.k = program, k
         self.codec = program.codecs[k]
         self.packs = [(stage[b[1]:b[1] + b[2]], view(a)) for a, b in pair_pieces(src, whole)]
         self.unpacks = [(view(a), stage[b[1]:b[1] + b[2]]) for a, b in pair_pieces(dst, whole)]
@@ -721,11 +743,14 @@ class _Rounding:
         assert data is not None and wire is not None  # codecs exist only where the memory has a numpy view
         self.data, self.wire = data, wire
 
-    def run(self, copyto: Callable[[Any, Any], None]) -> None:
+    def run(self, copyto: Callable[[Any, Any], None], feedback: Feedback | None = None) -> None:
         for d, s in self.packs:
             copyto(d, s)
-        self.codec.encode(self.data, self.wire)
-        self.codec.decode(self.wire, self.data)
+        if feedback is None:
+            self.codec.encode(self.data, self.wire)
+            self.codec.decode(self.wire, self.data)
+        else:
+            feedback.round(self.program, self.k, self.codec, self.data, self.wire)
         for d, s in self.unpacks:
             copyto(d, s)
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from topocc.runtime.errors import CommunicatorError
-from topocc.runtime.executor import Program
+from topocc.runtime.executor import Feedback, Program
 from topocc.runtime.group_executor import GroupProgram, Work
 from topocc.runtime.lowering import RankLowering, chunks_per_round_for, lower
 from topocc.runtime.transports import GroupTransport, PeerFailure, Transport
@@ -64,8 +64,9 @@ class Replay(Protocol):
     def run(self, program: Program, buffers: dict[str, Any], reduce: Any, what: str, *, async_op: bool,
             epilogue: Callable[[], None] | None, events: Events | None,
             fail: Callable[[CommunicatorError], CommunicatorError],
-            fail_later: Callable[[CommunicatorError], None]) -> Work | None:
-        """Replay ``program`` once; ``epilogue`` runs after it, in order with it."""
+            fail_later: Callable[[CommunicatorError], None], feedback: Feedback | None = None) -> Work | None:
+        """Replay ``program`` once; ``epilogue`` runs after it, in order with it; ``feedback`` encodes the encoded
+        messages (error feedback), where the replay encodes any."""
         ...
 
     def drain(self, deadline: float) -> None:
@@ -100,11 +101,11 @@ class DataflowReplay:
     def run(self, program: Program, buffers: dict[str, Any], reduce: Any, what: str, *, async_op: bool,
             epilogue: Callable[[], None] | None, events: Events | None,
             fail: Callable[[CommunicatorError], CommunicatorError],
-            fail_later: Callable[[CommunicatorError], None]) -> Work | None:
+            fail_later: Callable[[CommunicatorError], None], feedback: Feedback | None = None) -> Work | None:
         """Replay on the host; returns once the result is in place (``async_op`` is refused before this)."""
         try:
             binding = program.bind(self.transport, buffers)
-            program.run(binding, reduce, self.timeout, what, events)
+            program.run(binding, reduce, self.timeout, what, events, feedback)
         except CommunicatorError as err:
             raise fail(err) from None
         if epilogue is not None:
@@ -151,8 +152,9 @@ class LoweredReplay:
     def run(self, program: Program, buffers: dict[str, Any], reduce: Any, what: str, *, async_op: bool,
             epilogue: Callable[[], None] | None, events: Events | None,
             fail: Callable[[CommunicatorError], CommunicatorError],
-            fail_later: Callable[[CommunicatorError], None]) -> Work | None:
-        """Post everything in order; the caller's stream (or the returned :class:`Work`) waits for it."""
+            fail_later: Callable[[CommunicatorError], None], feedback: Feedback | None = None) -> Work | None:
+        """Post everything in order; the caller's stream (or the returned :class:`Work`) waits for it (the
+        lowering replays exact: no ``feedback`` to give)."""
         grouped = self._grouped[program]
         timeout = self.timeout
 

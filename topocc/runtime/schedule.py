@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from topocc.runtime.collective import NAMES, ROOTED, Collective
+from topocc.runtime.collective import collective as describe
 from topocc.runtime.encoding import parse_encoding
 from topocc.runtime.errors import ScheduleFormatError
 
@@ -48,6 +50,7 @@ __all__ = [
     "ENCODABLE",
     "FORMAT",
     "OP_RULES",
+    "ROOTED",
     "VERSION",
     "VERSIONS",
     "Chunk",
@@ -76,18 +79,13 @@ VERSIONS = (1, 2, 3)
 
 #: Buffer names as stored (MSCCL's letters): input, output, scratch.
 BUFFERS = ("i", "o", "s")
-COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall")
-ROOTED = ("broadcast", "reduce")
+#: The collectives' stored names (:mod:`topocc.runtime.collective` describes each; ``ROOTED``: those with a root).
+COLLECTIVES = NAMES
 
 
 def canonical_collective(name: str) -> str:
     """Normalise ``all-reduce``, ``reduce_scatter``, ``AllGather`` ... to the stored names."""
-    key = name.lower().replace("-", "").replace("_", "").replace(" ", "")
-    if key not in COLLECTIVES:
-        raise ScheduleFormatError(
-            f"unknown collective {name!r}", fix=f"use one of {', '.join(COLLECTIVES)}"
-        )
-    return key
+    return describe(name).name
 
 
 @dataclass(frozen=True, slots=True)
@@ -576,7 +574,7 @@ def parse_schedule(doc: Any, source: str = "<schedule>") -> Schedule:
         raise r.fail("collective", exc.message, exc.fix) from None
     ranks = r.integer(top["ranks"], "ranks", 1, 1 << 20)
     root = top.get("root")
-    if collective in ROOTED:
+    if describe(collective).rooted:
         root = r.integer(root, "root", 0, ranks - 1) if root is not None else 0
     elif root is not None:
         raise r.fail("root", f"{collective} has no root", fix="set root to null")
@@ -660,17 +658,9 @@ def _check_encodings(r: _Reader, version: int, programs: Sequence[Sequence[Op]])
                              fix="give both ends of a message the same enc")
 
 
-def chunking_problem(collective: str, ranks: int, n_in: int, n_out: int) -> str | None:
+def chunking_problem(collective: str | Collective, ranks: int, n_in: int, n_out: int) -> str | None:
     """Why the input/output chunk counts do not fit the collective's shape, or None if they do."""
-    if collective in ("allreduce", "broadcast", "reduce") and n_in != n_out:
-        return f"{collective} needs as many output chunks as input chunks ({n_out} != {n_in})"
-    if collective == "allgather" and n_out != n_in * ranks:
-        return f"allgather needs output chunks = ranks x input chunks ({n_out} != {ranks} x {n_in})"
-    if collective == "reducescatter" and n_in != n_out * ranks:
-        return f"reducescatter needs input chunks = ranks x output chunks ({n_in} != {ranks} x {n_out})"
-    if collective == "alltoall" and (n_in != n_out or n_in % ranks):
-        return f"alltoall needs equal input and output chunks, a multiple of {ranks} ({n_in}, {n_out})"
-    return None
+    return describe(collective).chunking_problem(ranks, n_in, n_out)
 
 
 def _parse_metadata(r: _Reader, doc: Any) -> Metadata:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import cache
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.rounding import make_consistent
 from topocc.planner.errors import NotApplicableError, UsageError
 from topocc.planner.routing.network import Network, network_of
+from topocc.planner.topology.calibration import link_classes_of
 from topocc.planner.topology.catalogue import resolve_topology
 from topocc.runtime.schedule import dump_schedule
 
@@ -116,3 +118,71 @@ def test_sends_of_an_out_of_place_input_read_its_rounded_copy(collective: str, a
     closed = make_consistent(compiled.schedule, sends, redirect=False)
     assert closed.kept_exact > 0
     verify(closed.schedule)
+
+
+def test_a_budget_sizes_top_k_by_each_class_bandwidth() -> None:
+    """DLion's per-link budget: on emu-racks the rack uplinks (switch-1, 50 Gb/s) are half as fast as the host
+    links (host-switch, 100 Gb/s), so messages crossing them keep half the fraction."""
+    assert parse_policy("topk:budget@inter-rack").rules[0].budget == 0.01
+    rule = parse_policy("topk:budget=2%@inter-host").rules[0]
+    assert (rule.encoding, rule.budget, str(rule)) == ("topk:budget=0.02", 0.02, "topk:budget=0.02@inter-host")
+    net = _net("emu-racks")
+    classes = link_classes_of(net.topology)
+    speed = {classes[(link.src, link.dst)]: link.bandwidth for link in net.topology.links}
+    assert speed["switch-1"] * 2 == speed["host-switch"]
+    done = compress(net, _compiled("emu-racks"), "topk:budget=2%@inter-host")
+    result = done.compiled.schedule
+    fractions = {op.encoding for p in result.programs for op in p if op.encoding}
+    assert fractions == {"topk:0.02", "topk:0.01"}
+    by_class = {(c.link_class, c.encoding) for c in done.report.classes}
+    assert ("switch-1", "topk:0.01") in by_class and ("switch-1", "topk:0.02") not in by_class
+    assert ("host-switch", "topk:0.02") in by_class  # between the hosts of a rack: the full budget
+    verify(result)  # consistent and exact where a value would need two budgets (kept exact)
+    assert done.report.kept_exact > 0
+    one = compress(net, _compiled("emu-racks"), "topk:budget=2%@inter-rack").compiled.schedule
+    assert {op.encoding for p in one.programs for op in p if op.encoding} == {"topk:0.02"}  # one class: F itself
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("topk:budget=0@slow", "bad top-k encoding 'topk:0'"), ("topk:budget=x%@slow", "bad top-k encoding"),
+])
+def test_bad_budgets_are_one_line(text: str, fragment: str) -> None:
+    with pytest.raises(UsageError, match=fragment) as info:
+        parse_policy(text)
+    assert "topk:budget=1%" in (info.value.fix or "")
+
+
+def test_a_plan_without_slow_links_is_refused_or_left_exact_by_choice() -> None:
+    from topocc.planner.compiler.compress import compress_all
+
+    net = _net("dgx1-v100")
+    buckets = [_compiled("dgx1-v100")]
+    with pytest.raises(NotApplicableError, match="selects no message"):
+        compress_all(net, buckets, "bf16@slow")
+    done = compress_all(net, buckets, "bf16@slow", exact_if_none=True)
+    assert done[0].compiled is buckets[0] and done[0].report.encoded_messages == 0
+    assert dump_schedule(done[0].compiled.schedule) == dump_schedule(buckets[0].schedule)
+
+
+CALIBRATED = """
+calibration:
+  measured: "2026-11-29T00:00:00Z"
+  how: "by hand"
+  transport: "MPI (test)"
+  links:
+    host-switch: {bandwidth: 12 GB/s, latency: 5 us}
+    switch-1: {bandwidth: 3 GB/s, latency: 5 us}
+"""
+
+
+def test_a_budget_follows_the_calibrated_bandwidths() -> None:
+    """Measured figures replace the file's: a rack uplink measured at a quarter of the host links' bandwidth
+    keeps a quarter of the budget."""
+    from topocc.planner.topology.catalogue import shipped_topologies
+    from topocc.planner.topology.parse import parse_topology_text
+
+    text = Path(shipped_topologies()["emu-racks"]).read_text() + CALIBRATED
+    net = network_of(parse_topology_text(text, "emu-racks-calibrated.yaml"))
+    compiled = compile_schedule(net, "allreduce", "ring", Options(size_bytes=1 << 20))
+    result = compress(net, compiled, "topk:budget=4%@inter-host").compiled.schedule
+    assert {op.encoding for p in result.programs for op in p if op.encoding} == {"topk:0.04", "topk:0.01"}

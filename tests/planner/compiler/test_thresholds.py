@@ -8,9 +8,9 @@ import pytest
 
 from tests.runtime.training.launch import TOPOLOGY
 from topocc.planner.analysis.simulate import simulate
-from topocc.planner.compiler.bundle import compile_bundle, requests_for
+from topocc.planner.compiler.bundling import compile_bundle, requests_for
 from topocc.planner.compiler.native import native_schedule
-from topocc.planner.compiler.plans import compile_plan
+from topocc.planner.compiler.size_buckets import compile_plan
 from topocc.planner.compiler.thresholds import MIN_PREDICTED_GAIN, native_threshold
 from topocc.planner.routing.network import Network
 from topocc.planner.topology.catalogue import resolve_topology

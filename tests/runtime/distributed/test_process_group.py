@@ -18,9 +18,9 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 
 from tests.conftest import REPO, run_bounded  # noqa: E402
 from tests.runtime.training.launch import TOPOLOGY  # noqa: E402
-from topocc.planner.compiler.bundle import requests_from_calls  # noqa: E402
+from topocc.planner.compiler.bundling import requests_from_calls  # noqa: E402
 from topocc.planner.compiler.options import Options  # noqa: E402
-from topocc.planner.compiler.plans import compile_plan  # noqa: E402
+from topocc.planner.compiler.size_buckets import compile_plan  # noqa: E402
 from topocc.planner.topology.parse import parse_topology_text  # noqa: E402
 from topocc.runtime.bundle import Bundle, BundlePlan, save_bundle  # noqa: E402
 from topocc.runtime.calls import read_calls  # noqa: E402
@@ -47,7 +47,9 @@ def bundle_for(tmp_path: Path, world: int, collectives: tuple[str, ...] = EVERY,
 
 
 def torchrun(world: int, script: str, *args: str, env: dict[str, str], limit: float = 240):  # type: ignore[no-untyped-def]
-    full = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", **env}
+    # these jobs test what the plans do: no trials against gloo (TOPOCC_TUNE) unless a test asks for them
+    full = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
+            "TOPOCC_TUNE": "off", **env}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
            str(HERE / script), *args]
     return run_bounded(cmd, limit, f"torchrun {script}", env=full)

@@ -99,6 +99,28 @@ def test_a_plan_predicted_faster_nowhere_never_runs(tmp_path: Path) -> None:
     assert allreduce["why"] == "model predicts no gain at any size"
 
 
+def test_the_first_calls_of_a_size_are_trials_and_the_ranks_agree_on_which_runs_the_rest(tmp_path: Path) -> None:
+    """Six 1 KiB all-reduces, the bundle running the plan at every size: two timed calls each way, then every
+    rank takes the same side for the rest, says which with both times, and counts the reason."""
+    folder = bundle_for(tmp_path, 2, ("allreduce",))
+    done = torchrun(2, "async_job.py", "sizes", "256", "256", "256",
+                    env={"TOPOCC_PLAN": str(folder), "TOPOCC_TUNE": "on", "TOPOCC_DEBUG": "INFO"})
+    allreduce = result(done)["counters"]["allreduce"]
+    verdicts = set()
+    for rank in (0, 1):
+        (line,) = [line for line in done.stderr.splitlines()
+                   if line.startswith(f"topocc INFO rank {rank} world: allreduce of 1 KiB to 2 KiB: measured plan ")]
+        verdicts.add(line.rpartition(": ")[2])
+    assert len(verdicts) == 1, verdicts  # both ranks decided alike, from the same agreed figures
+    if verdicts == {"gloo runs it"}:  # on loopback the host-driven replay is usually the slower
+        assert (allreduce["planned"], allreduce["delegated"]) == (2, 4), allreduce
+        assert allreduce["why"].startswith("measured no faster than gloo"), allreduce
+    else:
+        assert verdicts == {"the plan runs it"}
+        assert (allreduce["planned"], allreduce["delegated"]) == (4, 2), allreduce
+        assert allreduce["why"] == "", allreduce  # the trials' reason is not kept
+
+
 # ---------------------------------------------------------------------------------------------- debug lines
 
 
@@ -139,7 +161,7 @@ def rank_logs(log_dir: Path, rank: int) -> list[str]:
 def test_a_failed_rank_ends_its_output_with_topoccs_line(tmp_path: Path, mode: str) -> None:
     log_dir = tmp_path / "logs"
     full = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
-            "TOPOCC_PLAN": str(bundle_for(tmp_path, 2, ("allreduce",))), "TOPOCC_TIMEOUT": "3"}
+            "TOPOCC_PLAN": str(bundle_for(tmp_path, 2, ("allreduce",))), "TOPOCC_TIMEOUT": "3", "TOPOCC_TUNE": "off"}
     full.pop("TOPOCC_TOPOLOGY", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--redirects", "3",
            "--log-dir", str(log_dir),

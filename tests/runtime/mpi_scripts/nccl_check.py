@@ -73,7 +73,7 @@ def _load(name: str) -> Any:
 
 def launch(mode: str, world: int, *args: str, limit: float = 300.0) -> Outputs:
     """Run ``world`` ranks of ``mode`` on this machine's GPU; every rank is killed if ``limit`` seconds pass."""
-    from topocc.runtime.launch import spawn_ranks
+    from topocc.runtime.harness.launch import spawn_ranks
 
     with tempfile.TemporaryDirectory(prefix="topocc-nccl-") as tmp:
         store = str(Path(tmp) / "store")
@@ -184,9 +184,9 @@ def _check_schedules(rank: int, world: int, device: Any, schedules: dict[str, An
                      counts: list[int], group_bytes: int, transport: Any) -> dict[str, Any]:
     import torch
 
-    from topocc.runtime.baselines import native
     from topocc.runtime.communicator import Communicator
-    from topocc.runtime.worker import call
+    from topocc.runtime.harness.baselines import native
+    from topocc.runtime.harness.worker import call
 
     T = _load("torch_check")  # inputs_for, reference, DTYPES, OPS: the same references as the gloo checks
     cases, wrong, natives = 0, [], 0
@@ -279,7 +279,7 @@ def main(argv: list[str]) -> int:
             os.write(2, f"topocc: {err.one_line()}\n".encode())
             return err.exit_code
     if argv[0] in ("run", "suite"):
-        from topocc.runtime.launch import exit_on_sigterm
+        from topocc.runtime.harness.launch import exit_on_sigterm
 
         exit_on_sigterm()  # a `timeout` on this launcher takes its ranks along
         jobs = 1

@@ -23,11 +23,11 @@ import torch
 import torch.distributed as dist
 
 from topocc.planner.analysis.verify import verify
-from topocc.runtime.baselines import native
 from topocc.runtime.communicator import Communicator
 from topocc.runtime.errors import CommunicatorError
+from topocc.runtime.harness.baselines import native
+from topocc.runtime.harness.worker import call, make_input
 from topocc.runtime.transports.gloo import GlooTransport
-from topocc.runtime.worker import call, make_input
 
 _spec = importlib.util.spec_from_file_location("runtime_test_schedules", Path(__file__).with_name("schedules.py"))
 S = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 from tests.conftest import REPO, run_bounded
-from topocc.planner.compiler.plans import compile_plan
+from topocc.planner.compiler.size_buckets import compile_plan
 from topocc.planner.topology.parse import parse_topology_text
-from topocc.runtime.launch import RANK_WRAPPER, find_mpiexec
+from topocc.runtime.harness.launch import RANK_WRAPPER, find_mpiexec
 from topocc.runtime.plan import save_plan
 
 #: Every rank's preamble: MPI for the rows, torch.distributed over gloo (rank 0's store binds a free port itself

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.runtime.training.launch import PREAMBLE, launch, plan_for
+from topocc.planner.gradblocks.block_plan import BlockPlan, block_plan_to_dict, prophet_blocks
 from topocc.planner.gradblocks.cost import LinearCost
-from topocc.planner.gradblocks.plan import BlockPlan, block_plan_to_dict, prophet_blocks
 from topocc.runtime.training import profile_model
 
 torch = pytest.importorskip("torch")

@@ -98,12 +98,13 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.errors import InfeasibleError, NotApplicableError, UsageError
 from topocc.planner.routing.network import PER_CONNECTION, Memo, Network, network_of
 from topocc.planner.solvers import LinearProgram, SolverOptions, solve
 from topocc.planner.topology.model import Topology
 from topocc.planner.units import format_bandwidth, format_time
+from topocc.runtime.collective import ALLREDUCE, Collective
+from topocc.runtime.collective import collective as describe
 
 __all__ = ["Bound", "lower_bound"]
 
@@ -544,22 +545,21 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def _demand(collective: str, n: float, p: int, k: int, has_root: bool) -> tuple[float, float]:
+def _demand(collective: Collective, n: float, p: int, k: int, has_root: bool) -> tuple[float, float]:
     """(bytes into, bytes out of) a cut holding ``k`` of ``p`` ranks (see the module docstring)."""
-    if collective == "allgather":
+    if collective.gathers:
         return n * (p - k) / p, n * k / p
-    if collective == "reducescatter":
+    if collective.scatters:
         return n * k / p, n * (p - k) / p
-    if collective == "allreduce":
-        return n, n
-    if collective == "broadcast":
+    if collective.from_root:
         return (0.0, n) if has_root else (n, 0.0)
-    if collective == "reduce":
+    if collective.to_root:
         return (n, 0.0) if has_root else (0.0, n)
-    if collective == "alltoall":
+    if collective.exchanges:
         both = n * k * (p - k) / p
         return both, both
-    raise AssertionError(collective)
+    assert collective is ALLREDUCE, collective  # the one left: every result depends on every input
+    return n, n
 
 
 def _term(need: float, cap: float, lat: float) -> tuple[float, float]:
@@ -582,7 +582,7 @@ def lower_bound(where: Topology | Network, collective: str, size_bytes: int, roo
     """
     net = network_of(where)
     topology = net.topology
-    collective = canonical_collective(collective)
+    c = describe(collective)
     p = topology.size
     if not 0 <= root < p:
         raise UsageError(f"root {root} is not a rank of {topology.name} (it has {p} ranks)",
@@ -596,13 +596,13 @@ def lower_bound(where: Topology | Network, collective: str, size_bytes: int, roo
 
     best = (0.0, 0.0, 0.0, "")  # (time, bandwidth, latency, description)
     for cut in family.cuts:
-        need_in, need_out = _demand(collective, n, p, cut.count(p), cut.holds(root))
+        need_in, need_out = _demand(c, n, p, cut.count(p), cut.holds(root))
         for need, cap, lat, way in ((need_in, cut.cap_in, cut.lat_in, "in"),
                                     (need_out, cut.cap_out, cut.lat_out, "out")):
             bw, lt = _term(need, cap, lat)
             if bw + lt > best[0]:
                 best = (bw + lt, bw, lt, f"{cut.label}: {format_bandwidth(cap)} {way}")
-    if collective == "allreduce":
+    if c is ALLREDUCE:
         for part in family.partitions:
             need = 2.0 * (part.parts - 1) * n
             terms = [(part.cap_in, part.lat_in, "entering them"), (part.cap_out, part.lat_out, "leaving them")]
@@ -613,9 +613,9 @@ def lower_bound(where: Topology | Network, collective: str, size_bytes: int, roo
                 if bw + lt > best[0]:
                     best = (bw + lt, bw, lt, f"{part.label}: 2(m-1)N over {format_bandwidth(cap)} {way}")
 
-    if collective in ("allgather", "reducescatter") and p <= ROUTED_PARTITION_RANKS:
+    if (c.gathers or c.scatters) and p <= ROUTED_PARTITION_RANKS:
         # every rank receives the others' blocks (all-gather), or sends its contributions to them
-        inbound = collective == "allgather"
+        inbound = c.gathers
         rate = net.memo(_RECEIVING if inbound else _SENDING)
         if rate is not None:
             bw, _ = _term(n * (p - 1) / p, rate, 0.0)
@@ -623,11 +623,11 @@ def lower_bound(where: Topology | Network, collective: str, size_bytes: int, roo
                 best = (bw, bw, 0.0, f"every rank {'receiving' if inbound else 'sending'} (p-1)N/p at once: "
                                      f"{format_bandwidth(rate)} each over the routes")
 
-    if collective == "broadcast":
+    if c.from_root:
         dist = family.from_rank(root)
         far = max(range(p), key=dist.__getitem__)
         latency, pair = dist[far], (root, far)
-    elif collective == "reduce":
+    elif c.to_root:
         dist = family.from_rank(root, reverse=True)
         far = max(range(p), key=dist.__getitem__)
         latency, pair = dist[far], (far, root)

@@ -25,6 +25,8 @@ from typing import Any
 
 from topocc.planner.analysis.collectives import CollectiveSpec, spec
 from topocc.planner.errors import VerificationError
+from topocc.runtime.collective import DESCRIPTIONS
+from topocc.runtime.collective import collective as describe
 from topocc.runtime.encoding import Encoding, parse_encoding
 from topocc.runtime.errors import ScheduleFormatError
 from topocc.runtime.matching import RECEIVES, streams
@@ -33,8 +35,9 @@ from topocc.runtime.schedule import ENCODABLE, Chunk, Op, Schedule
 __all__ = ["SAME_ON_EVERY_RANK", "Cell", "EncodingReport", "LineageTrace", "Lineages", "check_encodings", "is_encoded",
            "trace_lineages"]
 
-#: Collectives whose output is the same on every rank: these must end with the same bits everywhere.
-SAME_ON_EVERY_RANK = frozenset({"allreduce", "broadcast", "allgather"})
+#: Collectives whose output is the same on every rank (:attr:`Collective.replicates`): these must end with the
+#: same bits everywhere.
+SAME_ON_EVERY_RANK = frozenset(c.name for c in DESCRIPTIONS if c.replicates)
 
 #: A chunk's symbolic value: its logical key and its lineage's id.
 Cell = tuple[int, int]
@@ -211,7 +214,7 @@ def check_encodings(schedule: Schedule, dtype: tuple[str, int] | None = None) ->
     sp = spec(schedule.collective, schedule.ranks, schedule.input_chunks, schedule.output_chunks, schedule.root)
     trace = trace_lineages(schedule, codecs)
     lineages, outputs = trace.lineages, trace.outputs
-    if schedule.collective in SAME_ON_EVERY_RANK:
+    if describe(schedule.collective).replicates:
         _check_agreement(schedule, outputs, lineages)
     expected = [sp.expected(r) for r in range(schedule.ranks)]
     approximate = tuple(

@@ -43,9 +43,6 @@ __all__ = ["VerifyReport", "verify"]
 
 Programs = tuple[tuple[Op, ...], ...]
 
-#: Collectives whose postcondition is the same on every rank (CollectiveSpec.expected ignores the rank).
-_SAME_ON_EVERY_RANK = frozenset({"allreduce", "broadcast", "allgather"})
-
 
 @dataclass(frozen=True, slots=True)
 class VerifyReport:
@@ -578,7 +575,7 @@ def _verify(schedule: Schedule) -> VerifyReport:
     expected: list[Value | None] | None = None
     runs: list[Segment] = []
     for rank, mem in enumerate(memories):
-        if expected is None or sp.collective not in _SAME_ON_EVERY_RANK:
+        if expected is None or not sp.description.replicates:  # else the same postcondition on every rank
             expected = sp.expected(rank)
             if all(want is None for want in expected):
                 continue
@@ -598,10 +595,7 @@ def _verify(schedule: Schedule) -> VerifyReport:
 
 def _name_value(sp: CollectiveSpec, key: int) -> str:
     """A logical chunk in the collective's own terms."""
-    if sp.collective == "allgather":
-        q, j = divmod(key, sp.per_rank)
-        return f"input chunk {j} of rank {q}"
-    if sp.collective == "alltoall":
+    if sp.description.output_split:  # the ranks' inputs are distinct data (Collective.first_key)
         q, j = divmod(key, sp.input_chunks)
         return f"input chunk {j} of rank {q}"
     return f"logical chunk {key}"
@@ -612,7 +606,7 @@ def _explain_value(sp: CollectiveSpec, actual: Value | None, want: Value) -> str
         return "never written"
     if actual[0] != want[0]:
         return f"holds {_name_value(sp, actual[0])} instead of {_name_value(sp, want[0])}"
-    if sp.collective == "broadcast":
+    if sp.description.from_root:
         return f"holds data from rank(s) {_ranks(actual[1])} instead of the root's (rank {sp.root})"
     missing, extra = want[1] & ~actual[1], actual[1] & ~want[1]
     parts = []

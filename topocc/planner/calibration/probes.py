@@ -1,4 +1,4 @@
-"""What ``topocc calibrate`` measures on a topology: the tests :mod:`topocc.runtime.probe` runs.
+"""What ``topocc calibrate`` measures on a topology: the tests :mod:`topocc.runtime.harness.probe` runs.
 
 Per signature (:class:`~topocc.planner.calibration.classes.PairProbe`): messages of a few sizes alone
 (ping-pong: latency and bandwidth of the path) and one stream split into more and more messages (the

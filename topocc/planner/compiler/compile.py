@@ -15,11 +15,11 @@ from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.analysis.simulate import SimResult
 from topocc.planner.analysis.verify import VerifyReport
 from topocc.planner.collector import rare_collections
-from topocc.planner.compiler.build import build
 from topocc.planner.compiler.evaluate import Evaluator
 from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.proof import Proof
 from topocc.planner.compiler.race import Candidate, ProgressFn, race
+from topocc.planner.compiler.routed import routed_schedule
 from topocc.planner.routing.network import Network, network_of
 from topocc.planner.topology.model import Topology
 from topocc.runtime.schedule import Schedule
@@ -64,7 +64,7 @@ def compile_schedule(where: Topology | Network, collective: str, algorithm: str 
     evaluator = Evaluator(net, options.size_bytes)
     options = replace(options, evaluator=evaluator)
     if algorithm != "auto":
-        schedule = build(net, collective, algorithm, options)
+        schedule = routed_schedule(net, collective, algorithm, options)
         return _finish(net, schedule, options, evaluator, size_range, (), None, Proof(schedule))
     outcome = race(net, collective, options, evaluator, progress)
     return _finish(net, outcome.leader.schedule, options, evaluator, size_range, outcome.candidates,

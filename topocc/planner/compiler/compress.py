@@ -11,7 +11,12 @@ same bits: :mod:`topocc.planner.compiler.rounding`), proves it (the exact datafl
 A policy is one or more rules ``ENCODING@SCOPE``, comma-separated, the first that selects a link of a
 message's route choosing its encoding:
 
-* ENCODING: ``bf16``, ``fp16``, ``int8`` (``int8:block=N``), ``topk:F`` (``topk:1%``);
+* ENCODING: ``bf16``, ``fp16``, ``int8`` (``int8:block=N``), ``topk:F`` (``topk:1%``), or ``topk:budget=F``
+  (``topk:budget`` for 1%): DLion's per-link budget (Hong et al., HPDC 2021), top-k whose ``k`` is sized
+  from the bandwidth of the link class each message crosses: the fastest class the rule selects keeps
+  ``F``, a class of bandwidth ``b`` keeps ``F * b / b_fastest`` (half as fast, half as many entries), each
+  message by the slowest selected link on its route; the bandwidths are the topology's links as calibrated
+  (a ``calibration:`` block replaces the file's figures with measured ones);
 * SCOPE: ``slow`` (the links that set the plan's time: the class of the busiest link in the exact plan's
   simulation, when some class the plan crosses is faster; none where every hop is as fast),
   ``links<=BANDWIDTH`` (``links<=25Gb/s``), ``inter-rack`` (links between switches), ``inter-host``
@@ -19,7 +24,10 @@ message's route choosing its encoding:
   ``host:nvlink``: :func:`~topocc.planner.topology.calibration.link_classes_of`).
 
 A policy that selects no message of the plan is refused (:class:`~topocc.planner.errors.NotApplicableError`,
-one line naming the classes the plan crosses): compressing nothing is never silent.
+one line naming the classes the plan crosses): compressing nothing is never silent.  Where the user chooses
+so (:func:`compress_all`'s ``exact_if_none``: ``topocc bundle --compress-else exact``), such a plan stays
+exact instead.  A ``topk:budget`` rule whose owner sends one value over classes of different budgets cannot
+round it for both: those messages go exact (the report's ``kept_exact``).
 
 >>> compressed = compress(topology, compile_schedule(topology, "allreduce"), "bf16@slow")  # doctest: +SKIP
 >>> compressed.report.predicted_time_s / compressed.report.exact_time_s  # doctest: +SKIP
@@ -42,7 +50,7 @@ from topocc.planner.routing.paths import recorded_paths
 from topocc.planner.topology.calibration import link_classes_of
 from topocc.planner.topology.model import Topology
 from topocc.planner.units import UnitError, format_bandwidth, parse_bandwidth
-from topocc.runtime.encoding import parse_encoding
+from topocc.runtime.encoding import TopK, parse_encoding
 from topocc.runtime.errors import ScheduleFormatError
 from topocc.runtime.matching import streams
 from topocc.runtime.schedule import Schedule
@@ -55,18 +63,22 @@ LinkKey = tuple[str, str]
 #: A message's paths, each as its links' ends.
 Paths = tuple[tuple[LinkKey, ...], ...]
 
-_POLICY_FIX = ("write ENCODING@SCOPE, e.g. bf16@slow, int8@links<=25Gb/s, topk:1%@inter-rack or fp16@host-switch "
-               "(comma-separated for several)")
+_POLICY_FIX = ("write ENCODING@SCOPE, e.g. bf16@slow, int8@links<=25Gb/s, topk:1%@inter-rack, "
+               "topk:budget=1%@inter-host or fp16@host-switch (comma-separated for several)")
+#: The kept fraction of the fastest class a bare ``topk:budget`` selects.
+DEFAULT_BUDGET = 0.01
 
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """One ``ENCODING@SCOPE`` rule: the encoding's canonical spec, the scope as written, and the bandwidth
-    limit of a ``links<=`` scope."""
+    """One ``ENCODING@SCOPE`` rule: the encoding's canonical spec, the scope as written, the bandwidth
+    limit of a ``links<=`` scope, and the fastest class's fraction of a ``topk:budget`` rule (then the
+    encoding is ``topk:budget=F``, each message's spec made from its link class's bandwidth)."""
 
     encoding: str
     scope: str
     max_bandwidth: float | None = None
+    budget: float | None = None
 
     def __str__(self) -> str:
         return f"{self.encoding}@{self.scope}"
@@ -87,8 +99,9 @@ def parse_policy(text: str) -> Policy:
         encoding, at, scope = part.strip().rpartition("@")
         if not at or not encoding or not scope:
             raise UsageError(f"compression policy {text!r}: {part.strip()!r} is not ENCODING@SCOPE", fix=_POLICY_FIX)
+        budget = _budget(text, encoding)
         try:
-            spec_ = parse_encoding(encoding).spec
+            spec_ = f"topk:budget={budget!r}" if budget is not None else parse_encoding(encoding).spec
         except ScheduleFormatError as exc:
             raise UsageError(f"compression policy {text!r}: {exc.message}", fix=exc.fix) from None
         limit = None
@@ -98,8 +111,25 @@ def parse_policy(text: str) -> Policy:
             except UnitError as exc:
                 raise UsageError(f"compression policy {text!r}: {exc}",
                                  fix="write e.g. links<=25Gb/s or links<=12.5GB/s") from None
-        rules.append(Rule(spec_, scope.strip(), limit))
+        rules.append(Rule(spec_, scope.strip(), limit, budget))
     return Policy(text, tuple(rules))
+
+
+def _budget(text: str, encoding: str) -> float | None:
+    """The fastest class's fraction of a ``topk:budget[=F]`` encoding (None for any other encoding)."""
+    name, _, arg = encoding.strip().partition(":")
+    key, eq, value = arg.strip().partition("=")
+    if name.strip().lower() != "topk" or key.strip().lower() != "budget":
+        return None
+    if not eq:
+        return DEFAULT_BUDGET
+    try:
+        found = parse_encoding(f"topk:{value.strip()}")
+    except ScheduleFormatError as exc:
+        raise UsageError(f"compression policy {text!r}: {exc.message}",
+                         fix="write topk:budget=F with F in (0, 1], e.g. topk:budget=1%") from None
+    assert isinstance(found, TopK)
+    return found.fraction
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,11 +213,7 @@ def compress(where: Topology | Network, compiled: Compiled, policy: str | Policy
     busiest = compiled.sim.bottlenecks(1)
     slow = classes[busiest[0][0]] if busiest else None
     selected = [(rule, _selected(net, rule, routes, classes, slow)) for rule in policy.rules]
-    marks = {}
-    for send, links in routes.items():
-        rule = next((rule for rule, chosen in selected if chosen & links), None)
-        if rule is not None:
-            marks[send] = rule.encoding
+    marks = _marks(net, routes, classes, selected)
     if not marks:
         raise NotApplicableError(f"compression policy {policy.text!r} selects no message of this plan "
                                  f"({_crossed_note(net, routes, classes)})",
@@ -212,6 +238,29 @@ def compress(where: Topology | Network, compiled: Compiled, policy: str | Policy
         consistent.roundings, consistent.kept_exact, proof.approximate_chunks, size, compiled.sim.time_s,
         sim.time_s)
     return Compressed(replace(compiled, schedule=result, proof=proof, sim=sim), report)
+
+
+def _marks(net: Network, routes: Mapping[tuple[int, int], frozenset[LinkKey]], classes: Mapping[LinkKey, str],
+           selected: Sequence[tuple[Rule, frozenset[LinkKey]]]) -> dict[tuple[int, int], str]:
+    """Each send's encoding: the first rule that selects a link of its route; a ``topk:budget`` rule's sized
+    by the slowest selected link on the route (see the module docstring)."""
+    bandwidth = {(link.src, link.dst): link.bandwidth for link in net.topology.links}
+    marks = {}
+    for send, links in routes.items():
+        found = next(((rule, chosen & links) for rule, chosen in selected if chosen & links), None)
+        if found is None:
+            continue
+        rule, hit = found
+        if rule.budget is None:
+            marks[send] = rule.encoding
+            continue
+        chosen = next(c for r, c in selected if r is rule)
+        narrowest: dict[str, float] = {}  # each selected class's bandwidth: its narrowest link the plan crosses
+        for key in chosen:
+            narrowest[classes[key]] = min(narrowest.get(classes[key], float("inf")), bandwidth[key])
+        slowest = min(narrowest[classes[key]] for key in hit)
+        marks[send] = parse_encoding(f"topk:{rule.budget * slowest / max(narrowest.values())!r}").spec
+    return marks
 
 
 def _message_paths(net: Network, schedule: Schedule) -> dict[tuple[int, int], Paths]:
@@ -312,10 +361,12 @@ def describe_encoded(where: Topology | Network, schedule: Schedule, size_bytes: 
                           simulate(net, exact, size_bytes).time_s, simulate(net, schedule, size_bytes).time_s)
 
 
-def compress_all(where: Topology | Network, results: Sequence[Compiled], policy: str | Policy) -> list[Compressed]:
+def compress_all(where: Topology | Network, results: Sequence[Compiled], policy: str | Policy, *,
+                 exact_if_none: bool = False) -> list[Compressed]:
     """:func:`compress` for each schedule of a plan (its size buckets), on one network.  A bucket the policy
     selects nothing of stays exact (a small size's plan may never leave the rack); a policy that selects
-    nothing of any bucket is refused as :func:`compress` refuses it."""
+    nothing of any bucket is refused as :func:`compress` refuses it, or, with ``exact_if_none``, leaves the
+    whole plan exact (a process group inside one host, which has no slow link)."""
     net = network_of(where)
     policy = parse_policy(policy) if isinstance(policy, str) else policy
     out: list[Compressed] = []
@@ -328,6 +379,6 @@ def compress_all(where: Topology | Network, results: Sequence[Compiled], policy:
             sim = compiled.sim
             out.append(Compressed(compiled, CompressReport(policy.text, (), (), (), 0, 0, 0, 0, sim.size_bytes,
                                                            sim.time_s, sim.time_s)))
-    if refused is not None and all(c.report.encoded_messages == 0 for c in out):
+    if refused is not None and not exact_if_none and all(c.report.encoded_messages == 0 for c in out):
         raise refused
     return out

@@ -25,7 +25,6 @@ calibrated topology's host costs included).
 
 from __future__ import annotations
 
-from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.compiler.algorithms._order import (
     PIECE_BYTES,
     pieces,
@@ -39,6 +38,8 @@ from topocc.planner.compiler.options import Options
 from topocc.planner.errors import UsageError
 from topocc.planner.routing.network import Network
 from topocc.planner.routing.relay import relays
+from topocc.runtime.collective import Collective
+from topocc.runtime.collective import collective as describe
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["NATIVE_ALGORITHM", "native_schedule"]
@@ -54,47 +55,46 @@ def native_schedule(net: Network, collective: str, size_bytes: int, root: int = 
 
     ``root`` (a rank of the group) for broadcast and reduce.
     """
-    collective = canonical_collective(collective)
+    c = describe(collective)
     p = net.topology.size
     if p == 1:
-        return single_rank(collective, 1, 1, NATIVE_ALGORITHM, {},
-                           root if collective in ("broadcast", "reduce") else None)
-    if collective == "alltoall":
-        return direct(net, collective, Options(size_bytes=size_bytes))
-    if collective == "broadcast":
+        return single_rank(c.name, 1, 1, NATIVE_ALGORITHM, {}, root if c.rooted else None)
+    if c.exchanges:
+        return direct(net, c.name, Options(size_bytes=size_bytes))
+    if c.from_root:
         return _binomial_broadcast(net, root)
     block = size_bytes / p  # a rank block: what one ring step moves
     q = pieces(None, block, _MAX_PIECES, PIECE_BYTES)
-    if collective in ("allreduce", "reducescatter", "reduce"):
-        return _ring_reduction(net, collective, q, root)
-    if collective == "allgather":
+    if c.reduces:
+        return _ring_reduction(net, c, q, root)
+    if c.gathers:
         return _ring_allgather(net, q)
-    raise UsageError(f"no native algorithm is modelled for {collective}")
+    raise UsageError(f"no native algorithm is modelled for {c.name}")
 
 
-def _ring_reduction(net: Network, collective: str, q: int, root: int) -> Schedule:
+def _ring_reduction(net: Network, c: Collective, q: int, root: int) -> Schedule:
     """A rank-order ring reduce-scatter of ``p`` blocks of ``q`` pieces, then: the all-gather (all-reduce and
     reduce-scatter, which keeps its own block of the all-reduced buffer), or each block sent to the root."""
     p = net.topology.size
     ring = list(range(p))
     n = p * q
-    if collective == "reducescatter":
-        b = ScheduleBuilder(collective, p, n, q, scratch_chunks=n, relay=relays(net))
+    if c.scatters:
+        b = ScheduleBuilder(c.name, p, n, q, scratch_chunks=n, relay=relays(net))
         work = "s"
     else:
-        b = ScheduleBuilder(collective, p, n, n, root=root if collective == "reduce" else None, relay=relays(net))
+        b = ScheduleBuilder(c.name, p, n, n, root=root if c.to_root else None, relay=relays(net))
         work = "o"
     for r in range(p):
         b.copy(r, Chunk("i", 0, n), Chunk(work, 0, n))
     parts = [[Chunk(work, s * q + j) for j in range(q)] for s in range(p)]
     step = ring_reduce_scatter(b, ring, parts)
-    if collective == "reduce":
+    if c.to_root:
         for r in range(p):
             if r != root:
                 b.transfer(r, root, Chunk(work, r * q, q), Chunk(work, r * q, q), step=step)
         return b.build(NATIVE_ALGORITHM, {"pipeline": q})
     ring_all_gather(b, ring, parts, step=step)
-    if collective == "reducescatter":
+    if c.scatters:
         for r in range(p):
             b.copy(r, Chunk("s", r * q, q), Chunk("o", 0, q), step=2 * step)
     return b.build(NATIVE_ALGORITHM, {"pipeline": q})

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from topocc.planner.analysis.simulate import SimResult
 from topocc.planner.analysis.verify import verify
 from topocc.planner.compiler.algorithms import ALGORITHMS
-from topocc.planner.compiler.build import build
 from topocc.planner.compiler.evaluate import Evaluator, least_latency, link_time
 from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.proof import Proof, forks
+from topocc.planner.compiler.routed import routed_schedule
 from topocc.planner.errors import InfeasibleError, NotApplicableError, SimulationError
 from topocc.planner.routing.network import Network
 from topocc.planner.units import format_time
@@ -286,7 +286,7 @@ class _Race:
             self._report(name, "build")
             started = time.perf_counter()
             try:
-                schedule = build(self.net, self.collective, name, self.options)
+                schedule = routed_schedule(self.net, self.collective, name, self.options)
             except (NotApplicableError, InfeasibleError) as exc:
                 self._settle(Candidate(name, None, time.perf_counter() - started, reason=exc.message))
                 continue

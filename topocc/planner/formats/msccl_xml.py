@@ -36,7 +36,8 @@ from pathlib import Path
 from topocc.planner.analysis.collectives import CollectiveSpec, spec
 from topocc.planner.errors import ScheduleFormatError, VerificationError
 from topocc.planner.formats._xml import read_text, read_xml
-from topocc.runtime.schedule import ROOTED, Chunk, Metadata, Op, Schedule, build_schedule
+from topocc.runtime.collective import collective as describe
+from topocc.runtime.schedule import Chunk, Metadata, Op, Schedule, build_schedule
 
 __all__ = ["MSCCL_COLLECTIVES", "STEP_TYPES", "export_msccl", "import_msccl", "parse_msccl"]
 
@@ -60,18 +61,16 @@ UNBOUNDED_BYTES = 1 << 40
 
 def _mult(collective: str, ngpus: int) -> int:
     """MSCCL's chunk-size multiplier: chunks per loop cover ngpus x count for these collectives."""
-    return ngpus if collective in ("allgather", "reducescatter", "alltoall") else 1
+    return ngpus if describe(collective).split else 1
 
 
 def _shape(collective: str, ngpus: int, per_loop: int) -> tuple[int, int] | None:
     """(input chunks, output chunks) for ``nchunksperloop``, or None if it does not divide."""
-    if collective == "allgather":
-        return (per_loop // ngpus, per_loop) if per_loop % ngpus == 0 else None
-    if collective == "reducescatter":
-        return (per_loop, per_loop // ngpus) if per_loop % ngpus == 0 else None
-    if collective == "alltoall":
-        return (per_loop, per_loop) if per_loop % ngpus == 0 else None
-    return per_loop, per_loop
+    kind = describe(collective)
+    if not kind.split:
+        return per_loop, per_loop
+    # the larger buffer holds ngpus rank blocks
+    return kind.sizes(ngpus, per_loop // ngpus) if per_loop % ngpus == 0 else None
 
 
 # --------------------------------------------------------------------------- import
@@ -208,11 +207,12 @@ def parse_msccl(text: str, source: str = "<msccl>") -> Schedule:
 def _root(root: ET.Element, collective: str, parsed: dict[int, tuple[list[_Tb], list[tuple[Chunk, Chunk]]]],
           a: _Attrs) -> int | None:
     """The root of broadcast/reduce: the ``root`` attribute, or the one rank that never receives (sends)."""
-    if collective not in ROOTED:
+    kind = describe(collective)
+    if not kind.rooted:
         return None
     if root.get("root") is not None:
         return a.int(root, "root", "algo", low=0)
-    role = "recv" if collective == "broadcast" else "send"
+    role = "recv" if kind.from_root else "send"
     quiet = [g for g, (tbs, _) in parsed.items()
              if not any(getattr(tb, role) >= 0 and any(s.type != "nop" for s in tb.steps) for tb in tbs)]
     return quiet[0] if len(quiet) == 1 else 0
@@ -582,7 +582,7 @@ def export_msccl(schedule: Schedule, *, proto: str = "Simple", name: str | None 
     partner = _match(schedule)
     channels = sorted({op.channel for p in schedule.programs for op in p if op.peer is not None}) or [0]
     chan_index = {c: i for i, c in enumerate(channels)}
-    per_loop = schedule.output_chunks if schedule.collective == "allgather" else schedule.input_chunks
+    per_loop = schedule.output_chunks if describe(schedule.collective).gathers else schedule.input_chunks
     meta = schedule.metadata
     lo = meta.min_bytes if min_bytes is None else min_bytes
     hi = (meta.max_bytes if meta.max_bytes is not None else UNBOUNDED_BYTES) if max_bytes is None else max_bytes

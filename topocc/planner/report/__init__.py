@@ -4,7 +4,8 @@
 topology with the plan overlaid), ``trace`` (a simulated run for Perfetto), ``text`` (``terminal_summary``:
 ``topocc inspect`` without files), ``inspect`` (all of these from one simulated run), ``summary`` (what
 ``compile``, ``simulate``, ``verify``, ``topo show`` print, as dicts for ``--json`` and as text), ``runs``
-(``run`` and ``bench``: measured rows beside predictions), ``table`` (text tables).  ``_model``, ``_run``
+(``run`` and ``bench``: measured rows beside predictions), ``torchbench`` (nccl-tests' table of a
+torch.distributed sweep), ``table`` (text tables).  ``_model``, ``_run``
 and ``_timeline`` compute what the views draw.  Imports the topology, routing, analysis and compiler.
 """
 

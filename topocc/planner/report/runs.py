@@ -1,6 +1,6 @@
 """Measured runs beside the simulator: what ``topocc run`` and ``topocc bench`` print and return.
 
-A run's rows come from the runtime's launcher (:mod:`topocc.runtime.launch`); each size is shown with the
+A run's rows come from the runtime's launcher (:mod:`topocc.runtime.harness.launch`); each size is shown with the
 simulator's prediction for it, from the topology the schedule was compiled for (or another, as a what-if).
 """
 
@@ -17,8 +17,9 @@ from topocc.planner.report.table import RATIO, format_table, opt_cell
 from topocc.planner.topology.catalogue import schedule_topology
 from topocc.planner.units import format_bandwidth, format_size, format_time
 from topocc.runtime.bandwidth import bus_factor
+from topocc.runtime.collective import collective as describe
 from topocc.runtime.errors import WrongResultError
-from topocc.runtime.launch import BenchRow, RunResult
+from topocc.runtime.harness.launch import BenchRow, RunResult
 from topocc.runtime.plan import Plan, as_plan
 from topocc.runtime.schedule import Schedule
 
@@ -119,7 +120,8 @@ def bench_verdict(doc: Sequence[Mapping[str, Any]]) -> str:
 
 
 def bench_progress(echo: Callable[[str], None], sizes: int, ranks: int) -> Callable[[BenchRow], None]:
-    """A ``progress`` callback for :func:`~topocc.runtime.launch.bench_schedule`: one line per size as it ends."""
+    """A ``progress`` callback for :func:`~topocc.runtime.harness.launch.bench_schedule`: one line per size as it
+    ends."""
     echo(f"bench: {sizes} sizes on {ranks} ranks")
     done: list[BenchRow] = []
 
@@ -152,9 +154,9 @@ def format_run(doc: Mapping[str, Any], warmup: int) -> str:
     head = (f"{doc['collective']} of {format_size(doc['size_bytes'])} ({doc['count']} x {doc['type']}, "
             f"{doc['redop']}) with {doc['algorithm']} on {doc['ranks']} ranks: {doc['result']}")
     rounded = doc.get("requested_size_bytes")
+    per_rank = f" for each of {doc['ranks']} ranks" if describe(doc["collective"]).split else ""
     note = ([f"  size:           {doc['size_bytes']} bytes, the {rounded} asked rounded down to whole "
-             f"{doc['type']} elements" + (f" for each of {doc['ranks']} ranks" if doc["collective"]
-                                          in ("allgather", "reducescatter", "alltoall") else "")]
+             f"{doc['type']} elements" + per_rank]
             if rounded is not None else [])
     return "\n".join([
         head,

@@ -13,18 +13,18 @@ from topocc.planner.analysis.bounds import Bound, lower_bound
 from topocc.planner.analysis.simulate import SimResult, simulate
 from topocc.planner.analysis.verify import VerifyReport
 from topocc.planner.compiler.algorithms import ALGORITHMS
-from topocc.planner.compiler.bundle import CompiledPlan
+from topocc.planner.compiler.bundling import CompiledPlan
 from topocc.planner.compiler.compile import Compiled, compile_schedule
 from topocc.planner.compiler.options import Options
+from topocc.planner.report.simulated_trace import simulated_trace
 from topocc.planner.report.table import format_table, indent, percent
-from topocc.planner.report.trace import simulated_trace
 from topocc.planner.topology.calibration import link_classes_of
 from topocc.planner.topology.catalogue import compiled_for
 from topocc.planner.topology.model import Link, Topology, describe
 from topocc.planner.units import format_bandwidth, format_size, format_time
 from topocc.runtime.bundle import group_label
+from topocc.runtime.chrome_trace import write_trace
 from topocc.runtime.schedule import Schedule
-from topocc.runtime.trace import write_trace
 
 __all__ = [
     "algorithms_table",

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from topocc.planner.analysis.simulate import simulate
-from topocc.planner.compiler.plans import compile_plan
+from topocc.planner.compiler.size_buckets import compile_plan
 from topocc.planner.errors import UsageError
 from topocc.planner.report.runs import bench_progress, bench_verdict
 from topocc.planner.report.summary import model_note
@@ -39,8 +39,10 @@ from topocc.planner.testbed.emulation import DEFAULT_SCALE, EmulatedCluster, emu
 from topocc.planner.topology.catalogue import resolve_topology
 from topocc.planner.topology.model import Topology
 from topocc.planner.units import format_size, format_time
+from topocc.runtime.collective import ALLREDUCE
+from topocc.runtime.collective import collective as describe
 from topocc.runtime.errors import TopoccError
-from topocc.runtime.launch import bench_schedule, find_mpiexec, worker_env
+from topocc.runtime.harness.launch import BenchRequest, bench_schedule, find_mpiexec, worker_env
 from topocc.runtime.plan import Plan, as_plan
 from topocc.runtime.schedule import Schedule
 
@@ -153,7 +155,7 @@ def bench_emulated(topology_path: str | Path | Topology, source: str | Path | Sc
     plan = compile_plan(topology, "allreduce", sizes[0], sizes[-1], algorithm)[0] if source is None else as_plan(source)
     if plan.ranks != topology.size:
         raise UsageError(f"the schedule is for {plan.ranks} ranks but {topology.name} has {topology.size}")
-    if plan.collective != "allreduce":
+    if describe(plan.collective) is not ALLREDUCE:
         raise UsageError(f"the emulated benchmark compares allreduce, not {plan.collective}")
     if include_gloo:
         try:
@@ -179,9 +181,9 @@ def bench_emulated(topology_path: str | Path | Topology, source: str | Path | Sc
             gloo = f"{cluster.host_of(0).address}:{GLOO_PORT}" if include_gloo else None
             say(f"emulate: running {len(sizes)} sizes")
             report = bench_progress(say, len(sizes), topology.size) if progress else None
-            measured = bench_schedule(plan, topology.size, sizes, iters=counts, warmup=warmup, timeout=per_call,
-                                      launcher=launcher, gloo=gloo, trace=trace, limit_s=limit, progress=report,
-                                      native=include_native)
+            request = BenchRequest(tuple(sizes), tuple(counts), warmup, timeout=per_call, gloo=gloo, trace=trace,
+                                   limit_s=limit, native=include_native)
+            measured = bench_schedule(plan, topology.size, request, launcher=launcher, progress=report)
         finally:
             say(TEARDOWN)
     return [EmulatedRow(size=m.size, algorithm=m.algorithm, time_s=m.time_s, native_time_s=m.native_time_s,

@@ -1,6 +1,6 @@
 """``topocc calibrate``: measure the cluster a topology describes and write the topology calibrated.
 
-:func:`measure` runs :mod:`topocc.runtime.probe` on one rank per GPU (on an emulated cluster of the
+:func:`measure` runs :mod:`topocc.runtime.harness.probe` on one rank per GPU (on an emulated cluster of the
 topology, or under ``mpiexec`` on the real one), :func:`~topocc.planner.calibration.fit.fit_calibration`
 turns the measurements into figures, and :func:`calibrate` writes the user's file with a ``calibration:``
 block (:mod:`topocc.planner.topology.calibration`) that every command then reads.
@@ -37,7 +37,7 @@ from topocc.planner.topology.parse import parse_topology_text
 from topocc.planner.units import format_bandwidth, format_time
 from topocc.runtime.bundle import rank_ranges
 from topocc.runtime.errors import TopoccError
-from topocc.runtime.launch import RANK_WRAPPER, find_mpiexec, summarize_failures, worker_env
+from topocc.runtime.harness.launch import RANK_WRAPPER, find_mpiexec, summarize_failures, worker_env
 
 __all__ = ["Calibrated", "calibrate", "calibration_json", "format_calibration", "measure"]
 
@@ -140,7 +140,7 @@ def measure(topology: Topology, tests: list[dict[str, Any]], *, emulate: bool, l
     with tempfile.TemporaryDirectory(prefix="topocc-calibrate-") as tmp:
         # a real cluster's ranks check their machines; an emulated one's hosts share this machine's name
         spec = _write(tmp, tests, None if emulate else [host_of[r] for r in range(topology.size)])
-        argv = ["-m", "topocc.runtime.probe", spec]
+        argv = ["-m", "topocc.runtime.harness.probe", spec]
         say(f"calibrate: {len(tests)} tests on {where}, {topology.size} ranks, at most {limit_s:.0f} s")
         if emulate:
             why = emulation_available()

@@ -59,7 +59,7 @@ from topocc.planner.errors import TopologyError
 from topocc.planner.topology.calibration import link_classes_of
 from topocc.planner.topology.model import Link, Topology, build_topology
 from topocc.runtime.errors import TopoccError
-from topocc.runtime.launch import find_mpiexec
+from topocc.runtime.harness.launch import find_mpiexec
 
 __all__ = [
     "DEFAULT_SCALE",

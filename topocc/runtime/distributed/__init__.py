@@ -11,7 +11,10 @@ Plans come from a bundle (``topocc bundle TOPOLOGY -o FOLDER``) named by
 ``TOPOCC_PLAN`` or by ``pg_options=BackendOptions(plan=...)``; ``TOPOCC_RECORD``
 records the calls a job makes, ``TOPOCC_DEBUG=INFO`` prints what ran each distinct
 call (:mod:`~topocc.runtime.distributed.debug`), ``TOPOCC_LOG=debug`` logs every
-call that went to the native backend and why.
+call that went to the native backend and why.  With a bundle compiled ``--compress``,
+``TOPOCC_ERROR_FEEDBACK=ef`` (or ``step-ahead``, ``error-avg:K``, ``threshold:N``) keeps the gradient
+buckets' error feedback (:mod:`~topocc.runtime.distributed.residuals`); step ahead also needs
+:func:`step_ahead` with the optimizer.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from topocc.runtime.distributed.counters import Counters, Tally
 from topocc.runtime.distributed.debug import debug_level, install_excepthook
 from topocc.runtime.distributed.job import BackendOptions, Job
 from topocc.runtime.distributed.process_group import TopoccProcessGroup
+from topocc.runtime.distributed.residuals import step_ahead_over
 from topocc.runtime.distributed.restarts import attempt_store
 from topocc.runtime.errors import CommunicatorError
+from topocc.runtime.training.bucket_feedback import StepAhead
 
 __all__ = ["BACKEND", "BackendOptions", "Counters", "Tally", "TopoccProcessGroup", "counters", "create_backend",
-           "register"]
+           "register", "step_ahead"]
 
 #: The name ``init_process_group`` takes.
 BACKEND = "topocc"
@@ -77,6 +82,19 @@ def counters(group: Any = None) -> Counters:
         raise CommunicatorError(f"the process group is {type(pg).__name__}, not topocc's",
                                 fix='call torch.distributed.init_process_group("topocc")')
     return pg.stats
+
+
+def step_ahead(optimizer: Any, group: Any = None) -> StepAhead:
+    """Step ahead (:class:`~topocc.runtime.training.bucket_feedback.StepAhead`) on ``optimizer`` with the residuals of
+    ``group`` (default: the world); the model must be ``DistributedDataParallel(..., gradient_as_bucket_view=True)``.
+
+    >>> ahead = topocc.runtime.distributed.step_ahead(optimizer)   # doctest: +SKIP
+    """
+    pg = group if group is not None else dist.group.WORLD
+    if not isinstance(pg, TopoccProcessGroup):
+        raise CommunicatorError(f"the process group is {type(pg).__name__}, not topocc's",
+                                fix='call torch.distributed.init_process_group("topocc")')
+    return step_ahead_over(pg.feedback, optimizer)
 
 
 register()

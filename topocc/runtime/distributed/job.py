@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -19,6 +20,7 @@ from typing import Any, ClassVar
 from topocc.runtime.bundle import Bundle, load_bundle
 from topocc.runtime.distributed.topology_check import check_topology
 from topocc.runtime.errors import CommunicatorError
+from topocc.runtime.feedback import FEEDBACK_ENV, FeedbackOptions, parse_feedback
 from topocc.runtime.transports.store import StoreControl
 
 __all__ = ["PLAN_ENV", "RECORD_ENV", "TIMEOUT_ENV", "TOPOLOGY_ENV", "BackendOptions", "Job"]
@@ -58,6 +60,9 @@ class BackendOptions:
     topology: str | None = None
     record: str | Path | None = None
     timeout: float | None = None
+    #: Error feedback for encoded plans' all-reduces (``ef``, ``step-ahead``, ``error-avg:K``, ``threshold:N``,
+    #: ``off``: :func:`~topocc.runtime.feedback.parse_feedback`); None: ``TOPOCC_ERROR_FEEDBACK``.
+    error_feedback: str | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,7 @@ class Job:
     bundle: Bundle
     record: Path | None = None
     timeout_s: float | None = None
+    feedback: FeedbackOptions | None = None
 
     _current: ClassVar[Job | None] = None
 
@@ -97,19 +103,27 @@ class Job:
         if expected:
             check_topology(bundle, expected, TOPOLOGY_ENV, PLAN_ENV)
         timeout = opts.timeout if opts.timeout is not None else _env_timeout(rank)
+        given = opts.error_feedback is not None
+        feedback = parse_feedback(opts.error_feedback if given else os.environ.get(FEEDBACK_ENV),
+                                  "error_feedback" if given else FEEDBACK_ENV)
+        spec = zlib.crc32(feedback.spec.encode()) if feedback is not None else 0
         control = StoreControl(store, rank, size, prefix="topocc-job")
-        rows = control.allgather_ints([bundle.digest], timeout or 300.0)
+        rows = control.allgather_ints([bundle.digest, spec], timeout or 300.0)
         if rows is None:
             raise CommunicatorError(f"not every rank came to init_process_group within {timeout or 300:g} s",
                                     where=f"rank {rank}", fix="start every rank of the job")
-        for r, (digest,) in enumerate(rows):
+        for r, (digest, theirs) in enumerate(rows):
             if digest != bundle.digest:
                 raise CommunicatorError(f"rank {r} loaded a different plan bundle than rank {rank}",
                                         where=bundle.source, fix=f"give every rank the same {PLAN_ENV}")
+            if theirs != spec:  # error averaging is collective: every rank must run the same options
+                raise CommunicatorError(f"rank {r} runs other error-feedback options than rank {rank} "
+                                        f"({feedback.spec if feedback else 'off'})", where=f"rank {rank}",
+                                        fix=f"give every rank the same {FEEDBACK_ENV}")
         log = logging.getLogger("topocc.distributed")
         if log.isEnabledFor(logging.DEBUG):  # describing reads every plan, which a job otherwise reads on first use
             log.debug("rank %d loaded %s:\n%s", rank, bundle.source, bundle.describe())
         record = opts.record if opts.record is not None else os.environ.get(RECORD_ENV)
-        job = cls(bundle, Path(record) if record else None, timeout)
+        job = cls(bundle, Path(record) if record else None, timeout, feedback)
         cls._current = job
         return job

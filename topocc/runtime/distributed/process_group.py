@@ -23,6 +23,11 @@ CPU) goes native.  Plans are read, and the communicators that replay them made,
 at their first call; gloo connects the private group's ranks pair by pair as a
 plan first talks between them.
 
+A compressed bundle's encodings carry gradients only: all-reduces and reduce-scatters of float CPU tensors
+issued during backward (DDP's buckets, FSDP2's gradient shards) run encoded; every other planned call
+(parameters gathered or broadcast, a loss or a metric) replays its plan exact, and ``counters()`` counts
+which ran which way.
+
 Method names follow the PyTorch release: the pybind trampoline asks for
 ``all_gather_single`` or ``_allgather_base`` and so on, so each is defined
 under every name a supported release dispatches to.
@@ -31,6 +36,7 @@ under every name a supported release dispatches to.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -41,13 +47,18 @@ from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[
 
 from topocc.runtime.bundle import ROOTED, BundlePlan, group_label
 from topocc.runtime.calls import Call, CallLog
+from topocc.runtime.collective import BY_NAME, Collective
 from topocc.runtime.communicator import Communicator
 from topocc.runtime.distributed.counters import Counters
 from topocc.runtime.distributed.debug import CallReport, debug_level, note_failure
 from topocc.runtime.distributed.job import Job
 from topocc.runtime.distributed.lost import LostRanks
 from topocc.runtime.distributed.progress import Progress
+from topocc.runtime.distributed.residuals import bucket_key, carries_residual
+from topocc.runtime.distributed.tuning import Arm, CallClass, NativeCalls, Tuner, call_class, tuning_enabled
+from topocc.runtime.encoding import why_exact
 from topocc.runtime.errors import CommunicatorError
+from topocc.runtime.feedback import ErrorFeedback
 from topocc.runtime.transports.gloo import GlooTransport
 from topocc.runtime.transports.store import StoreControl
 from topocc.runtime.transports.torch_ops import TORCH_DTYPES
@@ -70,6 +81,18 @@ def _op_name(op: Any) -> str | None:
     return next((name for known, name in _OPS if op == known), None)
 
 
+def _not_a_gradient(collective: Collective, tensor: torch.Tensor) -> str | None:
+    """Why a call of ``collective`` on ``tensor`` runs a compressed plan exact though its encodings carry the data
+    (None: it runs encoded).  Only gradients are encoded: all-reduces and reduce-scatters of float CPU data during
+    backward (DDP's buckets, FSDP's gradient shards); gathered or broadcast parameters, a loss, a metric stay
+    exact.  Decided on the calling thread: the progress thread is never inside backward."""
+    if not collective.reduces or collective.rooted:
+        return f"not a gradient ({collective.name} runs exact)"
+    if not carries_residual(tensor):
+        return "not a gradient (outside backward)"
+    return None
+
+
 def _nbytes(*tensors: torch.Tensor) -> int:
     """The bytes of ``tensors`` together."""
     return sum(t.numel() * t.element_size() for t in tensors)
@@ -82,9 +105,18 @@ def _completed(result: Any) -> Any:
     return _create_work_from_future(future)
 
 
+def _future(work: Any) -> torch.futures.Future[Any] | None:
+    """``work``'s future; None for a native work that has none (gloo's reduce-scatter), once it has completed."""
+    try:
+        return work.get_future()
+    except RuntimeError:  # "Work::getFuture not implemented": wait for it here instead
+        work.wait()
+        return None
+
+
 def _joined(works: Sequence[Any], result: Any) -> Any:
-    """One ``Work`` finishing when every one of ``works`` has (coalesced calls)."""
-    futures = [w.get_future() for w in works]
+    """One ``Work`` finishing when every one of ``works`` has (coalesced calls; some may be native)."""
+    futures = [f for f in map(_future, works) if f is not None]
     if not futures:
         return _completed(result)
     joined = torch.futures.collect_all(futures).then(lambda _: result)
@@ -116,11 +148,17 @@ class TopoccProcessGroup(dist.ProcessGroup):
         self.job = job
         self.timeout_s = job.timeout_s or max(1.0, timeout.total_seconds())
         self.stats = Counters(group)
+        #: This group's error-feedback residuals (None: off; :mod:`~topocc.runtime.distributed.residuals`).
+        self.feedback = ErrorFeedback(job.feedback) if job.feedback is not None else None
+        self._encodings: dict[int, frozenset[str]] = {}  # the encodings each schedule names, by id
         self._store = store
         self._name = ""
         self._desc = ""
-        self._native: dict[str, Any] = {"cpu": dist.ProcessGroupGloo(dist.PrefixStore("native-cpu/", store),
-                                                                     rank, size, timeout)}
+        gloo = dist.ProcessGroupGloo(dist.PrefixStore("native-cpu/", store), rank, size, timeout)
+        self._native: dict[str, Any] = {"cpu": NativeCalls(gloo, self._native_work)}
+        # planned CPU calls are measured against gloo's before a call class keeps its plan (tuning.py)
+        self._tuner = Tuner() if tuning_enabled() else None
+        self._trial: tuple[CallClass, Arm] | None = None  # the call being routed is this trial
         # a plan is read at its first call; the private gloo group connects a pair of ranks when a plan first
         # talks between them (a group the bundle has no plan for needs none)
         self._plans: dict[tuple[str, int | None], BundlePlan] = {
@@ -230,17 +268,40 @@ class TopoccProcessGroup(dist.ProcessGroup):
                 self._transport(first.device)
             except CommunicatorError as exc:  # e.g. no CuPy: every rank finds the same, so all go native
                 why = self._unavailable[first.device.type] = f"no {first.device.type} transport ({exc.message})"
-        self._tally(collective, nbytes, why, first.device)
+        if why is None and first.device.type == "cpu" and self._tuner is not None:
+            why = self._measured(call_class(collective, key[1], nbytes))
+        self._tally(collective, nbytes, why, first.device, provisional=self._trial is not None)
         if why is not None:
             self._report.native(collective, nbytes, dtype, first.device.type,
                                 "gloo" if first.device.type == "cpu" else "nccl", why)
             return None
         if self._report.enabled:  # reads the plan now, not at the first call's replay
             plan = self._plans[key[:2]].plan
-            schedule = plan.select(nbytes)
-            self._report.planned(collective, nbytes, dtype, first.device.type, schedule,
-                                 plan.schedules.index(schedule), len(plan.schedules))
+            bucket = plan.bucket(nbytes)
+            self._report.planned(collective, nbytes, dtype, first.device.type, plan.schedule(bucket), bucket,
+                                 plan.bucket_count)
+        self._count_encoding(key, first, nbytes, op)
         return key
+
+    def _count_encoding(self, key: _Key, first: torch.Tensor, nbytes: int, op: Any) -> None:
+        """Count a planned call whose schedule names encodings: run encoded, or exact and why (an integer dtype,
+        a min, max or product, bfloat16 on the host, NCCL: what the encodings cannot carry)."""
+        schedule = self._plans[key[:2]].plan.select(nbytes)
+        specs = self._encodings.get(id(schedule))
+        if specs is None:
+            specs = self._encodings[id(schedule)] = frozenset(
+                o.encoding for program in schedule.programs for o in program if o.encoding)
+        if not specs:
+            return
+        if key[2] != "cpu":
+            why: str | None = "NCCL replays exact"
+        elif first.dtype == torch.bfloat16:
+            why = "bfloat16 tensors (no numpy view for the encodings)"
+        else:
+            why = why_exact(specs, TORCH_DTYPES[first.dtype], first.element_size(),
+                            _op_name(op) if op is not None else None)
+            why = why or _not_a_gradient(BY_NAME[key[0]], first)
+        self.stats.encoding(key[0], why)
 
     @staticmethod
     def _no_gain(entry: BundlePlan, nbytes: int, device: torch.device) -> str | None:
@@ -254,6 +315,47 @@ class TopoccProcessGroup(dist.ProcessGroup):
         if nbytes < entry.native_below:
             return f"model predicts no gain at {nbytes} bytes (the plan runs from {entry.native_below})"
         return None
+
+    def _measured(self, cls: CallClass) -> str | None:
+        """Why a call of ``cls`` goes native by measurement (None: the plan runs it); a trial drains the group's
+        calls in flight first, so that it is timed alone, and is timed by :meth:`_planned` or the native call."""
+        assert self._tuner is not None
+        arm = self._tuner.arm(cls)
+        if arm is Arm.PLAN:
+            return None
+        if arm is Arm.NATIVE:
+            return self._tuner.choices[cls].why()
+        self._drain()
+        self._trial = (cls, arm)
+        return None if arm is Arm.TRY_PLAN else "a trial against the plan"
+
+    def _drain(self) -> None:
+        """Wait for this group's planned and native calls in flight: the progress thread's queue, then a gloo
+        barrier, which completes after every gloo call made before it (gloo's barrier waits for prior work).
+        No work is held here: one held at exit would be freed at finalization (see communicator's exit guard)."""
+        self._progress.drain()
+        self._native["cpu"].backend.barrier(dist.BarrierOptions()).wait()
+
+    def _native_work(self, result: Any, start: float) -> None:
+        """A native call was made at ``start``: if it is a trial, wait for it and record its time."""
+        if self._trial is not None and self._trial[1] is Arm.TRY_NATIVE and isinstance(result, dist.Work):
+            trial, self._trial = self._trial, None
+            result.wait()
+            self._recorded(trial, time.perf_counter() - start)
+
+    def _recorded(self, trial: tuple[CallClass, Arm], seconds: float) -> None:
+        assert self._tuner is not None
+        choice = self._tuner.record(*trial, seconds, self._agree)
+        if choice is not None:
+            self._report.measured(trial[0], choice.plan_s, choice.native_s, choice.planned)
+
+    def _agree(self, figures: list[float]) -> list[float]:
+        """The MIN over the group's ranks of each of ``figures`` (a small native all-reduce)."""
+        t = torch.tensor(figures, dtype=torch.float64)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MIN  # type: ignore[assignment]  # the stub types the enum value apart from ReduceOp
+        self._native["cpu"].backend.allreduce([t], opts).wait()
+        return [float(x) for x in t.tolist()]
 
     def _comm(self, key: _Key) -> Communicator:
         """The communicator of the plan ``key`` names, made at its first call (a handshake with the peers: on CPU
@@ -270,19 +372,29 @@ class TopoccProcessGroup(dist.ProcessGroup):
         if key[2] != "cpu":
             run(self._comm(key))
             return _completed(result)
+        trial, self._trial = self._trial, None
+        took: list[float] = []
 
         def call() -> None:
             try:
-                run(self._comm(key))
+                comm = self._comm(key)  # made (plan read, peers met) before the clock starts
+                start = time.perf_counter()
+                run(comm)
+                took.append(time.perf_counter() - start)
             except CommunicatorError as exc:  # the excepthook names it last, however torch re-raises it
                 note_failure(exc)
                 raise
 
-        return self._progress.submit(call, result)
+        work = self._progress.submit(call, result)
+        if trial is not None:  # a trial of the plan: waited for here, so that the next call is timed alone
+            work.wait()
+            self._recorded(trial, took[0])
+        return work
 
-    def _tally(self, collective: str, nbytes: int, why: str | None, device: torch.device) -> None:
+    def _tally(self, collective: str, nbytes: int, why: str | None, device: torch.device,
+               provisional: bool = False) -> None:
         """Count a call (planned when ``why`` is None) and log why one goes to the native backend."""
-        self.stats.count(collective, nbytes, why)
+        self.stats.count(collective, nbytes, why, provisional)
         if why is not None and log.isEnabledFor(logging.DEBUG):
             log.debug("rank %d of %s: %s of %d bytes goes to native %s: %s", self._rank, list(self.group),
                       collective, nbytes, "gloo" if device.type == "cpu" else "nccl", why)
@@ -304,7 +416,12 @@ class TopoccProcessGroup(dist.ProcessGroup):
         if comm is None:
             return self.native(tensors[0].device).allreduce(tensors, opts)
         x, op = tensors[0].detach(), _op_name(opts.reduceOp) or "sum"
-        return self._planned(comm, lambda c: c.allreduce(x, op=op), tensors)
+        # a compressed plan encodes gradients only (float, CPU, during backward): a loss or metric runs exact
+        gradient = carries_residual(x)
+        if self.feedback is not None and gradient:  # a gradient bucket: with its residual
+            feedback, key = self.feedback, bucket_key(x)
+            return self._planned(comm, lambda c: feedback.allreduce(c, key, x, op), tensors)
+        return self._planned(comm, lambda c: c.allreduce(x, op=op, exact=not gradient), tensors)
 
     def _count_many(self, collective: str, tensors: Sequence[torch.Tensor]) -> _Key | None:
         """Count a call of several tensors, which goes native: None, as :meth:`_route` for a native call."""
@@ -320,9 +437,10 @@ class TopoccProcessGroup(dist.ProcessGroup):
         if comm is None:
             return self.native(tensors[0].device).allreduce_coalesced(tensors, opts)
         flat, op = torch.cat([t.detach().reshape(-1) for t in tensors]), _op_name(opts.reduceOp) or "sum"
+        exact = not carries_residual(flat)
 
         def run(c: Communicator) -> None:
-            c.allreduce(flat, op=op)
+            c.allreduce(flat, op=op, exact=exact)
             offset = 0
             for t in tensors:
                 t.detach().view(-1).copy_(flat[offset:offset + t.numel()])
@@ -337,7 +455,7 @@ class TopoccProcessGroup(dist.ProcessGroup):
         if comm is None:
             return self.native(tensors[0].device).broadcast(tensors, opts)
         x = tensors[0].detach()
-        return self._planned(comm, lambda c: c.broadcast(x), tensors)
+        return self._planned(comm, lambda c: c.broadcast(x, exact=True), tensors)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]  # list form: see above
         opts = opts if opts is not None else dist.ReduceOptions()
@@ -346,7 +464,7 @@ class TopoccProcessGroup(dist.ProcessGroup):
         if comm is None:
             return self.native(tensors[0].device).reduce(tensors, opts)
         x, op = tensors[0].detach(), _op_name(opts.reduceOp) or "sum"
-        return self._planned(comm, lambda c: c.reduce(x, op=op), tensors)
+        return self._planned(comm, lambda c: c.reduce(x, op=op, exact=True), tensors)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.AllgatherOptions()  # type: ignore[attr-defined]  # not in the stub
@@ -358,7 +476,7 @@ class TopoccProcessGroup(dist.ProcessGroup):
             return _native_call(self.native(input.device), ("all_gather_single", "_allgather_base"), output, input,
                                 opts)
         send, recv = input.detach(), output.detach()
-        return self._planned(comm, lambda c: c.allgather(send, recv), [output])
+        return self._planned(comm, lambda c: c.allgather(send, recv, exact=True), [output])
 
     _allgather_base = all_gather_single
 
@@ -377,7 +495,7 @@ class TopoccProcessGroup(dist.ProcessGroup):
         mine = first.detach()
 
         def run(c: Communicator) -> None:
-            flat = c.allgather(mine)
+            flat = c.allgather(mine, exact=True)
             for r, out in enumerate(outputs[0]):
                 out.detach().view(-1).copy_(flat[r * mine.numel():(r + 1) * mine.numel()])
 
@@ -409,7 +527,7 @@ class TopoccProcessGroup(dist.ProcessGroup):
 
         def run(c: Communicator) -> None:
             assert flat is not None  # a call with no tensor to gather went native above
-            gathered = c.allgather(flat)
+            gathered = c.allgather(flat, exact=True)
             for r, row in enumerate(outputs):
                 pieces = gathered[r * flat.numel():(r + 1) * flat.numel()].split([i.numel() for i in inputs])
                 for out, piece in zip(row, pieces):
@@ -428,7 +546,8 @@ class TopoccProcessGroup(dist.ProcessGroup):
             return _native_call(self.native(input.device), ("reduce_scatter_single", "_reduce_scatter_base"),
                                 output, input, opts)
         send, recv, op = input.detach(), output.detach(), _op_name(opts.reduceOp) or "sum"
-        return self._planned(comm, lambda c: c.reduce_scatter(send, recv, op=op), [output])
+        exact = not carries_residual(send)  # FSDP's gradient shards, during backward, run encoded
+        return self._planned(comm, lambda c: c.reduce_scatter(send, recv, op=op, exact=exact), [output])
 
     _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]  # an alias: see the module doc
 
@@ -445,8 +564,8 @@ class TopoccProcessGroup(dist.ProcessGroup):
                 self._tally("reducescatter", nbytes, "a list form that is not one tensor per rank", out.device)
             return self.native(out.device).reduce_scatter(outputs, inputs, opts)
         flat = torch.cat([i.detach().reshape(-1) for i in inputs[0]])
-        recv, op = out.detach(), _op_name(opts.reduceOp) or "sum"
-        return self._planned(comm, lambda c: c.reduce_scatter(flat, recv, op=op), outputs)
+        recv, op, exact = out.detach(), _op_name(opts.reduceOp) or "sum", not carries_residual(flat)
+        return self._planned(comm, lambda c: c.reduce_scatter(flat, recv, op=op, exact=exact), outputs)
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> Any:
@@ -469,7 +588,7 @@ class TopoccProcessGroup(dist.ProcessGroup):
             return _native_call(self.native(input.device), ("all_to_all_single", "alltoall_base"), output, input,
                                 output_splits, input_splits, opts)
         send, recv = input.detach(), output.detach()
-        return self._planned(comm, lambda c: c.alltoall(send, recv), [output])
+        return self._planned(comm, lambda c: c.alltoall(send, recv, exact=True), [output])
 
     alltoall_base = all_to_all_single  # type: ignore[assignment]  # an alias: see the module doc
 

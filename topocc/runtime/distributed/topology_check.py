@@ -44,7 +44,7 @@ def compiled_from(bundle: Bundle) -> str | None:
     entry = next((e for e in bundle.plans if e.group == world), None)
     if entry is None:
         return None
-    meta = entry.plan.schedules[0].metadata
+    meta = entry.plan.schedule(0).metadata
     if bundle.fingerprint and meta.fingerprint and meta.fingerprint != bundle.fingerprint:
         return None  # a plan of another topology: its file says nothing about this bundle's
     return meta.topology_file

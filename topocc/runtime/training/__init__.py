@@ -10,8 +10,9 @@ Three ways to run a compiled allreduce plan inside a PyTorch training loop, one 
 * :mod:`topocc.runtime.training.daso`: :class:`DASO`, node-local averaging every step and stale global
   averaging every ``B`` steps (over MPI from plans, or over given communicators on any transport);
 
-and :mod:`topocc.runtime.training.profile`, which measures what the block planner
-(``topocc.planner.gradblocks.plan``) needs.  Nothing here imports torch at module level: the
+:mod:`topocc.runtime.training.bucket_feedback`, the hook's error feedback over DDP's buckets (with an encoded plan) and
+step ahead, and :mod:`topocc.runtime.training.profile`, which measures what the block planner
+(``topocc.planner.gradblocks.block_plan``) needs.  Nothing here imports torch at module level: the
 planner reads :class:`Profile` without it.
 """
 

@@ -5,7 +5,7 @@ Per-parameter post-accumulate-grad hooks launch a block once all its gradients
 exist; a background thread sends ready blocks in planned order; each layer's
 optimizer step waits, in the next forward pass, only for the blocks holding that
 layer's parameters, so communication of late layers overlaps the forward pass of
-early ones.  The blocks come from ``topocc.planner.gradblocks.plan`` (:func:`load_block_plan`).
+early ones.  The blocks come from ``topocc.planner.gradblocks.block_plan`` (:func:`load_block_plan`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ Piece = tuple[int, int, int]
 
 
 def load_block_plan(source: str | Path | Mapping[str, Any]) -> list[list[Piece]]:
-    """The blocks of a bucket plan (``topocc.planner.gradblocks.plan.block_plan_to_dict`` JSON) in planned order.
+    """The blocks of a bucket plan (``topocc.planner.gradblocks.block_plan.block_plan_to_dict`` JSON) in planned order.
 
     Each block is a list of ``(parameter index, first byte, end byte)`` pieces.
     """
@@ -77,7 +77,7 @@ class BlockScheduler:
     than its peers when their gradients arrive in another order (seen under
     load: one rank reducing 300 floats while its peer reduced 16384).  A plan
     lists its blocks in the order its time model sends them, each once ready
-    (:func:`topocc.planner.gradblocks.plan.plan_blocks`), so this is the order it predicted.
+    (:func:`topocc.planner.gradblocks.block_plan.plan_blocks`), so this is the order it predicted.
 
     >>> sched = BlockScheduler(model, load_block_plan("b.json"), comm, lambda ps: SGD(ps, lr=0.1))  # doctest: +SKIP
     >>> loss_fn(model(x), y).backward(); sched.step()                                                   # doctest: +SKIP

@@ -8,15 +8,24 @@ numpy view, with no copy; :class:`~topocc.runtime.transports.nccl.NCCLTransport`
 averages CUDA buckets with the lowered replay, enqueued on NCCL's stream with
 DDP's stream ordered after it, as DDP's own NCCL allreduce is;
 :class:`~topocc.runtime.transports.gloo.GlooTransport` averages CPU tensors over gloo.
+
+With an encoded plan (``topocc compile --compress``), ``error_feedback="ef"`` (or the environment variable
+``TOPOCC_ERROR_FEEDBACK=ef``) keeps on each rank, per bucket, what the encoded messages dropped and sends it
+with the bucket's next gradient (:mod:`topocc.runtime.feedback`; ``step-ahead``, ``error-avg:K`` and
+``threshold:N`` are its variants); an exact plan, and CUDA buckets (NCCL replays exact), run as without it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from topocc.runtime.collective import ALLREDUCE
+from topocc.runtime.collective import collective as describe
 from topocc.runtime.communicator import Communicator
 from topocc.runtime.errors import CommunicatorError
+from topocc.runtime.feedback import FeedbackOptions, feedback_from_env, parse_feedback
 from topocc.runtime.plan import PlanSource, as_plan
+from topocc.runtime.training.bucket_feedback import BucketFeedback, StepAhead
 
 if TYPE_CHECKING:
     import torch
@@ -40,6 +49,11 @@ class TopoccHookState:
     transport:
         The communicator's transport: ``NCCLTransport(...)`` for CUDA buckets, ``GlooTransport(...)``
         for CPU tensors over gloo; default MPI on CPU buckets.
+    error_feedback:
+        Error feedback for an encoded plan: ``ef``, ``step-ahead``, ``error-avg[:K]``, ``threshold:N``
+        (comma-separated; :func:`~topocc.runtime.feedback.parse_feedback`), ``off``; default the
+        ``TOPOCC_ERROR_FEEDBACK`` environment variable, else off.  Step ahead also needs
+        :meth:`step_ahead` with the optimizer.
 
     Construction is collective (a handshake checks that every rank loaded the
     same plan), so build it on every rank.
@@ -49,15 +63,30 @@ class TopoccHookState:
     """
 
     def __init__(self, plan_or_path: PlanSource, *, mpi_comm: Any = None, timeout: float = 60.0,
-                 transport: Any = None) -> None:
+                 transport: Any = None, error_feedback: str | FeedbackOptions | None = None) -> None:
         self.plan = as_plan(plan_or_path)
-        if self.plan.collective != "allreduce":
+        if describe(self.plan.collective) is not ALLREDUCE:
             raise CommunicatorError(f"the DDP hook needs an allreduce plan, got {self.plan.collective}")
         self.timeout = timeout
         self.comm = Communicator(self.plan, mpi_comm, timeout=timeout, transport=transport)
         self._tensors = self.comm.ops.name == "torch"  # else numpy: CPU buckets through a numpy view
         self.calls = 0
         self.bytes = 0
+        options = feedback_from_env() if error_feedback is None else parse_feedback(error_feedback, "error_feedback")
+        #: The buckets' residuals (None: error feedback is off).
+        self.feedback = BucketFeedback(options) if options is not None else None
+        self._ahead: StepAhead | None = None
+
+    def step_ahead(self, optimizer: torch.optim.Optimizer) -> StepAhead:
+        """Hook ``optimizer`` so that each gradient is computed at the step-ahead point
+        (:class:`~topocc.runtime.training.bucket_feedback.StepAhead`); error feedback must be on."""
+        if self.feedback is None:
+            raise CommunicatorError("step ahead moves the parameters by their error-feedback residual, and error "
+                                    "feedback is off", fix="build the hook state with error_feedback='step-ahead' "
+                                                           "or set TOPOCC_ERROR_FEEDBACK=step-ahead")
+        if self._ahead is None:
+            self._ahead = StepAhead(optimizer, self.feedback.located)
+        return self._ahead
 
     @property
     def world_size(self) -> int:
@@ -70,22 +99,27 @@ class TopoccHookState:
         self.bytes += flat.numel() * flat.element_size()
         return flat
 
-    def allreduce_avg_(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Average a contiguous tensor over all ranks in place (DDP's semantics: sum, then divide by size).
+    def allreduce_avg_(self, tensor: torch.Tensor, bucket: Any = None) -> torch.Tensor:
+        """Average a contiguous tensor over all ranks in place (DDP's semantics: sum, then divide by size);
+        with error feedback on, ``bucket`` (the ``GradBucket`` whose buffer ``tensor`` is) finds its residual.
 
         On CUDA (NCCL) this only enqueues: the caller's current stream is ordered after the average.
         """
         flat = self._counted(tensor)
         if self._tensors:
-            self.comm.allreduce(flat.detach(), op="avg")
+            array: Any = flat.detach()
         elif flat.is_cuda:
             raise CommunicatorError(f"a CUDA bucket reached the {self.comm.transport.name} transport, which "
                                     "replays on the host", fix="build the hook state with transport=NCCLTransport()")
         else:
-            self.comm.allreduce(flat.detach().numpy(), op="avg")
+            array = flat.detach().numpy()
+        if self.feedback is not None and bucket is not None:
+            self.feedback.allreduce(self.comm, bucket, array, "avg")
+        else:
+            self.comm.allreduce(array, op="avg")
         return tensor
 
-    def average(self, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    def average(self, tensor: torch.Tensor, bucket: Any = None) -> torch.futures.Future[torch.Tensor]:
         """Average ``tensor`` in place like :meth:`allreduce_avg_`; a ``torch.futures.Future`` of it.
 
         On CUDA (NCCL) the future is complete for the host at once and ordered on the GPU (its ``wait()``
@@ -98,13 +132,15 @@ class TopoccHookState:
         if self._tensors and tensor.is_cuda and self.comm.grouped:
             flat = self._counted(tensor)
             return self.comm.allreduce(flat.detach(), op="avg", async_op=True).get_future(tensor)
-        self.allreduce_avg_(tensor)
+        self.allreduce_avg_(tensor, bucket)
         done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         done.set_result(tensor)
         return done
 
     def close(self) -> None:
-        """Release the communicator (collective)."""
+        """Release the communicator (collective), settling a step ahead's parameters first."""
+        if self._ahead is not None:
+            self._ahead.remove()
         self.comm.close()
 
 
@@ -121,5 +157,6 @@ def topocc_allreduce_hook(state: TopoccHookState, bucket):  # unannotated on pur
     backward, so later buckets still overlap with the rest of backward); on CUDA
     it is enqueued on NCCL's stream and the returned future orders DDP's stream
     after it only where DDP reads the result (:meth:`TopoccHookState.average`).
+    With error feedback on, the bucket's residual goes with it (:class:`TopoccHookState`).
     """
-    return state.average(bucket.buffer())
+    return state.average(bucket.buffer(), bucket)

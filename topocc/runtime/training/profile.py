@@ -1,4 +1,5 @@
-"""What the block planner (``topocc.planner.gradblocks.plan``) needs from one training iteration, and how to measure it.
+"""What the block planner (``topocc.planner.gradblocks.block_plan``) needs from one training iteration, and how
+to measure it.
 
 :class:`Profile` and :class:`ParamProfile` are plain data with no torch import at module level, so the
 planner can read profiles without importing torch (and the runtime never imports the planner);

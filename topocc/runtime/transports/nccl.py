@@ -41,7 +41,7 @@ stream and its failures are torch's watchdog's, which tears the process down
 rather than naming the peer; it is also no faster per group.
 ``benchmarks/gpu_bench.py --probe`` times one group of sends and receives both
 ways.  The libraries' own collectives, to compare a replay with, are in
-:mod:`topocc.runtime.baselines` (through :meth:`NCCLTransport.enqueue`).
+:mod:`topocc.runtime.harness.baselines` (through :meth:`NCCLTransport.enqueue`).
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ import pytest
 from tests.planner.compiler.algorithms.test_baselines import check_schedule, switch_cluster
 from tests.planner.routing.test_relay import chain
 from topocc.planner.compiler.algorithms.tree import binary_tree, double_binary_tree, tree_link_floor
-from topocc.planner.compiler.build import build
 from topocc.planner.compiler.evaluate import link_time
 from topocc.planner.compiler.options import Options
+from topocc.planner.compiler.routed import routed_schedule
 from topocc.planner.errors import NotApplicableError
 from topocc.planner.routing.network import Network
 from topocc.planner.topology.catalogue import resolve_topology
@@ -80,7 +80,7 @@ def test_link_floor_bounds_the_built_tree(name: str, routing: str, collective: s
         net = Network(topology)
     options = Options(size_bytes=64 << 20, root=root)
     floor = tree_link_floor(net, collective, options)
-    built = link_time(net, build(net, collective, "tree", options), options.size_bytes)
+    built = link_time(net, routed_schedule(net, collective, "tree", options), options.size_bytes)
     assert 0 < floor <= built * (1 + 1e-9)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from topocc.planner.compiler.options import Options
 from topocc.planner.errors import UsageError
 from topocc.planner.routing.network import Network
+from topocc.runtime.collective import collective as describe
 from topocc.runtime.schedule import Schedule
 
 __all__ = ["ALGORITHMS", "Algorithm", "AlgorithmFn", "get_algorithm"]
@@ -69,7 +70,7 @@ def _ring_chain(collective: str, p: int) -> int:
     """Dependent messages in every ring schedule: a block passes p - 1 ranks in turn (reduce-scatter,
     all-gather, the chains of broadcast and reduce), an all-reduce block p - 1 to be reduced, then p - 1
     more to be spread; pieces and channels run several such chains side by side, never shorter ones."""
-    return max(0, p - 1) * (2 if collective == "allreduce" else 1)
+    return max(0, p - 1) * describe(collective).passes
 
 #: The one table of algorithms (imported lazily so a solver-backed one costs nothing until used).
 ALGORITHMS: dict[str, Algorithm] = {

@@ -53,7 +53,7 @@ from topocc.planner.errors import NotApplicableError
 from topocc.planner.routing.network import Network
 from topocc.planner.solvers import LinearProgram, SolverOptions, solve
 
-__all__ = ["Packing", "RankGraph", "min_arborescence", "optimum", "pack", "pack_phases", "rank_graph"]
+__all__ = ["Packing", "RankGraph", "arc_graph", "min_arborescence", "optimum", "pack", "pack_phases", "rank_graph"]
 
 #: Candidate arcs per rank, out and in, cheapest routes first (ties go round the ranks, so that on a
 #: switch every rank keeps in-arcs): enough to reach the optimum on the fabrics we model.
@@ -162,6 +162,13 @@ def rank_graph(net: Network, reverse: bool = False, both_ways: bool = False) -> 
     if both_ways:
         chosen.update((v, u) for u, v in list(chosen) if (v, u) in cost)
     return _incidence(net, sorted(chosen), cost, reverse)
+
+
+def arc_graph(net: Network, arcs: Sequence[tuple[int, int]], reverse: bool = False) -> RankGraph:
+    """The rank graph of exactly ``arcs`` (logical rank pairs, each with a route), for trees chosen otherwise
+    than by :func:`rank_graph`'s candidates (:mod:`topocc.planner.compiler.algorithms._hosted`)."""
+    chosen = sorted(set(arcs))
+    return _incidence(net, chosen, {(u, v): net.route_cost(*_routed(u, v, reverse)) for u, v in chosen}, reverse)
 
 
 def _routed(u: int, v: int, reverse: bool) -> tuple[int, int]:

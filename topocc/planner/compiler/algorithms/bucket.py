@@ -39,13 +39,14 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.compiler.algorithms._order import Send, ring_steps, single_rank
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.compiler.options import Options
 from topocc.planner.errors import NotApplicableError
 from topocc.planner.routing.network import Memo, Network
 from topocc.planner.topology.model import Topology
+from topocc.runtime.collective import ALLREDUCE, Collective
+from topocc.runtime.collective import collective as describe
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["Grid", "bucket", "grid_of"]
@@ -278,7 +279,7 @@ class _Streams:
         return len(set(self.per_order)) > 1
 
 
-def _streams(grid: Grid, dims: list[int], topology: Topology, collective: str) -> _Streams:
+def _streams(grid: Grid, dims: list[int], topology: Topology, kind: Collective) -> _Streams:
     """Each dimension first once (some orders more than once, see :func:`_order_parts`), each way round its rings."""
     p = topology.size
     orders = [dims[s:] + dims[:s] for s in range(len(dims))]
@@ -291,14 +292,14 @@ def _streams(grid: Grid, dims: list[int], topology: Topology, collective: str) -
             bandwidth[link.dim] = min(bandwidth.get(link.dim, math.inf), link.bandwidth)
     port = min(egress[name] for name in topology.ranks)
     per_order = _order_parts(grid, orders, len(ways), bandwidth, port, len(dims))
-    if len(set(per_order)) > 1 and collective == "reducescatter":  # the links bind, not the ports
+    if len(set(per_order)) > 1 and kind.scatters:  # the links bind, not the ports
         per_order = _order_parts(grid, orders, len(ways), bandwidth, port, 1)
     # an all-reduce weighs its orders on a torus only (a dimension of 2 is a line of one link), and only in
     # slices, where one slice's reduce-scatter runs beside an earlier one's all-gather and the two phases'
     # loads even out; a mesh line's load differs by phase, so one weighting cannot fit both
-    if collective == "allreduce" and (any(not grid.rings[d] and grid.sizes[d] > 2 for d in dims) or
-                                      MIN_WEIGHTED_SLICES * 4 * _sends(grid, dims, p, sum(per_order) * len(ways))
-                                      > SLICED_OPERATIONS):
+    if kind is ALLREDUCE and (any(not grid.rings[d] and grid.sizes[d] > 2 for d in dims) or
+                              MIN_WEIGHTED_SLICES * 4 * _sends(grid, dims, p, sum(per_order) * len(ways))
+                              > SLICED_OPERATIONS):
         per_order = (1,) * len(orders)
     return _Streams(orders, ways, per_order)
 
@@ -333,15 +334,16 @@ class _Bucket:
                  meta: dict[str, object]) -> None:
         self.grid = grid
         self.collective = collective
+        self.kind = kind = describe(collective)
         self.p = p = topology.size
         self.dims = dims = [d for d, n in enumerate(grid.sizes) if n > 1]
-        plan = _streams(grid, dims, topology, collective)
+        plan = _streams(grid, dims, topology, kind)
         self.orders = plan.orders
         self.streams = plan.streams
         self.n = n = len(self.streams)
         meta["order_parts"] = ":".join(map(str, plan.per_order))
-        self.whole = collective != "allreduce"  # each rank's block stays where the collective puts it
-        self.lined = collective != "allgather" and not all(grid.rings[d] for d in dims)  # sums flow along lines
+        self.whole = kind is not ALLREDUCE  # each rank's block stays where the collective puts it
+        self.lined = kind.reduces and not all(grid.rings[d] for d in dims)  # sums flow along lines
         self.lines = {d: grid.lines(d) for d in dims}
         self.parts, self.itemwise = n, False
         self.item: list[tuple[int, int]] = []  # scratch index -> (rank, part)
@@ -355,7 +357,7 @@ class _Bucket:
         meta["streams"] = n
         meta["grid"] = "x".join(f"{grid.sizes[d]}{'' if grid.rings[d] else 'm'}" for d in dims)
         self.slices = 1
-        if collective == "allreduce" and (self.lined or plan.weighted):
+        if kind is ALLREDUCE and (self.lined or plan.weighted):
             # sends and receives of both phases per slice
             self.slices = options.pipeline or max(1, min(MESH_SLICES,
                                                          SLICED_OPERATIONS // (4 * _sends(grid, dims, p, n)),
@@ -407,8 +409,7 @@ class _Bucket:
     def emit(self) -> ScheduleBuilder:
         """The schedule: copies into scratch, every level's sends and receives, copies out."""
         p, parts, n = self.p, self.parts, self.n
-        in_chunks, out_chunks = ((parts * p, parts) if self.collective == "reducescatter" else (parts, parts * p)
-                                 if self.whole else (self.slices * n * p,) * 2)
+        in_chunks, out_chunks = self.kind.sizes(p, parts) if self.whole else (self.slices * n * p,) * 2
         b = ScheduleBuilder(self.collective, p, in_chunks, out_chunks,
                             scratch_chunks=self.spare + (self.spare or self.slices * n * p) * self.lined)
         self._copy_in(b, in_chunks)
@@ -418,11 +419,11 @@ class _Bucket:
     def _copy_in(self, b: ScheduleBuilder, in_chunks: int) -> None:
         parts = self.parts
         for r in range(self.p):
-            if self.collective == "allgather":
+            if self.kind.gathers:
                 b.copy(r, Chunk("i", 0, parts), Chunk("o", r * parts, parts))
                 for k in range(parts):
                     b.copy(r, Chunk("i", k), Chunk("s", self.slot[r, k]))
-            elif self.collective == "reducescatter":
+            elif self.kind.scatters:
                 for (owned, k), i in self.slot.items():
                     b.copy(r, Chunk("i", owned * parts + k), Chunk("s", i))
             else:
@@ -441,9 +442,9 @@ class _Bucket:
         """
         grid = self.grid
         phases = [(level, True) for level in reversed(range(len(self.dims)))]
-        if self.collective != "allgather":
+        if self.kind.reduces:  # reduce level by level, then (all-reduce) gather back down
             phases = [(level, False) for level in range(len(self.dims))] + (
-                phases if self.collective == "allreduce" else [])
+                phases if self.kind.replicates else [])
         steps = {d: {gather: (ring_steps if grid.rings[d] else _line)(grid.sizes[d], gather)
                      for gather in (False, True)} for d in self.dims}
         done: dict[tuple[int, int], list[int]] = {}
@@ -496,10 +497,10 @@ class _Bucket:
     def _copy_out(self, b: ScheduleBuilder, at: int) -> None:
         """Last, so that the transfers find each run of scratch whole (copying an item splits it)."""
         for r in range(self.p):
-            if self.collective == "reducescatter":
+            if self.kind.scatters:
                 for k in range(self.parts):
                     b.copy(r, Chunk("s", self.slot[r, k]), Chunk("o", k), step=at)
-            elif self.collective == "allgather":
+            elif self.kind.gathers:
                 for x, (owned, k) in enumerate(self.item):
                     if owned != r:
                         b.copy(r, Chunk("s", x), Chunk("o", owned * self.parts + k), step=at)
@@ -508,8 +509,9 @@ class _Bucket:
 def bucket(net: Network, collective: str, options: Options) -> Schedule:
     """Bucket all-reduce, reduce-scatter or all-gather over the grid of ``topology`` (see the module docstring)."""
     topology = net.topology
-    collective = canonical_collective(collective)
-    if collective not in ("allreduce", "reducescatter", "allgather"):
+    kind = describe(collective)
+    collective = kind.name
+    if kind.rooted or kind.exchanges:
         raise NotApplicableError(f"bucket does not implement {collective} (it builds allreduce, reducescatter, "
                                  "allgather)")
     meta = options.as_dict()

@@ -10,12 +10,13 @@ exchanges through other GPUs (:mod:`topocc.planner.routing.relay`).
 
 from __future__ import annotations
 
-from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.compiler.algorithms._order import pieces, root_rank, single_rank, split
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.compiler.options import Options
 from topocc.planner.routing.network import Network
 from topocc.planner.routing.relay import relays
+from topocc.runtime.collective import ALLREDUCE
+from topocc.runtime.collective import collective as describe
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["direct"]
@@ -26,10 +27,11 @@ _MAX_CHUNKS = 4096
 def direct(net: Network, collective: str, options: Options) -> Schedule:
     """Direct schedule for any of the six collectives; pairs without a route are relayed."""
     topology = net.topology
-    collective = canonical_collective(collective)
+    kind = describe(collective)
+    collective = kind.name
     p = topology.size
     meta = options.as_dict()
-    rooted = collective in ("broadcast", "reduce")
+    rooted = kind.rooted
     root = root_rank(options, p) if rooted else None
     if p == 1:
         return single_rank(collective, 1, 1, "direct", meta, root)
@@ -47,13 +49,13 @@ def direct(net: Network, collective: str, options: Options) -> Schedule:
         for r in peers(options.root):
             for piece in split(0, q, q):
                 src = Chunk("i", piece.index, piece.count)
-                if collective == "broadcast":
+                if kind.from_root:
                     b.transfer(options.root, r, src, piece)
                 else:
                     b.transfer(r, options.root, src, piece, reduce=True)
         return b.build("direct", meta)
 
-    if collective == "allreduce":
+    if kind is ALLREDUCE:
         # pieces let the all-gather of a block's first piece overlap the reduction of its rest
         k = pieces(options.pipeline, options.size_bytes / p, max(1, _MAX_CHUNKS // (p * p)))
         meta["pipeline"] = k
@@ -77,7 +79,7 @@ def direct(net: Network, collective: str, options: Options) -> Schedule:
         for off in range(k):
             b.transfer(r, j, Chunk("i", src + off), Chunk("o", dst + off), reduce=reduce)
 
-    if collective == "reducescatter":
+    if kind.scatters:
         b = ScheduleBuilder(collective, p, p * k, k, relay=relay)
         for r in range(p):
             b.copy(r, Chunk("i", r * k, k), Chunk("o", 0, k))
@@ -85,7 +87,7 @@ def direct(net: Network, collective: str, options: Options) -> Schedule:
             for j in peers(r):
                 send_block(r, j, j * k, 0, reduce=True)
         return b.build("direct", meta)
-    if collective == "allgather":
+    if kind.gathers:
         b = ScheduleBuilder(collective, p, k, p * k, relay=relay)
         for r in range(p):
             b.copy(r, Chunk("i", 0, k), Chunk("o", r * k, k))

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.compiler.algorithms._order import chunk_runs, pieces, ring_order, single_rank, split
 from topocc.planner.compiler.builder import Relay, ScheduleBuilder
 from topocc.planner.compiler.options import Options
 from topocc.planner.errors import NotApplicableError
 from topocc.planner.routing.network import Network
 from topocc.planner.routing.relay import relays
+from topocc.runtime.collective import ALLREDUCE, Collective
+from topocc.runtime.collective import collective as describe
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["halving_doubling"]
@@ -46,8 +47,9 @@ def _fold(order: Sequence[int]) -> tuple[list[int], dict[int, int]]:
 def halving_doubling(net: Network, collective: str, options: Options) -> Schedule:
     """Rabenseifner schedule for allreduce, reducescatter or allgather, any rank count."""
     topology = net.topology
-    collective = canonical_collective(collective)
-    if collective not in ("allreduce", "reducescatter", "allgather"):
+    kind = describe(collective)
+    collective = kind.name
+    if kind.rooted or kind.exchanges:
         raise NotApplicableError(
             f"halving-doubling does not implement {collective} (it builds allreduce, reducescatter, allgather)"
         )
@@ -58,9 +60,9 @@ def halving_doubling(net: Network, collective: str, options: Options) -> Schedul
     active, extras = _fold(ring_order(net))
     meta["folded"] = len(extras)
     relay = relays(net)  # partners without a GPU-free route exchange through other GPUs
-    if collective == "allreduce":
+    if kind is ALLREDUCE:
         return _allreduce(active, extras, p, options, meta, relay)
-    return _gather_scatter(collective, active, extras, p, meta, relay)
+    return _gather_scatter(kind, active, extras, p, meta, relay)
 
 
 def _allreduce(active: list[int], extras: dict[int, int], p: int, options: Options,
@@ -109,7 +111,7 @@ def _allreduce(active: list[int], extras: dict[int, int], p: int, options: Optio
     return b.build("halving-doubling", meta)
 
 
-def _gather_scatter(collective: str, active: list[int], extras: dict[int, int], p: int,
+def _gather_scatter(kind: Collective, active: list[int], extras: dict[int, int], p: int,
                     meta: dict[str, object], relay: Relay) -> Schedule:
     """Reduce-scatter (halving, farthest first) or all-gather (doubling, nearest first), one chunk per rank."""
     n = len(active)
@@ -121,8 +123,8 @@ def _gather_scatter(collective: str, active: list[int], extras: dict[int, int], 
     def runs(buffer: str, lo: int, hi: int) -> list[Chunk]:
         return chunk_runs(buffer, [blk for v in range(lo, hi) for blk in blocks[v]])
 
-    if collective == "reducescatter":
-        b = ScheduleBuilder(collective, p, p, 1, scratch_chunks=p, relay=relay)
+    if kind.scatters:
+        b = ScheduleBuilder(kind.name, p, p, 1, scratch_chunks=p, relay=relay)
         for r in active:
             b.copy(r, Chunk("i", 0, p), Chunk("s", 0, p))
         for x, y in extras.items():
@@ -143,7 +145,7 @@ def _gather_scatter(collective: str, active: list[int], extras: dict[int, int], 
             b.transfer(y, x, Chunk("s", x), Chunk("o", 0), step=step)
         return b.build("halving-doubling", meta)
 
-    b = ScheduleBuilder(collective, p, 1, p, relay=relay)
+    b = ScheduleBuilder(kind.name, p, 1, p, relay=relay)
     for r in range(p):
         b.copy(r, Chunk("i", 0), Chunk("o", r))
     for x, y in extras.items():

@@ -48,12 +48,13 @@ import networkx as nx
 import numpy as np
 
 from topocc.planner.analysis.bounds import lower_bound
-from topocc.planner.analysis.collectives import chunk_counts
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.compiler.options import Options
 from topocc.planner.errors import InfeasibleError, NotApplicableError
 from topocc.planner.routing.network import Network
 from topocc.planner.solvers import LinearProgram, Solution, SolverOptions, solve
+from topocc.runtime.collective import ALLGATHER, ALLREDUCE, REDUCESCATTER
+from topocc.runtime.collective import collective as describe
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["FlowPlan", "FlowSettings", "flow_plan", "mcf"]
@@ -599,21 +600,21 @@ def mcf(net: Network, collective: str, options: Options) -> Schedule:
                                  f"{MAX_RANKS}", fix="use hierarchical (or treepack) at this scale")
     if p == 1:
         raise NotApplicableError("mcf needs at least two ranks")
-    rooted = collective in ("broadcast", "reduce")
+    kind = describe(collective)
+    rooted = kind.rooted
     k = options.mcf.pieces or (4 if rooted else 1 if p >= 8 else 2)
     sources = [options.root] * k if rooted else [s for s in range(p) for _ in range(k)]
     piece_bytes = options.size_bytes / len(sources)
     settings = _settings(options)
     q = options.pipeline or max(1, min(MAX_SUBPIECES, int(piece_bytes // MIN_SUBPIECE_BYTES)))
     size = options.size_bytes
-    gather = collective in ("allgather", "allreduce", "broadcast")
-    scatter = collective in ("reducescatter", "allreduce", "reduce")
+    gather, scatter = kind.replicates, kind.reduces  # a phase spreading data, one reducing it
 
     def plan(reverse: bool) -> FlowPlan:
-        name = ("reducescatter" if reverse else "allgather") if collective == "allreduce" else collective
-        bound = lower_bound(net, name, size, options.root).time_s
+        phase = (REDUCESCATTER if reverse else ALLGATHER) if kind is ALLREDUCE else kind
+        bound = lower_bound(net, phase.name, size, options.root).time_s
         # all-reduce's gather phase runs on channel 1 (below)
-        channel = 1 if collective == "allreduce" and not reverse else 0
+        channel = 1 if kind is ALLREDUCE and not reverse else 0
         return flow_plan(net, sources, piece_bytes, subpieces=q, bound_s=bound, reverse=reverse,
                          settings=settings, channel=channel)
 
@@ -622,26 +623,26 @@ def mcf(net: Network, collective: str, options: Options) -> Schedule:
     q = (down or up).subpieces  # type: ignore[union-attr]  # a MILP keeps pieces whole
     per_source = k * q
 
-    n_in, n_out = chunk_counts(collective, p, p * per_source if collective == "allreduce" else per_source)
-    b = ScheduleBuilder(collective, p, n_in, n_out, scratch_chunks=n_in if collective == "reducescatter" else 0,
+    n_in, n_out = kind.sizes(p, p * per_source if kind is ALLREDUCE else per_source)
+    b = ScheduleBuilder(kind.name, p, n_in, n_out, scratch_chunks=n_in if kind.scatters else 0,
                         root=options.root if rooted else None)
 
-    if collective == "allgather":
+    if kind.gathers:
         for r in range(p):
             b.copy(r, Chunk("i", 0, n_in), Chunk("o", r * per_source, n_in))
-    elif collective == "broadcast":
+    elif kind.from_root:
         b.copy(options.root, Chunk("i", 0, n_in), Chunk("o", 0, n_in))
     else:
-        acc = "s" if collective == "reducescatter" else "o"
+        acc = "s" if kind.scatters else "o"
         for r in range(p):
             b.copy(r, Chunk("i", 0, n_in), Chunk(acc, 0, n_in))
         _emit_reduce(b, up, acc, 0)  # type: ignore[arg-type]  # every reducing collective has an up plan
-        if collective == "reducescatter":
+        if kind.scatters:
             for r in range(p):
                 b.copy(r, Chunk("s", r * per_source, per_source), Chunk("o", 0, per_source))
     if down is not None:
         # all-reduce's second phase gets its own channel, so its messages never queue behind the first's
-        _emit_gather(b, down, 1 if collective == "allreduce" else 0, up.epochs if up is not None else 0)
+        _emit_gather(b, down, 1 if kind is ALLREDUCE else 0, up.epochs if up is not None else 0)
     infos = [x.info for x in (up, down) if x is not None]
     if up is down:
         infos = infos[:1]

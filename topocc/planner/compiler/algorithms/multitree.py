@@ -28,11 +28,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.compiler.options import Options
 from topocc.planner.errors import NotApplicableError
 from topocc.planner.routing.network import Memo, Network
+from topocc.runtime.collective import ALLREDUCE, BROADCAST, Collective
+from topocc.runtime.collective import collective as describe
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["TreeEdge", "TreePlan", "build_trees", "multitree", "multitree_link_floor"]
@@ -459,32 +460,33 @@ def multitree(net: Network, collective: str, options: Options) -> Schedule:
     >>> multitree(load_topology("topologies/torus-4x4.yaml"), "allreduce", Options())  # doctest: +SKIP
     """
     topology = net.topology
-    collective = canonical_collective(collective)
+    kind = describe(collective)
+    collective = kind.name
     p = topology.size
     meta = options.as_dict()
-    if collective not in ("allreduce", "reducescatter", "allgather", "broadcast"):
+    if kind.to_root or kind.exchanges:
         raise NotApplicableError(f"multitree does not implement {collective}")
-    if collective == "broadcast":
+    if kind.from_root:
         return _broadcast(net, options, meta)
     if p == 1:
-        return _single(collective, meta)
-    down, up = _trees(net, collective, options.size_bytes)
+        return _single(kind, meta)
+    down, up = _trees(net, kind, options.size_bytes)
     n = len((down or up).roots)  # type: ignore[union-attr]  # all-gather has its down trees, the others up
-    if collective == "allreduce":
+    if kind is ALLREDUCE:
         meta["trees_per_root"] = n // p
-    phases = 2 if collective == "allreduce" else 1
+    phases = kind.passes
     # c trees per root make c times the transfers per piece, each link serving c times as many trees at once;
     # the op budget counts them c^2 times over, as simulating them costs that much more (and the many trees
     # already pipeline the data: a few pieces each suffice)
     q = _pieces(options, options.size_bytes / n, phases * n * (p - 1) * (n // p) ** 2)
     meta.update(pipeline=q, steps=sum(plan.steps for plan in (up, down) if plan is not None))
-    if collective == "allgather":
+    if kind.gathers:
         assert down is not None
         b = ScheduleBuilder(collective, p, q, p * q)
         for r in range(p):
             b.copy(r, Chunk("i", 0, q), Chunk("o", r * q, q))
         _gather(b, down, q, source=lambda r, j: Chunk("i", j), block=lambda r, j: Chunk("o", r * q + j))
-    elif collective == "reducescatter":
+    elif kind.scatters:
         assert up is not None
         b = ScheduleBuilder(collective, p, p * q, q, scratch_chunks=(p + _extra_children(up, p)) * q)
         _scatter(b, up, q, own=lambda r, j: Chunk("i", r * q + j),
@@ -504,23 +506,22 @@ def multitree(net: Network, collective: str, options: Options) -> Schedule:
 _TREES: Memo[dict[tuple[str, int], tuple[TreePlan | None, TreePlan | None]]] = Memo("multitree: trees", lambda net: {})
 
 
-def _trees(net: Network, collective: str, size_bytes: int) -> tuple[TreePlan | None, TreePlan | None]:
+def _trees(net: Network, kind: Collective, size_bytes: int) -> tuple[TreePlan | None, TreePlan | None]:
     """The broadcast (down) and reduction (up) trees of all-gather, reduce-scatter or all-reduce on at least
     two ranks, kept with the topology: ``auto`` grows them for :func:`multitree_link_floor` and builds the
     schedule from the same trees where it may win."""
     topology = net.topology
     cache = net.memo(_TREES)
-    found = cache.get((collective, size_bytes))
+    found = cache.get((kind.name, size_bytes))
     if found is None:
         p = topology.size
         quota = None if p <= _all_pairs_limit(size_bytes) else _CLASS_QUOTA
-        if collective == "allreduce":
+        if kind is ALLREDUCE:
             found = _allreduce_trees(net, quota, size_bytes)
         else:
-            found = (build_trees(net, range(p), quota=quota) if collective == "allgather" else None,
-                     build_trees(net, range(p), reverse=True, quota=quota) if collective == "reducescatter"
-                     else None)
-        cache[(collective, size_bytes)] = found
+            found = (build_trees(net, range(p), quota=quota) if kind.gathers else None,
+                     build_trees(net, range(p), reverse=True, quota=quota) if kind.scatters else None)
+        cache[(kind.name, size_bytes)] = found
     return found
 
 
@@ -535,10 +536,10 @@ def multitree_link_floor(net: Network, collective: str, options: Options) -> flo
     schedule's operations are what ``auto`` saves where this already loses.
     """
     topology = net.topology
-    collective = canonical_collective(collective)
-    if collective not in ("allreduce", "reducescatter", "allgather") or topology.size == 1:
+    kind = describe(collective)
+    if kind.rooted or kind.exchanges or topology.size == 1:
         return 0.0
-    plans = [plan for plan in _trees(net, collective, options.size_bytes) if plan is not None]
+    plans = [plan for plan in _trees(net, kind, options.size_bytes) if plan is not None]
     return net.common_link_time(
         ((e.child, e.parent) if plan.reverse else (e.parent, e.child)) + (options.size_bytes / len(plan.roots),)
         for plan in plans for tree in plan.edges for e in tree)
@@ -549,8 +550,8 @@ def _all_pairs_limit(size_bytes: int) -> int:
     return _ALL_PAIRS_UP_TO if size_bytes >= _ALL_PAIRS_FROM_BYTES else _ALL_PAIRS_SMALL_UP_TO
 
 
-def _single(collective: str, meta: dict) -> Schedule:
-    b = ScheduleBuilder(collective, 1, 1, 1, root=0 if collective == "broadcast" else None)
+def _single(kind: Collective, meta: dict) -> Schedule:
+    b = ScheduleBuilder(kind.name, 1, 1, 1, root=0 if kind.rooted else None)
     b.copy(0, Chunk("i", 0), Chunk("o", 0))
     return b.build("multitree", meta)
 
@@ -685,7 +686,7 @@ def _broadcast(net: Network, options: Options, meta: dict) -> Schedule:
     if not 0 <= root < p:
         raise NotApplicableError(f"multitree: root {root} is not a rank of {topology.name} ({p} ranks)")
     if p == 1:
-        return _single("broadcast", meta)
+        return _single(BROADCAST, meta)
     quota = None if p <= _ALL_PAIRS_UP_TO else _CLASS_QUOTA
     best: tuple[float, TreePlan] | None = None
     for k in _BROADCAST_TREES if options.channels is None else (options.channels,):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 
-from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.compiler.algorithms._order import (
     find_rings,
     pieces,
@@ -28,6 +27,8 @@ from topocc.planner.compiler.options import Options
 from topocc.planner.errors import NotApplicableError
 from topocc.planner.routing.network import Network
 from topocc.planner.routing.relay import hops, relays
+from topocc.runtime.collective import ALLREDUCE, Collective
+from topocc.runtime.collective import collective as describe
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["ring", "ring_link_floor"]
@@ -48,14 +49,14 @@ def ring(net: Network, collective: str, options: Options) -> Schedule:
     between ranks without a GPU-free route is relayed through other GPUs.
     """
     topology = net.topology
-    collective = canonical_collective(collective)
-    if collective == "alltoall":
+    kind = describe(collective)
+    collective = kind.name
+    if kind.exchanges:
         raise NotApplicableError("ring does not implement alltoall (use direct)")
     p = topology.size
     meta = options.as_dict()
     if p == 1:
-        return single_rank(collective, 1, 1, "ring", meta, options.root if collective in ("broadcast", "reduce")
-                           else None)
+        return single_rank(collective, 1, 1, "ring", meta, options.root if kind.rooted else None)
     rings = _rings(net, options)
     relay = relays(net)  # hops between ranks without a GPU-free route go through other GPUs
     c = len(rings)
@@ -63,10 +64,10 @@ def ring(net: Network, collective: str, options: Options) -> Schedule:
     if p <= 64:
         meta["rings"] = rings
 
-    if collective in ("allreduce", "reducescatter", "allgather"):
+    if not kind.rooted:  # all-reduce, reduce-scatter, all-gather
         q = pieces(options.pipeline, options.size_bytes / (c * p), max(1, _MAX_CHUNKS // (c * p)), _PIECE_BYTES)
         meta["pipeline"] = q
-        if collective == "allreduce":
+        if kind is ALLREDUCE:
             b = ScheduleBuilder(collective, p, c * p * q, c * p * q, relay=relay)
             for r in range(p):
                 b.copy(r, Chunk("i", 0, c * p * q), Chunk("o", 0, c * p * q))
@@ -77,7 +78,7 @@ def ring(net: Network, collective: str, options: Options) -> Schedule:
                 ring_all_gather(b, rg, parts, step=step, channel=ch)
             return b.build("ring", meta)
         k = c * q  # chunks per rank block; channel ch carries chunks ch*q ... ch*q + q of every block
-        if collective == "reducescatter":
+        if kind.scatters:
             b = ScheduleBuilder(collective, p, p * k, k, scratch_chunks=p * k, relay=relay)
             for r in range(p):
                 b.copy(r, Chunk("i", 0, p * k), Chunk("s", 0, p * k))
@@ -102,14 +103,14 @@ def ring(net: Network, collective: str, options: Options) -> Schedule:
     n = c * q
     b = ScheduleBuilder(collective, p, n, n, root=root, relay=relay)
     for r in range(p):
-        if collective == "reduce" or r == root:
+        if kind.to_root or r == root:
             b.copy(r, Chunk("i", 0, n), Chunk("o", 0, n))
     for ch, rg in enumerate(rings):
-        chain = _chain(rg, root, collective)
+        chain = _chain(rg, root, kind)
         for piece in split(ch * q, q, q):
             for pos in range(p - 1):
                 src = Chunk("i", piece.index, piece.count) if pos == 0 else piece
-                b.transfer(chain[pos], chain[pos + 1], src, piece, reduce=collective == "reduce", step=pos,
+                b.transfer(chain[pos], chain[pos + 1], src, piece, reduce=kind.reduces, step=pos,
                            channel=ch)
     return b.build("ring", meta)
 
@@ -121,10 +122,10 @@ def _rings(net: Network, options: Options) -> list[list[int]]:
     return find_rings(net, options.channels)
 
 
-def _chain(ring: list[int], root: int, collective: str) -> list[int]:
+def _chain(ring: list[int], root: int, kind: Collective) -> list[int]:
     """The ring as a chain from the root (broadcast) or ending at it (reduce)."""
     at = ring.index(root)
-    return ring[at:] + ring[:at] if collective == "broadcast" else ring[at + 1:] + ring[:at + 1]
+    return ring[at:] + ring[:at] if kind.from_root else ring[at + 1:] + ring[:at + 1]
 
 
 def ring_link_floor(net: Network, collective: str, options: Options) -> float:
@@ -140,8 +141,8 @@ def ring_link_floor(net: Network, collective: str, options: Options) -> float:
     pieces messages per step) is what ``auto`` saves where this already loses.
     """
     topology = net.topology
-    collective = canonical_collective(collective)
-    if collective == "alltoall":
+    kind = describe(collective)
+    if kind.exchanges:
         raise NotApplicableError("ring does not implement alltoall (use direct)")
     p = topology.size
     if p == 1:
@@ -149,11 +150,11 @@ def ring_link_floor(net: Network, collective: str, options: Options) -> float:
     rings = _rings(net, options)
     share = options.size_bytes / len(rings)
     edges: list[tuple[int, int]] = []
-    if collective in ("allreduce", "reducescatter", "allgather"):
-        share *= (p - 1) / p * (2 if collective == "allreduce" else 1)
+    if not kind.rooted:
+        share *= (p - 1) / p * kind.passes
         edges = [(rg[i], rg[(i + 1) % p]) for rg in rings for i in range(p)]
     else:
         root = root_rank(options, p)
         for rg in rings:
-            edges += list(itertools.pairwise(_chain(rg, root, collective)))
+            edges += list(itertools.pairwise(_chain(rg, root, kind)))
     return net.common_link_time((a, b, share) for src, dst in edges for a, b in hops(net, src, dst))

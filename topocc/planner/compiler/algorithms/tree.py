@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.compiler.algorithms._order import depth_order, pieces, ring_order, root_rank, single_rank, split
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.compiler.options import Options
 from topocc.planner.errors import NotApplicableError
 from topocc.planner.routing.network import Network
 from topocc.planner.routing.relay import hops, relays
+from topocc.runtime.collective import Collective
+from topocc.runtime.collective import collective as describe
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["binary_tree", "double_binary_tree", "tree_link_floor"]
@@ -50,15 +51,16 @@ def binary_tree(nodes: Sequence[int]) -> tuple[int, dict[int, int]]:
     return root, parent
 
 
-def _check(net: Network, collective: str, options: Options) -> str:
-    """The canonical collective, or :class:`NotApplicableError` for one the tree cannot build."""
+def _check(net: Network, collective: str, options: Options) -> Collective:
+    """The collective's description, or :class:`NotApplicableError` for one the tree cannot build (a tree moves
+    one whole buffer: no collective with a buffer of rank blocks)."""
     topology = net.topology
-    collective = canonical_collective(collective)
-    if collective not in ("allreduce", "broadcast", "reduce"):
-        raise NotApplicableError(f"tree does not implement {collective} (it builds allreduce, broadcast, reduce)")
-    if collective != "allreduce":
+    kind = describe(collective)
+    if kind.split:
+        raise NotApplicableError(f"tree does not implement {kind.name} (it builds allreduce, broadcast, reduce)")
+    if kind.rooted:
         root_rank(options, topology.size)
-    return collective
+    return kind
 
 
 def _trees(net: Network, root: int | None) -> list[tuple[int, dict[int, int]]]:
@@ -86,11 +88,11 @@ def tree_link_floor(net: Network, collective: str, options: Options) -> float:
     a fraction of a second where the build costs about ten.
     """
     topology = net.topology
-    collective = _check(net, collective, options)
+    kind = _check(net, collective, options)
     if topology.size == 1:
         return 0.0
-    up, down = collective != "broadcast", collective != "reduce"
-    edges = [edge for _, parent in _trees(net, options.root if collective != "allreduce" else None)
+    up, down = kind.reduces, kind.replicates
+    edges = [edge for _, parent in _trees(net, options.root if kind.rooted else None)
              for child, par in parent.items() for edge in [(child, par)] * up + [(par, child)] * down]
     return net.common_link_time((a, b, options.size_bytes / 2)
                                      for src, dst in edges for a, b in hops(net, src, dst))
@@ -99,21 +101,21 @@ def tree_link_floor(net: Network, collective: str, options: Options) -> float:
 def double_binary_tree(net: Network, collective: str, options: Options) -> Schedule:
     """Double-binary-tree schedule for allreduce, broadcast or reduce (root: ``options.root``)."""
     topology = net.topology
-    collective = _check(net, collective, options)
+    kind = _check(net, collective, options)
     p = topology.size
     meta = options.as_dict()
-    rooted = collective != "allreduce"
+    rooted = kind.rooted
     root = options.root if rooted else None
     if p == 1:
-        return single_rank(collective, 1, 1, "tree", meta, root)
+        return single_rank(kind.name, 1, 1, "tree", meta, root)
     trees = _trees(net, options.root if rooted else None)
     q = pieces(options.pipeline, options.size_bytes / 2, _MAX_PIECES)
     meta.update(pipeline=q, channels=2, trees=[sorted(parent.items()) for _, parent in trees] if p <= 64 else None)
     n = 2 * q
     # a tree edge between ranks without a GPU-free route is relayed through other GPUs
-    b = ScheduleBuilder(collective, p, n, n, root=root, relay=relays(net))
+    b = ScheduleBuilder(kind.name, p, n, n, root=root, relay=relays(net))
     for r in range(p):
-        if collective != "broadcast" or r == root:
+        if not kind.from_root or r == root:
             b.copy(r, Chunk("i", 0, n), Chunk("o", 0, n))
     for t, (tree_root, parent) in enumerate(trees):
         down = depth_order(tree_root, parent)
@@ -124,12 +126,12 @@ def double_binary_tree(net: Network, collective: str, options: Options) -> Sched
         interior = set(parent.values())
         for piece in split(t * q, q, q):
             whole_input = Chunk("i", piece.index, piece.count)
-            if collective in ("allreduce", "reduce"):
+            if kind.reduces:
                 for v in reversed(down):
                     # a leaf sends straight from its input: no wait for its local copy
                     src = piece if v in interior else whole_input
                     b.transfer(v, parent[v], src, piece, reduce=True, step=height - depth[v], channel=t)
-            if collective in ("allreduce", "broadcast"):
+            if kind.replicates:
                 for v in down:
                     src = whole_input if parent[v] == root else piece
                     b.transfer(parent[v], v, src, piece, step=height + depth[v], channel=t)

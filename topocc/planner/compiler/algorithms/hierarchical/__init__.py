@@ -47,7 +47,6 @@ one after the other.
 
 from __future__ import annotations
 
-from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.compiler.algorithms._order import single_rank
 from topocc.planner.compiler.algorithms.hierarchical.emit import build_schedule
 from topocc.planner.compiler.algorithms.hierarchical.layout import allreduce_layout, blocks_may_help, blocks_may_win
@@ -60,6 +59,8 @@ from topocc.planner.compiler.algorithms.hierarchical.steps import METHODS
 from topocc.planner.compiler.options import Options
 from topocc.planner.errors import NotApplicableError
 from topocc.planner.routing.network import Network
+from topocc.runtime.collective import ALLREDUCE, Collective
+from topocc.runtime.collective import collective as describe
 from topocc.runtime.schedule import Schedule
 
 __all__ = ["Stage", "hierarchical", "ownership", "rooted_hierarchical", "stage_methods", "stages"]
@@ -82,10 +83,11 @@ def hierarchical(net: Network, collective: str, options: Options) -> Schedule:
     (:func:`~.ownership.ownership`) records each virtual block's parts as
     ``ownership``.
     """
-    collective = canonical_collective(collective)
-    if collective in ("broadcast", "reduce"):
+    kind = describe(collective)
+    collective = kind.name
+    if kind.rooted:
         return rooted_hierarchical(net, collective, options)
-    if collective not in ("allreduce", "reducescatter", "allgather"):
+    if kind.exchanges:
         raise NotApplicableError(
             f"hierarchical does not implement {collective} (it builds allreduce, reducescatter, allgather, "
             "broadcast, reduce)"
@@ -93,8 +95,8 @@ def hierarchical(net: Network, collective: str, options: Options) -> Schedule:
     if net.topology.size == 1:
         return single_rank(collective, 1, 1, "hierarchical", options.as_dict())
     levels = stages(net)
-    _check(collective, options)
-    if collective == "allreduce" and options.hierarchical.layout is None:
+    _check(kind, options)
+    if kind is ALLREDUCE and options.hierarchical.layout is None:
         if blocks_may_win(net, levels, options):
             return allreduce_layout(net, levels, options, "blocks", "virtual")
         if blocks_may_help(net, levels, options):
@@ -102,11 +104,11 @@ def hierarchical(net: Network, collective: str, options: Options) -> Schedule:
     return build_schedule(net, collective, options, split_last(net, levels, options), options.hierarchical.layout)
 
 
-def _check(collective: str, options: Options) -> None:
+def _check(kind: Collective, options: Options) -> None:
     """Decline a stage method or layout hierarchical does not know."""
     force = options.hierarchical.stage_method
     if force is not None and force not in METHODS:
         raise NotApplicableError(f"hierarchical: unknown stage_method {force!r} (use {', '.join(METHODS)})")
     layout = options.hierarchical.layout
-    if collective != "allgather" and layout not in (None, "virtual", "blocks"):
+    if not kind.gathers and layout not in (None, "virtual", "blocks"):
         raise NotApplicableError(f"hierarchical: unknown layout {layout!r} (use virtual or blocks)")

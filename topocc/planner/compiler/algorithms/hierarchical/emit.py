@@ -14,8 +14,7 @@ from typing import Any
 
 from topocc.planner.compiler.algorithms._order import Send, chunk_runs
 from topocc.planner.compiler.algorithms.hierarchical.channels import CHANNEL_CHOICES, spread_channels
-from topocc.planner.compiler.algorithms.hierarchical.levels import Stage, VirtualBlocks, virtual_blocks
-from topocc.planner.compiler.algorithms.hierarchical.plan import (
+from topocc.planner.compiler.algorithms.hierarchical.decisions import (
     Job,
     SliceShape,
     Slicing,
@@ -23,11 +22,13 @@ from topocc.planner.compiler.algorithms.hierarchical.plan import (
     plan_shape,
     plan_slicing,
 )
+from topocc.planner.compiler.algorithms.hierarchical.levels import Stage, VirtualBlocks, virtual_blocks
 from topocc.planner.compiler.algorithms.hierarchical.waves import waves
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.compiler.options import Options
 from topocc.planner.routing.network import Network
 from topocc.planner.routing.relay import relays
+from topocc.runtime.collective import ALLREDUCE
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["build_schedule"]
@@ -49,9 +50,9 @@ def _metadata(job: Job, plan: Slicing, shape: SliceShape, blocks: VirtualBlocks)
     meta = job.options.as_dict()
     meta["levels"] = [f"{s.level}:{s.size}" for s in job.levels]
     meta.update(pipeline=shape.slices, slice_shape=":".join(map(str, shape.sizes)), methods=list(plan.methods))
-    if job.collective == "allreduce" and not plan.contiguous:
+    if job.kind is ALLREDUCE and not plan.contiguous:
         meta["layout"] = "blocks"
-    if plan.contiguous and job.collective == "reducescatter":
+    if plan.contiguous and job.kind.scatters:
         meta["layout"] = "virtual"
     if plan.contiguous and plan.weights is not None:
         meta["ownership"] = ":".join(str(plan.weights[blocks.owner[v]]) for v in range(job.p))
@@ -97,8 +98,8 @@ class _Emitter:
                         for f, (si, gather) in enumerate(phases)]
         # reduce-scatter works on a scratch copy of its input (and its direct levels' slots after it),
         # all-reduce in its output; all-gather puts each rank's block in place
-        self.buffer = "s" if job.collective == "reducescatter" else "o"
-        self.slot_base = self.p * self.units if job.collective == "reducescatter" else 0
+        self.buffer = "s" if job.kind.scatters else "o"
+        self.slot_base = self.p * self.units if job.kind.scatters else 0
         self.next_slot = [self.slot_base] * self.p
         self.channels = spread_channels(job.net, levels, phases, plan.steps, job.spans)
         self.finished: dict[tuple[int, int, int], int] = {}  # (rank, phase, slice) -> its last operation there
@@ -119,14 +120,14 @@ class _Emitter:
 
     def _builder(self) -> ScheduleBuilder:
         """The builder, every rank's input copied into the buffer the phases work in."""
-        collective, p, units = self.job.collective, self.p, self.units
+        kind, p, units = self.job.kind, self.p, self.units
         relay = relays(self.job.net)  # a stage's pairs without a GPU-free route go through other GPUs
-        if collective == "allgather":
-            b = ScheduleBuilder(collective, p, units, p * units, relay=relay)
+        if kind.gathers:
+            b = ScheduleBuilder(kind.name, p, units, p * units, relay=relay)
             for r in range(p):
                 b.copy(r, Chunk("i", 0, units), Chunk("o", r * units, units))
             return b
-        b = ScheduleBuilder(collective, p, p * units, p * units if collective == "allreduce" else units,
+        b = ScheduleBuilder(kind.name, p, p * units, p * units if kind is ALLREDUCE else units,
                             scratch_chunks=self.slot_base + self._slot_chunks(), relay=relay)
         for r in range(p):
             b.copy(r, Chunk("i", 0, p * units), Chunk(self.buffer, 0, p * units))
@@ -169,9 +170,9 @@ class _Emitter:
     def build(self, meta: dict[str, Any]) -> Schedule:
         """Every phase of every slice, then a reduce-scatter's results into place."""
         self.emit_phases()
-        if self.job.collective == "reducescatter" and self.plan.contiguous:
+        if self.job.kind.scatters and self.plan.contiguous:
             self.hand_on_sums()
-        elif self.job.collective == "reducescatter":
+        elif self.job.kind.scatters:
             for r in range(self.p):
                 self.b.copy(r, Chunk("s", r * self.units, self.units), Chunk("o", 0, self.units),
                             step=self.steps_total)

@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 from topocc.planner.compiler.algorithms._order import find_cycle, host_size
 from topocc.planner.routing.network import Network
+from topocc.runtime.collective import collective as describe
 
 __all__ = ["Phase", "Stage", "VirtualBlocks", "phases_of", "ringed", "spans", "split", "stages", "virtual_blocks"]
 
@@ -118,9 +119,10 @@ def spans(levels: Sequence[Stage], p: int) -> list[int]:
 def phases_of(collective: str, levels: Sequence[Stage]) -> list[Phase]:
     """The phases in pipeline order: reduce-scatter up the levels, all-gather back down."""
     out: list[Phase] = []
-    if collective != "allgather":
+    kind = describe(collective)
+    if kind.reduces:
         out += [Phase(si, False) for si in range(len(levels))]
-    if collective != "reducescatter":
+    if kind.replicates:
         out += [Phase(si, True) for si in reversed(range(len(levels)))]
     return out
 

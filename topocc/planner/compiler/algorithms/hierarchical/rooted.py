@@ -36,13 +36,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.compiler.algorithms._order import depth_order, host_size, root_rank, single_rank
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.compiler.options import Options
 from topocc.planner.errors import NotApplicableError
 from topocc.planner.routing.network import Network
 from topocc.planner.routing.relay import relays
+from topocc.runtime.collective import collective as describe
 from topocc.runtime.schedule import Chunk, Schedule
 
 __all__ = ["CHAIN_HOSTS", "MAX_TRANSFERS", "SLOT_SLICES", "rooted_hierarchical"]
@@ -235,8 +235,9 @@ class _Rails:
 def rooted_hierarchical(net: Network, collective: str, options: Options) -> Schedule:
     """Broadcast or reduce as a scatter in the root's host, a pipelined chain per rail, a fan-out in each host
     (see the module docstring).  Needs hosts of equal size, of several GPUs each."""
-    collective = canonical_collective(collective)
-    if collective not in ("broadcast", "reduce"):
+    kind = describe(collective)
+    collective = kind.name
+    if not kind.rooted:
         raise NotApplicableError(f"hierarchical's rooted form builds broadcast and reduce, not {collective}")
     p = net.topology.size
     root = root_rank(options, p)
@@ -254,7 +255,7 @@ def rooted_hierarchical(net: Network, collective: str, options: Options) -> Sche
     meta.update(pipeline=slices, hosts=len(hosts), rails=k, trees=rails.share if rails.share > 1 else 0,
                 fan_out_slices=group)
     n = slices * k * rails.units
-    reduce = collective == "reduce"
+    reduce = kind.reduces
     # a reduce's scratch: per rank and group of slices (of SLOT_SLICES in turn), a slot for each piece it adds:
     # a rail's GPU gets k - 1 a slice from its host and one from the hosts beyond (a whole one on the chain; on
     # the trees half from each of at most two children)

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from topocc.planner.compiler.algorithms._order import PIECE_BYTES, Send
 from topocc.planner.compiler.algorithms.hierarchical.levels import Phase, Stage
+from topocc.runtime.collective import collective as describe
 
 __all__ = [
     "DOUBLING",
@@ -147,7 +148,7 @@ def wanted_slices(collective: str, p: int, size_bytes: int, levels: int, pipelin
     if virtual:
         # a reduce-scatter sends half an all-reduce's messages a slice, so twice the slices cost as much
         least = _MIN_SLICES
-        most = budget * (2 if collective == "reducescatter" else 1)
+        most = budget * (2 if describe(collective).scatters else 1)
         slices = max(1, min(most, round(size_bytes / SLICE_BYTES)))
     else:
         least = max((n for n in range(1, _MIN_SLICES + 1) if sum(slice_shape(n)) <= budget), default=1)
