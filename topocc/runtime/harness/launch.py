@@ -50,6 +50,7 @@ __all__ = [
     "launch_worker",
     "package_home",
     "rank_list",
+    "run_job",
     "run_schedule",
     "spawn_ranks",
     "summarize_failures",
@@ -180,12 +181,21 @@ def launch_worker(np: int, args: Sequence[str], *, limit_s: float, mpiexec: str 
     else:
         cmd = [find_mpiexec(mpiexec), "-disable-auto-cleanup", *extra_mpiexec_args, "-n", str(np),
                *RANK_WRAPPER, sys.executable, "-m", "topocc.runtime.harness.worker", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=worker_env(),
-                            start_new_session=True)
+    return run_job(cmd, worker_env(), limit_s, on_line=on_line,
+                   killed=f"\ntopocc: the job ran past its hard limit of {limit_s:g} s and was killed\n")
+
+
+def run_job(cmd: list[str], env: dict[str, str], limit_s: float, *, on_line: Callable[[str], None] | None = None,
+            on_error_line: Callable[[str], None] | None = None, killed: str = "") -> subprocess.CompletedProcess[str]:
+    """Run a job (mpiexec's, torchrun's) in a session of its own, reading both streams as they come (``on_line``
+    gets stdout's lines, ``on_error_line`` stderr's); past ``limit_s``, or when interrupted, kill it all (the
+    ranks lead no session of their own: the job's group holds them), ``killed`` then ending its stderr."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True, stdin=subprocess.DEVNULL)
     out: list[str] = []
     err: list[str] = []
     readers = [threading.Thread(target=_drain, args=(proc.stdout, out, on_line), daemon=True),
-               threading.Thread(target=_drain, args=(proc.stderr, err, None), daemon=True)]
+               threading.Thread(target=_drain, args=(proc.stderr, err, on_error_line), daemon=True)]
     for reader in readers:
         reader.start()
     try:
@@ -193,8 +203,12 @@ def launch_worker(np: int, args: Sequence[str], *, limit_s: float, mpiexec: str 
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        err.append(f"\ntopocc: the job ran past its hard limit of {limit_s:g} s and was killed\n")
+        err.append(killed)
         returncode = -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     for reader in readers:
         reader.join()
     return subprocess.CompletedProcess(cmd, returncode, "".join(out), "".join(err))

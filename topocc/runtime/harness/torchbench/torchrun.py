@@ -12,23 +12,20 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from topocc.runtime.bandwidth import bus_factor
 from topocc.runtime.bundle import Bundle, load_bundle, save_bundle
 from topocc.runtime.errors import CommunicatorError, TopoccError, UsageError
-from topocc.runtime.harness.launch import worker_env
+from topocc.runtime.harness.launch import run_job, worker_env
 from topocc.runtime.harness.torchbench.sweep import Sweep
 
 __all__ = ["STARTUP_S", "Row", "TorchbenchResult", "find_torchrun", "planned_at_every_size", "preflight",
@@ -163,49 +160,11 @@ def _environment(bundle: str | Path | None) -> dict[str, str]:
     return env
 
 
-def _drain(stream: IO[str] | None, into: list[str], on_line: Callable[[str], None] | None) -> None:
-    if stream is None:
-        return
-    for line in stream:
-        into.append(line)
-        if on_line is not None:
-            on_line(line)
-    stream.close()
-
-
 def _passed_on(line: str) -> None:
     """A rank's ``TOPOCC_DEBUG=INFO`` line (which plan ran a call, or why gloo did), on this stderr as it comes."""
     if line.startswith("topocc INFO "):
         sys.stderr.write(line)
         sys.stderr.flush()
-
-
-def _run(cmd: list[str], env: dict[str, str], limit_s: float, on_line: Callable[[str], None] | None
-         ) -> subprocess.CompletedProcess[str]:
-    """Run the job in a session of its own, reading both streams as they come (``on_line`` gets stdout's lines,
-    :func:`_passed_on` stderr's); past ``limit_s`` kill it all."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True, stdin=subprocess.DEVNULL)
-    out: list[str] = []
-    err: list[str] = []
-    readers = [threading.Thread(target=_drain, args=(proc.stdout, out, on_line), daemon=True),
-               threading.Thread(target=_drain, args=(proc.stderr, err, _passed_on), daemon=True)]
-    for reader in readers:
-        reader.start()
-    try:
-        returncode = proc.wait(timeout=limit_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        err.append(f"topocc: error: the job ran past its limit of {limit_s:g} s and was killed\n")
-        returncode = -signal.SIGKILL
-    finally:
-        if proc.poll() is None:  # interrupted: the ranks lead no session of their own, the job's group holds them
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    for reader in readers:
-        reader.join()
-    return subprocess.CompletedProcess(cmd, returncode, "".join(out), "".join(err))
 
 
 def _failure(done: subprocess.CompletedProcess[str]) -> str:
@@ -258,7 +217,8 @@ def run_torchbench(sweep: Sweep, *, bundle: str | Path | None = None, bundle_not
             env[PLAN_ENV] = str(planned_at_every_size(bundle, Path(tmp) / "every-size").resolve())
             env[TUNE_ENV] = "off"
         start = time.monotonic()
-        done = _run(cmd, env, limit, on_line)
+        done = run_job(cmd, env, limit, on_line=on_line, on_error_line=_passed_on,
+                       killed=f"topocc: error: the job ran past its limit of {limit:g} s and was killed\n")
         elapsed = time.monotonic() - start
     rows, counters = _rows(done.stdout)
     if done.returncode != 0:
