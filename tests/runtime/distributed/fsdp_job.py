@@ -19,14 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
 import topocc.runtime.distributed as td
-
-
-def data() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(7)
-    w = torch.randn(40, 5, generator=g)
-    g = torch.Generator().manual_seed(100 + dist.get_rank())
-    x = torch.randn(64, 40, generator=g)
-    return x, x @ w + 0.01 * torch.randn(64, 5, generator=g)
+from tests.runtime.distributed.feedback_job import data  # the same regression data per rank
 
 
 def train(group: dist.ProcessGroup, native: dist.ProcessGroup, steps: int) -> list[float]:
