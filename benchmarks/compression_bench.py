@@ -48,8 +48,8 @@ def codec_table(elements: int = 1 << 20, repeats: int = 5) -> str:
     for spec in ("bf16", "fp16", "int8", "topk:0.01"):
         codec = parse_encoding(spec)
         wire = np.empty(codec.wire_bytes(x.size, x.itemsize), np.uint8)
-        enc = min(_timed(lambda c=codec, w=wire: c.encode(x, w)) for _ in range(repeats))  # type: ignore[misc]
-        dec = min(_timed(lambda c=codec, w=wire: c.decode(w, y)) for _ in range(repeats))  # type: ignore[misc]
+        enc = min(_timed(lambda c=codec, w=wire: c.encode(x, w)) for _ in range(repeats))
+        dec = min(_timed(lambda c=codec, w=wire: c.decode(w, y)) for _ in range(repeats))
         rows.append((codec.spec, f"{wire.nbytes / x.nbytes:.3f}", f"{x.nbytes / enc / 1e9:.2f}",
                      f"{x.nbytes / dec / 1e9:.2f}", f"{x.nbytes / (enc + dec) / 1e9:.2f}",
                      f"{(enc + dec) / copy:.1f}", f"{codec.default_Bps / 1e9:.2f}", f"{codec.cost:g}"))

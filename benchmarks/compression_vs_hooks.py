@@ -76,7 +76,12 @@ def gradients(kind: str, rank: int, width: int, layers: int = 4, batch: int = 64
     teacher = torch.randn(width, width, generator=torch.Generator().manual_seed(1)) / width ** 0.5
     x = torch.randn(batch, width, generator=torch.Generator().manual_seed(100 + rank))
     nn.functional.mse_loss(model(x), torch.tanh(x @ teacher)).backward()
-    return [m.weight.grad.detach().clone() for m in model if isinstance(m, nn.Linear)]
+    grads = []
+    for m in model:
+        if isinstance(m, nn.Linear):
+            assert m.weight.grad is not None  # backward() above filled it
+            grads.append(m.weight.grad.detach().clone())
+    return grads
 
 
 def _fixed_model(grads: list[Any]) -> Any:
@@ -161,6 +166,7 @@ def _topocc_rows(world: Any, args: argparse.Namespace, address: str, grads: list
         dist.init_process_group("topocc", init_method=f"tcp://{address}:{PORT + i}", rank=rank, world_size=size,
                                 pg_options=BackendOptions(plan=str(Path(args.bundles) / str(i))))
         group = dist.group.WORLD
+        assert isinstance(group, td.TopoccProcessGroup)  # the world group init_process_group("topocc") made
         ddp = _ddp(group, grads)
         times = _steps(world, ddp, args.warmup + args.iters)[args.warmup:]
         tally = td.counters().by_collective["allreduce"]

@@ -148,8 +148,8 @@ def main() -> int:
     args = p.parse_args()
     if args.runs < 1 or args.control < 0 or args.ranks < 2:
         p.error("--runs must be at least 1, --control at least 0 and --ranks at least 2")
-    sys.path.insert(0, str(SCRIPTS))
-    import schedules  # the tests' hand-built schedules
+    sys.path.insert(0, str(SCRIPTS.parents[2]))  # the repository
+    from tests.runtime.mpi_scripts import schedules  # the tests' hand-built schedules
 
     # SIGTERM (timeout's) becomes SystemExit, so the finally below still kills the busy loops
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))

@@ -45,11 +45,12 @@ def rows(cases: list[tuple[str, str, int, tuple[str, ...]]]) -> list[tuple[objec
         topology = resolve_topology(name)
         net = Network(topology)
         bound = lower_bound(net, collective, size).time_s
-        runs = [(b, mcf, {"solver": b, "time_limit_s": 300}) for b in backends] + [("treepack", treepack, {})]
+        runs = [(b, mcf, McfOptions(solver=b, time_limit_s=300)) for b in backends]
+        runs.append(("treepack", treepack, McfOptions()))
         for label, fn, extra in runs:
             started = time.perf_counter()
             try:
-                schedule = fn(net, collective, Options(size_bytes=size, mcf=McfOptions(**extra)))
+                schedule = fn(net, collective, Options(size_bytes=size, mcf=extra))
             except TopoccError as exc:
                 out.append((name, collective, format_size(size), label, "-", "-", "-", "-", "-", exc.message[:50]))
                 continue

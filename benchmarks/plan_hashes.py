@@ -29,8 +29,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from fabrics import shipped_fabrics, suite
+if str(Path(__file__).resolve().parent.parent) not in sys.path:  # run as a script: the repository's modules
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.fabrics import shipped_fabrics, suite
 from topocc.planner.compiler.algorithms import ALGORITHMS
 from topocc.planner.compiler.compile import compile_schedule
 from topocc.planner.compiler.options import Options

@@ -42,9 +42,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from fabrics import Fabric, shipped_fabrics, small_suite, suite
-from targets import ANCHORS, LARGE_BYTES, SMALL_BYTES, Anchor, Measured, Verdict, judge
+if str(Path(__file__).resolve().parent.parent) not in sys.path:  # run as a script: the repository's modules
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.fabrics import Fabric, shipped_fabrics, small_suite, suite
+from benchmarks.targets import ANCHORS, LARGE_BYTES, SMALL_BYTES, Anchor, Measured, Verdict, judge
 from topocc.planner.analysis.bounds import lower_bound
 from topocc.planner.analysis.collectives import canonical_collective
 from topocc.planner.analysis.simulate import simulate

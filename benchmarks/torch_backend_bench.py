@@ -18,13 +18,18 @@ all_reduce at least 1.3x faster than gloo's at 64 MiB, the process group at most
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from topocc.runtime.bundle import Bundle
+    from topocc.runtime.plan import AnyPlan
 
 MIB = 1 << 20
 COLLECTIVES = ("allreduce", "reducescatter", "allgather")
@@ -120,6 +125,14 @@ def _breakdown(world: Any, comm: Any, tensor: Any) -> dict[str, float]:
             "copy": world.allreduce(spent["copy"], op=MPI.MAX)}
 
 
+def _planned(bundle: Bundle, collective: str, ranks: int) -> AnyPlan:
+    """The bundle's plan for ``collective`` over all ``ranks`` (the bundle this script compiles has each)."""
+    plan = bundle.find(collective, range(ranks))
+    if plan is None:
+        raise SystemExit(f"torch_backend_bench: the bundle has no {collective} plan over {ranks} ranks")
+    return plan
+
+
 def _calls(big: Any, small: Any, direct: dict[str, Any]) -> dict[str, tuple[Callable[[Any], Any], Callable[[], Any]]]:
     """Per collective: the call through a process group (topocc's for None, else the given one), and the same
     plan's call by its Communicator."""
@@ -158,7 +171,7 @@ def rank_main(args: argparse.Namespace) -> None:
     gloo = dist.new_group(backend="gloo", timeout=timedelta(seconds=600))
     bundle = load_bundle(args.bundle)
     transport = GlooTransport(timeout=600)
-    direct = {c: Communicator(bundle.find(c, range(size)), transport=transport, timeout=600) for c in COLLECTIVES}
+    direct = {c: Communicator(_planned(bundle, c, size), transport=transport, timeout=600) for c in COLLECTIVES}
     rows: list[dict[str, Any]] = []
     for mib in args.sizes_mib:
         n = int(mib * MIB) // 4 // size * size
@@ -167,8 +180,8 @@ def rank_main(args: argparse.Namespace) -> None:
         warm, iters = (1, args.iters) if mib < 64 else (0, max(1, args.iters - 1))
         for name, (through, by_comm) in calls.items():
             row = {"what": name, "mib": mib,
-                   "topocc": _timed(world, lambda t=through: t(None), warm, iters),
-                   "gloo": _timed(world, lambda t=through: t(gloo), warm, iters),
+                   "topocc": _timed(world, functools.partial(through, None), warm, iters),
+                   "gloo": _timed(world, functools.partial(through, gloo), warm, iters),
                    "communicator": _timed(world, by_comm, warm, iters)}
             rows.append(row)
             if rank == 0:

@@ -38,18 +38,17 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from topocc.planner.routing.network import Network
 
 REPO = Path(__file__).resolve().parent.parent
-for where in (REPO, REPO / "benchmarks"):
-    if str(where) not in sys.path:
-        sys.path.insert(0, str(where))
+if str(REPO) not in sys.path:  # run as a script: the repository's modules
+    sys.path.insert(0, str(REPO))
 
-from gpu_bench import format_link_stats, gpu_waiter, rank_env, run_ranks  # noqa: E402
+from benchmarks.gpu_bench import format_link_stats, gpu_waiter, rank_env, run_ranks  # noqa: E402
 
 CONFIGS = ("ddp", "hook", "prophet", "daso")
 TIMEOUT_S = 120.0
@@ -91,8 +90,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def run_topology(name: str, args: argparse.Namespace, deadline: float = float("inf")) -> dict[str, Any]:
     """Launch every rank of ``name`` (emulated unless gloo) and return rank 0's report; the ranks are stopped at
     ``deadline`` (``time.monotonic()``), and the error then ends with rank 0's last progress line."""
-    from gpu_bench import schedule_for
-
+    from benchmarks.gpu_bench import schedule_for
     from topocc.planner.testbed.emulation import EmulatedCluster, emulation_available, plan_emulation
     from topocc.runtime.schedule import save_schedule
 
@@ -385,7 +383,7 @@ def rank_main(argv: Sequence[str]) -> int:
     torch.set_num_threads(1)
     store = dist.FileStore(store_path, world)
     dist.init_process_group(args["backend"], store=dist.PrefixStore("torch", store), rank=rank, world_size=world,
-                            **({"device_id": device} if nccl else {}))
+                            device_id=device if nccl else None)
     node = args["node"]
     nodes = [list(range(n, n + node)) for n in range(0, world, node)]
     steps, held = _data(args, rank, world, device)
@@ -464,6 +462,7 @@ def rank_main(argv: Sequence[str]) -> int:
             model = _model(args, device)
             evals: list[tuple[float, float]] = []
             finish: Any = None
+            step: Callable[[Any, Any], Any]
             if name in ("ddp", "hook"):
                 ddp = nn.parallel.DistributedDataParallel(model)
                 if name == "hook":

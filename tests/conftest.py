@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from topocc.planner.topology.model import Link, Topology
+    from topocc.runtime.schedule import Op
 
 REPO = Path(__file__).resolve().parent.parent
 TOPOLOGIES = REPO / "topologies"
@@ -35,6 +41,26 @@ def run_bounded(cmd: Sequence[str], limit_s: float, what: str, **popen: object) 
         out, err = proc.communicate()
         pytest.fail(f"{what} ran past {limit_s:g} s and was killed\n{err[-3000:]}")
     return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
+
+
+def existing_link(topology: Topology, src: str, dst: str) -> Link:
+    """The directed link ``src -> dst``, which the test expects: a missing one fails the test naming it."""
+    link = topology.link(src, dst)
+    assert link is not None, f"{topology.name} has no link {src} -> {dst}"
+    return link
+
+
+def peer_of(op: Op) -> int:
+    """The rank a send or receive exchanges with, which the schedule format requires it to name."""
+    assert op.peer is not None, f"a {op.kind} without a peer"
+    return op.peer
+
+
+def must_search(pattern: str, text: str, flags: int = 0) -> re.Match[str]:
+    """``re.search`` where the test expects a match: none fails the test naming the pattern."""
+    found = re.search(pattern, text, flags)
+    assert found is not None, f"nothing matches {pattern!r}"
+    return found
 
 
 TWO_GPUS = """\

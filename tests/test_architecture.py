@@ -50,8 +50,9 @@ SHARED = ("topocc.planner.errors", "topocc.planner.units", "topocc.planner._yaml
 #: Optional dependencies (and the accelerated parts of required ones), loaded when used: an import inside a
 #: function may load one, or a module of the product that loads one when it is loaded.
 OPTIONAL = ("torch", "cupy", "ortools", "pulp", "highspy", "jinja2", "mpi4py", "ml_dtypes")
-#: Where imports inside functions keep a program's start-up fast (each with its reason).
-LAZY_MODULES = ("topocc.planner.cli",)
+#: Where imports inside functions keep a program's start-up fast (each with its reason): the CLI's, and a
+#: training job's ``init_process_group("topocc")``, whose replay loads at the first planned call.
+LAZY_MODULES = ("topocc.planner.cli", "topocc.runtime.distributed.process_group")
 #: No function of the product is longer than this.
 MAX_FUNCTION_LINES = 100
 
@@ -82,7 +83,7 @@ MODULES = _modules()
 def _top_level_imports(module: Module) -> Iterator[tuple[ast.stmt, str]]:
     """Every import the module runs when it is loaded (not those under ``if TYPE_CHECKING:``), resolved."""
 
-    def walk(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    def walk(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
         for node in body:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 yield node

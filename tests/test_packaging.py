@@ -15,16 +15,20 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from tests.conftest import REPO
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 has no tomllib: tomli is the same parser
+    tomllib = pytest.importorskip("tomli", reason="tomli is not installed (Python 3.10 has no tomllib)")
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
 
 
 def test_every_folder_of_the_package_is_found_by_discovery_and_nothing_else() -> None:
-    from setuptools import find_packages
+    from setuptools import find_packages  # type: ignore[import-untyped]  # this setuptools ships no types
 
     found = set(find_packages(str(REPO), **SETUPTOOLS["packages"]["find"]))
     on_disk = {".".join(init.parent.relative_to(REPO).parts) for init in (REPO / "topocc").rglob("__init__.py")}

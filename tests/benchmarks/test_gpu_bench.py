@@ -20,9 +20,10 @@ from topocc.planner.testbed.emulation import emulation_available
 pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
 
 _spec = importlib.util.spec_from_file_location("gpu_bench", REPO / "benchmarks" / "gpu_bench.py")
+assert _spec is not None and _spec.loader is not None
 B = importlib.util.module_from_spec(_spec)
 sys.modules["gpu_bench"] = B  # its dataclasses look their module up there
-_spec.loader.exec_module(B)  # type: ignore[union-attr]
+_spec.loader.exec_module(B)
 
 
 def test_arguments() -> None:

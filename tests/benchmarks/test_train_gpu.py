@@ -20,9 +20,10 @@ from tests.conftest import REPO
 pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
 
 _spec = importlib.util.spec_from_file_location("train_gpu", REPO / "benchmarks" / "train_gpu.py")
+assert _spec is not None and _spec.loader is not None
 T = importlib.util.module_from_spec(_spec)
 sys.modules["train_gpu"] = T
-_spec.loader.exec_module(T)  # type: ignore[union-attr]
+_spec.loader.exec_module(T)
 
 TINY = ["--width", "32", "--layers", "1", "--vocab", "64", "--batch", "4", "--seq", "16"]
 

@@ -9,6 +9,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,8 @@ FACTORS = {"allreduce": 1.0, "allgather": 0.5, "reducescatter": 0.5, "alltoall":
 TINY = ["-b", "1K", "-e", "64K", "-f", "4", "-n", "2", "-w", "1"]
 
 
-def sweep(capsys: pytest.CaptureFixture[str], tmp_path: Path, *args: str) -> tuple[list[list[str]], str, dict]:  # type: ignore[type-arg]
+def sweep(capsys: pytest.CaptureFixture[str], tmp_path: Path, *args: str,
+          ) -> tuple[list[list[str]], str, dict[str, Any]]:
     """Run ``topocc torchbench ARGS --json``: the table's data rows (split), all its text, and the JSON."""
     out = tmp_path / "rows.json"
     code = main(["torchbench", *args, "--json", str(out)])
@@ -33,7 +35,7 @@ def sweep(capsys: pytest.CaptureFixture[str], tmp_path: Path, *args: str) -> tup
     return rows, text, json.loads(out.read_text())
 
 
-def check_columns(rows: list[list[str]], doc: dict, collective: str, sizes: list[int]) -> None:  # type: ignore[type-arg]
+def check_columns(rows: list[list[str]], doc: dict[str, Any], collective: str, sizes: list[int]) -> None:
     """nccl-tests' columns, one group per backend (topocc's, then gloo's); busbw = algbw x the factor; no
     wrong element, in the table and in the JSON."""
     assert [int(r[0]) for r in rows] == sizes

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 from pathlib import Path
@@ -19,12 +18,12 @@ from topocc.runtime.schedule import Chunk, Metadata, Op, Schedule, build_schedul
 
 def copies(collective: str, ranks: int, root: int | None = None, buckets: int = 1) -> Plan:
     """A plan of ``buckets`` schedules whose every rank copies its input out: well-formed, enough for a bundle."""
-    edges = [0, *(1 << (10 + 2 * i) for i in range(buckets - 1)), None]
+    lows = [0, *(1 << (10 + 2 * i) for i in range(buckets - 1))]
     return Plan(tuple(
         build_schedule(collective, ranks, 1, 1, [[Op("copy", None, Chunk("i", 0), Chunk("o", 0))]] * ranks, root=root,
                        metadata=Metadata(algorithm=f"copy{i}", topology="t", fingerprint="f", min_bytes=lo,
                                          max_bytes=hi))
-        for i, (lo, hi) in enumerate(itertools.pairwise(edges))))
+        for i, (lo, hi) in enumerate(zip(lows, [*lows[1:], None]))))
 
 
 WORLD = 4

@@ -27,7 +27,9 @@ def lengths(program: GroupProgram) -> dict[tuple[int, bool], list[int]]:
     out: dict[tuple[int, bool], list[int]] = defaultdict(list)
     for group in program.bundles.groups:
         for ks in group:
-            out[(p.peers[ks[0]], p.kinds[ks[0]] == SEND)].append(sum(p.msg_len[k] for k in ks))
+            peer = p.peers[ks[0]]
+            assert peer is not None  # a bundle holds messages, each to or from a peer
+            out[(peer, p.kinds[ks[0]] == SEND)].append(sum(p.msg_len[k] for k in ks))
     return out
 
 

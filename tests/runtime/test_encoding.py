@@ -67,6 +67,23 @@ def test_top_k_keeps_the_largest_exactly() -> None:
     assert np.abs(big[kept != 0]).min() >= np.abs(big[kept == 0]).max()
 
 
+@pytest.mark.parametrize("nonzero", [700, 2000, 2001, 5000])
+def test_top_k_of_mostly_zero_data_keeps_its_largest(nonzero: int) -> None:
+    """Data mostly zero (a sparse gradient, a value top-k decoded before) samples a zero threshold: fewer than
+    k nonzeros travel whole, more give their k largest, as for dense data."""
+    rng = np.random.default_rng(nonzero)
+    x = np.zeros(200_000, np.float32)
+    x[rng.choice(x.size, nonzero, replace=False)] = rng.standard_normal(nonzero).astype(np.float32)
+    kept = TopK(0.01).round_trip(x)
+    k = TopK(0.01).keep(x.size)
+    if nonzero <= k:
+        assert np.array_equal(kept, x)
+    else:
+        assert np.count_nonzero(kept) == k
+        assert np.abs(x[kept != 0]).min() >= np.abs(x[kept == 0]).max()
+        assert np.array_equal(kept[kept != 0], x[kept != 0])
+
+
 def test_int8_blocks_scale_in_powers_of_two_and_mark_non_finite_blocks() -> None:
     x = np.array([1.0, -2.0, 100.0, 3.0, np.inf, 1.0, 0.3, 0.1, -0.2], np.float32)
     y = Int8Blocks(3).round_trip(x)

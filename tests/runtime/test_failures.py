@@ -27,8 +27,9 @@ pytestmark = pytest.mark.mpi
 HERE = Path(__file__).parent
 SCRIPTS = HERE / "mpi_scripts"
 _spec = importlib.util.spec_from_file_location("runtime_test_schedules", SCRIPTS / "schedules.py")
+assert _spec is not None and _spec.loader is not None
 S = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(S)  # type: ignore[union-attr]
+_spec.loader.exec_module(S)
 
 TIMEOUT = 3.0
 #: A healthy job: start, one allreduce, exit (argv: a 4-rank schedule and the timeout).

@@ -22,10 +22,10 @@ N = 2 * 1001 + 5  # chunks of unequal sizes
 
 
 def run_steps(plan: Schedule, steps: list[list[np.ndarray]], options: FeedbackOptions,
-              call: Callable[[Communicator, ErrorFeedback, np.ndarray], None] | None = None
+              call: Callable[[Communicator, ErrorFeedback, np.ndarray], np.ndarray | None] | None = None
               ) -> tuple[list[list[np.ndarray]], list[list[np.ndarray]]]:
-    """Every rank (a thread) all-reduces its input of each step with error feedback: each step's results and
-    residuals, by step and rank."""
+    """Every rank (a thread) all-reduces its input of each step with error feedback (or runs ``call``, whose
+    result, if it returns one, is the rank's): each step's results and residuals, by step and rank."""
     ranks = len(steps[0])
     hub = Hub(ranks)
     results = [[np.empty(0)] * ranks for _ in steps]
@@ -38,11 +38,8 @@ def run_steps(plan: Schedule, steps: list[list[np.ndarray]], options: FeedbackOp
             feedback = ErrorFeedback(options)
             for t, inputs in enumerate(steps):
                 x = inputs[r].copy()
-                if call is None:
-                    feedback.allreduce(comm, "bucket", x, "sum")
-                else:
-                    call(comm, feedback, x)
-                results[t][r] = x
+                out = feedback.allreduce(comm, "bucket", x, "sum") if call is None else call(comm, feedback, x)
+                results[t][r] = out if out is not None else x
                 found = feedback.residuals.get("bucket")
                 residuals[t][r] = found.values.copy() if found is not None else np.zeros_like(x)
         except BaseException as exc:
@@ -128,6 +125,40 @@ def test_the_threshold_sends_what_passes_it_between_refreshes() -> None:
     held = [[np.linalg.norm(np.sum(run[1][t], axis=0)) for t in range(2)] for run in (plain, dct)]
     assert held[0][1] < 0.95 * held[0][0]  # plain top-k sent some of what call 1 held back
     assert held[1][1] > 0.99 * held[1][0]  # DCT's threshold let almost none of it pass
+
+
+@pytest.mark.parametrize(("algorithm", "policy"), [
+    ("ring", "int8@inter-rack"), ("halving-doubling", "bf16@inter-rack"), ("hierarchical", "topk:5%@inter-rack"),
+    ("direct", "topk:5%@inter-rack"), ("multitree", "int8@inter-rack"), ("treepack", "bf16@slow"),
+])
+def test_reduce_scatter_residuals_sum_to_what_the_encodings_dropped(algorithm: str, policy: str) -> None:
+    """A reduce-scatter's residual spans its input: over the ranks, the residuals add up to the inputs' sum (with
+    the residuals carried in) less the ranks' output blocks laid end to end; the caller's input is untouched.
+    The last step's inputs are zero: what it delivers is the residual the steps before carried into it."""
+    _, plan = _plans("reducescatter", algorithm, policy)
+    ranks, block = plan.ranks, 997
+    rng = np.random.default_rng(4)
+    steps = [[rng.standard_normal(ranks * block).astype(np.float32) for _ in range(ranks)] for _ in range(2)]
+    steps.append([np.zeros(ranks * block, np.float32) for _ in range(ranks)])
+
+    def reduce_scatter(comm: Communicator, feedback: ErrorFeedback, x: np.ndarray) -> np.ndarray:
+        before = x.copy()
+        out = feedback.reduce_scatter(comm, "bucket", x, np.empty(block, np.float32))
+        assert np.array_equal(x, before)
+        return out
+
+    results, residuals = run_steps(plan, steps, FeedbackOptions(), reduce_scatter)
+    carried = np.zeros((ranks, ranks * block))
+    dropped = 0.0
+    for inputs, got, left in zip(steps, results, residuals):
+        exact = np.sum(np.array(inputs, np.float64) + carried, axis=0)
+        result = np.concatenate(got).astype(np.float64)
+        kept = np.sum(np.array(left, np.float64), axis=0)
+        assert np.abs(exact - result - kept).max() <= 2e-6 * np.abs(exact).max()
+        dropped = max(dropped, float(np.abs(exact - result).max()))
+        carried = np.array(left, np.float64)
+    assert dropped > 1e-4  # the plan did drop something for the residuals to hold
+    assert np.abs(np.concatenate(results[-1])).max() > 1e-4  # the carried residual went out with zero gradients
 
 
 def test_exact_plans_and_exact_calls_leave_the_residual_alone() -> None:

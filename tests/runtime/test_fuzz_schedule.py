@@ -183,8 +183,9 @@ def test_mutations_reach_the_verifier() -> None:
         parse_schedule({**BASES[0], "version": VERSION + 1})
 
 
-edge_values = st.sampled_from([-1, 0, 1, 2, 3, 4, 5, 6, 1 << 16, (1 << 16) + 1, True, False, None, "1", 1.0, "i", "x",
-                               "send", [], [0], ["i", 0], ["o", 4, 2], ["s", 1, 1], {}])
+edge_values: st.SearchStrategy[object] = st.sampled_from([
+    -1, 0, 1, 2, 3, 4, 5, 6, 1 << 16, (1 << 16) + 1, True, False, None, "1", 1.0, "i", "x", "send", [], [0], ["i", 0],
+    ["o", 4, 2], ["s", 1, 1], {}])
 
 
 @settings(FUZZ, max_examples=1500)

@@ -27,8 +27,9 @@ torch = pytest.importorskip("torch")
 from topocc.runtime.transports.torch_ops import TorchOps  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("schedules", Path(__file__).parent / "mpi_scripts" / "schedules.py")
+assert _spec is not None and _spec.loader is not None
 S = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(S)  # type: ignore[union-attr]
+_spec.loader.exec_module(S)
 
 
 class PieceByPiece(TorchOps):

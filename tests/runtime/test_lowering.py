@@ -13,8 +13,9 @@ from topocc.runtime.schedule import Chunk, Op, build_schedule
 
 HERE = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location("runtime_test_schedules", HERE / "mpi_scripts" / "schedules.py")
+assert _spec is not None and _spec.loader is not None
 S = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(S)  # type: ignore[union-attr]
+_spec.loader.exec_module(S)
 
 UNBOUNDED = 1 << 30  # chunks per round: plain as-soon-as-possible rounds (lock-step)
 

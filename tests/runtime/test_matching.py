@@ -6,15 +6,16 @@ import importlib.util
 from pathlib import Path
 
 from topocc.runtime.matching import Stream, sequence_numbers, streams
-from topocc.runtime.schedule import Chunk, Op, build_schedule
+from topocc.runtime.schedule import Chunk, Op, Schedule, build_schedule
 
 HERE = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location("runtime_test_schedules", HERE / "mpi_scripts" / "schedules.py")
+assert _spec is not None and _spec.loader is not None
 S = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(S)  # type: ignore[union-attr]
+_spec.loader.exec_module(S)
 
 
-def two_channels() -> object:
+def two_channels() -> Schedule:
     """Rank 0 sends three messages to rank 1, on channels 0, 1, 0; rank 1 posts its receives in another order
     (channel 1 first) and does a local copy in between; rank 1 also sends one message back."""
     i, o = Chunk("i", 0), Chunk("o", 0)
@@ -25,7 +26,7 @@ def two_channels() -> object:
 
 
 def test_streams_pair_the_kth_send_with_the_kth_receive_per_channel() -> None:
-    found = streams(two_channels())  # type: ignore[arg-type]
+    found = streams(two_channels())
     assert found == {(0, 1, 0): Stream([0, 2], [2, 4]), (0, 1, 1): Stream([1], [0]), (1, 0, 0): Stream([3], [3])}
     assert list(found[(0, 1, 0)].messages()) == [(0, 2), (2, 4)]
     assert all(stream.matched for stream in found.values())
@@ -42,14 +43,14 @@ def test_an_unmatched_stream_says_so_and_pairs_only_its_first_messages() -> None
 
 def test_sequence_numbers_name_a_message_alike_at_both_ends() -> None:
     """Per rank, a send's or receive's position in its stream; both ends of every message agree on it."""
-    assert sequence_numbers(two_channels().programs[1]) == [0, -1, 0, 0, 1]  # type: ignore[attr-defined]
+    assert sequence_numbers(two_channels().programs[1]) == [0, -1, 0, 0, 1]
     for schedule in (two_channels(), S.ring_allreduce(4, 3, channels=2), S.direct_alltoall(4, 2),
                      S.direct_allreduce_scratch(3)):
-        seqs = [sequence_numbers(program) for program in schedule.programs]  # type: ignore[attr-defined]
+        seqs = [sequence_numbers(program) for program in schedule.programs]
         messages = 0
-        for (a, b, _), stream in streams(schedule).items():  # type: ignore[arg-type]
+        for (a, b, _), stream in streams(schedule).items():
             for n, (ks, kr) in enumerate(stream.messages()):
                 assert seqs[a][ks] == seqs[b][kr] == n
                 messages += 1
-        assert messages == sum(op.kind == "send" for p in schedule.programs for op in p)  # type: ignore[attr-defined]
+        assert messages == sum(op.kind == "send" for p in schedule.programs for op in p)
 

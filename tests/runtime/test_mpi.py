@@ -13,15 +13,23 @@ from pathlib import Path
 import pytest
 
 from topocc.planner.analysis.verify import verify
-from topocc.runtime.harness.launch import RANK_WRAPPER, BenchRequest, bench_schedule, find_mpiexec, run_schedule
+from topocc.runtime.harness.launch import (
+    RANK_WRAPPER,
+    BenchRequest,
+    BenchRow,
+    bench_schedule,
+    find_mpiexec,
+    run_schedule,
+)
 from topocc.runtime.schedule import save_schedule
 
 pytestmark = pytest.mark.mpi
 
 HERE = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location("runtime_test_schedules", HERE / "mpi_scripts" / "schedules.py")
+assert _spec is not None and _spec.loader is not None
 S = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(S)  # type: ignore[union-attr]
+_spec.loader.exec_module(S)
 
 ALL_DTYPES = ["float32", "float64", "float16", "int32", "int64", "int8", "uint8"]
 ALL_OPS = ["sum", "prod", "max", "min", "avg"]
@@ -113,7 +121,7 @@ def test_run_and_bench_library_functions(tmp_path: Path) -> None:
     assert (row.count, row.size, row.wrong, row.iters) == (1000, 4000, 0, 2)
     assert 0 < result.max_error < 1e-4 and row.time_s > 0  # random floats: rounding differs, within tolerance
     assert abs(row.busbw - row.algbw * 4 / 3) < 1e-9 and abs(row.algbw - 4000 / row.time_s / 1e9) < 1e-12
-    seen = []
+    seen: list[BenchRow] = []
     rows = bench_schedule(schedule, 3, BenchRequest((4096, 1 << 16), iters=3, warmup=1, timeout=20),
                           progress=seen.append)
     assert [r.size for r in rows] == [4096, 1 << 16] and seen == rows  # progress saw each row as its size ended

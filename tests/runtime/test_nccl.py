@@ -18,8 +18,9 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 
 HERE = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location("runtime_test_nccl_check", HERE / "mpi_scripts" / "nccl_check.py")
+assert _spec is not None and _spec.loader is not None
 N = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(N)  # type: ignore[union-attr]
+_spec.loader.exec_module(N)
 
 
 def _gpu_missing() -> str | None:

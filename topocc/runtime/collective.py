@@ -106,6 +106,12 @@ class Collective:
         return self.rooted and self.reduces
 
     @property
+    def carries_gradients(self) -> bool:
+        """Data-parallel training reduces its gradients with it (all-reduce, reduce-scatter): the collectives a
+        compressed bundle encodes; parameters gathered or broadcast stay exact."""
+        return self.reduces and not self.rooted
+
+    @property
     def passes(self) -> int:
         """How often each byte crosses an optimal algorithm's links, in (n-1)/n units: 2 where the collective
         both reduces and replicates (a reduce-scatter, then an all-gather), else 1."""

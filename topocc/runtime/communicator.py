@@ -515,9 +515,12 @@ class Communicator:
         self._run(program, buffers, "sum", self.ops.count(s))
         return recvbuf
 
-    def reduce_scatter(self, sendbuf: Any, recvbuf: Any = None, op: str = "sum", *, exact: bool = False) -> Any:
+    def reduce_scatter(self, sendbuf: Any, recvbuf: Any = None, op: str = "sum", *, exact: bool = False,
+                       feedback: Residual | None = None) -> Any:
         """Reduce ``sendbuf`` over ranks; rank r gets block r in ``recvbuf`` (allocated if None); returns it.
-        ``exact`` as for :meth:`allreduce`."""
+        ``exact`` as for :meth:`allreduce`.  ``feedback``: the error-feedback residual of ``sendbuf``'s elements,
+        added to a private copy of it where the call runs encoded (``sendbuf`` is left as it was) and refilled
+        with what the encodings drop."""
         self._check("reducescatter")
         s = self.ops.check(sendbuf, "reduce_scatter send buffer")
         if self.ops.count(s) % self.size:
@@ -527,15 +530,27 @@ class Communicator:
             recvbuf = self.ops.empty_like(s, self.ops.count(s) // self.size)
         r = self.ops.check(recvbuf, "reduce_scatter receive buffer")
         schedule, program, _ = self._prepare("reducescatter", s, r, op, exact)
+        if feedback is not None and program.encoded:  # the residual goes into a copy: the caller's input stays
+            inputs = self._inputs(program, s, aliased=True)
+            host = self.ops.host(inputs)
+            if host is None:  # not host memory: the encodings cannot run here, nor the residual
+                feedback = None
+            else:
+                feedback.inject(host)
+        else:
+            feedback, inputs = None, None
+        count = self.ops.count(r)
         if schedule.inplace:
-            mine = s[self.rank * self.ops.count(r):(self.rank + 1) * self.ops.count(r)]
-            work = s if same_memory(self.ops, mine, r) else self._inputs(program, s, aliased=True)
-            self._run(program, {"i": work}, op, self.ops.count(r))
-            result = work[self.rank * self.ops.count(r):(self.rank + 1) * self.ops.count(r)]
+            mine = s[self.rank * count:(self.rank + 1) * count]
+            work = inputs if inputs is not None else (
+                s if same_memory(self.ops, mine, r) else self._inputs(program, s, aliased=True))
+            self._run(program, {"i": work}, op, count, feedback=feedback)
+            result = work[self.rank * count:(self.rank + 1) * count]
             if not same_memory(self.ops, result, r):
                 self.ops.copyto(r, result)
         else:
-            self._run(program, {"i": self._inputs(program, s, aliased=False), "o": r}, op, self.ops.count(r))
+            work = inputs if inputs is not None else self._inputs(program, s, aliased=False)
+            self._run(program, {"i": work, "o": r}, op, count, feedback=feedback)
         if op == "avg":
             self.ops.divide(r, self.size)
         return recvbuf

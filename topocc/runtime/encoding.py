@@ -356,7 +356,10 @@ def _largest(magnitude: np.ndarray, k: int) -> np.ndarray:
 
     A threshold from a strided sample, a little below the k-th largest, leaves a few times ``k`` candidates
     that hold every one of the ``k`` largest when there are at least ``k`` of them (then the k-th largest is
-    at least the threshold); only those are partitioned, several times faster than the whole array.
+    at least the threshold); only those are partitioned, several times faster than the whole array.  Where
+    the sample's threshold is zero (data mostly zero: a sparse gradient, a value top-k decoded before), the
+    candidates are the nonzeros; fewer than ``k`` of them go with the first zeros, the value any choice of
+    the ``k`` largest carries.
     """
     n = magnitude.size
     if k == n:
@@ -365,7 +368,13 @@ def _largest(magnitude: np.ndarray, k: int) -> np.ndarray:
         sample = magnitude[:: max(1, n // _SAMPLE, min(8, n // (32 * k)))]
         keep = min(sample.size - 1, max(1, 2 * k * sample.size // n))
         threshold = np.partition(sample, sample.size - keep)[sample.size - keep]
-        candidates = np.flatnonzero(magnitude >= threshold)
+        candidates = np.flatnonzero(magnitude >= threshold if threshold > 0 else magnitude)
+        if candidates.size < k and threshold <= 0:
+            zeros = np.ones(n, bool)
+            zeros[candidates] = False
+            chosen = np.concatenate([candidates, np.flatnonzero(zeros)[:k - candidates.size]])
+            chosen.sort()
+            return chosen
         if candidates.size >= k:
             chosen = candidates[np.argpartition(magnitude[candidates], candidates.size - k)[candidates.size - k:]]
             chosen.sort()

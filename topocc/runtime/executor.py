@@ -431,8 +431,9 @@ class Program:
         return self.layout.offset(chunks - 1) + self.layout.size(chunks - 1)
 
     def positions(self, k: int) -> list[tuple[int, int]]:
-        """Where the elements operation ``k`` moves lie in an all-reduce's buffer, in the operation's order:
-        ``(offset, count)`` runs (the chunks it holds, wherever the schedule keeps them)."""
+        """Where the elements operation ``k`` moves lie in the input of an all-reduce or a reduce-scatter (whose
+        chunk ``x`` is one piece of the sum on every rank), in the operation's order: ``(offset, count)`` runs
+        (the chunks it holds, wherever the schedule keeps them)."""
         runs: list[tuple[int, int]] = []
         for x in self.origins[k]:
             start, count = self.layout.offset(x), self.layout.size(x)

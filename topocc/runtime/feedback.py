@@ -1,4 +1,5 @@
-"""Error feedback for encoded all-reduces: each rank keeps what its encoded messages dropped and adds it back.
+"""Error feedback for encoded all-reduces and reduce-scatters: each rank keeps what its encoded messages dropped
+and adds it back.
 
 An encoded plan (``topocc compile --compress``) replaces the value ``x`` an encoded message carries by
 ``decode(encode(x))``, and a rounding copy does the same to a value its owner keeps and sends.  Here each
@@ -11,6 +12,9 @@ approximated value enters the all-reduce's sum once, so after a call::
 
     sum over ranks of e  ==  sum over ranks of the inputs  -  the result      (up to float rounding)
 
+A reduce-scatter's residual covers its whole input (chunk ``x`` of every rank's input is one piece of the
+sum), and the same holds with the result read as the ranks' output blocks laid end to end.
+
 Error feedback (Seide et al. 2014; Karimireddy et al. 2019, "EF-SGD") adds ``e`` to the same bucket's next
 input and starts ``e`` afresh, so the encodings delay what they drop but lose none of it: over ``T`` calls
 the results add up to the inputs less the last residuals.  Options (:func:`parse_feedback`: the
@@ -21,7 +25,8 @@ the results add up to the inputs less the last residuals.  Options (:func:`parse
   each rank's residual becomes the mean of all ranks' (one exact all-reduce of the residual): the total is
   unchanged, and every rank then holds the average error, so no rank keeps mass that only it would ever send
   (Xu, Huo and Huang, "Step-Ahead Error Feedback for Distributed Training with Compressed Gradient", AAAI
-  2021: *error averaging*).
+  2021: *error averaging*).  All-reduces only: a reduce-scatter's communicator has no all-reduce plan to
+  average with.
 * ``step-ahead``: between optimizer steps the parameters sit at ``w - lr * s * e`` (``s``:
   :attr:`Residual.shift_scale`), the point error feedback's virtual iterate ``w - lr * s * mean(e)`` says the
   model is at (exactly that point where the residuals agree, as ``error-avg:1`` makes them), so each rank's
@@ -46,13 +51,15 @@ from __future__ import annotations
 import os
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from topocc.runtime.encoding import Encoding, TopK
 from topocc.runtime.errors import CommunicatorError
-from topocc.runtime.executor import Program
+
+if TYPE_CHECKING:  # the executor is loaded by the replay that calls this, not by a job's set-up
+    from topocc.runtime.executor import Program
 
 __all__ = ["DEFAULT_AVERAGE_EVERY", "FEEDBACK_ENV", "ErrorFeedback", "FeedbackOptions", "Residual",
            "feedback_from_env", "parse_feedback"]
@@ -231,3 +238,11 @@ class ErrorFeedback:
         if every and res.calls != before and res.calls % every == 0:
             comm.allreduce(res.buffer, "avg", exact=True)
         return array
+
+    def reduce_scatter(self, comm: Any, key: Hashable, sendbuf: Any, recvbuf: Any, op: str = "sum") -> Any:
+        """``comm.reduce_scatter(sendbuf, recvbuf, op)`` with this key's residual (as large as ``sendbuf``), added
+        to a copy of the input where the call runs encoded and refilled by the call (FSDP's gradient shards).
+        A group transport replays exact, as for :meth:`allreduce`."""
+        if comm.grouped:
+            return comm.reduce_scatter(sendbuf, recvbuf, op)
+        return comm.reduce_scatter(sendbuf, recvbuf, op, feedback=self.residual(comm, key, sendbuf, op))

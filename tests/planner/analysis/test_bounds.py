@@ -96,10 +96,11 @@ def hub_allreduce(p: int, chunks: int) -> Schedule:
     """Every rank streams its buffer to rank 0, which reduces and streams the result back, chunk by chunk."""
     b = ScheduleBuilder("allreduce", ranks=p, input_chunks=chunks, output_chunks=chunks, inplace=True,
                         scratch_chunks=chunks * (p - 1))
-    last_send = [None] * p
+    last_send: list[int | None] = [None] * p
     for j in range(chunks):
         for r in range(1, p):
-            after = [last_send[r]] if last_send[r] is not None else []
+            previous = last_send[r]
+            after = [previous] if previous is not None else []
             last_send[r] = b.send(r, 0, Chunk("o", j), after=after)
             scratch = Chunk("s", j * (p - 1) + r - 1)
             b.recv(0, r, scratch)
@@ -262,7 +263,7 @@ def test_the_routed_bound_allows_any_split_where_channels_choose_paths(routing: 
     so under ECMP and source routing the routed LP lets every pair split its bytes over its paths as it likes."""
     topo = two_paths(routing)
     net = Network(topo)
-    via = {}  # (src, dst, first switch) -> a channel ECMP hashes there
+    via: dict[tuple[int, int, str], int] = {}  # (src, dst, first switch) -> a channel ECMP hashes there
     for src, dst in ((0, 1), (1, 0)):
         for channel in range(64):
             via.setdefault((src, dst, net.connection_paths(src, dst, channel)[0][0].dst), channel)
@@ -397,8 +398,8 @@ def test_the_max_flow_cuts_a_host_off_both_ways() -> None:
                   f"  - {{ends: [h{h}nic, tor], bandwidth: 50 GB/s, latency: 1 us}}"]
     topology = parse_topology_text("\n".join(lines) + "\n")
     net = Network(topology)
-    out = {c.label: c for c in _CutFamily(net).cuts}["min cut out of host h0 (2 ranks)"]
-    assert out.ranks == frozenset({0, 1}) and out.cap_out == pytest.approx(10 * GB)
+    cut = {c.label: c for c in _CutFamily(net).cuts}["min cut out of host h0 (2 ranks)"]
+    assert cut.ranks == frozenset({0, 1}) and cut.cap_out == pytest.approx(10 * GB)
     size = 60 << 20
     bound = lower_bound(topology, "reducescatter", size)
     assert bound.cut.startswith("min cut out of host h0")

@@ -75,7 +75,9 @@ def test_alltoall_output_block_s_is_input_block_r_of_rank_s() -> None:
     for r in range(p):
         for s in range(p):
             for j in range(k):
-                key, mask = sp.expected(r)[s * k + j]
+                value = sp.expected(r)[s * k + j]
+                assert value is not None
+                key, mask = value
                 assert (key, mask) == sp.initial(s)[r * k + j]
                 assert divmod(key, n) == (s, r * k + j)
 

@@ -178,9 +178,9 @@ def test_refilling_above_the_changes_matches_filling_from_scratch(seed: int, rou
         rows.append((paths.size, -1))
         return refill(self, paths, weight, delta)
 
-    def spy_vector(paths: np.ndarray, *args: object) -> np.ndarray:
+    def spy_vector(paths: np.ndarray, bandwidth: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
         rows[-1] = (rows[-1][0], paths.shape[0])
-        return vector(paths, *args)
+        return vector(paths, bandwidth, weights)
 
     monkeypatch.setattr(fairshare.Fabric, "_refill", spy_refill)
     monkeypatch.setattr(fairshare, "fair_rates_vector", spy_vector)

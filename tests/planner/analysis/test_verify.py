@@ -525,7 +525,8 @@ _write = st.tuples(st.integers(0, _SIZE - 1), st.lists(
 def test_runs_hold_what_was_written_as_maximal_runs(writes: list[tuple[int, list[tuple[int, int | None, int]]]],
                                                     ) -> None:
     """The proof's run-length buffer against a list of one value per chunk, after any sequence of writes."""
-    runs, model = _Runs(_SIZE), [None] * _SIZE
+    runs = _Runs(_SIZE)
+    model: list[tuple[int, int] | None] = [None] * _SIZE
     for lo, segments in writes:
         clipped, room = [], _SIZE - lo
         for n, key, mask in segments:

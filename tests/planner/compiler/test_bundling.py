@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,7 @@ from topocc.planner.topology.model import Topology
 from topocc.planner.topology.parse import parse_topology_text
 from topocc.runtime.bundle import Bundle, load_bundle, save_bundle
 from topocc.runtime.calls import Call
+from topocc.runtime.collective import collective
 
 KIB = 1 << 10
 TRAINING = ("allreduce", "reducescatter", "allgather", "broadcast")
@@ -65,15 +67,17 @@ def test_requests_for_the_world_and_groups() -> None:
 
 
 def test_a_request_is_normalised_and_checked() -> None:
-    assert BundleRequest("reduce-scatter", [0, 1], 1, 2).key() == ("reducescatter", (0, 1), None)
+    listed = BundleRequest("reduce-scatter", [0, 1], 1, 2)  # type: ignore[arg-type]  # a list, made a tuple
+    assert listed.key() == ("reducescatter", (0, 1), None)
     assert BundleRequest("broadcast", (2, 3), 1, 1) == BundleRequest("broadcast", (2, 3), 1, 1, root=0)
-    for kwargs, says in [({"collective": "gossip"}, "unknown collective 'gossip'"),
-                         ({"collective": "allreduce", "root": 1}, "allreduce has no root"),
-                         ({"root": 2}, "root 2 is not a rank of the 2-rank group 0-1"),
-                         ({"group": (3,)}, "moves no data"),
-                         ({"low": 0}, "starts below 1 byte"),
-                         ({"low": 9, "high": 8}, "the size range 9:8 is empty")]:
-        args = {"collective": "broadcast", "group": (0, 1), "low": 1, "high": 2} | kwargs
+    cases: list[tuple[dict[str, Any], str]] = [({"collective": "gossip"}, "unknown collective 'gossip'"),
+                                               ({"collective": "allreduce", "root": 1}, "allreduce has no root"),
+                                               ({"root": 2}, "root 2 is not a rank of the 2-rank group 0-1"),
+                                               ({"group": (3,)}, "moves no data"),
+                                               ({"low": 0}, "starts below 1 byte"),
+                                               ({"low": 9, "high": 8}, "the size range 9:8 is empty")]
+    for kwargs, says in cases:
+        args: dict[str, Any] = {"collective": "broadcast", "group": (0, 1), "low": 1, "high": 2} | kwargs
         with pytest.raises(UsageError, match=says) as info:
             BundleRequest(**args)
         assert "\n" not in info.value.one_line() and info.value.fix
@@ -190,3 +194,18 @@ def test_a_compressed_bundle_encodes_its_slow_hops_and_leaves_the_rest_as_they_w
     world_plan = load_bundle(folder).find("allreduce", (0, 1, 2, 3))
     assert world_plan is not None and all(any(op.encoding for p in s.programs for op in p)
                                           for s in world_plan.schedules)
+
+
+def test_a_compressed_bundle_encodes_gradients_only() -> None:
+    """Only the collectives that reduce gradients (all-reduce, reduce-scatter) are encoded: the backend runs
+    gathered and broadcast parameters exact, so their plans stay exact, byte for byte as without ``compress``."""
+    topology = four_ranks()
+    requests = requests_for(4, ("allreduce", "reducescatter", "allgather", "broadcast"), 64 * KIB, 64 * KIB)
+    bundle, plans = compile_bundle(topology, requests, compress="bf16@slow")
+    plain, _ = compile_bundle(topology, requests)
+    check_bundle(topology, bundle, plans)
+    encoded = {c.request.collective for c in plans if any(r.encoded_messages for r in c.compression)}
+    assert encoded == {"allreduce", "reducescatter"}
+    for compressed, exact in zip(bundle.plans, plain.plans):
+        if not collective(compressed.plan.collective).carries_gradients:
+            assert compressed.plan.schedules == exact.plan.schedules

@@ -23,10 +23,11 @@ def test_auto_candidates_carry_their_link_time() -> None:
     built = [c for c in compiled.candidates if c.link_time_s is not None]
     assert any(c.time_s is None for c in built) and any(c.time_s is not None for c in built)
     for c in built:
+        assert c.link_time_s is not None  # built: the candidates that carry it
         if c.time_s is not None:
             assert c.link_time_s <= c.time_s * (1 + 1e-9)
         elif "simulation passed" in (c.reason or ""):  # timed against the best and given up
-            assert c.reason.startswith("cannot win") and c.operations > 0
+            assert (c.reason or "").startswith("cannot win") and c.operations > 0
         else:
             assert c.reason is not None and c.reason.startswith("cannot win")
             assert c.link_time_s > compiled.sim.time_s
@@ -123,7 +124,8 @@ def test_auto_stops_simulating_a_tier_once_it_is_near_the_bound() -> None:
     winner = compiled.schedule.metadata.algorithm
     skipped = [c for c in compiled.candidates if c.time_s is None and c.link_time_s is not None
                and ALGORITHMS[c.algorithm].auto_tier == ALGORITHMS[winner].auto_tier]
-    assert skipped and all(c.link_time_s <= compiled.sim.time_s and c.operations > 0 for c in skipped)
+    assert skipped and all(c.link_time_s is not None and c.link_time_s <= compiled.sim.time_s and c.operations > 0
+                           for c in skipped)
     assert all((c.reason or "").startswith(f"not tried: {winner} is already at") for c in skipped)
 
 
@@ -137,7 +139,7 @@ def test_auto_simulates_the_finest_of_equally_loaded_candidates_first() -> None:
     by_name = {c.algorithm: c for c in compiled.candidates}
     assert compiled.schedule.metadata.algorithm == "hierarchical"
     hd = by_name["halving-doubling"]
-    assert hd.time_s is None and hd.link_time_s <= compiled.sim.time_s * 1.01
+    assert hd.time_s is None and hd.link_time_s is not None and hd.link_time_s <= compiled.sim.time_s * 1.01
     assert (hd.reason or "").startswith("not tried: hierarchical is already at")
 
 

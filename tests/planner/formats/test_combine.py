@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import existing_link
 from topocc.planner.errors import TopologyError
 from topocc.planner.formats.combine import combine_hosts
 from topocc.planner.formats.nvidia_smi import import_nvidia_smi
@@ -25,7 +26,7 @@ def test_single_switch(a100: str) -> None:
     net = Network(topo)
     assert topo.size == 24 and len(topo.hosts) == 3
     assert topo.device("h2.gpu7").host == "h2" and topo.ranks[8] == "h1.gpu0"
-    assert topo.link("h0.mlx5_0", "switch").bandwidth == pytest.approx(25e9)
+    assert existing_link(topo, "h0.mlx5_0", "switch").bandwidth == pytest.approx(25e9)
     assert net.route_bandwidth(0, 1) == pytest.approx(300e9)  # inside a host: NVSwitch
     assert net.has_route(0, 23)
 
@@ -34,7 +35,7 @@ def test_rail_optimised(a100: str) -> None:
     topo = parse_topology_text(combine_hosts(a100, 2, "type: rail\nlatency: 2 us"))
     rails = [d.name for d in topo.devices if d.kind == "switch"]
     assert rails == [f"rail{j}" for j in range(10)]
-    assert topo.link("h1.mlx5_3", "rail3").latency == pytest.approx(2e-6)
+    assert existing_link(topo, "h1.mlx5_3", "rail3").latency == pytest.approx(2e-6)
     assert topo.link("h1.mlx5_3", "rail2") is None
 
 
@@ -44,14 +45,14 @@ def test_fat_tree_with_oversubscription(a100: str) -> None:
     topo_net = Network(topo)
     assert len(topo.racks) == 3 and topo.device("h4.gpu0").rack == "r2"
     # leaf 0 carries 2 hosts x 10 NICs x 25 GB/s, over 4:1 and two spines
-    assert topo.link("leaf0", "spine1").bandwidth == pytest.approx(2 * 10 * 25e9 / 4 / 2)
-    assert topo.link("leaf2", "spine0").bandwidth == pytest.approx(10 * 25e9 / 4 / 2)
+    assert existing_link(topo, "leaf0", "spine1").bandwidth == pytest.approx(2 * 10 * 25e9 / 4 / 2)
+    assert existing_link(topo, "leaf2", "spine0").bandwidth == pytest.approx(10 * 25e9 / 4 / 2)
     assert topo_net.has_route(0, topo.size - 1)
 
 
 def test_default_port_speed_is_the_nic_link(a100: str) -> None:
     topo = parse_topology_text(combine_hosts(a100, 2, None))
-    assert topo.link("h0.mlx5_0", "switch").bandwidth == pytest.approx(32e9)
+    assert existing_link(topo, "h0.mlx5_0", "switch").bandwidth == pytest.approx(32e9)
 
 
 @pytest.mark.parametrize(("network", "pattern"), [

@@ -52,7 +52,7 @@ def test_all_reference_files_present() -> None:
 def test_reference_file_imports_verifies_and_round_trips(name: str) -> None:
     schedule = import_msccl(REF / name)
     root = ET.parse(REF / name).getroot()
-    assert schedule.ranks == int(root.get("ngpus"))
+    assert schedule.ranks == int(root.attrib["ngpus"])
     report = verify(schedule)
     # one message per send step (s, rcs, rrs, rrcs) of the file
     sends = sum(st.get("type") in ("s", "rcs", "rrs", "rrcs") for st in root.iter("step"))
@@ -206,7 +206,7 @@ def test_export_expresses_several_cross_dependencies_with_nops() -> None:
         tbs = {tb.get("id"): tb for tb in gpu.iter("tb")}
         for st in gpu.iter("step"):
             if st.get("depid") != "-1":
-                target = tbs[st.get("depid")].findall("step")[int(st.get("deps"))]
+                target = tbs[st.get("depid")].findall("step")[int(st.attrib["deps"])]
                 assert target.get("hasdep") == "1"
     check_round_trip(schedule)
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import existing_link
 from topocc.planner.errors import TopologyError
 from topocc.planner.formats.nccl_topo import convert_nccl_topo, import_nccl_topo, pcie_bandwidth
 from topocc.planner.routing.network import Network
@@ -46,7 +47,7 @@ def test_p4d_gpus_and_nic_share_switches() -> None:
     topo = load(REF / "aws-p4d-24xl-topo.xml")
     net = Network(topo)
     # GPU 0, GPU 1 and NIC 0 sit behind the first switch, at 8 GT/s x16
-    assert topo.link("gpu0", "pcie0").bandwidth == pytest.approx(pcie_bandwidth("8 GT/s", 16))
+    assert existing_link(topo, "gpu0", "pcie0").bandwidth == pytest.approx(pcie_bandwidth("8 GT/s", 16))
     assert topo.link("gpu1", "pcie0") and topo.link("nic0", "pcie0")
     assert net.route_latency(0, 4) > net.route_latency(0, 1)  # across sockets costs more hops
 
@@ -70,17 +71,17 @@ def test_full_dump_with_nvswitch_and_nics() -> None:
     net = Network(topo)
     assert topo.size == 4 and kinds(topo, "nvswitch") == ["nvswitch"]
     for g in kinds(topo, "gpu"):
-        assert topo.link(g, "nvswitch").count == 12  # six NVSwitches x 2 lanes, merged
+        assert existing_link(topo, g, "nvswitch").count == 12  # six NVSwitches x 2 lanes, merged
     assert net.route_bandwidth(0, 3) == pytest.approx(300e9)
     # the NIC's link is capped by its port speed (200 Gb/s = 25 GB/s)
-    assert topo.link("nic0", "pcie0").bandwidth == pytest.approx(25e9)
+    assert existing_link(topo, "nic0", "pcie0").bandwidth == pytest.approx(25e9)
 
 
 def test_invisible_nvswitch_target() -> None:
     result = convert_nccl_topo(DATA / "vm_nvswitch_dump.xml")
     topo = parse_topology_text(result.yaml)
-    assert topo.link("gpu0", "nvswitch").count == 18
-    assert topo.link("nic0", "cpu0").bandwidth == pytest.approx(12.5e9)  # speed 100000 Mb/s
+    assert existing_link(topo, "gpu0", "nvswitch").count == 18
+    assert existing_link(topo, "nic0", "cpu0").bandwidth == pytest.approx(12.5e9)  # speed 100000 Mb/s
     assert "nic0 is eth0" in result.notes
 
 
@@ -88,8 +89,8 @@ def test_direct_nvlinks_keep_their_lane_counts() -> None:
     topo = load(DATA / "dgx1_dump.xml")
     lanes = {(0, 1): 1, (0, 2): 1, (0, 3): 2, (1, 2): 2, (1, 3): 1, (2, 3): 2}
     for (a, b), k in lanes.items():
-        assert topo.link(f"gpu{a}", f"gpu{b}").count == k
-        assert topo.link(f"gpu{b}", f"gpu{a}").bandwidth == pytest.approx(k * 25e9)
+        assert existing_link(topo, f"gpu{a}", f"gpu{b}").count == k
+        assert existing_link(topo, f"gpu{b}", f"gpu{a}").bandwidth == pytest.approx(k * 25e9)
 
 
 @pytest.mark.parametrize(("text", "pattern"), [

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import existing_link
 from topocc.planner.errors import TopologyError
 from topocc.planner.formats.nvidia_smi import convert_nvidia_smi, import_nvidia_smi
 from topocc.planner.routing.network import Network
@@ -71,7 +72,8 @@ def test_switched_systems_get_an_nvswitch(name: str, lanes: int) -> None:
 def test_nvswitch_rule_can_be_overridden_and_bandwidths_set() -> None:
     topo = load("dgx_a100.txt", nvswitch=False, nvlink_bandwidth="20 GB/s", pcie_bandwidth="24 GB/s")
     assert not kinds(topo, "nvswitch")
-    assert topo.link("gpu0", "gpu5").count == 12 and topo.link("gpu0", "gpu5").bandwidth == pytest.approx(240e9)
+    nvlink = existing_link(topo, "gpu0", "gpu5")
+    assert nvlink.count == 12 and nvlink.bandwidth == pytest.approx(240e9)
     assert {ln.bandwidth for ln in topo.links if ln.kind == "pcie"} == {24e9}
 
 
@@ -88,14 +90,14 @@ def test_old_driver_soc_is_read_as_sys() -> None:
     result = convert_nvidia_smi(DATA / "dgx1_p100_old_driver.txt")
     topo = parse_topology_text(result.yaml)
     assert any("SOC" in n for n in result.notes)
-    assert topo.link("cpu0", "cpu1") is not None and topo.link("gpu0", "gpu4").count == 1
+    assert topo.link("cpu0", "cpu1") is not None and existing_link(topo, "gpu0", "gpu4").count == 1
     assert topo.link("gpu0", "gpu5") is None
 
 
 def test_text_input_and_two_gpu_bridge_is_direct() -> None:
     text = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV12\t0-7\nGPU1\tNV12\t X \t0-7\n\nLegend:\n"
     topo = parse_topology_text(import_nvidia_smi(text))
-    assert topo.size == 2 and topo.link("gpu0", "gpu1").count == 12
+    assert topo.size == 2 and existing_link(topo, "gpu0", "gpu1").count == 12
 
 
 HEADER = "\tGPU0\tGPU1\tCPU Affinity\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,7 @@ def random_profile(seed: int) -> Profile:
     return Profile(tuple(params), tuple(f"l{k}" for k in range(layers)), fwd, t + 1e-4, name=f"random{seed}")
 
 
-def assert_covers(profile: Profile, blocks: list[list[tuple[int, int, int]]] | tuple) -> None:
+def assert_covers(profile: Profile, blocks: Sequence[Sequence[tuple[int, int, int]]]) -> None:
     """Every parameter's bytes appear exactly once, as contiguous non-overlapping pieces."""
     spans: dict[int, list[tuple[int, int]]] = {}
     for block in blocks:

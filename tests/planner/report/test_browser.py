@@ -32,6 +32,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 
 def chromium(page: Path, *args: str) -> tuple[str, str]:
     """Run headless Chromium on a local page with a fresh profile; returns (stdout, stderr)."""
+    assert CHROMIUM is not None  # the module skips without it
     with tempfile.TemporaryDirectory() as profile:
         done = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args, page.as_uri()],
                               capture_output=True, timeout=60, check=False)

@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+from tests.conftest import must_search
 from topocc.planner.report import render_dot
 from topocc.planner.topology.model import Topology
 from topocc.planner.topology.parse import parse_topology_text
@@ -79,7 +80,7 @@ def test_channel_overlay(dgx1_tree: Plan) -> None:
     text = render_dot(p.topology, p.schedule, overlay="channel")
     _, edges = check_dot(text)
     plan_edges = [e for e in edges if "style=dashed" in e[2]]
-    assert {re.search(r'label="(ch\d+)"', e[2]).group(1) for e in plan_edges} == {"ch0", "ch1"}
+    assert {must_search(r'label="(ch\d+)"', e[2]).group(1) for e in plan_edges} == {"ch0", "ch1"}
     assert len(plan_edges) == 28  # two trees over 8 ranks, each edge both ways
     _graphviz(text)
     with pytest.raises(ValueError):

@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from tests.conftest import must_search
 from topocc.planner.report import render_html, render_topology_html
 from topocc.planner.report._model import build_view, messages
 from topocc.planner.report._run import link_step_bytes
@@ -51,10 +52,10 @@ def test_dgx1_report_has_every_view(dgx1_ring: Plan) -> None:
     channels = sorted({m.channel for m in messages(p.schedule)})
     assert channels == list(range(6))
     for ch in channels:
-        group = re.search(rf'<g class="chan" data-ch="{ch}".*?</g>', html, re.S).group(0)
+        group = must_search(rf'<g class="chan" data-ch="{ch}".*?</g>', html, re.S).group(0)
         assert group.count("<path") == sum(1 for m in messages(p.schedule) if m.channel == ch) == 8
     # the comparison names both schedules with their predicted times
-    table = re.search(r'<table id="comparison">.*?</table>', html, re.S).group(0)
+    table = must_search(r'<table id="comparison">.*?</table>', html, re.S).group(0)
     assert "ring (this plan)" in table and "<td>tree</td>" in table
     # step data: one entry per step, indices of drawn links, bytes adding up to what the links carried
     data = _json(html, "step-data")
@@ -110,7 +111,7 @@ def test_hosts_and_racks_are_boxes(racks_plan: Plan) -> None:
     p = racks_plan
     html = render_html(p.topology, p.schedule, SIZE, baselines=p.baselines, run=p.run)
     check_self_contained(html)
-    topo_svg = re.search(r'<svg id="svg-topo".*?</svg>', html, re.S).group(0)
+    topo_svg = must_search(r'<svg id="svg-topo".*?</svg>', html, re.S).group(0)
     assert topo_svg.count('class="box-rack"') == 3 and topo_svg.count('class="box-host"') == 6
     assert '<td>ring</td>' in html
 
@@ -121,7 +122,7 @@ def test_topology_page_at_1024_ranks_is_aggregated() -> None:
     topo = resolve_topology("fattree-1024")
     html = render_topology_html(topo)
     check_self_contained(html)
-    svg = re.search(r'<svg id="svg-topo".*?</svg>', html, re.S).group(0)
+    svg = must_search(r'<svg id="svg-topo".*?</svg>', html, re.S).group(0)
     # 128 hosts + 48 switches drawn, not 2224 devices; links merged per host/switch pair
     assert svg.count('class="n-host"') == 128
     assert svg.count('class="n-switch"') == 48
@@ -136,7 +137,7 @@ def test_1024_rank_report_is_bounded(fattree_plan: Plan) -> None:
     check_self_contained(html)
     assert len(html.encode()) < 5_000_000
     for name in ("svg-topo", "svg-structure", "svg-steps"):
-        svg = re.search(rf'<svg id="{name}".*?</svg>', html, re.S).group(0)
+        svg = must_search(rf'<svg id="{name}".*?</svg>', html, re.S).group(0)
         shapes = len(re.findall(r"<(?:rect|line|path|circle)\b", svg))
         assert shapes < 5000, (name, shapes)
     # per host and per rack past 64 ranks, never per message

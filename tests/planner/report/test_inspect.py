@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 import topocc.planner.report.inspect as inspect
+from tests.conftest import must_search
 from tests.planner.report.conftest import SIZE
 from topocc.planner.report.inspect import _baseline
 from topocc.planner.topology.catalogue import resolve_topology
@@ -20,7 +21,7 @@ def test_inspect_writes_the_report_with_baselines(tmp_path: Path, monkeypatch: p
     out = tmp_path / "r.html"
     said = inspect.inspect_schedule(str(shipped), html=str(out), baselines=["ring", "tree", "no-such"])
     assert said == f"wrote {out}"
-    table = re.search(r'<table id="comparison">.*?</table>', out.read_text(), re.S).group(0)
+    table = must_search(r'<table id="comparison">.*?</table>', out.read_text(), re.S).group(0)
     assert "ring (this plan)" in table and re.search(r"<td>tree</td><td class=\"num\">[0-9.]+ ms</td>", table)
     # past the operation budget a baseline is timed by its busiest link alone, not simulated
     monkeypatch.setattr(inspect, "BASELINE_SIMULATE_OPS", 10)

@@ -180,7 +180,7 @@ def test_spray_bandwidth_by_counting_paths_is_the_listed_paths_float(name: str) 
             if a == b or not net.has_route(a, b):
                 assert counted is None
                 continue
-            listed = min(topo.link(*key).bandwidth / share for key, share in net.route_shares(a, b).items())
+            listed = min(topo.bandwidth(*key) / share for key, share in net.route_shares(a, b).items())
             if counted is None:
                 declined += 1
                 assert len(net.routes(a, b)) == MAX_PATHS
@@ -196,7 +196,7 @@ def test_spray_bandwidth_on_a_fat_tree_sample() -> None:
     net = Network(topo)
     for a, b in [(0, 1), (0, 8), (0, 31), (0, 32), (5, 1000), (1023, 17)]:
         counted = net._spray_bandwidth(a, b)
-        assert counted == min(topo.link(*key).bandwidth / share for key, share in net.route_shares(a, b).items())
+        assert counted == min(topo.bandwidth(*key) / share for key, share in net.route_shares(a, b).items())
 
 
 def test_a_pair_behind_more_than_16_spines_sprays_over_16_that_its_hash_picks() -> None:

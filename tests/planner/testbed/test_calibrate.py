@@ -111,7 +111,8 @@ def test_calibrate_an_emulated_cluster_then_bench_by_its_model(tmp_path: Path) -
     cal = load_topology(out).calibration
     assert cal is not None and cal.scale == pytest.approx(1e-3)
     # the shaped NIC: what one flow gets is near the file's figure at the emulated scale
-    assert 0.5 < cal.links["host-switch"].bandwidth / cal.links["host-switch"].file < 1.1
+    shaped = cal.links["host-switch"]
+    assert shaped.file is not None and 0.5 < shaped.bandwidth / shaped.file < 1.1
     plan = tmp_path / "plan.json"
     assert runner.invoke(cli, ["compile", str(out), "-s", "1MiB", "-a", "ring", "-o", str(plan)]).exit_code == 0
     bench = runner.invoke(cli, ["bench", str(plan), "--emulate", str(out), "--sizes", "1MiB", "--iters", "1",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import must_search
 from topocc.planner.errors import TopologyError
 from topocc.planner.routing.network import Network
 from topocc.planner.testbed.emulation import (
@@ -215,7 +216,7 @@ def measure_tcp(cluster: EmulatedCluster, src: int, dst: int, tmp_path: Path, se
                                                  str(START_S)]))
     done = cluster.run(["sh", "-c", f"{server} & {client} && wait $!"], timeout_s=seconds + 2 * START_S)
     assert done.returncode == 0, done.stderr
-    return float(re.search(r"RATE (\d+)", done.stdout).group(1))
+    return float(must_search(r"RATE (\d+)", done.stdout).group(1))
 
 
 def our_state() -> tuple[list[str], list[str]]:
@@ -271,6 +272,7 @@ def test_mpiexec_allreduce_across_namespaces(tmp_path: Path) -> None:
     with EmulatedCluster(topo, scale=1e-2) as cluster:
         done = cluster.run(cluster.mpiexec_command([str(script)]), timeout_s=25)
         assert done.returncode == 0, done.stderr[-2000:]
+        assert cluster.plan.fabric is not None  # racks of hosts: switches in a namespace of their own
         sent = subprocess.run(["tc", "-s", "-n", cluster.plan.fabric, "qdisc", "show"], capture_output=True,
                               text=True, timeout=10, check=True).stdout
     ranks = sorted(re.findall(r"RANK (\d)/4 (net:\[\d+\]) tcc0 SUM (\d+) (\d+)", done.stdout))  # lines may interleave

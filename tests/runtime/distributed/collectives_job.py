@@ -172,7 +172,7 @@ def main() -> None:
                 dist.all_reduce(x, group=mine)
                 dist.all_reduce(y, group=ref)
                 if not torch.equal(x, y):
-                    found["wrong"].append(f"all_reduce on {key}")
+                    wrong.append(f"all_reduce on {key}")
                 found[key] = td.counters(mine).as_dict()["allreduce"]
     if dist.get_rank() == 0:
         print("RESULT " + json.dumps(found), flush=True)

@@ -1,8 +1,8 @@
 """Faults under torchrun (``benchmarks/fault_trials.py``): a rank SIGKILLed inside a planned collective is
 named by every survivor within the timeout, and a job torchrun restarts resumes with the same losses.
 
-Two of the benchmark's kill trials on 4 ranks (victims and moments drawn from a fixed seed) and its
-restart trial; the benchmark runs twenty.
+Two of the benchmark's kill trials on 4 ranks (victims and moments drawn from a fixed seed), one at the
+victim's first call, and its restart trial; the benchmark runs twenty.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from benchmarks.fault_trials import (  # noqa: E402
     KillTrial,
     Survivor,
     fault_bundle,
+    kill_trial,
     kill_trials,
     names_rank,
     restart_trial,
@@ -37,6 +38,14 @@ def test_every_survivor_names_the_killed_rank_within_the_timeout(plan: Path, tmp
         assert t.killed and len(t.survivors) == RANKS - 1
         assert t.problems() == [], t.problems()
         assert t.returncode != 0  # torchrun reports the failed job
+
+
+def test_a_rank_lost_at_its_first_call_is_named_by_every_survivor(plan: Path, tmp_path: Path) -> None:
+    """The victim dies as it enters its first call, before the plan's communicator has met its peers (no
+    connection of the private gloo group made yet): the survivors still end in time, naming it alone."""
+    t = kill_trial(RANKS, 2, 0.0, plan, TIMEOUT_S, tmp_path)
+    assert t.killed and len(t.survivors) == RANKS - 1
+    assert t.problems() == [], t.problems()
 
 
 def test_a_restarted_job_resumes_from_its_checkpoint_with_the_uninterrupted_losses(plan: Path,

@@ -54,3 +54,18 @@ def test_fsdp2_reduce_scatters_gradients_encoded_and_trains_to_the_exact_loss(tm
     assert rs["why_exact"] == "not a gradient (outside backward)" and res["exact_outside"], res["table"]
     assert ag["planned"] >= 3 * STEPS and ag["encoded"] == 0 and ag["exact"] == ag["planned"], res["table"]
     assert ag["why_exact"] == "not a gradient (allgather runs exact)", res["table"]
+
+
+def test_fsdp2_error_feedback_keeps_what_top_k_drops_from_the_gradient_shards(tmp_path: Path) -> None:
+    """Top-k on the inter-host hop drops most of each gradient shard; with error feedback
+    (``TOPOCC_ERROR_FEEDBACK=ef``) each rank's shard residual, keyed by its reduce-scatter's place in the
+    backward pass (FSDP2's input buffers are new each step), goes out with the next step's, and the run ends
+    nearer the exact run's loss than the same run without it."""
+    folder = fsdp_bundle(tmp_path, "topk:10%@inter-host")
+    finals = {}
+    for feedback in ("off", "ef"):
+        env = {"TOPOCC_PLAN": str(folder), "TOPOCC_TUNE": "off", "TOPOCC_ERROR_FEEDBACK": feedback}
+        res = result(torchrun(2, "fsdp_job.py", str(STEPS), env=env, limit=400))
+        assert res["counters"]["reducescatter"]["encoded"] == 3 * STEPS, res["table"]
+        finals[feedback] = abs(res["topocc"][-1] / res["native"][-1] - 1)
+    assert finals["ef"] < 0.5 * finals["off"], finals

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,7 +48,8 @@ def bundle_for(tmp_path: Path, world: int, collectives: tuple[str, ...] = EVERY,
     return folder
 
 
-def torchrun(world: int, script: str, *args: str, env: dict[str, str], limit: float = 240):  # type: ignore[no-untyped-def]
+def torchrun(world: int, script: str, *args: str, env: dict[str, str], limit: float = 240,
+             ) -> subprocess.CompletedProcess[str]:
     # these jobs test what the plans do: no trials against gloo (TOPOCC_TUNE) unless a test asks for them
     full = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
             "TOPOCC_TUNE": "off", **env}
@@ -55,7 +58,7 @@ def torchrun(world: int, script: str, *args: str, env: dict[str, str], limit: fl
     return run_bounded(cmd, limit, f"torchrun {script}", env=full)
 
 
-def result(done) -> dict:  # type: ignore[no-untyped-def]
+def result(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-4000:]
     return json.loads(lines[-1].removeprefix("RESULT "))
@@ -127,6 +130,36 @@ def test_init_refuses_a_bundle_for_another_world_or_topology(tmp_path: Path, mon
     monkeypatch.delenv("TOPOCC_PLAN", raising=False)
     with pytest.raises(CommunicatorError, match=r"no plan bundle .*fix: set TOPOCC_PLAN"):
         Job.start(store, 0, 2, BackendOptions())
+
+
+def test_init_waits_for_a_late_rank_as_long_as_the_process_groups_timeout(tmp_path: Path) -> None:
+    """``TOPOCC_TIMEOUT`` bounds planned calls, not the ranks' arrival at ``init_process_group``: a rank whose
+    imports end 2 s after its peer's (a loaded machine) still meets it under a 1 s call timeout; a rank that
+    never comes is reported after the process group's timeout."""
+    import threading
+    import time
+
+    from topocc.runtime.distributed.job import BackendOptions, Job
+
+    folder = bundle_for(tmp_path, 2, ("allreduce",))
+    store = torch.distributed.HashStore()
+    outcome: dict[int, object] = {}
+
+    def start(rank: int) -> None:
+        time.sleep(2.0 * rank)
+        try:
+            outcome[rank] = Job.start(store, rank, 2, BackendOptions(plan=folder, timeout=1), wait_s=60)
+        except CommunicatorError as exc:
+            outcome[rank] = exc
+
+    threads = [threading.Thread(target=start, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert all(isinstance(outcome.get(r), Job) for r in range(2)), outcome
+    with pytest.raises(CommunicatorError, match=r"not every rank came to init_process_group within 1 s"):
+        Job.start(torch.distributed.HashStore(), 0, 2, BackendOptions(plan=folder, timeout=60), wait_s=1)
 
 
 def test_ranks_with_different_bundles_are_refused(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import topocc.runtime.distributed as td
@@ -38,7 +39,7 @@ def mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(16, 200), nn.Tanh(), nn.Linear(200, 300), nn.Tanh(), nn.Linear(300, 16))
 
 
-def transformer() -> nn.Module:
+def transformer() -> nn.Sequential:
     torch.manual_seed(0)
     layers = [nn.TransformerEncoderLayer(16, 4, 64, dropout=0.0, batch_first=True) for _ in range(3)]
     return nn.Sequential(*layers, nn.Linear(16, 16))
@@ -69,7 +70,13 @@ def fsdp(group: Any, steps: int) -> tuple[list[float], list[torch.Tensor]]:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     losses = train(model, batches(steps))
-    return losses, [p.full_tensor().detach().cpu() for p in model.parameters()]
+    return losses, [gathered(p) for p in model.parameters()]
+
+
+def gathered(param: torch.Tensor) -> torch.Tensor:
+    """A parameter ``fully_shard`` sharded (a DTensor), whole and on the CPU."""
+    assert isinstance(param, DTensor)
+    return param.full_tensor().detach().cpu()
 
 
 def main() -> None:

@@ -36,6 +36,7 @@ def test_one_element_off_by_a_small_error_is_wrong(dtype: str, error: float) -> 
     xs = inputs("allreduce", 4, 1000, dtype, "sum")
     want = reference("allreduce", xs, 0, 0, "sum")
     tol = tolerance("allreduce", xs, 0, 0, "sum", want)
+    assert want is not None
     got = want.copy()
     k = int(np.argmin(np.abs(want.astype(np.float64))))  # an element near 0: cancellation must not hide it
     got[k] += np.asarray(error, dtype=got.dtype)
@@ -57,7 +58,8 @@ def test_reduce_scatter_takes_the_ranks_own_block() -> None:
     xs = inputs("reducescatter", 4, 8, "float32", "sum")
     want = reference("reducescatter", xs, 2, 0, "sum")
     tol = tolerance("reducescatter", xs, 2, 0, "sum", want)
-    magnitude = sum(np.abs(x.astype(np.float64)) for x in xs)[16:24]
+    assert want is not None and isinstance(tol, np.ndarray)
+    magnitude = np.sum([np.abs(x.astype(np.float64)) for x in xs], axis=0)[16:24]
     assert tol.shape == (8,) and np.allclose(tol, 4 * np.finfo(np.float32).eps * (magnitude + np.abs(want)))
 
 

@@ -54,7 +54,7 @@ def rendezvous() -> dist.TCPStore:
 def after_the_guard() -> None:
     """What topocc's exit guard left: registered before the first Communicator (which installs the guard), so
     atexit runs it after the guard."""
-    gloo_group = "destroyed" if over_gloo.transport.group is None else "kept"
+    gloo_group = "destroyed" if gloo.group is None else "kept"
     print(f"rank {rank} at exit: torch.distributed initialized {dist.is_initialized()}, topocc's gloo group "
           f"{gloo_group}", flush=True)
 
@@ -62,7 +62,8 @@ def after_the_guard() -> None:
 atexit.register(after_the_guard)
 dist.init_process_group("gloo", store=rendezvous(), rank=rank, world_size=size)
 over_mpi = Communicator(sys.argv[1], timeout=5.0)
-over_gloo = Communicator(sys.argv[1], transport=GlooTransport(timeout=5.0), timeout=5.0)
+gloo = GlooTransport(timeout=5.0)
+over_gloo = Communicator(sys.argv[1], transport=gloo, timeout=5.0)
 theirs = dist.new_group(backend="gloo")
 for _ in range(3):
     a = over_mpi.allreduce(np.ones(1000, np.float32))

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,8 @@ _spec.loader.exec_module(S)  # type: ignore[union-attr]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "int32": torch.int32, "int64": torch.int64, "int8": torch.int8, "uint8": torch.uint8}
-OPS = {"sum": torch.add, "avg": torch.add, "prod": torch.mul, "max": torch.maximum, "min": torch.minimum}
+OPS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "sum": torch.add, "avg": torch.add, "prod": torch.mul, "max": torch.maximum, "min": torch.minimum}
 
 
 def inputs_for(collective: str, n: int, count: int, dtype: str, op: str, device: torch.device) -> list[torch.Tensor]:
@@ -89,6 +91,7 @@ def check(rank: int, n: int, dtypes: list[str], counts: list[int]) -> dict[str, 
                         mine = xs[rank].clone()  # torch's own collective agrees with ours
                         native(comm.transport, c, mine, mine, op, root)
                         native_checked += 1
+                        assert want is not None  # an all-reduce's and a broadcast's result is specified
                         if not torch.equal(mine, want):
                             wrong.append(f"{name} {dtype} {op} {count}: gloo's own result differs")
         comm.close()

@@ -25,6 +25,7 @@ from topocc.planner.routing.network import Network
 from topocc.planner.topology.model import Topology
 from topocc.runtime.bundle import ROOTED, Bundle, BundlePlan, group_label, rank_ranges
 from topocc.runtime.calls import Call
+from topocc.runtime.collective import collective as describe
 from topocc.runtime.plan import Plan
 from topocc.runtime.schedule import COLLECTIVES, canonical_collective
 
@@ -140,8 +141,9 @@ def compile_bundle(topology: Topology, requests: Sequence[BundleRequest], algori
     records the size below which the native backend is predicted as fast (:func:`native_threshold`);
     without, every call runs the plan.  With ``compress`` (a policy,
     :mod:`~topocc.planner.compiler.compress`) each plan's buckets are compressed with it
-    (:func:`~topocc.planner.compiler.compress.compress_all`); a plan the policy selects nothing of is refused,
-    or with ``exact_if_none`` stays exact.  Without it no plan changes.
+    (:func:`~topocc.planner.compiler.compress.compress_all`) where its collective carries gradients (all-reduce,
+    reduce-scatter: what the backend runs encoded; gathered and broadcast parameters stay exact); a plan the
+    policy selects nothing of is refused, or with ``exact_if_none`` stays exact.  Without it no plan changes.
     """
     if not requests:
         raise UsageError("nothing to compile: no collective on two or more ranks was asked for",
@@ -168,7 +170,7 @@ def compile_bundle(topology: Topology, requests: Sequence[BundleRequest], algori
         plan, buckets = compile_plan(net, request.collective, request.low, request.high,
                                      algorithm, Options(root=request.root or 0), progress=report)
         reports: tuple[CompressReport, ...] = ()
-        if policy is not None:
+        if policy is not None and describe(request.collective).carries_gradients:
             try:
                 done = compress_all(net, buckets, policy, exact_if_none=exact_if_none)
             except NotApplicableError as exc:

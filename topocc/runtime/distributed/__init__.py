@@ -57,7 +57,8 @@ def create_backend(options: Any, backend_options: Any) -> TopoccProcessGroup:
     if ranks:
         job = Job.current()
     else:
-        job = Job.start(store, options.group_rank, options.group_size, backend_options)
+        job = Job.start(store, options.group_rank, options.group_size, backend_options,
+                        wait_s=max(1.0, options.timeout.total_seconds()))
         ranks = tuple(range(options.group_size))
     return TopoccProcessGroup(store, options.group_rank, options.group_size, ranks, options.timeout, job)
 

@@ -85,8 +85,10 @@ class Job:
         return cls._current
 
     @classmethod
-    def start(cls, store: Any, rank: int, size: int, options: Any = None) -> Job:
-        """Load and check the bundle for a world of ``size`` ranks (collective: every rank, through ``store``)."""
+    def start(cls, store: Any, rank: int, size: int, options: Any = None, wait_s: float = 300.0) -> Job:
+        """Load and check the bundle for a world of ``size`` ranks (collective: every rank, through ``store``),
+        waiting up to ``wait_s`` for every rank to arrive: the process group's own timeout, as gloo's and NCCL's
+        rendezvous take (``TOPOCC_TIMEOUT`` bounds planned calls, and ranks' imports can end far apart)."""
         opts = options if isinstance(options, BackendOptions) else BackendOptions()
         source = opts.plan if opts.plan is not None else os.environ.get(PLAN_ENV)
         if not source:
@@ -108,9 +110,9 @@ class Job:
                                   "error_feedback" if given else FEEDBACK_ENV)
         spec = zlib.crc32(feedback.spec.encode()) if feedback is not None else 0
         control = StoreControl(store, rank, size, prefix="topocc-job")
-        rows = control.allgather_ints([bundle.digest, spec], timeout or 300.0)
+        rows = control.allgather_ints([bundle.digest, spec], wait_s)
         if rows is None:
-            raise CommunicatorError(f"not every rank came to init_process_group within {timeout or 300:g} s",
+            raise CommunicatorError(f"not every rank came to init_process_group within {wait_s:g} s",
                                     where=f"rank {rank}", fix="start every rank of the job")
         for r, (digest, theirs) in enumerate(rows):
             if digest != bundle.digest:

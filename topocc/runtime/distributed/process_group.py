@@ -39,7 +39,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -48,20 +48,21 @@ from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[
 from topocc.runtime.bundle import ROOTED, BundlePlan, group_label
 from topocc.runtime.calls import Call, CallLog
 from topocc.runtime.collective import BY_NAME, Collective
-from topocc.runtime.communicator import Communicator
 from topocc.runtime.distributed.counters import Counters
 from topocc.runtime.distributed.debug import CallReport, debug_level, note_failure
 from topocc.runtime.distributed.job import Job
 from topocc.runtime.distributed.lost import LostRanks
 from topocc.runtime.distributed.progress import Progress
-from topocc.runtime.distributed.residuals import bucket_key, carries_residual
+from topocc.runtime.distributed.residuals import BackwardOrder, bucket_key, carries_residual
 from topocc.runtime.distributed.tuning import Arm, CallClass, NativeCalls, Tuner, call_class, tuning_enabled
-from topocc.runtime.encoding import why_exact
 from topocc.runtime.errors import CommunicatorError
-from topocc.runtime.feedback import ErrorFeedback
 from topocc.runtime.transports.gloo import GlooTransport
 from topocc.runtime.transports.store import StoreControl
 from topocc.runtime.transports.torch_ops import TORCH_DTYPES
+
+if TYPE_CHECKING:
+    from topocc.runtime.communicator import Communicator
+    from topocc.runtime.feedback import ErrorFeedback
 
 __all__ = ["TopoccProcessGroup"]
 
@@ -86,7 +87,7 @@ def _not_a_gradient(collective: Collective, tensor: torch.Tensor) -> str | None:
     (None: it runs encoded).  Only gradients are encoded: all-reduces and reduce-scatters of float CPU data during
     backward (DDP's buckets, FSDP's gradient shards); gathered or broadcast parameters, a loss, a metric stay
     exact.  Decided on the calling thread: the progress thread is never inside backward."""
-    if not collective.reduces or collective.rooted:
+    if not collective.carries_gradients:
         return f"not a gradient ({collective.name} runs exact)"
     if not carries_residual(tensor):
         return "not a gradient (outside backward)"
@@ -149,7 +150,12 @@ class TopoccProcessGroup(dist.ProcessGroup):
         self.timeout_s = job.timeout_s or max(1.0, timeout.total_seconds())
         self.stats = Counters(group)
         #: This group's error-feedback residuals (None: off; :mod:`~topocc.runtime.distributed.residuals`).
-        self.feedback = ErrorFeedback(job.feedback) if job.feedback is not None else None
+        self.feedback: ErrorFeedback | None = None
+        if job.feedback is not None:
+            from topocc.runtime.feedback import ErrorFeedback  # loaded where error feedback is on
+
+            self.feedback = ErrorFeedback(job.feedback)
+        self._backward_order = BackwardOrder()
         self._encodings: dict[int, frozenset[str]] = {}  # the encodings each schedule names, by id
         self._store = store
         self._name = ""
@@ -164,7 +170,8 @@ class TopoccProcessGroup(dist.ProcessGroup):
         self._plans: dict[tuple[str, int | None], BundlePlan] = {
             (e.collective, e.root): e for e in job.bundle.plans_for(group)}
         self._transports: dict[str, Any] = {}
-        if self._plans:
+        if self._plans:  # made with the group: a rank lost before the first planned call is then a peer that
+            # resets its connections, which the communicator's handshake names, not a store key never written
             self._transports["cpu"] = GlooTransport.over_store(dist.PrefixStore("topocc-cpu/", store), rank, size,
                                                                timeout=self.timeout_s, lazy=True)
         label = group_label(group, job.bundle.world)
@@ -298,6 +305,8 @@ class TopoccProcessGroup(dist.ProcessGroup):
         elif first.dtype == torch.bfloat16:
             why = "bfloat16 tensors (no numpy view for the encodings)"
         else:
+            from topocc.runtime.encoding import why_exact  # loaded with the first encoded plan
+
             why = why_exact(specs, TORCH_DTYPES[first.dtype], first.element_size(),
                             _op_name(op) if op is not None else None)
             why = why or _not_a_gradient(BY_NAME[key[0]], first)
@@ -362,6 +371,10 @@ class TopoccProcessGroup(dist.ProcessGroup):
         it runs on the progress thread, in call order with the group's other planned calls)."""
         comm = self._comms.get(key)
         if comm is None:
+            # the replay's modules load here, at the first planned call: init_process_group loads only what
+            # routing a call needs, so a job's set-up costs about what gloo's does
+            from topocc.runtime.communicator import Communicator
+
             comm = self._comms[key] = Communicator(self._plans[key[:2]].plan, transport=self._transports[key[2]],
                                                    timeout=self.timeout_s, on_failure=self._lost.restate)
         return comm
@@ -546,8 +559,7 @@ class TopoccProcessGroup(dist.ProcessGroup):
             return _native_call(self.native(input.device), ("reduce_scatter_single", "_reduce_scatter_base"),
                                 output, input, opts)
         send, recv, op = input.detach(), output.detach(), _op_name(opts.reduceOp) or "sum"
-        exact = not carries_residual(send)  # FSDP's gradient shards, during backward, run encoded
-        return self._planned(comm, lambda c: c.reduce_scatter(send, recv, op=op, exact=exact), [output])
+        return self._planned(comm, self._reduce_scatter(send, recv, op), [output])
 
     _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]  # an alias: see the module doc
 
@@ -564,8 +576,18 @@ class TopoccProcessGroup(dist.ProcessGroup):
                 self._tally("reducescatter", nbytes, "a list form that is not one tensor per rank", out.device)
             return self.native(out.device).reduce_scatter(outputs, inputs, opts)
         flat = torch.cat([i.detach().reshape(-1) for i in inputs[0]])
-        recv, op, exact = out.detach(), _op_name(opts.reduceOp) or "sum", not carries_residual(flat)
-        return self._planned(comm, lambda c: c.reduce_scatter(flat, recv, op=op, exact=exact), outputs)
+        return self._planned(comm, self._reduce_scatter(flat, out.detach(), _op_name(opts.reduceOp) or "sum"),
+                             outputs)
+
+    def _reduce_scatter(self, send: torch.Tensor, recv: torch.Tensor, op: str) -> Callable[[Communicator], Any]:
+        """What a planned reduce-scatter runs: encoded, with its residual where error feedback is on, for a
+        gradient (FSDP's shards, during backward); exact otherwise.  Decided and keyed on the calling thread."""
+        if not carries_residual(send):
+            return lambda c: c.reduce_scatter(send, recv, op=op, exact=True)
+        if self.feedback is None:
+            return lambda c: c.reduce_scatter(send, recv, op=op)
+        feedback, key = self.feedback, self._backward_order.key(send)
+        return lambda c: feedback.reduce_scatter(c, key, send, recv, op)
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> Any:

@@ -5,7 +5,9 @@ float data that torch issues *during backward* (DDP's gradient buckets, HSDP's r
 with the residual of the tensor it reduces (:mod:`topocc.runtime.feedback`), found by the tensor's memory,
 size and dtype: DDP reduces each bucket from the same buffer every step.  A call outside backward (a loss or
 metric someone averages) runs without one, so error feedback never adds gradient error to it.  DDP rebuilds
-its buckets after the first step; the residuals of the first step's buffers are dropped then.
+its buckets after the first step; the residuals of the first step's buffers are dropped then.  A gradient
+reduce-scatter (FSDP2's) runs with the residual of its position in the backward pass
+(:class:`BackwardOrder`), as its input is a new buffer each step; error averaging applies to all-reduces only.
 
 Step ahead needs the optimizer: :func:`step_ahead` finds each parameter's residual through its gradient,
 which must be a view of DDP's bucket (``DistributedDataParallel(..., gradient_as_bucket_view=True)``).
@@ -22,7 +24,7 @@ from topocc.runtime.errors import CommunicatorError
 from topocc.runtime.feedback import ErrorFeedback
 from topocc.runtime.training.bucket_feedback import Located, StepAhead
 
-__all__ = ["bucket_key", "carries_residual", "step_ahead_over"]
+__all__ = ["BackwardOrder", "bucket_key", "carries_residual", "step_ahead_over"]
 
 
 def in_backward() -> bool:
@@ -39,6 +41,29 @@ def carries_residual(tensor: torch.Tensor) -> bool:
 def bucket_key(tensor: torch.Tensor) -> Hashable:
     """The residual's key of an all-reduced tensor: its memory, size and dtype."""
     return (tensor.data_ptr(), tensor.numel(), tensor.dtype)
+
+
+class BackwardOrder:
+    """Residual keys for gradients whose buffers are new each step (FSDP2's reduce-scatter inputs): a call's
+    position among this backward pass's keyed calls, with its size and dtype.  FSDP2 reduces its parameter
+    groups in the same order every backward, so a position names the same shard each step."""
+
+    def __init__(self) -> None:
+        self._task: int | None = None
+        self._position = 0
+
+    def key(self, tensor: torch.Tensor) -> Hashable:
+        """The key of ``tensor``'s call (caller's thread, during backward); its memory where torch cannot say
+        which backward pass runs."""
+        current = getattr(torch._C, "_current_graph_task_id", None)
+        if current is None:
+            return bucket_key(tensor)
+        task = current()
+        if task != self._task:
+            self._task, self._position = task, 0
+        else:
+            self._position += 1
+        return ("backward", self._position, tensor.numel(), tensor.dtype)
 
 
 def _located(feedback: ErrorFeedback, optimizer: torch.optim.Optimizer) -> Iterator[Located]:

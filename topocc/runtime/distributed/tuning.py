@@ -99,12 +99,15 @@ class Tuner:
         self.choices: dict[CallClass, Choice] = {}
 
     def arm(self, cls: CallClass) -> Arm:
-        """What the next call of ``cls`` does: a trial, alternating plan first, until the class is decided."""
+        """What the next call of ``cls`` does: a trial, alternating native first, until the class is decided.
+
+        Native first: a class's first call then costs what gloo's does, and the plan's communicator (its
+        handshake with the peers) is made at the class's second call, not in the job's set-up."""
         choice = self.choices.get(cls)
         if choice is not None:
             return Arm.PLAN if choice.planned else Arm.NATIVE
         trials = self._trials.setdefault(cls, _Trials())
-        return Arm.TRY_PLAN if len(trials.plan) <= len(trials.native) else Arm.TRY_NATIVE
+        return Arm.TRY_NATIVE if len(trials.native) <= len(trials.plan) else Arm.TRY_PLAN
 
     def record(self, cls: CallClass, arm: Arm, seconds: float,
                agree: Callable[[list[float]], list[float]]) -> Choice | None:

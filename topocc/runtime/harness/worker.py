@@ -148,7 +148,7 @@ def _sum_over_ranks(comm: Any, value: int) -> int:
     return sum(row[0] for row in rows)
 
 
-def call(comm: Any, collective: str, data: np.ndarray, op: str, recv: np.ndarray | None = None) -> np.ndarray:
+def call(comm: Any, collective: str, data: Any, op: str, recv: Any = None) -> Any:
     """Run the communicator's collective on ``data`` and return where the result is."""
     c = describe(collective)
     if c is ALLREDUCE:

@@ -43,7 +43,8 @@ def check_schedule(where: Topology | Network, schedule: Schedule, collective: st
     for rank, program in enumerate(schedule.programs):
         for op in program:
             if op.kind == "send":
-                assert net.has_route(rank, op.peer), f"rank {rank} sends to {op.peer} without a route"
+                assert op.peer is not None and net.has_route(rank, op.peer), \
+                    f"rank {rank} sends to {op.peer} without a route"
 
 
 def check_link_floor(where: Topology | Network, floor: float, schedule: Schedule, size_bytes: int) -> None:

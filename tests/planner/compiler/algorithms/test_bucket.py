@@ -50,6 +50,7 @@ def test_schedules_verify_and_send_to_neighbours_only(kind: str, dims: tuple[int
     for rank, program in enumerate(schedule.programs):
         for op in program:
             if op.kind == "send":
+                assert op.peer is not None
                 assert sum(a != b for a, b in zip(coords[rank], coords[op.peer])) == 1  # one dimension apart
 
 

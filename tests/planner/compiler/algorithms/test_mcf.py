@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.conftest import TOPOLOGIES
@@ -60,7 +62,7 @@ TOPOLOGIES_SMALL = {
 
 
 def run(topology: Topology, collective: str, pipeline: int | None = None,
-        **extra: object) -> tuple[float, dict[str, object]]:
+        **extra: Any) -> tuple[float, dict[str, Any]]:
     """Build, check and simulate one mcf schedule; (predicted time, metadata options)."""
     net = Network(topology)
     options = Options(size_bytes=SIZE, root=topology.size - 1, pipeline=pipeline, mcf=McfOptions(**extra))

@@ -5,15 +5,19 @@ description (there), for every collective, reduction and datatype; and the patte
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
+pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
 
-from topocc.runtime.harness.torchbench.sweep import make_sweep  # noqa: E402
-from topocc.runtime.harness.torchbench.timer import expected, pattern  # noqa: E402
+import torch
 
-COMBINE = {"sum": torch.add, "prod": torch.mul, "max": torch.maximum, "min": torch.minimum}
+from topocc.runtime.harness.torchbench.sweep import make_sweep
+from topocc.runtime.harness.torchbench.timer import expected, pattern
+
+COMBINE: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "sum": torch.add, "prod": torch.mul, "max": torch.maximum, "min": torch.minimum}
 
 
 def reference(collective: str, ranks: int, rank: int, count: int, root: int, op: str, dtype: torch.dtype
@@ -52,7 +56,7 @@ def test_the_patterns_are_exact_and_differ_by_rank() -> None:
     sweep = make_sweep("allreduce", 64, 64, 2, ranks=64, datatype="bfloat16")
     exact = expected(sweep, 16, 0)
     assert exact is not None
-    wide = sum(pattern(r, 16, torch.float64, "sum") for r in range(64))
+    wide = torch.stack([pattern(r, 16, torch.float64, "sum") for r in range(64)]).sum(dim=0)  # integers: exact
     assert torch.equal(exact.to(torch.float64), wide)
     assert len({tuple(pattern(r, 5, torch.int64, "sum").tolist()) for r in range(5)}) == 5
     prod = dataclasses.replace(sweep, op="prod", ranks=2)

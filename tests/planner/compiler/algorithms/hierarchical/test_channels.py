@@ -20,6 +20,7 @@ def test_every_phase_has_its_own_channel() -> None:
     for rank, program in enumerate(schedule.programs):
         for op in program:
             if op.kind in ("recv", "recv_reduce"):
+                assert op.peer is not None
                 # two ranks share a group at exactly one level: the one this message belongs to
                 level = next(i for i, g in enumerate(group_of) if g[rank] == g[op.peer])
                 assert phase_of.setdefault(op.channel, (level, op.kind)) == (level, op.kind)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from benchmarks.fabrics import fat_tree, rail_optimized, shipped_fabrics, small_suite, suite
@@ -59,7 +61,7 @@ def test_reduce_scatter_turns_to_virtual_order_where_blocks_leave_few_slices() -
     topology = fat_tree(16, 4, 4, 1).topology()
     size = 256 << 20
 
-    def run(**extra: object) -> tuple[float, dict[str, object]]:
+    def run(**extra: Any) -> tuple[float, dict[str, Any]]:
         compiled = compile_schedule(topology, "reducescatter", "hierarchical",
                                     Options(size_bytes=size, hierarchical=HierarchicalOptions(**extra)))
         return compiled.efficiency, dict(compiled.schedule.metadata.options)

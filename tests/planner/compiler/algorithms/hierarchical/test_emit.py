@@ -7,6 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import peer_of
 from tests.planner.compiler.algorithms.hierarchical.clusters import cluster
 from tests.planner.compiler.algorithms.test_baselines import check_schedule
 from tests.strategies import topologies
@@ -38,7 +39,7 @@ def test_intra_host_stage_stays_in_host() -> None:
     schedule = hierarchical(net, "allreduce", Options(pipeline=1))
     host_of = {r: h for h, ranks in enumerate(topology.hosts.values()) for r in ranks}
     cross = [op for r, p in enumerate(schedule.programs) for op in p
-             if op.kind == "send" and host_of[op.peer] != host_of[r]]
+             if op.kind == "send" and host_of[peer_of(op)] != host_of[r]]
     # only the cross-host stage leaves the host: one block (1/8 of the data) each way per rank
     assert all(op.count == 1 for op in cross) and len(cross) == 2 * 8
 
@@ -52,9 +53,8 @@ SHIPPED = ["dgx-a100-4node", "emu-racks", "emu-uniform", "pcie-4x4-10gbe"]
 def test_pipelined_schedules_verify_on_shipped_clusters(name: str, pipeline: int | None, method: str | None) -> None:
     topology = resolve_topology(name)
     net = Network(topology)
-    extra = {"stage_method": method} if method else {}
     schedule = hierarchical(net, "allreduce", Options(size_bytes=16 << 20, pipeline=pipeline,
-                                                      hierarchical=HierarchicalOptions(**extra)))
+                                                      hierarchical=HierarchicalOptions(stage_method=method)))
     check_schedule(net, schedule, "allreduce", "hierarchical")
     shape = [int(x) for x in schedule.metadata.options["slice_shape"].split(":")]
     assert len(shape) == schedule.metadata.options["pipeline"]
@@ -128,13 +128,13 @@ def test_direct_levels_on_random_topologies(topology: Topology, data: st.DataObj
     net = Network(topology)
     collective = data.draw(st.sampled_from(["allreduce", "reducescatter", "allgather"]))
     size = data.draw(st.sampled_from([1 << 10, 1 << 20]))
-    extra = {"stage_method": "direct"}
+    layout: str | None = None
     if collective == "reducescatter":  # either buffer order (virtual: the sums handed on at the end)
-        extra["layout"] = data.draw(st.sampled_from(["blocks", "virtual"]))
+        layout = data.draw(st.sampled_from(["blocks", "virtual"]))
     evaluator = Evaluator(net, size)  # an all-reduce may choose its layout by simulation: timed once
+    pinned = HierarchicalOptions(stage_method="direct", layout=layout)
     try:
-        schedule = hierarchical(net, collective, Options(size_bytes=size, evaluator=evaluator,
-                                                         hierarchical=HierarchicalOptions(**extra)))
+        schedule = hierarchical(net, collective, Options(size_bytes=size, evaluator=evaluator, hierarchical=pinned))
     except NotApplicableError:
         return
     check_schedule(net, schedule, collective, "hierarchical")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from benchmarks.fabrics import fat_tree, multi_chassis, rail_optimized
@@ -12,6 +14,7 @@ from topocc.planner.compiler.compile import compile_schedule
 from topocc.planner.compiler.evaluate import Evaluator
 from topocc.planner.compiler.options import HierarchicalOptions, Options
 from topocc.planner.routing.network import Network
+from topocc.runtime.schedule import Schedule
 
 
 def test_all_reduce_takes_whole_blocks_where_they_win(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -55,7 +58,12 @@ def test_all_reduce_tries_whole_blocks_where_virtual_order_falls_short(monkeypat
     monkeypatch.undo()
     built: list[str | None] = []
     real = layout.build_schedule
-    monkeypatch.setattr(layout, "build_schedule", lambda *a: built.append(a[-1]) or real(*a))
+
+    def spy(*args: Any) -> Schedule:  # records the layout forced on each build
+        built.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(layout, "build_schedule", spy)
     near_net = Network(rail_optimized(4).topology())  # near the bound in virtual order at 256 MiB
     hierarchical(near_net, "allreduce", Options(size_bytes=256 << 20))
     assert built == ["virtual"]

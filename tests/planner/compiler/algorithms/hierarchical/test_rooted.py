@@ -7,6 +7,7 @@ import functools
 import pytest
 
 from benchmarks.fabrics import fat_tree
+from tests.conftest import peer_of
 from tests.planner.compiler.algorithms.hierarchical.clusters import cluster
 from tests.planner.compiler.algorithms.test_baselines import check_schedule
 from topocc.planner.compiler.algorithms.hierarchical import hierarchical, rooted
@@ -46,8 +47,8 @@ def test_every_root_verifies_and_crosses_hosts_on_rails(collective: str, root: i
     check_schedule(topology, schedule, collective, "hierarchical")
     host = host_of(topology)
     local = {r: ranks.index(r) for ranks in topology.hosts.values() for r in ranks}
-    crossing = [(r, op.peer) for r, program in enumerate(schedule.programs) for op in program
-                if op.kind == "send" and host[r] != host[op.peer]]
+    crossing = [(r, peer_of(op)) for r, program in enumerate(schedule.programs) for op in program
+                if op.kind == "send" and host[r] != host[peer_of(op)]]
     assert all(local[a] == local[b] for a, b in crossing)
     slices = schedule.metadata.options["pipeline"]
     assert len(crossing) == slices * 8 * (6 - 1)
@@ -61,8 +62,8 @@ def test_the_root_sends_its_buffer_once() -> None:
     schedule = hierarchical(net, "broadcast", Options(size_bytes=64 << 20, root=5))
     host = host_of(topology)
     sends = [op for op in schedule.programs[5] if op.kind == "send"]
-    assert sum(op.count for op in sends if host[op.peer] == host[5]) == schedule.output_chunks
-    assert sum(op.count for op in sends if host[op.peer] != host[5]) == schedule.output_chunks // 8
+    assert sum(op.count for op in sends if host[peer_of(op)] == host[5]) == schedule.output_chunks
+    assert sum(op.count for op in sends if host[peer_of(op)] != host[5]) == schedule.output_chunks // 8
 
 
 def test_the_chain_crosses_each_rack_boundary_once() -> None:
@@ -73,8 +74,8 @@ def test_the_chain_crosses_each_rack_boundary_once() -> None:
     rack_of = {r: name for name, ranks in topology.racks.items() for r in ranks}
     host = host_of(topology)
     for rail in range(8):
-        chain = [(r, op.peer) for r, program in enumerate(schedule.programs) for op in program
-                 if op.kind == "send" and host[r] != host[op.peer] and op.channel == 1 and r % 8 == rail]
+        chain = [(r, peer_of(op)) for r, program in enumerate(schedule.programs) for op in program
+                 if op.kind == "send" and host[r] != host[peer_of(op)] and op.channel == 1 and r % 8 == rail]
         leaving = [(a, b) for a, b in chain if rack_of[a] != rack_of[b]]
         assert len(leaving) == 1
         assert rack_of[leaving[0][0]] == rack_of[40]
@@ -135,7 +136,7 @@ def test_many_hosts_take_two_trees(collective: str) -> None:
     assert schedule.metadata.options["trees"] == 2
     host = host_of(topology)
     piece = schedule.output_chunks // (2 * 2)  # two slices of two pieces
-    across = [sum(op.count for op in program if op.kind == "send" and host[op.peer] != host[r])
+    across = [sum(op.count for op in program if op.kind == "send" and host[peer_of(op)] != host[r])
               for r, program in enumerate(schedule.programs)]
     assert max(across) == 2 * piece
 
@@ -164,7 +165,7 @@ def test_grouped_fan_outs_verify(collective: str, monkeypatch: pytest.MonkeyPatc
     assert group > 1
     host = host_of(topology)
     inside = sum(1 for r, program in enumerate(schedule.programs) for op in program
-                 if op.kind == "send" and host[op.peer] == host[r] and op.channel == 0)
+                 if op.kind == "send" and host[peer_of(op)] == host[r] and op.channel == 0)
     # a round: every host but the root's, each GPU its rail's pieces to the 3 others; the root's, the 3 other
     # rails' GPUs to the 2 GPUs but them and the root; and a slice, the root's scatter to the 3 other rails
     rounds = -(-slices // group)

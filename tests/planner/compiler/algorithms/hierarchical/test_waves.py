@@ -9,6 +9,7 @@ from tests.planner.compiler.algorithms.hierarchical.clusters import cluster
 from tests.planner.compiler.algorithms.test_baselines import check_schedule
 from topocc.planner.analysis.simulate import simulate
 from topocc.planner.compiler.algorithms.hierarchical import hierarchical, stages
+from topocc.planner.compiler.algorithms.hierarchical.levels import Phase
 from topocc.planner.compiler.algorithms.hierarchical.steps import METHODS
 from topocc.planner.compiler.algorithms.hierarchical.waves import waves
 from topocc.planner.compiler.options import HierarchicalOptions, Options
@@ -20,11 +21,11 @@ def test_waves_follow_the_level_above() -> None:
     above, its sends one step, is fed peer by peer with few slices, and all at once otherwise."""
     net = Network(fat_tree(2, 1, 2, 2).topology())  # two 8-GPU hosts
     levels = stages(net)
-    phases = [(0, False), (1, False)]
+    phases = [Phase(0, False), Phase(1, False)]
     spans = [16, 2]
     position = [{r: i for g in s.groups for i, r in enumerate(g)} for s in levels]
     block = {r: position[0][r] * 2 + position[1][r] for r in range(16)}
-    steps = {(si, False): METHODS["halving-doubling"](levels[si].size, False) for si in (0, 1)}
+    steps = {Phase(si, False): METHODS["halving-doubling"](levels[si].size, False) for si in (0, 1)}
     found = waves(levels, phases, steps, spans, position, block, True)
     for g in levels[0].groups:
         first, kept = found[(0, g[0])]
@@ -35,7 +36,7 @@ def test_waves_follow_the_level_above() -> None:
     levels = stages(three_net)
     position = [{r: i for g in s.groups for i, r in enumerate(g)} for s in levels]
     block = {r: position[0][r] * 3 + position[1][r] for r in range(12)}
-    steps = {(0, False): METHODS["ring"](4, False), (1, False): METHODS["direct"](3, False)}
+    steps = {Phase(0, False): METHODS["ring"](4, False), Phase(1, False): METHODS["direct"](3, False)}
     for in_turn, count in ((True, 3), (False, 2)):
         found = waves(levels, phases, steps, [12, 3], position, block, in_turn)
         assert all(len(w) == count for w in found.values())  # peers in turn, then the kept blocks
@@ -49,12 +50,12 @@ def test_reduce_scatter_in_waves_mirrors_the_all_gather() -> None:
     net = Network(fat_tree(2, 1, 2, 2).topology())
     size = 256 << 20
     times = {}
-    for collective, extra in (("allgather", {}), ("reducescatter", {}), ("reducescatter", {"waves": False})):
-        pinned = (HierarchicalOptions(layout="blocks", **extra) if collective == "reducescatter"
+    for collective, unwaved in (("allgather", False), ("reducescatter", False), ("reducescatter", True)):
+        pinned = (HierarchicalOptions(layout="blocks", waves=not unwaved) if collective == "reducescatter"
                   else HierarchicalOptions())
         options = Options(size_bytes=size, pipeline=1, hierarchical=pinned)
         schedule = hierarchical(net, collective, options)
         check_schedule(net, schedule, collective, "hierarchical")
-        times[(collective, bool(extra))] = simulate(net, schedule, size).time_s
+        times[(collective, unwaved)] = simulate(net, schedule, size).time_s
     assert times[("reducescatter", False)] == pytest.approx(times[("allgather", False)], rel=1e-3)
     assert times[("reducescatter", True)] > 1.1 * times[("allgather", False)]
