@@ -3,7 +3,7 @@ how many ran encoded and how many exact (and the first reason), in the table onl
 
 from __future__ import annotations
 
-from topocc.runtime.distributed.counters import Counters
+from topocc.runtime.distributed.counters import TRIALS_ONLY, Counters
 from topocc.runtime.encoding import why_exact
 
 
@@ -32,3 +32,15 @@ def test_why_a_call_runs_exact() -> None:
     assert why_exact(["bf16"], "float32", 4, "min") == "op min (encodings carry sums and moved data)"
     assert why_exact(["bf16"], "float16", 2) == "float16 data (encodings carry float data they make smaller)"
     assert why_exact(["bf16", "int8"], "float16", 2) is None  # int8 makes float16 smaller
+
+
+def test_native_calls_that_were_all_trials_say_so() -> None:
+    """A trial's reason is not kept (the measured choice replaces it); a collective whose native calls were all
+    trials says that in the table, not a bare dash, and its reason stays empty for the measured choice's."""
+    stats = Counters((0, 1))
+    stats.count("allgather", 4096, "a trial against the plan", provisional=True)
+    stats.count("broadcast", 4096, "model predicts no gain", provisional=False)
+    assert stats.as_dict()["allgather"]["why"] == ""
+    rows = {line.split()[0]: line for line in str(stats).splitlines()[2:]}
+    assert rows["allgather"].endswith(TRIALS_ONLY)
+    assert rows["broadcast"].endswith("model predicts no gain")

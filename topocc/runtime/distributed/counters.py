@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Counters", "Tally"]
+__all__ = ["TRIALS_ONLY", "Counters", "Tally"]
+
+#: What the table says of native calls that were all trials (their class not decided yet: no reason is kept).
+TRIALS_ONLY = "trials against the plan (not decided yet)"
 
 
 @dataclass
@@ -78,7 +81,7 @@ class Counters:
             rows[0] += ("encoded", "exact", "why exact")
         for name, t in sorted(self.by_collective.items()):
             rows.append((name, str(t.planned), f"{t.planned_bytes / 2**20:.1f}", str(t.delegated),
-                         f"{t.delegated_bytes / 2**20:.1f}", t.why or "-"))
+                         f"{t.delegated_bytes / 2**20:.1f}", t.why or (TRIALS_ONLY if t.delegated else "-")))
             if encodings:
                 rows[-1] += (str(t.encoded), str(t.exact), t.why_exact or "-")
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
