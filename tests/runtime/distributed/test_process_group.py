@@ -58,6 +58,32 @@ def torchrun(world: int, script: str, *args: str, env: dict[str, str], limit: fl
     return run_bounded(cmd, limit, f"torchrun {script}", env=full)
 
 
+def start_jobs(options: list[Any], wait_s: float = 60.0, late_s: float = 0.0) -> list[Any]:
+    """``Job.start`` of one rank per entry of ``options`` (threads meeting on one store; rank r starts
+    ``r * late_s`` seconds late): each rank's job, or its :class:`CommunicatorError`."""
+    import threading
+    import time
+
+    from topocc.runtime.distributed.job import Job
+
+    store = torch.distributed.HashStore()
+    outcome: list[Any] = [None] * len(options)
+
+    def start(rank: int) -> None:
+        time.sleep(rank * late_s)
+        try:
+            outcome[rank] = Job.start(store, rank, len(options), options[rank], wait_s=wait_s)
+        except CommunicatorError as exc:
+            outcome[rank] = exc
+
+    threads = [threading.Thread(target=start, args=(r,)) for r in range(len(options))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(wait_s + len(options) * late_s + 30)
+    return outcome
+
+
 def result(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-4000:]
@@ -136,51 +162,20 @@ def test_init_waits_for_a_late_rank_as_long_as_the_process_groups_timeout(tmp_pa
     """``TOPOCC_TIMEOUT`` bounds planned calls, not the ranks' arrival at ``init_process_group``: a rank whose
     imports end 2 s after its peer's (a loaded machine) still meets it under a 1 s call timeout; a rank that
     never comes is reported after the process group's timeout."""
-    import threading
-    import time
-
     from topocc.runtime.distributed.job import BackendOptions, Job
 
     folder = bundle_for(tmp_path, 2, ("allreduce",))
-    store = torch.distributed.HashStore()
-    outcome: dict[int, object] = {}
-
-    def start(rank: int) -> None:
-        time.sleep(2.0 * rank)
-        try:
-            outcome[rank] = Job.start(store, rank, 2, BackendOptions(plan=folder, timeout=1), wait_s=60)
-        except CommunicatorError as exc:
-            outcome[rank] = exc
-
-    threads = [threading.Thread(target=start, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(90)
-    assert all(isinstance(outcome.get(r), Job) for r in range(2)), outcome
+    outcome = start_jobs([BackendOptions(plan=folder, timeout=1)] * 2, wait_s=60, late_s=2.0)
+    assert all(isinstance(o, Job) for o in outcome), outcome
     with pytest.raises(CommunicatorError, match=r"not every rank came to init_process_group within 1 s"):
         Job.start(torch.distributed.HashStore(), 0, 2, BackendOptions(plan=folder, timeout=60), wait_s=1)
 
 
 def test_ranks_with_different_bundles_are_refused(tmp_path: Path) -> None:
     """Every rank states its bundle's digest through the store; a rank that loaded another is named."""
-    import threading
-
-    from topocc.runtime.distributed.job import BackendOptions, Job
+    from topocc.runtime.distributed.job import BackendOptions
 
     folders = [bundle_for(tmp_path, 2, ("allreduce",)), bundle_for(tmp_path / "other", 2, ("allgather",))]
-    store = torch.distributed.HashStore()
-    errors: list[str] = []
-
-    def start(rank: int) -> None:
-        try:
-            Job.start(store, rank, 2, BackendOptions(plan=folders[rank], timeout=20))
-        except CommunicatorError as exc:
-            errors.append(str(exc))
-
-    threads = [threading.Thread(target=start, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    errors = [str(o) for o in start_jobs([BackendOptions(plan=f, timeout=20) for f in folders], wait_s=20)
+              if isinstance(o, CommunicatorError)]
     assert len(errors) == 2 and all("loaded a different plan bundle" in e for e in errors), errors

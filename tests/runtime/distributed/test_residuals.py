@@ -4,7 +4,6 @@ encodings cannot carry run exact and are counted so; which all-reduces carry a r
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
 
-from tests.runtime.distributed.test_process_group import result, torchrun  # noqa: E402
+from tests.runtime.distributed.test_process_group import result, start_jobs, torchrun  # noqa: E402
 from tests.runtime.training.launch import TOPOLOGY  # noqa: E402
 from topocc.planner.compiler.compress import compress_all  # noqa: E402
 from topocc.planner.compiler.size_buckets import compile_plan  # noqa: E402
@@ -62,19 +61,8 @@ def test_init_refuses_bad_or_differing_options_in_one_line(tmp_path: Path, monke
     with pytest.raises(CommunicatorError, match=r"error_feedback='ef,error-avg:-1'"):
         Job.start(store, 0, 2, BackendOptions(plan=folder, error_feedback="ef,error-avg:-1"))
     monkeypatch.delenv("TOPOCC_ERROR_FEEDBACK")
-    outcome: list[Any] = [None, None]
-
-    def rank(r: int) -> None:  # rank 0 with error feedback, rank 1 without: error averaging would hang
-        try:
-            outcome[r] = Job.start(store, r, 2, BackendOptions(plan=folder, error_feedback="ef" if r == 0 else "off"))
-        except CommunicatorError as exc:
-            outcome[r] = exc
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    # rank 0 with error feedback, rank 1 without: error averaging would hang
+    outcome = start_jobs([BackendOptions(plan=folder, error_feedback=spec) for spec in ("ef", "off")])
     assert all(isinstance(o, CommunicatorError) for o in outcome)
     assert "rank 1 runs other error-feedback options than rank 0 (ef)" in outcome[0].one_line()
     assert "fix: give every rank the same TOPOCC_ERROR_FEEDBACK" in outcome[0].one_line()
