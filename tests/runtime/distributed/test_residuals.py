@@ -96,6 +96,9 @@ def test_step_ahead_finds_parameters_through_their_bucket_views() -> None:
     residual.values[:] = np.arange(10)
     residual.calls = 1
     feedback.residuals[bucket_key(bucket)] = residual
+    shard = torch.zeros(6)  # a reduce-scatter's residual, keyed by its place in backward: no parameter's view
+    feedback.residuals[("backward", 0, 6, torch.float32)] = Residual(feedback.options, shard, shard.numpy(), "sum", 2)
+    feedback.residuals[("backward", 0, 6, torch.float32)].calls = 1
     p, q = torch.nn.Parameter(torch.zeros(2, 2)), torch.nn.Parameter(torch.zeros(3))
     p.grad, q.grad = bucket[4:8].view(2, 2), torch.zeros(3)  # p's gradient lies in the bucket, q's does not
     optimizer = torch.optim.SGD([p, q], lr=0.5)
@@ -108,3 +111,21 @@ def test_step_ahead_finds_parameters_through_their_bucket_views() -> None:
         ahead.shift()
     with pytest.raises(CommunicatorError, match=r"error feedback is off"):
         step_ahead_over(None, optimizer)
+
+
+def test_backward_order_names_a_call_by_its_place_in_each_backward_pass() -> None:
+    """FSDP2's reduce-scatter inputs are new buffers each step: the n-th keyed call of every backward pass gets
+    the same key, and the calls of one pass get different ones."""
+    from topocc.runtime.distributed.residuals import BackwardOrder
+
+    order, keys = BackwardOrder(), list[Any]()
+    x = torch.ones(3, requires_grad=True)
+
+    def hook(grad: Any) -> Any:
+        keys.extend(order.key(torch.zeros(4)) for _ in range(2))  # two buffers, new each pass
+        return grad
+
+    x.register_hook(hook)
+    for _ in range(2):
+        (x * 2).sum().backward()
+    assert keys[0] != keys[1] and keys[:2] == keys[2:]

@@ -68,8 +68,10 @@ class BackwardOrder:
 
 def _located(feedback: ErrorFeedback, optimizer: torch.optim.Optimizer) -> Iterator[Located]:
     """Each of ``optimizer``'s parameters whose gradient lies in a residual's bucket, with its piece of it."""
+    # the buckets keyed by their memory (bucket_key); those keyed by their place in backward have no span
     spans = sorted((key[0], key[0] + res.values.size * res.values.itemsize, res)  # type: ignore[index]
-                   for key, res in feedback.residuals.items() if res.calls and res.values.size)
+                   for key, res in feedback.residuals.items()
+                   if res.calls and res.values.size and isinstance(key[0], int))  # type: ignore[index]
     starts = [start for start, _, _ in spans]
     for group in optimizer.param_groups:
         for p in group["params"]:
