@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.fabrics import grid
 from tests.conftest import TOPOLOGIES
 from tests.planner.compiler.algorithms.test_baselines import check_link_floor, check_schedule
 from tests.planner.compiler.algorithms.test_treepack import torus
@@ -26,21 +27,8 @@ DGX2_PAIR = TOPOLOGIES / "dgx2-2chassis.yaml"
 
 
 def mesh(dims: list[int]) -> Topology:
-    """A mesh of routers with one GPU each (the torus template with mesh wiring)."""
-    shape = "x".join(map(str, dims))
-    ranks = int(np.prod(dims))
-    return parse_topology_text(f"""name: mesh-{shape}
-cluster:
-  hosts: {ranks}
-  host:
-    gpus: 1
-    nics: 1
-    nic: {{bandwidth: 100 GB/s, latency: 0 us, kind: noc, attach_latency: 0 us}}
-  network:
-    type: mesh
-    dims: {dims}
-    link: {{bandwidth: 25 GB/s, latency: 0.5 us}}
-""", f"mesh-{shape}")
+    """A mesh of routers with one GPU each (the benchmark suite's grid fabric)."""
+    return grid("mesh", tuple(dims)).topology()
 
 
 def check_trees(net: Network, packing: Packing, units: int) -> None:
