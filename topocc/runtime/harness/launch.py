@@ -44,6 +44,7 @@ __all__ = [
     "RunResult",
     "bench_schedule",
     "bench_sizes",
+    "beside_or_on_path",
     "check_ranks",
     "exit_on_sigterm",
     "find_mpiexec",
@@ -73,14 +74,17 @@ RANK_WRAPPER = ("sh", "-c", 'trap : USR1; "$0" "$@"')
 STARTUP_S = 30.0
 
 
+def beside_or_on_path(program: str, python: str = sys.executable) -> str | None:
+    """``program`` beside ``python`` (the venv's, as pip installed it there), else on ``PATH``; None if neither."""
+    beside = Path(python).parent / program
+    return str(beside) if beside.exists() else shutil.which(program)
+
+
 def find_mpiexec(explicit: str | None = None, *, python: str = sys.executable) -> str:
     """``explicit``, else the ``mpiexec`` beside ``python`` (a venv with MPICH from PyPI), else the one on PATH."""
     if explicit:
         return explicit
-    beside = Path(python).parent / "mpiexec"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("mpiexec")
+    found = beside_or_on_path("mpiexec", python)
     if found is None:
         raise CommunicatorError("mpiexec not found", fix="pip install mpich mpi4py, or pass mpiexec=PATH")
     return found

@@ -25,7 +25,7 @@ from typing import Any
 from topocc.runtime.bandwidth import bus_factor
 from topocc.runtime.bundle import Bundle, load_bundle, save_bundle
 from topocc.runtime.errors import CommunicatorError, TopoccError, UsageError
-from topocc.runtime.harness.launch import run_job, worker_env
+from topocc.runtime.harness.launch import beside_or_on_path, run_job, worker_env
 from topocc.runtime.harness.torchbench.sweep import Sweep
 
 __all__ = ["STARTUP_S", "Row", "TorchbenchResult", "find_torchrun", "planned_at_every_size", "preflight",
@@ -95,10 +95,7 @@ def find_torchrun(explicit: str | None = None, *, python: str = sys.executable) 
             raise TopoccError(f"--torchrun {explicit}: no such program", fix="pass the path of torchrun, or leave "
                               "--torchrun out to use the one beside this Python")
         return found
-    beside = Path(python).parent / "torchrun"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("torchrun")
+    found = beside_or_on_path("torchrun", python)
     if found is None:
         raise TopoccError(f"torchrun is neither beside {python} nor on PATH",
                           fix="pip install torch in this environment, or pass --torchrun PATH")
