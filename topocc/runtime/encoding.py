@@ -305,10 +305,7 @@ class TopK(Encoding):
         if chosen.size == k:
             self._write(x, chosen, out)
             return
-        free = np.ones(n, bool)
-        free[chosen] = False
-        pads = np.flatnonzero(free)[:k - chosen.size]
-        where = np.concatenate([chosen, pads])
+        where = np.concatenate([chosen, _unchosen(n, chosen, k - chosen.size)])
         order = np.argsort(where, kind="stable")
         self._write(x, where[order], out, padded=order >= chosen.size)
 
@@ -351,6 +348,13 @@ def _magnitude(x: np.ndarray) -> np.ndarray:
 _SAMPLE = 1 << 14
 
 
+def _unchosen(n: int, chosen: np.ndarray, count: int) -> np.ndarray:
+    """The first ``count`` positions of ``n`` that are not in ``chosen`` (a top-k message's padding)."""
+    free = np.ones(n, bool)
+    free[chosen] = False
+    return np.flatnonzero(free)[:count]
+
+
 def _largest(magnitude: np.ndarray, k: int) -> np.ndarray:
     """The positions of the ``k`` largest of ``magnitude`` (NaNs largest), ascending, by a deterministic rule.
 
@@ -370,9 +374,7 @@ def _largest(magnitude: np.ndarray, k: int) -> np.ndarray:
         threshold = np.partition(sample, sample.size - keep)[sample.size - keep]
         candidates = np.flatnonzero(magnitude >= threshold if threshold > 0 else magnitude)
         if candidates.size < k and threshold <= 0:
-            zeros = np.ones(n, bool)
-            zeros[candidates] = False
-            chosen = np.concatenate([candidates, np.flatnonzero(zeros)[:k - candidates.size]])
+            chosen = np.concatenate([candidates, _unchosen(n, candidates, k - candidates.size)])
             chosen.sort()
             return chosen
         if candidates.size >= k:
