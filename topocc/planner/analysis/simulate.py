@@ -82,6 +82,7 @@ from topocc.planner.analysis.codec_costs import CodecCost, codec_costs
 from topocc.planner.analysis.fairshare import SAME_INSTANT, Fabric, Route, Unshared, make_route
 from topocc.planner.collector import collector_paused
 from topocc.planner.errors import SimulationError
+from topocc.planner.routing.load import LinkLoad
 from topocc.planner.routing.network import Memo, Network, network_of
 from topocc.planner.routing.paths import connection_chunks, recorded_paths
 from topocc.planner.topology.calibration import link_classes_of
@@ -237,15 +238,15 @@ def _heavy_links(chunks: Mapping[tuple[int, int, int], int], conn_route: Mapping
     time, from the ``chunks`` each connection sends.  :func:`_suffix_bound` over any links bounds the end,
     and a lightly loaded link seldom sets it, where keeping every link would multiply the entries (and the
     memory) by the length of the paths, for messages sprayed over many paths by their number too."""
-    load = [0.0] * len(bandwidth)
+    load: LinkLoad[int] = LinkLoad()
     for key, sent in chunks.items():
         paths = conn_route[key].paths
         share = sent / len(paths)  # chunks a path: only the ratios matter
         for path in paths:
-            for link in path:
-                load[link] += share
-    busiest = max((v / b for v, b in zip(load, bandwidth)), default=0.0)
-    return {key: tuple(link for path in route.paths for link in path if 2 * load[link] >= busiest * bandwidth[link])
+            load.add_along(path, share)
+    busiest = load.busiest(bandwidth.__getitem__)
+    return {key: tuple(link for path in route.paths for link in path
+                       if 2 * load.get(link) >= busiest * bandwidth[link])
             for key, route in conn_route.items()}
 
 

@@ -8,6 +8,7 @@ import math
 
 from topocc.planner.analysis.bounds import Bound, lower_bound
 from topocc.planner.analysis.simulate import SimResult, chunk_bytes, simulate, simulate_within
+from topocc.planner.routing.load import LinkLoad
 from topocc.planner.routing.network import Network
 from topocc.planner.routing.paths import connection_chunks, recorded_paths
 from topocc.planner.topology.model import Topology
@@ -29,16 +30,16 @@ def link_time(net: Network, schedule: Schedule, size_bytes: int) -> float:
     """
     cb = chunk_bytes(schedule, size_bytes)
     recorded = recorded_paths(net, schedule)
-    load: dict[tuple[str, str], float] = {}
+    load: LinkLoad[tuple[str, str]] = LinkLoad()
     for (a, b, channel), chunks in connection_chunks(schedule).items():
         if not net.has_route(a, b):
             continue  # the simulator refuses the schedule; it says why
         path = recorded.get((a, b, channel))
         shares = net.route_shares(a, b, channel) if path is None else {(ln.src, ln.dst): 1.0 for ln in path}
         for key, share in shares.items():
-            load[key] = load.get(key, 0.0) + share * chunks * cb
+            load.add(key, share * chunks * cb)
     bandwidth = net.topology.bandwidth
-    return max((v / bandwidth(*key) for key, v in load.items()), default=0.0)
+    return load.busiest(lambda key: bandwidth(*key))
 
 
 def least_latency(topology: Topology) -> float:

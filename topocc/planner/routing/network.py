@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Generic, TypeVar
 
+from topocc.planner.routing.load import LinkLoad
 from topocc.planner.routing.route_trees import HubSearches, RouteTree, SharedTree, hubs, route_tree, search
 from topocc.planner.topology.model import Link, Topology
 
@@ -306,11 +307,10 @@ class Network:
         """Seconds the busiest link needs for ``messages`` (source rank, destination rank, bytes), counting
         only the links every cheapest path of each pair crosses (:meth:`common_links`): a lower bound of
         their link time under any routing and channel assignment (the algorithms' link floors)."""
-        load: dict[Link, float] = {}
+        load: LinkLoad[Link] = LinkLoad()
         for src, dst, nbytes in messages:
-            for link in self.common_links(src, dst):
-                load[link] = load.get(link, 0.0) + nbytes
-        return max((v / link.bandwidth for link, v in load.items()), default=0.0)
+            load.add_along(self.common_links(src, dst), nbytes)
+        return load.busiest(lambda link: link.bandwidth)
 
     def common_links(self, src: int, dst: int) -> tuple[Link, ...]:
         """Links that every cheapest path from rank ``src`` to rank ``dst`` crosses, whatever the routing.

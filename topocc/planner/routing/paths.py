@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from topocc.planner.errors import SimulationError
+from topocc.planner.routing.load import LinkLoad
 from topocc.planner.routing.network import Network
 from topocc.planner.topology.model import Link
 from topocc.runtime.schedule import PathChoice, Schedule
@@ -87,7 +88,7 @@ def assign_paths(net: Network, schedule: Schedule) -> Schedule:
     topology = net.topology
     if topology.routing != "source":
         return schedule
-    load: dict[tuple[str, str], float] = {}
+    load: LinkLoad[tuple[str, str]] = LinkLoad()
     choosable: list[tuple[int, tuple[int, int, int], tuple[tuple[Link, ...], ...]]] = []
     for key, chunks in connection_chunks(schedule).items():
         paths = net.routes(key[0], key[1])
@@ -95,18 +96,18 @@ def assign_paths(net: Network, schedule: Schedule) -> Schedule:
             choosable.append((chunks, key, paths))
             continue
         for link in paths[0] if paths else ():
-            load[(link.src, link.dst)] = load.get((link.src, link.dst), 0.0) + chunks
+            load.add((link.src, link.dst), chunks)
     choices: list[PathChoice] = []
     choosable.sort(key=lambda item: (-item[0], item[1]))
     for chunks, (src, dst, channel), paths in choosable:
 
         def cost(path: tuple[Link, ...], chunks: int = chunks) -> tuple[float, float]:
-            after = [(load.get((link.src, link.dst), 0.0) + chunks) / link.bandwidth for link in path]
+            after = [(load.get((link.src, link.dst)) + chunks) / link.bandwidth for link in path]
             return max(after), sum(after)
 
         best = min(paths, key=cost)
         for link in best:
-            load[(link.src, link.dst)] = load.get((link.src, link.dst), 0.0) + chunks
+            load.add((link.src, link.dst), chunks)
         choices.append(PathChoice(src, dst, channel, tuple(link.dst for link in best[:-1])))
     return schedule.with_paths(choices)
 
@@ -126,15 +127,14 @@ def spread_channels(net: Network, schedule: Schedule) -> Schedule:
     topology = net.topology
     if topology.routing != "ecmp":
         return schedule
-    load: dict[tuple[str, str], float] = {}
+    load: LinkLoad[tuple[str, str]] = LinkLoad()
     choosable: list[tuple[int, tuple[int, int, int]]] = []
     for key, chunks in connection_chunks(schedule).items():
         src, dst, channel = key
         if net.channels_change_path(src, dst):
             choosable.append((chunks, key))
             continue
-        for link, share in net.route_shares(src, dst, channel).items():
-            load[link] = load.get(link, 0.0) + share * chunks
+        load.add_shares(net.route_shares(src, dst, channel), chunks)
     if not choosable:
         return schedule
     bandwidth = {(link.src, link.dst): link.bandwidth for link in topology.links}
@@ -152,7 +152,7 @@ def spread_channels(net: Network, schedule: Schedule) -> Schedule:
             if candidate in used or (candidate == channel and best is not None):
                 continue
             shares = net.route_shares(src, dst, candidate)
-            after = [(load.get(link, 0.0) + share * chunks) / bandwidth[link] for link, share in shares.items()]
+            after = load.times_after(shares, chunks, bandwidth.__getitem__)
             cost = (max(after, default=0.0), sum(after))
             if best is None or cost < best[0]:
                 best = (cost, candidate, shares)
@@ -160,8 +160,7 @@ def spread_channels(net: Network, schedule: Schedule) -> Schedule:
         _, chosen, shares = best
         used.add(chosen)
         renumber[(src, dst, channel)] = chosen
-        for link, share in shares.items():
-            load[link] = load.get(link, 0.0) + share * chunks
+        load.add_shares(shares, chunks)
     if all(new == key[2] for key, new in renumber.items()):
         return schedule
     programs = []
@@ -179,7 +178,7 @@ def spread_channels(net: Network, schedule: Schedule) -> Schedule:
     return replace(schedule, programs=tuple(programs))
 
 
-def _could_gain(net: Network, schedule: Schedule, fixed: dict[tuple[str, str], float],
+def _could_gain(net: Network, schedule: Schedule, fixed: LinkLoad[tuple[str, str]],
                 choosable: list[tuple[int, tuple[int, int, int]]], bandwidth: dict[tuple[str, str], float]) -> bool:
     """Whether spreading might unload the busiest link: with the choosable connections split evenly over
     their paths, the busiest link would carry less than it does with the channels as they are.
@@ -188,12 +187,8 @@ def _could_gain(net: Network, schedule: Schedule, fixed: dict[tuple[str, str], f
     :data:`CHANNEL_CHOICES`): a schedule whose busiest link lies on every path
     of its pairs (a NIC, a host's own uplink) is left alone.
     """
-    now = dict(fixed)
-    even = dict(fixed)
+    now, even = fixed.copy(), fixed.copy()
     for chunks, (src, dst, channel) in choosable:
-        for link, share in net.route_shares(src, dst, channel).items():
-            now[link] = now.get(link, 0.0) + share * chunks
-        for link, share in net.even_shares(src, dst).items():
-            even[link] = even.get(link, 0.0) + share * chunks
-    busiest = max(v / bandwidth[key] for key, v in now.items())
-    return max(v / bandwidth[key] for key, v in even.items()) < busiest * (1 - 1e-6)
+        now.add_shares(net.route_shares(src, dst, channel), chunks)
+        even.add_shares(net.even_shares(src, dst), chunks)
+    return even.busiest(bandwidth.__getitem__) < now.busiest(bandwidth.__getitem__) * (1 - 1e-6)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.compiler.options import Options
 from topocc.planner.errors import NotApplicableError
+from topocc.planner.routing.load import LinkLoad
 from topocc.planner.routing.network import Memo, Network
 from topocc.planner.routing.relay import path_shares
 from topocc.runtime.schedule import Chunk, Schedule
@@ -140,7 +141,7 @@ class LinkLoads:
     def __init__(self, net: Network, channel: int = 0) -> None:
         self.net = net
         self.channel = channel
-        self.load: dict[tuple[str, str], float] = {}
+        self.load: LinkLoad[tuple[str, str]] = LinkLoad()
         self._shares: dict[tuple[int, int, int], list[tuple[tuple[str, str], float, float]]] = {}
 
     def shares(self, a: int, b: int) -> list[tuple[tuple[str, str], float, float]]:
@@ -158,17 +159,17 @@ class LinkLoads:
         shares = self.shares(a, b)
         if not shares:
             return 0.0
-        return min(bw / (self.load.get(k, 0.0) + s) for k, s, bw in shares)
+        return min(bw / (self.load.get(k) + s) for k, s, bw in shares)
 
     def add_ring(self, ring: Sequence[int]) -> None:
         for a, b in zip(ring, [*ring[1:], ring[0]]):
             for k, s, _ in self.shares(a, b):
-                self.load[k] = self.load.get(k, 0.0) + s
+                self.load.add(k, s)
 
     def time_per_byte(self, rings: int) -> float:
         """Seconds per byte of the whole buffer when it is split evenly over ``rings`` rings."""
         bws = {k: bw for shares in self._shares.values() for k, _, bw in shares}
-        return max((load / bws[k] for k, load in self.load.items()), default=0.0) / max(rings, 1)
+        return self.load.busiest(bws.__getitem__) / max(rings, 1)
 
 
 # --------------------------------------------------------------------------- ring search

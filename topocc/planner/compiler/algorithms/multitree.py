@@ -31,6 +31,7 @@ import numpy as np
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.compiler.options import Options
 from topocc.planner.errors import NotApplicableError
+from topocc.planner.routing.load import LinkLoad
 from topocc.planner.routing.network import Memo, Network
 from topocc.runtime.collective import ALLREDUCE, BROADCAST, Collective
 from topocc.runtime.collective import collective as describe
@@ -621,14 +622,13 @@ def _congestion(net: Network, *plans: TreePlan) -> float:
     """Seconds per byte of one tree's share on the busiest link (all trees of ``plans`` streaming at once)."""
     topology = net.topology
     bandwidth = {(link.src, link.dst): link.bandwidth for link in topology.links}
-    load: dict[tuple[str, str], float] = {}
+    load: LinkLoad[tuple[str, str]] = LinkLoad()
     for plan in plans:
         for channel, tree in enumerate(plan.edges):
             for e in tree:
                 a, b = (e.child, e.parent) if plan.reverse else (e.parent, e.child)
-                for key, f in net.route_shares(a, b, channel).items():
-                    load[key] = load.get(key, 0.0) + f
-    return max(v / bandwidth[key] for key, v in load.items())
+                load.add_shares(net.route_shares(a, b, channel), 1)
+    return load.busiest(bandwidth.__getitem__)
 
 
 #: Trees per root tried for all-reduce.  With one tree per root every tree carries 1/p of the data, and

@@ -73,6 +73,7 @@ from topocc.planner.compiler.algorithms._order import depth_order
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.compiler.options import Options
 from topocc.planner.errors import NotApplicableError
+from topocc.planner.routing.load import LinkLoad
 from topocc.planner.routing.network import Memo, Network
 from topocc.planner.solvers import LinearProgram, SolverOptions, solve
 from topocc.runtime.collective import ALLREDUCE
@@ -477,14 +478,14 @@ def _faster(net: Network, options: Options, first: Schedule, second: Schedule) -
 
 def _phases_load(*packings: Packing) -> float:
     """Seconds per byte of a root's unit tree share on the busiest link, all ``packings`` running at once."""
-    load: dict[tuple[str, str], float] = {}
+    load: LinkLoad[tuple[str, str]] = LinkLoad()
     for packing in packings:
         graph = packing.graph
         per_link = sum((graph.arc_loads(arcs) for trees in packing.trees.values() for arcs in trees),
                        np.zeros(len(graph.links)))
         for key, x in zip(graph.links, per_link / graph.top_bandwidth):
-            load[key] = load.get(key, 0.0) + float(x)
-    return max(load.values())
+            load.add(key, float(x))
+    return load.busiest()
 
 
 def _rooted(net: Network, collective: str, options: Options, plan: _Plan) -> Schedule:

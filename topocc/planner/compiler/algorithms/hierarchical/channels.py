@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from topocc.planner.compiler.algorithms._order import Send
 from topocc.planner.compiler.algorithms.hierarchical.levels import Phase, Stage
+from topocc.planner.routing.load import LinkLoad
 from topocc.planner.routing.network import Network
 
 __all__ = ["CHANNEL_CHOICES", "spread_channels"]
@@ -30,11 +31,11 @@ def spread_channels(net: Network, levels: Sequence[Stage], phases: Sequence[Phas
     the schedule's messages but not the phases that run at once.
     """
     bandwidth = {(ln.src, ln.dst): ln.bandwidth for ln in net.topology.links}
-    load: dict[tuple[str, str], float] = {}
+    load: LinkLoad[tuple[str, str]] = LinkLoad()
     chosen: dict[tuple[int, int, int], int] = {}
 
     def busiest(shares: Mapping[tuple[str, str], float], weight: float) -> float:
-        return max((load.get(key, 0.0) + share * weight) / bandwidth[key] for key, share in shares.items())
+        return max(load.times_after(shares, weight, bandwidth.__getitem__))
 
     for f, phase in enumerate(phases):
         si = phase[0]
@@ -51,6 +52,5 @@ def spread_channels(net: Network, levels: Sequence[Stage], phases: Sequence[Phas
                             options = [f + m * len(phases) for m in range(CHANNEL_CHOICES)]
                             channel = min(options, key=lambda c: busiest(net.route_shares(src, dst, c), weight))
                         chosen[(f, src, dst)] = channel
-                    for key, share in net.route_shares(src, dst, channel).items():
-                        load[key] = load.get(key, 0.0) + share * weight
+                    load.add_shares(net.route_shares(src, dst, channel), weight)
     return chosen

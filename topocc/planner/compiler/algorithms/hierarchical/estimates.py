@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 
 from topocc.planner.compiler.algorithms.hierarchical.levels import Stage
 from topocc.planner.compiler.algorithms.hierarchical.steps import METHODS, halving_doubling_steps
+from topocc.planner.routing.load import LinkLoad
 from topocc.planner.routing.network import Memo, Network
 from topocc.planner.routing.relay import path_latency, path_shares
 
@@ -76,15 +77,13 @@ def estimate(net: Network, stage: Stage, method: str, part_bytes: float, slices:
         shape = tuple((i, j, b - a) for i, j, a, b in step)
         cost = seen.get(shape)
         if cost is None:
-            load: dict[tuple[str, str], float] = {}
+            load: LinkLoad[tuple[str, str]] = LinkLoad()
             latency = 0.0
             for g in stage.groups:
                 for i, j, parts in shape:
-                    for key, share in spread_shares(net, g[i], g[j], channel, spread).items():
-                        load[key] = load.get(key, 0.0) + share * parts
+                    load.add_shares(spread_shares(net, g[i], g[j], channel, spread), parts)
                 latency = max(latency, max(path_latency(net, g[i], g[j], channel) for i, j, _ in shape))
-            busiest = max((v / bandwidth(*key) for key, v in load.items()), default=0.0)
-            cost = seen[shape] = latency + slices * part_bytes * busiest
+            cost = seen[shape] = latency + slices * part_bytes * load.busiest(lambda key: bandwidth(*key))
         total += cost
     return total
 
@@ -102,18 +101,16 @@ def round_trip(net: Network, stage: Stage, method: str, part_bytes: float, slice
     :func:`estimate` would count as if they queued.
     """
     bandwidth = net.topology.bandwidth
-    load: dict[tuple[str, str], float] = {}
+    load: LinkLoad[tuple[str, str]] = LinkLoad()
     latency = 0.0
     for gather in (False, True):
         for step in METHODS[method](stage.size, gather):
             for g in stage.groups:
                 for i, j, a, b in step:
                     parts = b - a if weights is None else sum(weights[g[x]] for x in range(a, b))
-                    for key, share in spread_shares(net, g[i], g[j], channel, True).items():
-                        load[key] = load.get(key, 0.0) + share * parts
+                    load.add_shares(spread_shares(net, g[i], g[j], channel, True), parts)
             latency += max(path_latency(net, g[i], g[j], channel) for g in stage.groups for i, j, _, _ in step)
-    busiest = max((v / bandwidth(*key) for key, v in load.items()), default=0.0)
-    return latency + slices * part_bytes * busiest
+    return latency + slices * part_bytes * load.busiest(lambda key: bandwidth(*key))
 
 
 def relayed(net: Network, stage: Stage) -> bool:
@@ -154,14 +151,13 @@ def sharing(net: Network, stage: Stage, channel: int) -> float:
     cache = net.memo(_SHARING)
     found = cache.get((stage, channel))
     if found is None:
-        load: dict[tuple[str, str], float] = {}
+        load: LinkLoad[tuple[str, str]] = LinkLoad()
         for g in stage.groups:
             for a in g:
                 for b in g:
                     if a != b:
-                        for key, share in path_shares(net, a, b, channel).items():
-                            load[key] = load.get(key, 0.0) + share
-        found = cache[(stage, channel)] = max(load.values(), default=0.0)
+                        load.add_shares(path_shares(net, a, b, channel), 1)
+        found = cache[(stage, channel)] = load.busiest()
     return found
 
 
