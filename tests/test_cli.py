@@ -196,12 +196,13 @@ def _broken(path: Path, tmp_path: Path, how: str) -> Path:
     """The schedule with every reduction a plain receive (``wrong``), or rank 0's sends on a channel nobody reads."""
     from dataclasses import replace
 
-    from topocc.runtime.schedule import load_schedule, save_schedule
+    from topocc.runtime.schedule import Op, Recv, load_schedule, save_schedule
 
     good = load_schedule(path)
     if how == "wrong":
-        programs = tuple(tuple(replace(op, kind="recv", src=None) if op.kind == "recv_reduce" else op for op in p)
-                         for p in good.programs)
+        programs: tuple[tuple[Op, ...], ...] = tuple(
+            tuple(Recv(op.peer, op.dst, deps=op.deps, step=op.step, channel=op.channel)
+                  if op.kind == "recv_reduce" else op for op in p) for p in good.programs)
     else:
         programs = (tuple(replace(op, channel=7) if op.kind == "send" else op for op in good.programs[0]),
                     *good.programs[1:])

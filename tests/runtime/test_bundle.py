@@ -13,14 +13,14 @@ from topocc.runtime.bundle import MANIFEST, Bundle, BundlePlan, PlanFile, load_b
 from topocc.runtime.calls import Call, CallLog, read_calls
 from topocc.runtime.errors import ScheduleFormatError
 from topocc.runtime.plan import Plan, save_plan
-from topocc.runtime.schedule import Chunk, Metadata, Op, Schedule, build_schedule, save_schedule
+from topocc.runtime.schedule import Chunk, Copy, Metadata, Schedule, build_schedule, save_schedule
 
 
 def copies(collective: str, ranks: int, root: int | None = None, buckets: int = 1) -> Plan:
     """A plan of ``buckets`` schedules whose every rank copies its input out: well-formed, enough for a bundle."""
     lows = [0, *(1 << (10 + 2 * i) for i in range(buckets - 1))]
     return Plan(tuple(
-        build_schedule(collective, ranks, 1, 1, [[Op("copy", None, Chunk("i", 0), Chunk("o", 0))]] * ranks, root=root,
+        build_schedule(collective, ranks, 1, 1, [[Copy(Chunk("i", 0), Chunk("o", 0))]] * ranks, root=root,
                        metadata=Metadata(algorithm=f"copy{i}", topology="t", fingerprint="f", min_bytes=lo,
                                          max_bytes=hi))
         for i, (lo, hi) in enumerate(zip(lows, [*lows[1:], None]))))

@@ -9,7 +9,7 @@ import pytest
 
 from topocc.runtime.errors import CommunicatorError
 from topocc.runtime.lowering import Lowering, chunks_per_round_for, lower, message_keys
-from topocc.runtime.schedule import Chunk, Op, build_schedule
+from topocc.runtime.schedule import Chunk, build_schedule, operation
 
 HERE = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location("runtime_test_schedules", HERE / "mpi_scripts" / "schedules.py")
@@ -95,12 +95,12 @@ def test_chunks_per_round_from_bytes() -> None:
 def test_refusals_are_one_line() -> None:
     with pytest.raises(CommunicatorError, match="chunks_per_round must be at least 1"):
         lower(S.ring_allreduce(2), 0)
-    unmatched = build_schedule("broadcast", 2, 1, 1, [[Op("send", 1, Chunk("i", 0))], []], root=0)
+    unmatched = build_schedule("broadcast", 2, 1, 1, [[operation("send", 1, Chunk("i", 0))], []], root=0)
     with pytest.raises(CommunicatorError, match="message 0 from rank 0 to rank 1 on channel 0 has no partner"):
         lower(unmatched)
     # each rank receives before it sends what the other waits for: a cycle through messages
     cyclic = build_schedule("allgather", 2, 1, 2, [
-        [Op("recv", 1 - r, None, Chunk("o", 1 - r)), Op("send", 1 - r, Chunk("o", 1 - r), deps=(0,))]
+        [operation("recv", 1 - r, None, Chunk("o", 1 - r)), operation("send", 1 - r, Chunk("o", 1 - r), deps=(0,))]
         for r in range(2)])
     with pytest.raises(CommunicatorError, match="wait on themselves through messages") as info:
         lower(cyclic)
@@ -108,6 +108,6 @@ def test_refusals_are_one_line() -> None:
 
 
 def test_single_rank_has_only_local_work() -> None:
-    schedule = build_schedule("allreduce", 1, 2, 2, [[Op("copy", None, Chunk("i", 0, 2), Chunk("o", 0, 2))]])
+    schedule = build_schedule("allreduce", 1, 2, 2, [[operation("copy", None, Chunk("i", 0, 2), Chunk("o", 0, 2))]])
     lowering = lower(schedule)
     assert lowering.max_groups == 0 and lowering.ranks[0].groups[0].local == (0,)

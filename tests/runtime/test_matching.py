@@ -6,7 +6,7 @@ import importlib.util
 from pathlib import Path
 
 from topocc.runtime.matching import Stream, sequence_numbers, streams
-from topocc.runtime.schedule import Chunk, Op, Schedule, build_schedule
+from topocc.runtime.schedule import Chunk, Copy, Op, Recv, RecvReduce, Schedule, Send, build_schedule, operation
 
 HERE = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location("runtime_test_schedules", HERE / "mpi_scripts" / "schedules.py")
@@ -19,9 +19,8 @@ def two_channels() -> Schedule:
     """Rank 0 sends three messages to rank 1, on channels 0, 1, 0; rank 1 posts its receives in another order
     (channel 1 first) and does a local copy in between; rank 1 also sends one message back."""
     i, o = Chunk("i", 0), Chunk("o", 0)
-    rank0 = [Op("send", 1, src=i), Op("send", 1, src=i, channel=1), Op("send", 1, src=i), Op("recv", 1, dst=o)]
-    rank1 = [Op("recv", 0, dst=o, channel=1), Op("copy", src=i, dst=o), Op("recv_reduce", 0, dst=o),
-             Op("send", 0, src=i), Op("recv", 0, dst=o)]
+    rank0: list[Op] = [Send(1, i), Send(1, i, channel=1), Send(1, i), Recv(1, o)]
+    rank1: list[Op] = [Recv(0, o, channel=1), Copy(i, o), RecvReduce(0, o), Send(0, i), Recv(0, o)]
     return build_schedule("allreduce", 2, 1, 1, [rank0, rank1])
 
 
@@ -34,8 +33,8 @@ def test_streams_pair_the_kth_send_with_the_kth_receive_per_channel() -> None:
 
 def test_an_unmatched_stream_says_so_and_pairs_only_its_first_messages() -> None:
     i, o = Chunk("i", 0), Chunk("o", 0)
-    schedule = build_schedule("allreduce", 2, 1, 1, [[Op("send", 1, src=i), Op("send", 1, src=i)],
-                                                     [Op("recv", 0, dst=o)]])
+    schedule = build_schedule("allreduce", 2, 1, 1, [[operation("send", 1, src=i), operation("send", 1, src=i)],
+                                                     [operation("recv", 0, dst=o)]])
     stream = streams(schedule)[(0, 1, 0)]
     assert not stream.matched
     assert list(stream.messages()) == [(0, 0)]

@@ -21,7 +21,7 @@ from topocc.runtime.harness.launch import (
     find_mpiexec,
     run_schedule,
 )
-from topocc.runtime.schedule import save_schedule
+from topocc.runtime.schedule import Recv, save_schedule
 
 pytestmark = pytest.mark.mpi
 
@@ -133,8 +133,8 @@ def test_run_and_bench_library_functions(tmp_path: Path) -> None:
 def test_a_wrong_result_is_counted(tmp_path: Path) -> None:
     """A schedule that receives where it must reduce runs to the end, but its elements are counted wrong."""
     good = S.ring_allreduce(2)
-    programs = [tuple(replace(op, kind="recv", src=None) if op.kind == "recv_reduce" else op for op in program)
-                for program in good.programs]
+    programs = [tuple(Recv(op.peer, op.dst, deps=op.deps, step=op.step, channel=op.channel)
+                      if op.kind == "recv_reduce" else op for op in program) for program in good.programs]
     path = tmp_path / "wrong.json"
     save_schedule(replace(good, programs=tuple(programs)), path)
     result = run_schedule(path, 2, 4000, dtype="int32", timeout=20)

@@ -12,12 +12,12 @@ import pytest
 
 from topocc.runtime.errors import CommunicatorError, ScheduleFormatError
 from topocc.runtime.plan import LazyPlan, Plan, as_plan, load_plan, plan_to_dict, read_lazy_plan, save_plan
-from topocc.runtime.schedule import Chunk, Metadata, Op, Schedule, build_schedule, save_schedule
+from topocc.runtime.schedule import Chunk, Metadata, Schedule, build_schedule, operation, save_schedule
 
 
 def local(min_bytes: int, max_bytes: int | None, algorithm: str) -> Schedule:
     """A one-rank all-reduce (its input copied out) for the bucket ``[min_bytes, max_bytes)``."""
-    return build_schedule("allreduce", 1, 1, 1, [[Op("copy", None, Chunk("i", 0), Chunk("o", 0))]],
+    return build_schedule("allreduce", 1, 1, 1, [[operation("copy", None, Chunk("i", 0), Chunk("o", 0))]],
                           metadata=Metadata(algorithm=algorithm, min_bytes=min_bytes, max_bytes=max_bytes))
 
 

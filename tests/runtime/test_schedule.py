@@ -20,12 +20,17 @@ from topocc.runtime.schedule import (
     OP_RULES,
     VERSION,
     Chunk,
+    Copy,
     Metadata,
     Op,
     PathChoice,
+    Recv,
+    RecvReduce,
+    Send,
     build_schedule,
     dump_schedule,
     load_schedule,
+    operation,
     parse_schedule,
     save_schedule,
     schedule_to_dict,
@@ -63,12 +68,12 @@ def test_round_trip_every_collective(tmp_path: Path, name: str, suffix: str) -> 
 
 
 def test_round_trip_keeps_every_op_field(tmp_path: Path) -> None:
-    ops = [
-        [Op("copy", None, Chunk("i", 0, 2), Chunk("s", 1, 2), (), 3),
-         Op("send", 1, Chunk("s", 1, 2), None, (0,), 4, 7),
-         Op("recv_reduce", 1, Chunk("i", 0, 2), Chunk("o", 0, 2), (), 5, 2),
-         Op("reduce", None, Chunk("s", 1, 2), Chunk("o", 0, 2), (0, 2), 6)],
-        [Op("recv", 0, None, Chunk("o", 0, 2), (), 0, 7), Op("send", 0, Chunk("i", 0, 2), None, (), 1, 2)],
+    ops: list[list[Op]] = [
+        [operation("copy", None, Chunk("i", 0, 2), Chunk("s", 1, 2), (), 3),
+         operation("send", 1, Chunk("s", 1, 2), None, (0,), 4, 7),
+         operation("recv_reduce", 1, Chunk("i", 0, 2), Chunk("o", 0, 2), (), 5, 2),
+         operation("reduce", None, Chunk("s", 1, 2), Chunk("o", 0, 2), (0, 2), 6)],
+        [Recv(0, Chunk("o", 0, 2), channel=7), Send(0, Chunk("i", 0, 2), step=1, channel=2)],
     ]
     s = build_schedule("allreduce", 2, 2, 2, ops, scratch_chunks=3,
                        metadata=Metadata("custom", {"pipeline": 2, "tree": [1, 2]}))
@@ -79,13 +84,12 @@ def test_round_trip_keeps_every_op_field(tmp_path: Path) -> None:
 
 def test_programs_are_written_as_json_dumps_writes_their_dicts() -> None:
     """The programs are written directly, not through ``json.dumps``: the text must be exactly what dumping
-    :func:`schedule_to_dict`'s programs gives, for every field and an op kind or buffer name that needs
-    escaping."""
-    ops = [
-        [Op("copy", None, Chunk("i", 0, 2), Chunk("s", 1, 2), (), 3),
-         Op("send", 1, Chunk("s", 1, 2), None, (0,), 4, 7),
-         Op('odd"kind\u00e9', 1, Chunk("b\\", 0, 1), Chunk("o", 0, 2), (0, 1), 5, 2)],
-        [Op("recv", 0, None, Chunk("o", 10**12, 2), (), 0, 7), Op("send", 0, Chunk("i", 0, 1), None, (), 1)],
+    :func:`schedule_to_dict`'s programs gives, for every field and a buffer name that needs escaping."""
+    ops: list[list[Op]] = [
+        [operation("copy", None, Chunk("i", 0, 2), Chunk("s", 1, 2), (), 3),
+         operation("send", 1, Chunk("s", 1, 2), None, (0,), 4, 7),
+         RecvReduce(1, Chunk("o", 0, 2), Chunk('b"\\\u00e9', 0, 1), deps=(0, 1), step=5, channel=2)],
+        [Recv(0, Chunk("o", 10**12, 2), channel=7), Send(0, Chunk("i", 0, 1), step=1)],
     ]
     built = [CONSTRUCTIONS[name](4, 2) for name in sorted(CONSTRUCTIONS)]
     for s in [build_schedule("allreduce", 2, 2, 2, ops, scratch_chunks=3), *built]:
@@ -141,7 +145,7 @@ def test_dump_is_deterministic_and_one_line_per_program(tmp_path: Path) -> None:
 
 
 def test_dump_omits_defaults_of_ops() -> None:
-    doc = schedule_to_dict(build_schedule("allreduce", 1, 1, 1, [[Op("copy", None, Chunk("i", 0), Chunk("o", 0))]]))
+    doc = schedule_to_dict(build_schedule("allreduce", 1, 1, 1, [[Copy(Chunk("i", 0), Chunk("o", 0))]]))
     assert doc["format"] == FORMAT and doc["version"] == 1  # the oldest version that holds it: no paths
     assert doc["programs"] == [[{"op": "copy", "src": ["i", 0], "dst": ["o", 0], "step": 0}]]
 

@@ -12,12 +12,12 @@ from tests.planner.compiler.test_builder import CONSTRUCTIONS, direct_allreduce_
 from topocc.runtime.errors import ScheduleFormatError
 from topocc.runtime.schedule import (
     Chunk,
-    Op,
     PathChoice,
     Schedule,
     build_schedule,
     dump_schedule,
     load_schedule,
+    operation,
     parse_schedule,
     save_schedule,
 )
@@ -30,12 +30,12 @@ def encoded_allreduce(encoding: str = "bf16") -> Schedule:
     for r in range(2):
         q = 1 - r
         programs.append([
-            Op("copy", None, Chunk("i", r), Chunk("o", r)),
-            Op("recv_reduce", q, None, Chunk("o", r), (0,), 0, 0, encoding),
-            Op("send", q, Chunk("i", q), None, (), 0, 0, encoding),
-            Op("copy", None, Chunk("o", r), Chunk("o", r), (1,), 1, 0, encoding),
-            Op("send", q, Chunk("o", r), None, (3,), 1, 0, encoding),
-            Op("recv", q, None, Chunk("o", q), (), 1, 0, encoding),
+            operation("copy", None, Chunk("i", r), Chunk("o", r)),
+            operation("recv_reduce", q, None, Chunk("o", r), (0,), 0, 0, encoding),
+            operation("send", q, Chunk("i", q), None, (), 0, 0, encoding),
+            operation("copy", None, Chunk("o", r), Chunk("o", r), (1,), 1, 0, encoding),
+            operation("send", q, Chunk("o", r), None, (3,), 1, 0, encoding),
+            operation("recv", q, None, Chunk("o", q), (), 1, 0, encoding),
         ])
     return build_schedule("allreduce", 2, 2, 2, programs)
 
@@ -95,7 +95,7 @@ def test_refusals_name_the_place_and_the_fix(mutate: Any, fragment: str) -> None
 
 def test_paths_and_encodings_together_are_version_3() -> None:
     s = direct_allreduce_schedule(2)
-    programs = [[op if op.kind == "copy" else Op(op.kind, op.peer, op.src, op.dst, op.deps, op.step, op.channel,
+    programs = [[op if op.kind == "copy" else operation(op.kind, op.peer, op.src, op.dst, op.deps, op.step, op.channel,
                                                  "fp16" if op.step == 0 else None) for op in p]
                 for p in s.programs]
     encoded = build_schedule("allreduce", 2, 2, 2, programs, paths=[PathChoice(0, 1, 0, ("sw",))])

@@ -29,8 +29,8 @@ import numpy as np
 from topocc.runtime.collective import collective as describe
 from topocc.runtime.encoding import Encoding, parse_encoding
 from topocc.runtime.errors import CommunicatorError, PeerError
-from topocc.runtime.matching import RECEIVES, sequence_numbers, streams
-from topocc.runtime.schedule import Chunk, Op, Schedule
+from topocc.runtime.matching import sequence_numbers, streams
+from topocc.runtime.schedule import Chunk, Op, Receive, Schedule
 from topocc.runtime.transports import GroupTransport, PeerFailure, Transport
 
 __all__ = [
@@ -280,7 +280,7 @@ def _infer_with_scratch(schedule: Schedule) -> list[list[list[int]]]:
         r, k = work.pop()
         op = programs[r][k]
         where = f"rank {r} op {k}"
-        if op.kind in RECEIVES:
+        if isinstance(op, Receive):
             send = send_of.get((r, k))
             if send is None or send not in sent:  # unmatched (never runs), or its send has not run yet
                 if send is not None:
@@ -288,7 +288,6 @@ def _infer_with_scratch(schedule: Schedule) -> list[list[list[int]]]:
                 continue
             got = sent.pop(send)
         else:
-            assert op.src is not None
             got = ref_origins(r, op.src, where)
             if op.kind == "send":
                 sent[(r, k)] = got

@@ -61,8 +61,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from topocc.runtime.errors import CommunicatorError
-from topocc.runtime.matching import P2P, sequence_numbers, streams
-from topocc.runtime.schedule import Op, Schedule
+from topocc.runtime.matching import sequence_numbers, streams
+from topocc.runtime.schedule import Message, Op, Schedule
 
 __all__ = ["DEFAULT_GROUP_BYTES", "Group", "Lowering", "RankLowering", "chunks_per_round_for", "lower",
            "message_keys"]
@@ -271,7 +271,7 @@ def _rank_groups(program: Sequence[Op], node: list[int], value: list[int],
     p2p: dict[int, list[int]] = defaultdict(list)
     local: dict[int, list[int]] = defaultdict(list)
     for k, op in enumerate(program):
-        (p2p if op.kind in P2P else local)[value[node[k]]].append(k)
+        (p2p if isinstance(op, Message) else local)[value[node[k]]].append(k)
     groups = []
     for r in sorted(p2p.keys() | local.keys()):
         issued = sorted(p2p.get(r, ()), key=lambda k: (program[k].peer, keys[k], program[k].kind == "send"))

@@ -13,15 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from topocc.runtime.schedule import Op, Schedule
+from topocc.runtime.schedule import Message, Op, Receive, Schedule, Send
 
-__all__ = ["P2P", "RECEIVES", "Connection", "Stream", "sequence_numbers", "streams"]
-
-#: Operation kinds that are one end of a message (the others, copies and reductions, are local).
-P2P = frozenset({"send", "recv", "recv_reduce"})
-
-#: Operation kinds that are the receiving end of a message.
-RECEIVES = frozenset({"recv", "recv_reduce"})
+__all__ = ["Connection", "Stream", "sequence_numbers", "streams"]
 
 #: A connection: (sender, receiver, channel).
 Connection = tuple[int, int, int]
@@ -60,15 +54,14 @@ def streams(schedule: Schedule) -> dict[Connection, Stream]:
     get = found.get
     for rank, program in enumerate(schedule.programs):
         for k, op in enumerate(program):
-            kind = op.kind
-            if kind == "send":
-                key: Connection = (rank, op.peer, op.channel)  # type: ignore[assignment]  # peers unchecked here
+            if isinstance(op, Send):
+                key: Connection = (rank, op.peer, op.channel)
                 stream = get(key)
                 if stream is None:
                     stream = found[key] = Stream([], [])
                 stream.sends.append(k)
-            elif kind in RECEIVES:
-                key = (op.peer, rank, op.channel)  # type: ignore[assignment]  # peers unchecked here
+            elif isinstance(op, Receive):
+                key = (op.peer, rank, op.channel)
                 stream = get(key)
                 if stream is None:
                     stream = found[key] = Stream([], [])
@@ -82,10 +75,10 @@ def sequence_numbers(program: Sequence[Op]) -> list[int]:
     A message's (connection, sequence number) is the same at both of its ends, so a rank names a message
     without looking at its peer's program.
     """
-    counters: dict[tuple[bool, int | None, int], int] = {}
+    counters: dict[tuple[bool, int, int], int] = {}
     seqs = []
     for op in program:
-        if op.kind not in P2P:
+        if not isinstance(op, Message):
             seqs.append(-1)
             continue
         key = (op.kind == "send", op.peer, op.channel)

@@ -35,9 +35,9 @@ import json
 import math
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from topocc.runtime.collective import NAMES, ROOTED, Collective
 from topocc.runtime.collective import collective as describe
@@ -54,22 +54,31 @@ __all__ = [
     "VERSION",
     "VERSIONS",
     "Chunk",
+    "Copy",
+    "Message",
     "Metadata",
     "Op",
     "OpFault",
     "OpRule",
     "PathChoice",
+    "Receive",
+    "Recv",
+    "RecvReduce",
+    "Reduce",
     "Ref",
     "Schedule",
+    "Send",
     "build_schedule",
     "canonical_collective",
     "chunking_problem",
     "dump_schedule",
     "load_schedule",
+    "operation",
     "parse_schedule",
     "read_json_document",
     "save_schedule",
     "schedule_to_dict",
+    "without_encoding",
 ]
 
 FORMAT = "topocc-schedule"
@@ -129,19 +138,17 @@ class OpFault(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class OpRule:
-    """What an operation of one kind must name, and which chunks it reads and writes.
+    """What an operation of one kind, written as data, must name (its class, :data:`Op`, holds just that).
 
     ``peer``: it exchanges a message with another rank (named by ``peer``), else it is local.
-    ``src``/``dst``: whether it takes that chunk reference.  It reads its ``src`` and, where
-    ``reads_dst``, its ``dst`` (the left operand of a reduction into it); it writes its ``dst``.  A
-    ``src`` and a ``dst`` given together span as many chunks.  The loader's two parsers and the verifier
-    check operations by these rules (:meth:`peer_fault`, :meth:`refs_fault`), each with its own messages.
+    ``src``/``dst``: whether it takes that chunk reference.  A ``src`` and a ``dst`` given together span as
+    many chunks.  The loader's two parsers and the verifier check operations by these rules
+    (:meth:`peer_fault`, :meth:`refs_fault`), each with its own messages.
     """
 
     peer: bool
     src: Ref
     dst: Ref
-    reads_dst: bool = False
 
     def peer_fault(self, given: bool, peer: int | None, rank: int, ranks: int) -> OpFault | None:
         """What is wrong with the peer of an operation of rank ``rank`` (``given``: it names one), if anything."""
@@ -174,52 +181,166 @@ OP_RULES: Mapping[str, OpRule] = {
     "send": OpRule(peer=True, src=Ref.REQUIRED, dst=Ref.ABSENT),
     "recv": OpRule(peer=True, src=Ref.ABSENT, dst=Ref.REQUIRED),
     # dst := dst (+) received; a src, if given, replaces dst as the left operand
-    "recv_reduce": OpRule(peer=True, src=Ref.OPTIONAL, dst=Ref.REQUIRED, reads_dst=True),
+    "recv_reduce": OpRule(peer=True, src=Ref.OPTIONAL, dst=Ref.REQUIRED),
     "copy": OpRule(peer=False, src=Ref.REQUIRED, dst=Ref.REQUIRED),
     # dst := dst (+) src
-    "reduce": OpRule(peer=False, src=Ref.REQUIRED, dst=Ref.REQUIRED, reads_dst=True),
+    "reduce": OpRule(peer=False, src=Ref.REQUIRED, dst=Ref.REQUIRED),
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Op:
-    """One operation of a rank's program.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Operation:
+    """What every operation of a rank's program has.
 
     ``deps`` are indices of earlier operations of the same rank that must have
     completed before this one starts.  ``step`` is the algorithm's logical step
     (for display and tracing); ``channel`` separates independent FIFO streams
-    between a pair of ranks.  ``encoding`` (a canonical spec of :mod:`topocc.runtime.encoding`, None: exact)
-    is what a message carries, named alike by its send and its receive; on a ``copy``, the destination gets
-    ``decode(encode(src))``.
+    between a pair of ranks.  Every kind also says how many chunks it moves (``count``) and the chunk
+    references it reads (``reads``: its ``src``, then its ``dst`` where it reduces into it); it writes its
+    ``dst``, if it has one.
     """
 
-    kind: str
-    peer: int | None = None
-    src: Chunk | None = None
-    dst: Chunk | None = None
     deps: tuple[int, ...] = ()
     step: int = 0
     channel: int = 0
+
+
+# Each kind holds only the fields it has; those it lacks read as None on the class, so code that handles any
+# operation reads ``op.peer``, ``op.src`` or ``op.dst`` and tests for None, and ``op.kind == "send"`` narrows
+# the type.  ``encoding`` (a canonical spec of :mod:`topocc.runtime.encoding`, None: exact) is what a message
+# carries, named alike by its send and its receive; on a copy, the destination gets ``decode(encode(src))``.
+
+
+@dataclass(frozen=True, slots=True)
+class Send(_Operation):
+    """Send chunks ``src`` to rank ``peer``."""
+
+    kind: ClassVar[Literal["send"]] = "send"
+    dst: ClassVar[None] = None
+    peer: int
+    src: Chunk
     encoding: str | None = None
 
     @property
     def count(self) -> int:
-        ref = self.src if self.src is not None else self.dst
-        return ref.count if ref is not None else 0
+        return self.src.count
 
     @property
     def reads(self) -> tuple[Chunk, ...]:
-        """The chunk references it reads (:class:`OpRule`): its ``src``, then its ``dst`` where its kind reduces
-        into it."""
-        src, dst = self.src, self.dst
-        if dst is not None and OP_RULES[self.kind].reads_dst:
-            return (dst,) if src is None else (src, dst)
-        return () if src is None else (src,)
+        return (self.src,)
+
+
+
+@dataclass(frozen=True, slots=True)
+class Recv(_Operation):
+    """Receive chunks from rank ``peer`` into ``dst``."""
+
+    kind: ClassVar[Literal["recv"]] = "recv"
+    src: ClassVar[None] = None
+    peer: int
+    dst: Chunk
+    encoding: str | None = None
 
     @property
-    def writes(self) -> Chunk | None:
-        """The chunk reference it writes: its ``dst``, if it has one."""
-        return self.dst
+    def count(self) -> int:
+        return self.dst.count
+
+    @property
+    def reads(self) -> tuple[Chunk, ...]:
+        return ()
+
+
+
+@dataclass(frozen=True, slots=True)
+class RecvReduce(_Operation):
+    """Receive chunks from rank ``peer`` and reduce them: ``dst := (src or dst) (+) received``."""
+
+    kind: ClassVar[Literal["recv_reduce"]] = "recv_reduce"
+    peer: int
+    dst: Chunk
+    src: Chunk | None = None
+    encoding: str | None = None
+
+    @property
+    def count(self) -> int:
+        return self.dst.count
+
+    @property
+    def reads(self) -> tuple[Chunk, ...]:
+        return (self.dst,) if self.src is None else (self.src, self.dst)
+
+
+
+@dataclass(frozen=True, slots=True)
+class Copy(_Operation):
+    """Copy chunks ``src`` to ``dst`` on the rank itself."""
+
+    kind: ClassVar[Literal["copy"]] = "copy"
+    peer: ClassVar[None] = None
+    src: Chunk
+    dst: Chunk
+    encoding: str | None = None
+
+    @property
+    def count(self) -> int:
+        return self.src.count
+
+    @property
+    def reads(self) -> tuple[Chunk, ...]:
+        return (self.src,)
+
+
+
+@dataclass(frozen=True, slots=True)
+class Reduce(_Operation):
+    """Reduce chunks ``src`` into ``dst`` on the rank itself: ``dst := dst (+) src``."""
+
+    kind: ClassVar[Literal["reduce"]] = "reduce"
+    peer: ClassVar[None] = None
+    encoding: ClassVar[None] = None
+    src: Chunk
+    dst: Chunk
+
+    @property
+    def count(self) -> int:
+        return self.src.count
+
+    @property
+    def reads(self) -> tuple[Chunk, ...]:
+        return (self.src, self.dst)
+
+
+
+#: One operation of a rank's program, of any kind.
+Op = Send | Recv | RecvReduce | Copy | Reduce
+#: The operations that exchange a message with a peer, and those of them that receive.
+Message = Send | Recv | RecvReduce
+Receive = Recv | RecvReduce
+
+
+def without_encoding(op: Op) -> Op:
+    """``op`` exact: its encoding, if it names one, dropped."""
+    return op if isinstance(op, Reduce) or op.encoding is None else replace(op, encoding=None)
+
+
+def operation(kind: str, peer: int | None = None, src: Chunk | None = None, dst: Chunk | None = None,
+              deps: tuple[int, ...] = (), step: int = 0, channel: int = 0, encoding: str | None = None) -> Op:
+    """The operation of ``kind`` with these fields, for code that has the kind as data (a reader, an emitter).
+
+    Raises ValueError where the fields do not fit the kind (:data:`OP_RULES`: a peer, src or dst it lacks or
+    does not take; an encoding on a reduce).
+    """
+    if kind == "send" and peer is not None and src is not None and dst is None:
+        return Send(peer, src, encoding, deps=deps, step=step, channel=channel)
+    if kind == "recv" and peer is not None and dst is not None and src is None:
+        return Recv(peer, dst, encoding, deps=deps, step=step, channel=channel)
+    if kind == "recv_reduce" and peer is not None and dst is not None:
+        return RecvReduce(peer, dst, src, encoding, deps=deps, step=step, channel=channel)
+    if kind == "copy" and peer is None and src is not None and dst is not None:
+        return Copy(src, dst, encoding, deps=deps, step=step, channel=channel)
+    if kind == "reduce" and peer is None and src is not None and dst is not None and encoding is None:
+        return Reduce(src, dst, deps=deps, step=step, channel=channel)
+    raise ValueError(f"no {kind!r} operation has peer {peer}, src {src}, dst {dst} and encoding {encoding}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -646,9 +767,9 @@ def _check_encodings(r: _Reader, version: int, programs: Sequence[Sequence[Op]])
     for rank, program in enumerate(programs):
         for k, op in enumerate(program):
             if op.kind == "send":
-                ends.setdefault((rank, op.peer, op.channel), ([], []))[0].append(k)  # type: ignore[arg-type]
+                ends.setdefault((rank, op.peer, op.channel), ([], []))[0].append(k)
             elif op.kind in ("recv", "recv_reduce"):
-                ends.setdefault((op.peer, rank, op.channel), ([], []))[1].append(k)  # type: ignore[arg-type]
+                ends.setdefault((op.peer, rank, op.channel), ([], []))[1].append(k)
     for (src, dst, _), (sends, recvs) in ends.items():
         for ks, kr in zip(sends, recvs):
             sent, got = programs[src][ks].encoding, programs[dst][kr].encoding
@@ -734,7 +855,7 @@ def _quick_op(doc: Any, rank: int, k: int, ranks: int, limits: Mapping[str, int]
     encoding = doc.get("enc")
     if "enc" in doc and (kind not in ENCODABLE or not _canonical_encoding(encoding)):
         return None
-    return Op(kind, peer, src, dst, tuple(deps), step, channel, encoding)
+    return operation(kind, peer, src, dst, tuple(deps), step, channel, encoding)
 
 
 def _quick_chunk(doc: Any, limits: Mapping[str, int]) -> Chunk | None:
@@ -796,7 +917,7 @@ def _parse_op(r: _Reader, doc: Any, place: str, rank: int, k: int, ranks: int, l
             )
     step = r.integer(op.get("step", 0), f"{place}.step", 0)
     channel = r.integer(op.get("ch", 0), f"{place}.ch", 0, 1 << 16)
-    return Op(kind, peer, src, dst, deps, step, channel, _parse_encoding(r, op, kind, f"{place}.enc"))
+    return operation(kind, peer, src, dst, deps, step, channel, _parse_encoding(r, op, kind, f"{place}.enc"))
 
 
 def _parse_encoding(r: _Reader, op: Mapping[str, Any], kind: str, place: str) -> str | None:

@@ -13,13 +13,13 @@ from topocc.planner.analysis.simulate import simulate
 from topocc.planner.topology.calibration import Calibration, HostCosts
 from topocc.planner.topology.parse import parse_topology_text
 from topocc.runtime.encoding import parse_encoding
-from topocc.runtime.schedule import Schedule
+from topocc.runtime.schedule import Schedule, without_encoding
 
 SIZE = 64 << 20  # two chunks of 32 MiB
 
 
 def _exact(s: Schedule) -> Schedule:
-    return replace(s, programs=tuple(tuple(replace(op, encoding=None) for op in p) for p in s.programs))
+    return replace(s, programs=tuple(tuple(map(without_encoding, p)) for p in s.programs))
 
 
 @pytest.mark.parametrize("encoding", ["bf16", "int8:block=256", "topk:0.01"])

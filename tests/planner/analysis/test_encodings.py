@@ -10,7 +10,7 @@ from tests.runtime.test_schedule_encoding import encoded_allreduce
 from topocc.planner.analysis.encodings import check_encodings, trace_lineages
 from topocc.planner.analysis.verify import verify
 from topocc.planner.errors import VerificationError
-from topocc.runtime.schedule import Chunk, Op, Schedule, build_schedule
+from topocc.runtime.schedule import Chunk, Schedule, build_schedule, operation
 
 
 def _without_roundings(s: Schedule) -> Schedule:
@@ -41,16 +41,16 @@ def test_an_elementwise_encoding_twice_is_the_encoding_once_but_a_block_encoding
     2 encoded again: bf16 of bf16 is bf16, so all agree; int8 of a different grouping (here, of the same two
     chunks, as two messages of one) is a new rounding, which rank 0 does not hold."""
     def chain(encoding: str, split: bool) -> Schedule:
-        forward = ([Op("send", 2, Chunk("o", 0), None, (0,), 1, 0, encoding),
-                    Op("send", 2, Chunk("o", 1), None, (0,), 1, 0, encoding)] if split
-                   else [Op("send", 2, Chunk("o", 0, 2), None, (0,), 1, 0, encoding)])
-        receive = ([Op("recv", 1, None, Chunk("o", 0), (), 1, 0, encoding),
-                    Op("recv", 1, None, Chunk("o", 1), (), 1, 0, encoding)] if split
-                   else [Op("recv", 1, None, Chunk("o", 0, 2), (), 1, 0, encoding)])
+        forward = ([operation("send", 2, Chunk("o", 0), None, (0,), 1, 0, encoding),
+                    operation("send", 2, Chunk("o", 1), None, (0,), 1, 0, encoding)] if split
+                   else [operation("send", 2, Chunk("o", 0, 2), None, (0,), 1, 0, encoding)])
+        receive = ([operation("recv", 1, None, Chunk("o", 0), (), 1, 0, encoding),
+                    operation("recv", 1, None, Chunk("o", 1), (), 1, 0, encoding)] if split
+                   else [operation("recv", 1, None, Chunk("o", 0, 2), (), 1, 0, encoding)])
         return build_schedule("broadcast", 3, 2, 2, [
-            [Op("copy", None, Chunk("i", 0, 2), Chunk("o", 0, 2), (), 0, 0, encoding),
-             Op("send", 1, Chunk("o", 0, 2), None, (0,), 0, 0, encoding)],
-            [Op("recv", 0, None, Chunk("o", 0, 2), (), 0, 0, encoding), *forward],
+            [operation("copy", None, Chunk("i", 0, 2), Chunk("o", 0, 2), (), 0, 0, encoding),
+             operation("send", 1, Chunk("o", 0, 2), None, (0,), 0, 0, encoding)],
+            [operation("recv", 0, None, Chunk("o", 0, 2), (), 0, 0, encoding), *forward],
             receive,
         ], root=0)
 
@@ -68,13 +68,13 @@ def test_refusals_of_what_cannot_carry_an_encoding() -> None:
         check_encodings(s, ("int32", 4))
     check_encodings(s, ("float64", 8))
     mismatched = list(map(list, s.programs))
-    mismatched[0][1] = replace(mismatched[0][1], encoding="fp16")
+    received = mismatched[0][1]
+    assert received.kind in ("recv", "recv_reduce")
+    mismatched[0][1] = replace(received, encoding="fp16")
     with pytest.raises(VerificationError, match=r"rank 0 op 1 receives fp16 but its send \(rank 1 op 2\) sends bf16"):
         verify(build_schedule("allreduce", 2, 2, 2, mismatched))
-    on_reduce = [list(p) for p in s.programs]
-    on_reduce[0].append(Op("reduce", None, Chunk("o", 1), Chunk("o", 0), (3, 5), 2, 0, "bf16"))
-    with pytest.raises(VerificationError, match="rank 0 op 6: a reduce carries no encoding"):
-        check_encodings(build_schedule("allreduce", 2, 2, 2, on_reduce))
+    with pytest.raises(ValueError, match=r"no 'reduce' operation has .* encoding bf16"):  # a reduce holds none
+        operation("reduce", None, Chunk("o", 1), Chunk("o", 0), (3, 5), 2, 0, "bf16")
 
 
 def test_lineages_record_what_each_encoded_operation_read() -> None:

@@ -21,27 +21,27 @@ from topocc.planner.analysis.verify import VerifyReport, _check_structure, _merg
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.errors import TopoccError, VerificationError
 from topocc.runtime.errors import ScheduleFormatError
-from topocc.runtime.schedule import OP_RULES, Chunk, Op, Schedule, _parse_op, _Reader, build_schedule
+from topocc.runtime.schedule import OP_RULES, Chunk, Op, Schedule, _parse_op, _Reader, build_schedule, operation
 
 # --------------------------------------------------------------------------- helpers
 
 
 def send(peer: int, buf: str, index: int, count: int = 1, *, deps: Sequence[int] = (), ch: int = 0) -> Op:
-    return Op("send", peer, Chunk(buf, index, count), None, tuple(deps), 0, ch)
+    return operation("send", peer, Chunk(buf, index, count), None, tuple(deps), 0, ch)
 
 
 def recv(peer: int, buf: str, index: int, count: int = 1, *, deps: Sequence[int] = (), ch: int = 0,
          reduce: bool = False, src: Chunk | None = None) -> Op:
     kind = "recv_reduce" if reduce else "recv"
-    return Op(kind, peer, src, Chunk(buf, index, count), tuple(deps), 0, ch)
+    return operation(kind, peer, src, Chunk(buf, index, count), tuple(deps), 0, ch)
 
 
 def copy(src: Chunk, dst: Chunk, *, deps: Sequence[int] = ()) -> Op:
-    return Op("copy", None, src, dst, tuple(deps))
+    return operation("copy", None, src, dst, tuple(deps))
 
 
 def reduce(src: Chunk, dst: Chunk, *, deps: Sequence[int] = ()) -> Op:
-    return Op("reduce", None, src, dst, tuple(deps))
+    return operation("reduce", None, src, dst, tuple(deps))
 
 
 def schedule(collective: str, ranks: int, n_in: int, n_out: int, programs: Sequence[Sequence[Op]],
@@ -431,18 +431,13 @@ def test_inplace_allreduce_input_is_output() -> None:
 
 
 @pytest.mark.parametrize(("programs", "fragment"), [
-    ([[Op("jump")], []], "rank 0 op 0: unknown operation 'jump'"),
     ([[send(0, "i", 0)], []], "rank 0 op 0: invalid peer 0 for a send"),
     ([[send(5, "i", 0)], []], "invalid peer 5"),
-    ([[Op("send", None, Chunk("i", 0))], []], "invalid peer None"),
-    ([[Op("copy", 1, Chunk("i", 0), Chunk("o", 0))], []], "a copy takes no peer"),
-    ([[Op("copy", None, Chunk("i", 0))], []], "copy lacks a chunk reference"),
-    ([[Op("send", 1, Chunk("i", 0), Chunk("o", 0))], []], "a send takes no such chunk reference"),
     ([[copy(Chunk("i", 0), Chunk("o", 1))], []], "chunk reference o[1] out of range (buffer 'o' has 1 chunks)"),
     ([[copy(Chunk("i", -1), Chunk("o", 0))], []], "out of range"),
     ([[copy(Chunk("x", 0), Chunk("o", 0))], []], "chunk reference x[0] out of range"),
     ([[copy(Chunk("i", 0), Chunk("s", 0))], []], "buffer 's' has 0 chunks"),
-    ([[Op("copy", None, Chunk("i", 0, 1), Chunk("o", 0, 2))], []], "out of range"),
+    ([[operation("copy", None, Chunk("i", 0, 1), Chunk("o", 0, 2))], []], "out of range"),
     ([[copy(Chunk("i", 0), Chunk("o", 0), deps=[0])], []], "rank 0 op 0: dependency 0 does not name an earlier"),
     ([[copy(Chunk("i", 0), Chunk("o", 0), deps=[-1])], []], "dependency -1"),
     ([[]], "1 programs for 2 ranks"),
@@ -451,15 +446,29 @@ def test_structure_checks_for_in_memory_schedules(programs: list[list[Op]], frag
     fails(schedule("allreduce", 2, 1, 1, programs), fragment)
 
 
+@pytest.mark.parametrize(("kind", "peer", "src", "dst"), [
+    ("jump", None, None, None),
+    ("send", None, Chunk("i", 0), None),
+    ("copy", 1, Chunk("i", 0), Chunk("o", 0)),
+    ("copy", None, Chunk("i", 0), None),
+    ("send", 1, Chunk("i", 0), Chunk("o", 0)),
+    ("recv", 1, Chunk("i", 0), Chunk("o", 0)),
+])
+def test_an_operation_holds_only_what_its_kind_has(kind: str, peer: int | None, src: Chunk | None,
+                                                   dst: Chunk | None) -> None:
+    """No operation of a schedule lacks a field its kind needs or holds one it does not take."""
+    with pytest.raises(ValueError, match=f"no '{kind}' operation has"):
+        operation(kind, peer, src, dst)
+
+
 def test_the_loader_and_the_verifier_refuse_the_same_operations() -> None:
     """Both check an operation by its kind's rule (OP_RULES): every kind with every peer (none, itself, another
     rank, out of range) and every pair of chunk references (none, one chunk, two) is refused by both or by
-    neither."""
+    neither; what no operation can hold (a field its kind lacks or does not take) the loader refuses too."""
     refs = (None, Chunk("i", 0), Chunk("i", 0, 2))
     outs = (None, Chunk("o", 0), Chunk("o", 0, 2))
     accepted = 0
     for kind, peer, src, dst in itertools.product(OP_RULES, (None, 0, 1, 2), refs, outs):
-        op = Op(kind, peer, src, dst)
         doc: dict[str, object] = {"op": kind, "step": 0}
         for key, value in (("peer", peer), ("src", src), ("dst", dst)):
             if isinstance(value, Chunk):
@@ -470,6 +479,11 @@ def test_the_loader_and_the_verifier_refuse_the_same_operations() -> None:
             loaded = _parse_op(_Reader("ops.json"), doc, "op", 0, 0, 2, {"i": 2, "o": 2, "s": 0})
         except ScheduleFormatError:
             loaded = None
+        try:
+            op = operation(kind, peer, src, dst)
+        except ValueError:
+            assert loaded is None, loaded
+            continue
         s = schedule("allreduce", 2, 2, 2, [[op], []], inplace=True)
         try:
             _check_structure(s, spec("allreduce", 2, 2, 2, None))
@@ -484,16 +498,16 @@ def test_the_loader_and_the_verifier_refuse_the_same_operations() -> None:
 
 def test_op_reads_and_writes_follow_the_rules() -> None:
     a, b = Chunk("i", 0), Chunk("o", 1)
-    assert (Op("send", 1, a).reads, Op("send", 1, a).writes) == ((a,), None)
-    assert (Op("recv", 1, None, b).reads, Op("recv", 1, None, b).writes) == ((), b)
-    assert Op("recv_reduce", 1, None, b).reads == (b,)
-    assert Op("recv_reduce", 1, a, b).reads == (a, b)
-    assert (Op("copy", None, a, b).reads, Op("copy", None, a, b).writes) == ((a,), b)
-    assert Op("reduce", None, a, b).reads == (a, b)
+    assert (operation("send", 1, a).reads, operation("send", 1, a).dst) == ((a,), None)
+    assert (operation("recv", 1, None, b).reads, operation("recv", 1, None, b).dst) == ((), b)
+    assert operation("recv_reduce", 1, None, b).reads == (b,)
+    assert operation("recv_reduce", 1, a, b).reads == (a, b)
+    assert (operation("copy", None, a, b).reads, operation("copy", None, a, b).dst) == ((a,), b)
+    assert operation("reduce", None, a, b).reads == (a, b)
 
 
 def test_src_and_dst_lengths_must_agree() -> None:
-    s = schedule("allreduce", 1, 2, 2, [[Op("copy", None, Chunk("i", 0, 1), Chunk("o", 0, 2))]])
+    s = schedule("allreduce", 1, 2, 2, [[operation("copy", None, Chunk("i", 0, 1), Chunk("o", 0, 2))]])
     fails(s, "src and dst lengths differ")
 
 

@@ -22,7 +22,7 @@ from topocc.planner.errors import NotApplicableError, VerificationError
 from topocc.planner.routing.network import Network
 from topocc.planner.topology.model import Topology
 from topocc.runtime.lowering import Group, Lowering, RankLowering, chunks_per_round_for, lower
-from topocc.runtime.schedule import Chunk, Op, Schedule, build_schedule, load_schedule
+from topocc.runtime.schedule import Chunk, Op, Recv, Schedule, Send, build_schedule, load_schedule, operation
 
 SHIPPED = sorted((REPO / "schedules").glob("*.json*"))
 ROOTED = ("broadcast", "reduce")
@@ -130,7 +130,7 @@ def test_random_transfer_schedules(schedule: Schedule, cap: int) -> None:
 
 def exchange() -> Schedule:
     """Two ranks swap one chunk: each sends its input and receives into its output (no dependencies)."""
-    programs = [[Op("send", 1 - r, Chunk("i", 0)), Op("recv", 1 - r, None, Chunk("o", 1 - r))] for r in range(2)]
+    programs: list[list[Op]] = [[Send(1 - r, Chunk("i", 0)), Recv(1 - r, Chunk("o", 1 - r))] for r in range(2)]
     return build_schedule("allgather", 2, 1, 2, programs)
 
 
@@ -160,8 +160,8 @@ def test_send_first_on_both_ranks_deadlocks() -> None:
 
 def test_a_ring_posting_sends_before_receives_deadlocks() -> None:
     """Three ranks each post their send to the next in a group before their receive: a cycle of three waits."""
-    programs = [[Op("send", (r + 1) % 3, Chunk("i", 0)), Op("recv", (r - 1) % 3, None, Chunk("o", (r - 1) % 3))]
-                for r in range(3)]
+    programs: list[list[Op]] = [[Send((r + 1) % 3, Chunk("i", 0)), Recv((r - 1) % 3, Chunk("o", (r - 1) % 3))]
+                                for r in range(3)]
     schedule = build_schedule("allgather", 3, 1, 3, programs)
     bad = lowering(*[[Group(1, (0,), ()), Group(2, (1,), ())] for _ in range(3)])
     text = fails(schedule, bad, "deadlock", "cycle of 3 waits", split_safe=False)
@@ -176,9 +176,9 @@ def test_a_ring_posting_sends_before_receives_deadlocks() -> None:
 
 def test_dependency_order_is_checked() -> None:
     schedule = build_schedule("broadcast", 3, 1, 1, [
-        [Op("copy", None, Chunk("i", 0), Chunk("o", 0)), Op("send", 1, Chunk("o", 0), deps=(0,))],
-        [Op("recv", 0, None, Chunk("o", 0)), Op("send", 2, Chunk("o", 0), deps=(0,))],
-        [Op("recv", 1, None, Chunk("o", 0))],
+        [operation("copy", None, Chunk("i", 0), Chunk("o", 0)), operation("send", 1, Chunk("o", 0), deps=(0,))],
+        [operation("recv", 0, None, Chunk("o", 0)), operation("send", 2, Chunk("o", 0), deps=(0,))],
+        [operation("recv", 1, None, Chunk("o", 0))],
     ], root=0)
     verify(schedule)
     good = lower(schedule)
@@ -195,8 +195,8 @@ def test_dependency_order_is_checked() -> None:
 def test_pair_order_must_mirror_the_schedules_matching() -> None:
     """Two messages on two channels: NCCL has one queue per pair, so both ends must issue them in one order."""
     programs = [
-        [Op("send", 1, Chunk("i", 0), channel=0), Op("send", 1, Chunk("i", 1), channel=1)],
-        [Op("recv", 0, None, Chunk("o", 1), channel=1), Op("recv", 0, None, Chunk("o", 0), channel=0)],
+        [operation("send", 1, Chunk("i", 0), channel=0), operation("send", 1, Chunk("i", 1), channel=1)],
+        [operation("recv", 0, None, Chunk("o", 1), channel=1), operation("recv", 0, None, Chunk("o", 0), channel=0)],
     ]
     schedule = build_schedule("broadcast", 2, 2, 2, programs, root=0)
     fails(schedule, lowering([Group(1, (0, 1), ())], [Group(1, (0, 1), ())]),
@@ -208,8 +208,8 @@ def test_pair_order_must_mirror_the_schedules_matching() -> None:
 def test_unaligned_groups_are_refused_where_nccl_may_split_them() -> None:
     """Whole groups would run, but NCCL may cut rank 1's group of two and deadlock: refused unless told otherwise."""
     programs = [
-        [Op("send", 1, Chunk("i", 0)), Op("send", 1, Chunk("i", 1))],
-        [Op("recv", 0, None, Chunk("o", 0)), Op("recv", 0, None, Chunk("o", 1))],
+        [operation("send", 1, Chunk("i", 0)), operation("send", 1, Chunk("i", 1))],
+        [operation("recv", 0, None, Chunk("o", 0)), operation("recv", 0, None, Chunk("o", 1))],
     ]
     schedule = build_schedule("broadcast", 2, 2, 2, programs, root=0)
     unaligned = lowering([Group(1, (0,), ()), Group(2, (1,), ())], [Group(1, (0, 1), ())])

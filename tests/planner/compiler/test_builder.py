@@ -287,7 +287,7 @@ def test_relay_slots_are_reused_and_pieces_overlap() -> None:
     for j in range(pieces):
         b.transfer(0, 1, Chunk("o", j), Chunk("o", j))
     relay = b.programs[1]
-    recvs = [k for k, op in enumerate(relay) if op.kind == "recv" and op.dst.buffer == "s"]  # type: ignore[union-attr]
+    recvs = [k for k, op in enumerate(relay) if op.kind == "recv" and op.dst.buffer == "s"]
     assert [relay[k].dst.index for k in recvs] == [5 + j % RELAY_SLOTS for j in range(pieces)]  # type: ignore[union-attr]
     for j, k in enumerate(recvs):
         # a slot is refilled once its previous message has gone on, and waits for nothing else
@@ -328,7 +328,7 @@ def test_relay_buffers_are_kept_per_onward_rank() -> None:
             b.transfer(0, dst, Chunk("o", j), Chunk("o", j))
     b.transfer(0, 1, Chunk("o", 0, pieces), Chunk("o", 0, pieces))
     relay = b.programs[1]
-    recvs = {dst: [k for k, op in enumerate(relay) if op.kind == "recv" and op.dst.buffer == "s"  # type: ignore[union-attr]
+    recvs = {dst: [k for k, op in enumerate(relay) if op.kind == "recv" and op.dst.buffer == "s"
                   and relay[k + 1].peer == dst]
              for dst in (2, 3)}
     slots = {dst: [relay[k].dst.index for k in ks] for dst, ks in recvs.items()}  # type: ignore[union-attr]

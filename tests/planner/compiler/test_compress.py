@@ -110,8 +110,8 @@ def test_sends_of_an_out_of_place_input_read_its_rounded_copy(collective: str, a
     done = compress(_net("emu-racks"), compiled, "bf16@inter-rack")
     assert done.report.encoded_messages > 0 and done.report.kept_exact == 0
     moved = [op for p in done.compiled.schedule.programs for op in p if op.kind == "send" and op.encoding
-             and op.src.buffer == "o"]  # type: ignore[union-attr]
-    original = [op for p in compiled.schedule.programs for op in p if op.kind == "send" and op.src.buffer == "i"]  # type: ignore[union-attr]
+             and op.src.buffer == "o"]
+    original = [op for p in compiled.schedule.programs for op in p if op.kind == "send" and op.src.buffer == "i"]
     assert original and moved
     sends = {(r, k): "bf16" for r, p in enumerate(compiled.schedule.programs) for k, op in enumerate(p)
              if op.kind == "send"}

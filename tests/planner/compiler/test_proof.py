@@ -14,14 +14,16 @@ from topocc.planner.compiler.compile import compile_schedule
 from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.proof import Proof
 from topocc.planner.errors import VerificationError
-from topocc.runtime.schedule import Schedule
+from topocc.runtime.schedule import Recv, Schedule
 
 
 def broken(schedule: Schedule) -> Schedule:
     """The schedule with rank 0's last receive turned into a plain receive: its sum misses a contribution."""
     programs = [list(program) for program in schedule.programs]
     k = max(i for i, op in enumerate(programs[0]) if op.kind == "recv_reduce")
-    programs[0][k] = dataclasses.replace(programs[0][k], kind="recv")
+    op = programs[0][k]
+    assert op.kind == "recv_reduce"
+    programs[0][k] = Recv(op.peer, op.dst, deps=op.deps, step=op.step, channel=op.channel)
     return dataclasses.replace(schedule, programs=tuple(tuple(p) for p in programs))
 
 

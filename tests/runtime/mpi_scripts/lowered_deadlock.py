@@ -17,7 +17,7 @@ from topocc.runtime.errors import CommunicatorError
 from topocc.runtime.executor import Program
 from topocc.runtime.group_executor import GroupProgram
 from topocc.runtime.lowering import Group, RankLowering
-from topocc.runtime.schedule import Chunk, Op, build_schedule
+from topocc.runtime.schedule import Chunk, build_schedule, operation
 from topocc.runtime.transports import PeerFailure
 from topocc.runtime.transports.mpi import MPIGroupTransport
 
@@ -25,7 +25,7 @@ timeout = float(sys.argv[1])
 transport = MPIGroupTransport()
 rank = transport.rank
 schedule = build_schedule("allgather", 2, 1, 2, [
-    [Op("send", 1 - r, Chunk("i", 0)), Op("recv", 1 - r, None, Chunk("o", 1 - r))] for r in range(2)])
+    [operation("send", 1 - r, Chunk("i", 0)), operation("recv", 1 - r, None, Chunk("o", 1 - r))] for r in range(2)])
 program = GroupProgram(Program(schedule, rank, np.dtype("float32"), 16, tag_ub=1 << 30, channels=1),
                        RankLowering((Group(1, (0,), ()), Group(2, (1,), ()))))
 data, out = np.full(16, rank, np.float32), np.zeros(32, np.float32)

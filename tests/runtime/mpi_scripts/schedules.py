@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.routing.network import Network
-from topocc.runtime.schedule import Chunk, Metadata, Op, Schedule, build_schedule
+from topocc.runtime.schedule import Chunk, Metadata, Schedule, build_schedule, operation
 
 
 def ring_allreduce(n: int, pipeline: int = 1, *, inplace: bool = False, channels: int = 1) -> Schedule:
@@ -54,7 +54,7 @@ def direct_allreduce_scratch(n: int, chunks: int = 3) -> Schedule:
 def pairwise_allreduce_src(chunks: int = 2) -> Schedule:
     """Two ranks exchange inputs; ``recv_reduce`` with a ``src`` operand writes ``o := i + received``."""
     programs = [
-        [Op("send", 1 - r, Chunk("i", 0, chunks)), Op("recv_reduce", 1 - r, Chunk("i", 0, chunks),
+        [operation("send", 1 - r, Chunk("i", 0, chunks)), operation("recv_reduce", 1 - r, Chunk("i", 0, chunks),
                                                       Chunk("o", 0, chunks))]
         for r in range(2)
     ]

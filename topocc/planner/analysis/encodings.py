@@ -29,8 +29,8 @@ from topocc.runtime.collective import DESCRIPTIONS
 from topocc.runtime.collective import collective as describe
 from topocc.runtime.encoding import Encoding, parse_encoding
 from topocc.runtime.errors import ScheduleFormatError
-from topocc.runtime.matching import RECEIVES, streams
-from topocc.runtime.schedule import ENCODABLE, Chunk, Op, Schedule
+from topocc.runtime.matching import streams
+from topocc.runtime.schedule import Chunk, Copy, Receive, Reduce, Schedule
 
 __all__ = ["SAME_ON_EVERY_RANK", "Cell", "EncodingReport", "LineageTrace", "Lineages", "check_encodings", "is_encoded",
            "trace_lineages"]
@@ -154,16 +154,13 @@ class Lineages:
 
 
 def _encodings(schedule: Schedule, dtype: tuple[str, int] | None) -> dict[str, Encoding]:
-    """Every encoding the schedule names, parsed; each on an operation that may carry it, the two ends of
-    every message alike, and each able to carry ``dtype`` (name, item size) if one is given."""
+    """Every encoding the schedule names, parsed; the two ends of every message alike, and each able to carry
+    ``dtype`` (name, item size) if one is given."""
     found: dict[str, Encoding] = {}
     for rank, program in enumerate(schedule.programs):
         for k, op in enumerate(program):
             if op.encoding is None:
                 continue
-            if op.kind not in ENCODABLE:
-                raise _fail(schedule, f"rank {rank} op {k}: a {op.kind} carries no encoding",
-                            fix="name an encoding on sends, receives and copies only")
             if op.encoding not in found:
                 try:
                     found[op.encoding] = parse_encoding(op.encoding)
@@ -258,14 +255,14 @@ def _execute(schedule: Schedule, memories: list[_Memory], lineages: Lineages, co
         r, k = work.pop()
         op = programs[r][k]
         mem = memories[r]
-        if op.kind in RECEIVES:
+        if isinstance(op, Receive):
             send = send_of[(r, k)]
             if send not in sent:
                 parked[send] = (r, k)
                 continue
             _receive(mem, op, sent.pop(send), lineages)
         elif op.kind == "send":
-            cells = mem.read(op.src)  # type: ignore[arg-type]
+            cells = mem.read(op.src)
             if op.encoding is not None:
                 seen[(r, k)] = cells
                 cells = lineages.encoded(codecs[op.encoding], cells, f"{op.encoding} message rank {r} op {k}")
@@ -274,7 +271,7 @@ def _execute(schedule: Schedule, memories: list[_Memory], lineages: Lineages, co
                 work.append(parked.pop((r, k)))
         else:
             if op.encoding is not None:
-                seen[(r, k)] = mem.read(op.src)  # type: ignore[arg-type]
+                seen[(r, k)] = mem.read(op.src)
             _local(mem, op, lineages, codecs, f"rank {r} op {k}")
         for j in dependents[r][k]:
             waiting[r][j] -= 1
@@ -282,18 +279,16 @@ def _execute(schedule: Schedule, memories: list[_Memory], lineages: Lineages, co
                 work.append((r, j))
 
 
-def _receive(mem: _Memory, op: Op, cells: list[Cell], lineages: Lineages) -> None:
+def _receive(mem: _Memory, op: Receive, cells: list[Cell], lineages: Lineages) -> None:
     """A receive stores what came; a ``recv_reduce`` reduces it into its left operand."""
-    assert op.dst is not None
     if op.kind == "recv_reduce":
         left = mem.read(op.src if op.src is not None else op.dst)
         cells = [(key, lineages.union(a, b)) for (key, a), (_, b) in zip(left, cells)]
     mem.write(op.dst, cells)
 
 
-def _local(mem: _Memory, op: Op, lineages: Lineages, codecs: dict[str, Encoding], where: str) -> None:
+def _local(mem: _Memory, op: Copy | Reduce, lineages: Lineages, codecs: dict[str, Encoding], where: str) -> None:
     """A copy (rounding, with an encoding) or a local reduction."""
-    assert op.src is not None and op.dst is not None
     cells = mem.read(op.src)
     if op.kind == "reduce":
         cells = [(key, lineages.union(a, b)) for (key, a), (_, b) in zip(mem.read(op.dst), cells)]

@@ -6,8 +6,8 @@ and only then does the next group start.  The dataflow model of :func:`~topocc.p
 .simulate` lets each operation start as soon as its own dependencies are met, so it predicts a lowered
 schedule too early wherever a group waits for a message it does not need.  :func:`as_lowered` writes those
 waits in: every rank's operations in group order, each group's sends and receives after the previous
-group's end, each group's end (an empty local operation) after its messages and local work.  Messages keep
-their order on each connection, so they match as they do in the schedule.
+group's end, its local work after all of its messages.  Messages keep their order on each connection, so they
+match as they do in the schedule.
 
 >>> simulate(topology, as_lowered(schedule, lower(schedule, 4)), size)  # doctest: +SKIP
 """
@@ -30,24 +30,23 @@ def as_lowered(schedule: Schedule, lowering: Lowering) -> Schedule:
 
 
 def _in_groups(program: Sequence[Op], lowered: RankLowering) -> tuple[Op, ...]:
-    """One rank's program group by group: a group's messages after the last group's end, its end (an empty
-    local operation) after them, its local work after that, one operation after another."""
+    """One rank's program group by group: a group's messages after the last group's end, its local work after
+    all of its messages, one operation after another; a group ends with its last local operation, or, with
+    none, when all of its messages have."""
     out: list[Op] = []
     where: dict[int, int] = {}  # the schedule's index of an operation -> its index here
-    end: int | None = None  # the last group's end
+    end: tuple[int, ...] = ()  # the last group's end
 
-    def add(k: int, after: int | None) -> int:
+    def add(k: int, after: tuple[int, ...]) -> int:
         op = program[k]
-        deps = {where[d] for d in op.deps} | ({after} if after is not None else set())
         where[k] = len(out)
-        out.append(replace(op, deps=tuple(sorted(deps))))
+        out.append(replace(op, deps=tuple(sorted({where[d] for d in op.deps}.union(after)))))
         return len(out) - 1
 
     for group in lowered.groups:
-        posted = [add(k, end) for k in group.p2p]
-        if posted:  # the group ends when all of its messages have
-            out.append(Op("copy", deps=tuple(posted), step=out[-1].step))
-            end = len(out) - 1
+        posted = tuple(add(k, end) for k in group.p2p)
+        if posted:
+            end = posted
         for k in group.local:
-            end = add(k, end)
+            end = (add(k, end),)
     return tuple(out)

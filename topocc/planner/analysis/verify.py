@@ -64,7 +64,7 @@ def _fail(schedule: Schedule, message: str, fix: str | None = None) -> Verificat
 
 def _describe(rank: int, k: int, op: Op) -> str:
     """``rank 2 op 5 (send to rank 3 o[1])``: how errors name an operation."""
-    what = op.kind
+    what: str = op.kind
     if op.peer is not None:
         what += f" {'to' if op.kind == 'send' else 'from'} rank {op.peer}"
         if op.channel:
@@ -91,10 +91,7 @@ def _check_structure(schedule: Schedule, sp: CollectiveSpec) -> None:
     limits = dict(zip(BUFFERS, counts))
     for rank, program in enumerate(schedule.programs):
         for k, op in enumerate(program):  # the operation against its kind's rule, its buffers and its deps
-            rule = OP_RULES.get(op.kind)
-            if rule is None:
-                raise _fail(schedule, f"rank {rank} op {k}: unknown operation {op.kind!r}",
-                            fix=f"use one of {', '.join(OP_RULES)}")
+            rule = OP_RULES[op.kind]
             src, dst = op.src, op.dst
             fault = rule.peer_fault(op.peer is not None, op.peer, rank, ranks) or rule.refs_fault(src, dst)
             if fault is not None and fault is not OpFault.COUNTS_DIFFER:
@@ -119,15 +116,10 @@ def _check_structure(schedule: Schedule, sp: CollectiveSpec) -> None:
 
 
 def _op_fault(rank: int, k: int, op: Op, fault: OpFault) -> str:
-    """How the verifier words an operation that does not fit its kind's rule."""
-    if fault is OpFault.STRAY_PEER:
-        return f"rank {rank} op {k}: a {op.kind} takes no peer"
+    """How the verifier words an operation that does not fit its kind's rule: a peer that is not another rank,
+    or unequal counts (an operation's class holds no missing or stray field)."""
     if fault in (OpFault.NO_PEER, OpFault.PEER_OUT_OF_RANGE, OpFault.SELF_PEER):
         return f"rank {rank} op {k}: invalid peer {op.peer} for a {op.kind}"
-    if fault in (OpFault.NO_SRC, OpFault.NO_DST):
-        return f"rank {rank} op {k}: {op.kind} lacks a chunk reference"
-    if fault in (OpFault.STRAY_SRC, OpFault.STRAY_DST):
-        return f"{_describe(rank, k, op)}: a {op.kind} takes no such chunk reference"
     return f"{_describe(rank, k, op)}: src and dst lengths differ"
 
 
@@ -293,7 +285,7 @@ def _check_races(schedule: Schedule, rank: int, program: tuple[Op, ...], memory:
         for d in op.deps:
             mask |= ancestors[d] | (1 << d)
         ancestors.append(mask)
-        reads, write = op.reads, op.writes
+        reads, write = op.reads, op.dst
         for ref in reads:
             start = addr[ref.buffer] + ref.index
             for m in runs.runs(start, start + ref.count):
@@ -360,11 +352,10 @@ class _Matching:
         recvs: dict[tuple[int, int, int], list[int]] = {}
         for rank, program in enumerate(programs):
             for k, op in enumerate(program):
-                kind = op.kind
-                if kind == "send":
-                    sends.setdefault((rank, op.peer, op.channel), []).append(k)  # type: ignore[arg-type]  # has a peer
-                elif kind == "recv" or kind == "recv_reduce":
-                    recvs.setdefault((op.peer, rank, op.channel), []).append(k)  # type: ignore[arg-type]  # has a peer
+                if op.kind == "send":
+                    sends.setdefault((rank, op.peer, op.channel), []).append(k)
+                elif op.kind == "recv" or op.kind == "recv_reduce":
+                    recvs.setdefault((op.peer, rank, op.channel), []).append(k)
         self.partner: list[list[tuple[int, int] | None]] = [[None] * len(p) for p in programs]
         #: the next/previous operation of the same (rank, direction, peer, channel) queue, or -1
         self.next_in_queue = [[-1] * len(p) for p in programs]
@@ -378,7 +369,7 @@ class _Matching:
             sender, receiver = programs[src], programs[dst]
             for n, (ks, kr) in enumerate(zip(s, r)):
                 send, recv = sender[ks], receiver[kr]
-                if send.src.count != recv.dst.count:  # type: ignore[union-attr]  # refs checked by kind above
+                if send.count != recv.count:
                     raise _fail(
                         schedule,
                         f"{_describe(src, ks, send)} sends {send.count} chunk(s) but its matching receive "
@@ -527,16 +518,14 @@ def _verify(schedule: Schedule) -> VerifyReport:
     while ready:
         r, k = pop()
         op = programs[r][k]
-        kind = op.kind
-        if kind == "copy" or kind == "reduce":
+        if op.kind == "copy" or op.kind == "reduce":
             mem = memories[r]
-            # a copy or reduce has a src and a dst (its kind's rule, checked before the replay)
-            values = mem.read(op.src)  # type: ignore[arg-type]  # see above
+            values = mem.read(op.src)
             if _empty(values):
-                raise _uninitialised(schedule, r, k, op.src, values)  # type: ignore[arg-type]  # see above
-            if kind == "reduce":
-                values = _reduced(schedule, r, k, op.dst, mem.read(op.dst), values)  # type: ignore[arg-type]  # see above
-            mem.write(op.dst, values)  # type: ignore[arg-type]  # see above
+                raise _uninitialised(schedule, r, k, op.src, values)
+            if op.kind == "reduce":
+                values = _reduced(schedule, r, k, op.dst, mem.read(op.dst), values)
+            mem.write(op.dst, values)
             complete(r, k)
             completed += 1
             continue
@@ -550,19 +539,20 @@ def _verify(schedule: Schedule) -> VerifyReport:
         if not posted[pr][pk]:
             posted[r][k] = True
             continue
-        send_r, send_k, recv_r, recv_k = (r, k, pr, pk) if kind == "send" else (pr, pk, r, k)
+        send_r, send_k, recv_r, recv_k = (r, k, pr, pk) if op.kind == "send" else (pr, pk, r, k)
         send, recv = programs[send_r][send_k], programs[recv_r][recv_k]
+        # matching paired each send with a receive
+        assert send.kind == "send" and (recv.kind == "recv" or recv.kind == "recv_reduce")
         src = send.src
-        # a send has a src, a receive a dst (their kinds' rules, checked before the replay)
-        payload = memories[send_r].read(src)  # type: ignore[arg-type]  # see above
+        payload = memories[send_r].read(src)
         if _empty(payload):
-            raise _uninitialised(schedule, send_r, send_k, send.src, payload)  # type: ignore[arg-type]  # see above
+            raise _uninitialised(schedule, send_r, send_k, send.src, payload)
         rmem = memories[recv_r]
         if recv.kind == "recv_reduce":
             left = recv.src if recv.src is not None else recv.dst
-            payload = _reduced(schedule, recv_r, recv_k, left, rmem.read(left), payload)  # type: ignore[arg-type]  # above
-        rmem.write(recv.dst, payload)  # type: ignore[arg-type]  # see above
-        chunks_sent += src.count  # type: ignore[union-attr]  # see above
+            payload = _reduced(schedule, recv_r, recv_k, left, rmem.read(left), payload)
+        rmem.write(recv.dst, payload)
+        chunks_sent += src.count
         complete(send_r, send_k)
         complete(recv_r, recv_k)
         completed += 2

@@ -56,8 +56,8 @@ from dataclasses import dataclass
 
 from topocc.planner.errors import VerificationError
 from topocc.runtime.lowering import Lowering
-from topocc.runtime.matching import P2P, streams
-from topocc.runtime.schedule import Op, Schedule
+from topocc.runtime.matching import streams
+from topocc.runtime.schedule import Message, Op, Receive, Schedule
 
 __all__ = ["LoweringReport", "verify_lowering"]
 
@@ -79,7 +79,7 @@ def _fail(schedule: Schedule, message: str, fix: str | None = None) -> Verificat
 
 
 def _name(rank: int, k: int, op: Op) -> str:
-    what = op.kind
+    what: str = op.kind
     if op.peer is not None:
         what += f" {'to' if op.kind == 'send' else 'from'} rank {op.peer}"
         if op.channel:
@@ -126,7 +126,7 @@ def _check_coverage(schedule: Schedule, lowering: Lowering) -> list[list[int]]:
                     if where[k] >= 0:
                         raise _fail(schedule, f"{_name(rank, k, program[k])} appears twice (groups {where[k]} "
                                               f"and {g})")
-                    if (program[k].kind in P2P) != posted:
+                    if isinstance(program[k], Message) != posted:
                         place = "posted operations" if posted else "local operations"
                         raise _fail(schedule, f"{_name(rank, k, program[k])} is among group {g}'s {place}",
                                     fix="sends and receives are posted in a group, copies and reductions run after")
@@ -180,9 +180,9 @@ def _check_matching(schedule: Schedule, lowering: Lowering) -> tuple[Queue, Queu
             for k in group.p2p:
                 op = program[k]
                 if op.kind == "send":
-                    sends[(rank, op.peer)].append((rank, k))  # type: ignore[index]  # a message has a peer
-                else:
-                    recvs[(op.peer, rank)].append((rank, k))  # type: ignore[index]  # a message has a peer
+                    sends[(rank, op.peer)].append((rank, k))
+                elif isinstance(op, Receive):
+                    recvs[(op.peer, rank)].append((rank, k))
     for pair in sends.keys() | recvs.keys():
         for n, (send, recv) in enumerate(zip(sends.get(pair, ()), recvs.get(pair, ()))):
             if partner[send] != recv:
@@ -271,7 +271,8 @@ def _explain(schedule: Schedule, lowering: Lowering, group_of: list[list[int]], 
         program = schedule.programs[rank]
         for k in group.p2p:
             op = program[k]
-            pair: tuple[int, int] = (rank, op.peer) if op.kind == "send" else (op.peer, rank)  # type: ignore[assignment]  # has a peer
+            assert isinstance(op, Message)  # a group's p2p operations are messages
+            pair = (rank, op.peer) if op.kind == "send" else (op.peer, rank)
             j = position[pair]
             (a, ks), (b, kr) = sends[pair][j], recvs[pair][j]
             mine, theirs = ((a, ks), (b, kr)) if a == rank else ((b, kr), (a, ks))

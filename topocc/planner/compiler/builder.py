@@ -27,7 +27,7 @@ from typing import Any
 
 from topocc.planner.analysis.collectives import spec
 from topocc.planner.analysis.hazards import ChunkRuns
-from topocc.runtime.schedule import Chunk, Metadata, Op, Schedule, build_schedule
+from topocc.runtime.schedule import Chunk, Metadata, Op, Schedule, build_schedule, operation
 
 __all__ = ["RELAY_SLOTS", "Relay", "ScheduleBuilder"]
 
@@ -114,7 +114,7 @@ class ScheduleBuilder:
             hazards.replace(first, stop, k)
         deps.discard(k)
         deps.discard(-1)
-        program.append(Op(kind, peer, src, dst, tuple(sorted(deps)), step, channel))
+        program.append(operation(kind, peer, src, dst, tuple(sorted(deps)), step, channel))
         return k
 
     def send(self, rank: int, peer: int, src: Chunk, *, step: int = 0, channel: int = 0,

@@ -53,7 +53,7 @@ from topocc.planner.units import UnitError, format_bandwidth, parse_bandwidth
 from topocc.runtime.encoding import TopK, parse_encoding
 from topocc.runtime.errors import ScheduleFormatError
 from topocc.runtime.matching import streams
-from topocc.runtime.schedule import Schedule
+from topocc.runtime.schedule import Schedule, without_encoding
 
 __all__ = ["ClassUse", "CompressReport", "Compressed", "Policy", "Rule", "compress", "compress_all", "describe_encoded",
            "parse_policy"]
@@ -351,7 +351,7 @@ def describe_encoded(where: Topology | Network, schedule: Schedule, size_bytes: 
     net = network_of(where)
     paths = _message_paths(net, schedule)
     classes = link_classes_of(net.topology)
-    exact = replace(schedule, programs=tuple(tuple(replace(op, encoding=None) for op in p) for p in schedule.programs))
+    exact = replace(schedule, programs=tuple(tuple(map(without_encoding, p)) for p in schedule.programs))
     uses, per_link = _link_use(schedule, paths, classes, chunk_bytes(schedule, size_bytes))
     text = str(schedule.metadata.options.get("compress", "as the schedule file says"))
     approximate = verify(schedule).approximate_chunks

@@ -19,13 +19,14 @@ messages exact; it stops when nothing is left to fix.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 
 from topocc.planner.analysis.collectives import spec
 from topocc.planner.analysis.encodings import SAME_ON_EVERY_RANK, Cell, Lineages, trace_lineages
 from topocc.runtime.encoding import parse_encoding
 from topocc.runtime.matching import streams
-from topocc.runtime.schedule import Chunk, Op, Schedule
+from topocc.runtime.schedule import Chunk, Copy, Op, Recv, Reduce, Schedule
 
 __all__ = ["Consistent", "make_consistent"]
 
@@ -213,7 +214,7 @@ class _Plan:
         programs = self.schedule.programs
         while True:
             op = programs[rank][k]
-            assert op.src is not None
+            assert op.kind == "send"  # the chain runs from send to send
             values = self.values[rank]
             at = values.place(op.src.buffer, op.src.index + j)
             producer = values.reads[(k, at)]
@@ -276,8 +277,7 @@ class _Plan:
         if not self.redirect:
             return None
         readers = values.readers.get((at, producer), [])
-        copy = next((c for c in readers if programs[c].kind == "copy" and programs[c].dst is not None
-                     and programs[c].dst.buffer in values.writable), None)  # type: ignore[union-attr]
+        copy = next((c for c in readers if _copies_into(programs[c], values.writable)), None)
         if copy is None or producer is not None:
             return None
         cop_src, cop_dst = programs[copy].src, programs[copy].dst
@@ -294,6 +294,11 @@ class _Plan:
         there = Chunk(cop_dst.buffer, cop_dst.index + src.index + j - cop_src.index)
         value = (values.place(there.buffer, there.index), copy)
         return _Piece(rank, there, (copy,), [value], frozenset(r for r, _ in redirects), tuple(redirects))
+
+
+def _copies_into(op: Op, buffers: AbstractSet[str]) -> bool:
+    """Whether ``op`` is a copy into one of ``buffers``."""
+    return op.kind == "copy" and op.dst.buffer in buffers
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,13 +384,19 @@ def _build(schedule: Schedule, state: _State) -> tuple[Schedule, dict[tuple[str,
                 r = state.roundings[index]
                 deps = tuple(sorted(new_index[p] for p in r.producers))
                 step = program[r.after].step if r.after >= 0 else 0
-                out.append(Op("copy", None, r.chunk, r.chunk, deps, step, 0, r.encoding))
+                out.append(Copy(r.chunk, r.chunk, r.encoding, deps=deps, step=step))
                 where[("round", rank, index)] = (rank, len(out) - 1)
                 continue
             op = program[index]
-            deps = tuple(sorted({new_index[d] for d in op.deps} | set(waits.get(index, ()))))
-            out.append(replace(op, src=moved.get(index, op.src), deps=deps,
-                               encoding=encoding_at.get((rank, index), op.encoding)))
+            op = replace(op, deps=tuple(sorted({new_index[d] for d in op.deps} | set(waits.get(index, ())))))
+            src, encoded = moved.get(index), encoding_at.get((rank, index))
+            if src is not None:
+                assert not isinstance(op, Recv)  # only an operation that reads a src is redirected
+                op = replace(op, src=src)
+            if encoded is not None:
+                assert not isinstance(op, Reduce)  # only messages are encoded
+                op = replace(op, encoding=encoded)
+            out.append(op)
             if (rank, index) in state.marks:
                 where[("send", rank, index)] = (rank, len(out) - 1)
         programs.append(tuple(out))

@@ -30,14 +30,14 @@ from __future__ import annotations
 import heapq
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from topocc.planner.analysis.collectives import CollectiveSpec, spec
 from topocc.planner.errors import ScheduleFormatError, VerificationError
 from topocc.planner.formats._xml import read_text, read_xml
 from topocc.runtime.collective import collective as describe
-from topocc.runtime.schedule import Chunk, Metadata, Op, Schedule, build_schedule
+from topocc.runtime.schedule import Chunk, Copy, Metadata, Op, Schedule, build_schedule, operation
 
 __all__ = ["MSCCL_COLLECTIVES", "STEP_TYPES", "export_msccl", "import_msccl", "parse_msccl"]
 
@@ -342,13 +342,13 @@ def _lower_gpu(a: _Attrs, sp: CollectiveSpec, inplace: bool, gid: int, tbs: list
 
     if input_copy is not None:
         n_in = sp.input_chunks
-        nodes.append(_Node(Op("copy", None, Chunk("i", 0, n_in), Chunk("s", input_copy, n_in)), frozenset(),
+        nodes.append(_Node(Copy(Chunk("i", 0, n_in), Chunk("s", input_copy, n_in)), frozenset(),
                            f"gpu {gid} input copy"))
         preamble.add(0)
     for src, dst in copies:
         if inplace and sp.alias(gid, src.buffer, src.index) == sp.alias(gid, dst.buffer, dst.index):
             continue  # TE-CCL's in-place "copy" of a chunk onto itself
-        nodes.append(_Node(Op("copy", None, redirect(src), dst), frozenset(preamble), f"gpu {gid} copy"))
+        nodes.append(_Node(operation("copy", None, redirect(src), dst), frozenset(preamble), f"gpu {gid} copy"))
         preamble = {len(nodes) - 1}
     start = frozenset(preamble)
 
@@ -370,7 +370,7 @@ def _lower_gpu(a: _Attrs, sp: CollectiveSpec, inplace: bool, gid: int, tbs: list
             before = before | done[(st.depid, st.deps)]
         ops = _expand(st, tb, temps.get(tid), redirect)
         for j, op in enumerate(ops):
-            nodes.append(_Node(Op(op.kind, op.peer, op.src, op.dst, (), k, tb.chan),
+            nodes.append(_Node(replace(op, step=k, channel=tb.chan),
                                before if j == 0 else frozenset({len(nodes) - 1}), st.where))
         done[(tid, k)] = frozenset({len(nodes) - 1}) if ops else before
     return _emit_deps(a, sp, inplace, gid, nodes), used
@@ -411,29 +411,29 @@ def _expand(st: _Step, tb: _Tb, temp: int | None, redirect: Callable[[Chunk | No
     src, dst = redirect(st.src), redirect(st.dst)
     t = st.type
     if t == "s":
-        return [Op("send", tb.send, src)]
+        return [operation("send", tb.send, src)]
     if t == "r":
-        return [Op("recv", tb.recv, None, dst)]
+        return [operation("recv", tb.recv, None, dst)]
     if t == "rcs":
-        return [Op("recv", tb.recv, None, dst), Op("send", tb.send, dst)]
+        return [operation("recv", tb.recv, None, dst), operation("send", tb.send, dst)]
     if t in ("rrc", "rrcs"):
         left = None if src == dst else src
-        ops = [Op("recv_reduce", tb.recv, left, dst)]
-        return [*ops, Op("send", tb.send, dst)] if t == "rrcs" else ops
+        ops = [operation("recv_reduce", tb.recv, left, dst)]
+        return [*ops, operation("send", tb.send, dst)] if t == "rrcs" else ops
     if t == "rrs":
         assert temp is not None and src is not None
         tmp = Chunk("s", temp, src.count)
-        return [Op("recv_reduce", tb.recv, src, tmp), Op("send", tb.send, tmp)]
+        return [operation("recv_reduce", tb.recv, src, tmp), operation("send", tb.send, tmp)]
     if t == "cpy":
-        return [Op("copy", None, src, dst)]
+        return [operation("copy", None, src, dst)]
     if t == "re":
-        return [Op("reduce", None, src, dst)]
+        return [operation("reduce", None, src, dst)]
     return []
 
 
 def _accesses(op: Op) -> tuple[list[Chunk], Chunk | None]:
     if op.kind == "send":
-        return [op.src], None  # type: ignore[list-item]  # a send has a src
+        return [op.src], None
     if op.kind == "recv":
         return [], op.dst
     return [c for c in (op.src, op.dst) if c is not None], op.dst
@@ -500,8 +500,7 @@ def _emit_deps(a: _Attrs, sp: CollectiveSpec, inplace: bool, gid: int, nodes: li
     program = []
     for k, node in enumerate(nodes):
         kept = tuple(sorted(d for d in deps[k] if not any((anc[e] >> d) & 1 for e in deps[k] if e != d)))
-        op = node.op
-        program.append(Op(op.kind, op.peer, op.src, op.dst, kept, op.step, op.channel))
+        program.append(replace(node.op, deps=kept))
     return program
 
 
@@ -514,9 +513,9 @@ def _match(schedule: Schedule) -> dict[tuple[int, int], tuple[int, int]]:
     for rank, program in enumerate(schedule.programs):
         for k, op in enumerate(program):
             if op.kind == "send":
-                queues.setdefault((rank, op.peer, op.channel), ([], []))[0].append(k)  # type: ignore[arg-type]  # has a peer
+                queues.setdefault((rank, op.peer, op.channel), ([], []))[0].append(k)
             elif op.kind in ("recv", "recv_reduce"):
-                queues.setdefault((op.peer, rank, op.channel), ([], []))[1].append(k)  # type: ignore[arg-type]  # has a peer
+                queues.setdefault((op.peer, rank, op.channel), ([], []))[1].append(k)
     partner: dict[tuple[int, int], tuple[int, int]] = {}
     for (src, dst, ch), (sends, recvs) in queues.items():
         if len(sends) != len(recvs):
@@ -552,7 +551,7 @@ def _partition(program: tuple[Op, ...], chan_index: dict[int, int]) -> tuple[lis
         anc.append(mask)
         if op.kind in ("send", "recv", "recv_reduce"):
             role = "s" if op.kind == "send" else "r"
-            key: tuple[str, int, int] = (role, op.peer, op.channel)  # type: ignore[assignment]  # a message has a peer
+            key: tuple[str, int, int] = (role, op.peer, op.channel)
             if key not in keyed:
                 keyed[key] = len(tbs)
                 chan = chan_index[op.channel]
@@ -661,6 +660,8 @@ def _step_attrs(schedule: Schedule, rank: int, k: int | None,
     if k is None:
         return {"type": "nop", "srcbuf": "i", "srcoff": "-1", "dstbuf": "o", "dstoff": "-1", "cnt": "0"}
     op = schedule.programs[rank][k]
+    src: Chunk | None
+    dst: Chunk | None
     if op.kind == "send":
         pr, pk = partner[(rank, k)]
         kind, src, dst = "s", op.src, schedule.programs[pr][pk].dst

@@ -353,9 +353,9 @@ def transfer_starts(schedule: Schedule, events: Iterable[OpEvent]) -> dict[tuple
     for rank, program in enumerate(schedule.programs):
         for i, op in enumerate(program):
             if op.kind == "send":
-                sends[(rank, op.peer, op.channel)].append(i)  # type: ignore[index]  # a send has a peer
+                sends[(rank, op.peer, op.channel)].append(i)
             elif op.kind in ("recv", "recv_reduce"):
-                recvs[(op.peer, rank, op.channel)].append(i)  # type: ignore[index]  # a receive has a peer
+                recvs[(op.peer, rank, op.channel)].append(i)
     out: dict[tuple[int, int], float] = {}
     for key, ss in sends.items():
         src, dst, _ = key

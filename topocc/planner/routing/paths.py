@@ -45,7 +45,7 @@ def connection_chunks(schedule: Schedule) -> dict[tuple[int, int, int], int]:
     for rank, program in enumerate(schedule.programs):
         for op in program:
             if op.kind == "send":
-                key: tuple[int, int, int] = (rank, op.peer, op.channel)  # type: ignore[assignment]  # a send has a peer
+                key: tuple[int, int, int] = (rank, op.peer, op.channel)
                 volume[key] = volume.get(key, 0) + op.count
     return volume
 
@@ -168,9 +168,9 @@ def spread_channels(net: Network, schedule: Schedule) -> Schedule:
         ops = []
         for op in program:
             if op.kind == "send":
-                new = renumber.get((rank, op.peer, op.channel), op.channel)  # type: ignore[arg-type]  # has a peer
+                new = renumber.get((rank, op.peer, op.channel), op.channel)
             elif op.kind in ("recv", "recv_reduce"):
-                new = renumber.get((op.peer, rank, op.channel), op.channel)  # type: ignore[arg-type]  # has a peer
+                new = renumber.get((op.peer, rank, op.channel), op.channel)
             else:
                 new = op.channel
             ops.append(op if new == op.channel else replace(op, channel=new))

@@ -38,7 +38,7 @@ def test_rooted_on_a_star_relays_through_the_hub(collective: str) -> None:
     off_hub = direct(net, collective, Options(root=1))
     check_schedule(topology, off_hub, collective, "direct")
     # ranks 2 and 3 have no route to or from rank 1: the hub receives into scratch and sends on, unreduced
-    relayed = [op for op in off_hub.programs[0] if op.kind == "send" and op.src.buffer == "s"]  # type: ignore[union-attr]
+    relayed = [op for op in off_hub.programs[0] if op.kind == "send" and op.src.buffer == "s"]
     assert len(relayed) == 2
     assert all(op.kind == "recv" for op in off_hub.programs[0] if op.dst is not None and op.dst.buffer == "s")
 
