@@ -42,7 +42,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
 PLANNER_READS = frozenset({
     "topocc.runtime", "topocc.runtime.schedule", "topocc.runtime.collective", "topocc.runtime.plan",
     "topocc.runtime.bundle", "topocc.runtime.calls", "topocc.runtime.errors", "topocc.runtime.encoding",
-    "topocc.runtime.matching", "topocc.runtime.lowering", "topocc.runtime.bandwidth", "topocc.runtime.executor",
+    "topocc.runtime.matching", "topocc.runtime.lowering", "topocc.runtime.bandwidth", "topocc.runtime.arrays",
     "topocc.runtime.chrome_trace", "topocc.runtime.training.profile",
 })
 #: Modules every planner package may import.

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from tests.runtime.test_mpi import S
-from topocc.runtime.executor import NUMPY_OPS, SEND, Program, message_tag_space
+from topocc.runtime.arrays import NUMPY_OPS
+from topocc.runtime.executor import SEND, Program, message_tag_space
 from topocc.runtime.group_executor import GroupProgram
 from topocc.runtime.lowering import lower
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from topocc.runtime import Communicator, CommunicatorError
-from topocc.runtime.executor import COPY, Binding, Layout, Program, block_elements, pair_pieces, resolve_dtype
+from topocc.runtime.executor import COPY, Binding, Layout, Program, block_elements, pair_pieces
 from topocc.runtime.schedule import Metadata
 
 HERE = Path(__file__).parent
@@ -55,17 +55,6 @@ def test_block_elements_checks_sizes() -> None:
         block_elements(S.ring_allgather(3, 2), 5, 14)
     with pytest.raises(CommunicatorError, match="divisible by 3"):
         block_elements(S.direct_alltoall(3), 7, 7)
-
-
-def test_dtypes() -> None:
-    assert resolve_dtype("float16") == np.float16
-    with pytest.raises(CommunicatorError, match="unsupported dtype complex64"):
-        resolve_dtype(np.complex64)
-    try:
-        import ml_dtypes  # noqa: F401
-    except ImportError:
-        with pytest.raises(CommunicatorError, match="ml_dtypes"):
-            resolve_dtype("bfloat16")
 
 
 def test_pair_splits_at_every_boundary() -> None:

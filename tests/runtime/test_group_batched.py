@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
+from topocc.runtime.arrays import ArrayOps
 from topocc.runtime.communicator import Communicator
-from topocc.runtime.executor import ArrayOps
 from topocc.runtime.harness.worker import call
 from topocc.runtime.schedule import load_schedule
 

@@ -20,8 +20,8 @@ import click
 from topocc.planner.collector import rare_collections
 from topocc.planner.errors import TopoccError, TopoccWarning, exit_codes
 from topocc.planner.units import UnitError, parse_size, parse_size_range
+from topocc.runtime.arrays import DTYPE_NAMES
 from topocc.runtime.collective import closest_collective
-from topocc.runtime.executor import DTYPE_NAMES
 from topocc.runtime.harness.torchbench.sweep import OPS
 from topocc.runtime.schedule import COLLECTIVES, canonical_collective
 

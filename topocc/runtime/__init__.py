@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
-    "DTYPES": "topocc.runtime.executor",
-    "REDUCTIONS": "topocc.runtime.executor",
+    "DTYPES": "topocc.runtime.arrays",
+    "REDUCTIONS": "topocc.runtime.arrays",
     "Communicator": "topocc.runtime.communicator",
     "CommunicatorError": "topocc.runtime.errors",
     "Schedule": "topocc.runtime.schedule",
@@ -30,13 +30,13 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
+    from topocc.runtime.arrays import DTYPES as DTYPES
+    from topocc.runtime.arrays import REDUCTIONS as REDUCTIONS
     from topocc.runtime.communicator import Communicator as Communicator
     from topocc.runtime.communicator import select_schedule as select_schedule
     from topocc.runtime.errors import CommunicatorError as CommunicatorError
     from topocc.runtime.errors import ScheduleFormatError as ScheduleFormatError
     from topocc.runtime.errors import TopoccError as TopoccError
-    from topocc.runtime.executor import DTYPES as DTYPES
-    from topocc.runtime.executor import REDUCTIONS as REDUCTIONS
     from topocc.runtime.schedule import Schedule as Schedule
     from topocc.runtime.schedule import load_schedule as load_schedule
 

@@ -51,16 +51,9 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+from topocc.runtime.arrays import DTYPE_NAMES, NUMPY_OPS, ArrayOps, same_memory
 from topocc.runtime.errors import CommunicatorError
-from topocc.runtime.executor import (
-    DTYPE_NAMES,
-    NUMPY_OPS,
-    ArrayOps,
-    Program,
-    block_elements,
-    message_tag_space,
-    same_memory,
-)
+from topocc.runtime.executor import Program, block_elements, message_tag_space
 from topocc.runtime.feedback import Residual
 from topocc.runtime.group_executor import Work
 from topocc.runtime.lowering import DEFAULT_GROUP_BYTES

@@ -24,8 +24,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from topocc.runtime.arrays import same_memory
 from topocc.runtime.errors import CommunicatorError
-from topocc.runtime.executor import REDUCE, SEND, Binding, Program, same_memory
+from topocc.runtime.executor import REDUCE, SEND, Binding, Program
 from topocc.runtime.lowering import RankLowering
 from topocc.runtime.transports import GroupTransport, PeerFailure, PeerTimeout
 

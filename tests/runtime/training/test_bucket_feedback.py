@@ -14,7 +14,7 @@ from tests.runtime.training.launch import PREAMBLE, TOPOLOGY, launch
 from topocc.planner.compiler.compress import compress_all
 from topocc.planner.compiler.size_buckets import compile_plan
 from topocc.planner.topology.parse import parse_topology_text
-from topocc.runtime.executor import NUMPY_OPS
+from topocc.runtime.arrays import NUMPY_OPS
 from topocc.runtime.feedback import FeedbackOptions, Residual
 from topocc.runtime.plan import Plan, save_plan
 from topocc.runtime.training.bucket_feedback import BucketFeedback, StepAhead

@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import IO, Any
 
 import topocc
+from topocc.runtime.arrays import resolve_dtype
 from topocc.runtime.bandwidth import bus_factor
 from topocc.runtime.chrome_trace import write_trace as write_chrome_trace
 from topocc.runtime.errors import CommunicatorError, UsageError
-from topocc.runtime.executor import resolve_dtype
 from topocc.runtime.harness.worker import PROGRESS, case_count, count_bytes
 from topocc.runtime.plan import Plan, load_any, save_plan
 from topocc.runtime.schedule import Schedule, save_schedule

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from topocc.runtime.executor import DTYPES
+from topocc.runtime.arrays import DTYPES
 from topocc.runtime.harness.placement import placement_error
 
 __all__ = ["main", "run_tests", "slowest_median"]

@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
+from topocc.runtime.arrays import REDUCTIONS, resolve_dtype
 from topocc.runtime.collective import ALLGATHER, ALLREDUCE, BROADCAST, REDUCE, REDUCESCATTER
 from topocc.runtime.collective import collective as describe
 from topocc.runtime.communicator import Communicator
 from topocc.runtime.errors import CommunicatorError, TopoccError
-from topocc.runtime.executor import REDUCTIONS, resolve_dtype
 from topocc.runtime.harness.baselines import gloo_allreduce, has_native, native
 from topocc.runtime.lowering import DEFAULT_GROUP_BYTES
 

@@ -15,7 +15,7 @@ Two kinds, one per executor:
 Both also run a few small collectives for set-up checks and timing (the
 *control plane*).  The executors never see MPI, torch or NCCL directly, so a
 new backend is one module.  A backend whose buffers are not numpy arrays also
-exposes an ``array_ops`` attribute (a :class:`topocc.runtime.executor.ArrayOps`) saying
+exposes an ``array_ops`` attribute (a :class:`topocc.runtime.arrays.ArrayOps`) saying
 how to allocate, copy and reduce them.  Backends import their library lazily:
 ``from topocc.runtime.transports import mpi`` costs nothing until a communicator is made.
 """

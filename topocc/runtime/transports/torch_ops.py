@@ -14,12 +14,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from topocc.runtime.arrays import ArrayOps
 from topocc.runtime.errors import CommunicatorError
-from topocc.runtime.executor import ArrayOps
 
 __all__ = ["TORCH_DTYPES", "TorchOps"]
 
-#: Element types replayed on torch, by the names of :data:`topocc.runtime.executor.DTYPE_NAMES`.
+#: Element types replayed on torch, by the names of :data:`topocc.runtime.arrays.DTYPE_NAMES`.
 TORCH_DTYPES: Mapping[torch.dtype, str] = {
     torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16",
     torch.int32: "int32", torch.int64: "int64", torch.int8: "int8", torch.uint8: "uint8",
