@@ -165,6 +165,10 @@ class TopoccProcessGroup(dist.ProcessGroup):
         # planned CPU calls are measured against gloo's before a call class keeps its plan (tuning.py)
         self._tuner = Tuner() if tuning_enabled() else None
         self._trial: tuple[CallClass, Arm] | None = None  # the call being routed is this trial
+        # no CPU call of this group is in flight: none made yet, or the last was a trial, waited for.  Every rank
+        # makes the same calls in the same order, so every rank finds the same here, and a trial skips the
+        # drain's barrier alike (consecutive first calls, a job's set-up, meet no barrier between them)
+        self._idle = True
         # a plan is read at its first call; the private gloo group connects a pair of ranks when a plan first
         # talks between them (a group the bundle has no plan for needs none)
         self._plans: dict[tuple[str, int | None], BundlePlan] = {
@@ -342,6 +346,8 @@ class TopoccProcessGroup(dist.ProcessGroup):
         """Wait for this group's planned and native calls in flight: the progress thread's queue, then a gloo
         barrier, which completes after every gloo call made before it (gloo's barrier waits for prior work).
         No work is held here: one held at exit would be freed at finalization (see communicator's exit guard)."""
+        if self._idle:
+            return
         self._progress.drain()
         self._native["cpu"].backend.barrier(dist.BarrierOptions()).wait()
 
@@ -350,7 +356,10 @@ class TopoccProcessGroup(dist.ProcessGroup):
         if self._trial is not None and self._trial[1] is Arm.TRY_NATIVE and isinstance(result, dist.Work):
             trial, self._trial = self._trial, None
             result.wait()
+            self._idle = True
             self._recorded(trial, time.perf_counter() - start)
+        else:
+            self._idle = False
 
     def _recorded(self, trial: tuple[CallClass, Arm], seconds: float) -> None:
         assert self._tuner is not None
@@ -399,6 +408,7 @@ class TopoccProcessGroup(dist.ProcessGroup):
                 raise
 
         work = self._progress.submit(call, result)
+        self._idle = trial is not None
         if trial is not None:  # a trial of the plan: waited for here, so that the next call is timed alone
             work.wait()
             self._recorded(trial, took[0])
