@@ -1,4 +1,4 @@
-"""A generated suite of fabrics: the yardstick of the planner's generality (issue #11).
+"""A generated suite of fabrics: the yardstick of the planner's generality.
 
 Each :class:`Fabric` is topology YAML, read by the normal loader, so the suite
 also exercises the file format.  Families:

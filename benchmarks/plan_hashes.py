@@ -153,7 +153,7 @@ def main() -> None:
     rec.add_argument("-o", "--output", type=Path, required=True)
     rec.add_argument("--shard", default="1/1", help="I/N: every N-th case from the I-th (for parallel runs)")
     rec.add_argument("--match", help="only cases whose 'fabric collective size algorithm' matches this regex")
-    rec.add_argument("--list", action="store_true", help="print the cases and stop")
+    rec.add_argument("--list", action="store_true", help="print the cases (those --match takes) and stop")
     cmp = sub.add_parser("compare", help="compare two recordings")
     cmp.add_argument("before", type=Path)
     cmp.add_argument("after", type=Path)
@@ -163,7 +163,8 @@ def main() -> None:
         sys.exit(compare(args.before, args.after, args.subset))
     if args.list:
         for case in cases():
-            print(case.key)
+            if not args.match or re.search(args.match, case.key):
+                print(case.key)
         return
     index, count = (int(x) for x in args.shard.split("/"))
     record(args.output, (index, count), args.match)

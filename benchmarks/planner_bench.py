@@ -6,7 +6,7 @@ simulate); an algorithm above the rank count where ``auto`` skips it
 (``Algorithm.auto_max_ranks``: minutes per compile there) is listed as skipped.
 Then the compile time and peak memory of ``auto`` as the cluster grows.
 
-``--suite`` measures issue #11's yardstick: every fabric of
+``--suite`` measures the planner's yardstick: every fabric of
 :mod:`benchmarks.fabrics` and every shipped topology, for all-gather,
 reduce-scatter and all-reduce at 1 MiB and 256 MiB.  Per fabric, a table of
 ``auto``'s pick, its share of the lower bound and its compile time (loading
@@ -275,7 +275,7 @@ def run_suite(fabrics: list[Fabric], collectives: tuple[str, ...], sizes: tuple[
               limit: float | None) -> None:
     """Measure every fabric, printing its table as soon as it is done, then the summary tables (also after an
     interrupt, for the compiles measured by then)."""
-    print(f"planner suite (issue #11): {len(fabrics)} fabrics x {', '.join(collectives)} x "
+    print(f"planner suite: {len(fabrics)} fabrics x {', '.join(collectives)} x "
           f"{', '.join(format_size(s) for s in sizes)}")
     print(machine_line())
     print("compile times (YAML to proof, one process) are meaningful only on an idle machine; the targets "
@@ -370,7 +370,7 @@ def main() -> None:
     parser.add_argument("--scale", default=None, help="comma-separated GPU counts for the scale table")
     parser.add_argument("--scale-only", action="store_true", help="print only the scale table")
     parser.add_argument("--scale-size", default="64MiB", help="message size of the scale table (default 64MiB)")
-    parser.add_argument("--suite", action="store_true", help="the fabric suite against issue #11's targets")
+    parser.add_argument("--suite", action="store_true", help="the fabric suite against benchmarks/targets.py's targets")
     parser.add_argument("--anchors", action="store_true",
                         help="the cases where a published plan led topocc's (benchmarks/targets.py ANCHORS)")
     parser.add_argument("--limit", type=float, default=None,

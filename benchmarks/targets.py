@@ -1,4 +1,4 @@
-"""Issue #11's targets for ``auto`` as data, and the judge of one measured compile against them.
+"""The planner's quality targets for ``auto`` as data, and the judge of one measured compile against them.
 
 * bandwidth: from :data:`LARGE_BYTES` up, ``auto`` reaches :data:`BANDWIDTH_SHARE`
   of the lower bound (97% on all-gather and reduce-scatter, 95% on all-reduce),

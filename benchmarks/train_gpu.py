@@ -1,4 +1,4 @@
-"""Training on an emulated cluster of NCCL ranks: plain DDP, topocc's DDP hook, Prophet's blocks and DASO (#13).
+"""Training on an emulated cluster of NCCL ranks: plain DDP, topocc's DDP hook, Prophet's blocks and DASO.
 
 Every rank is a process on the one GPU, in its emulated host's network namespace (as
 ``benchmarks/gpu_bench.py`` sets them up: ``topocc.planner.testbed.emulation``, inter-host links shaped

@@ -30,7 +30,7 @@ from topocc.planner.topology.model import Topology
 
 FULL = {f.name: f for f in suite()}
 SMALL = {f.name: f for f in small_suite()}
-#: The collectives of issue #11's targets.
+#: The collectives of the planner's targets.
 COLLECTIVES = ("allgather", "reducescatter", "allreduce")
 
 

@@ -1,4 +1,4 @@
-"""Issue #11's targets: which apply to a measured compile, and by how much it meets or misses each."""
+"""The planner's targets: which apply to a measured compile, and by how much it meets or misses each."""
 
 from __future__ import annotations
 

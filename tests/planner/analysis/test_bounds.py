@@ -243,7 +243,7 @@ def test_routes_bound_the_dgx1_below_its_link_capacity() -> None:
 
 @pytest.mark.parametrize("collective", ["allgather", "reducescatter"])
 def test_routes_bound_every_rank_of_the_dgx1(collective: str) -> None:
-    """Issue #11: all-gather (reduce-scatter) needs every rank to receive (send) (p-1)/p N at once; over the
+    """All-gather (reduce-scatter) needs every rank to receive (send) (p-1)/p N at once; over the
     DGX-1's routes a GPU gets 150 GB/s of NVLink and a share of the 6 GB/s CPU interconnect, not the 16 GB/s
     of its PCIe link the cut counts, so the 6-channel ring is at 98.9% of the bound, not 90.4%."""
     topology = load_topology(TOPOLOGIES / "dgx1-v100.yaml")

@@ -94,7 +94,7 @@ def test_source_routed_fabrics_get_their_paths_chosen_and_kept(tmp_path: Path) -
 
 
 def test_auto_skips_the_costly_tiers_once_it_is_near_the_bound() -> None:
-    """Issue #11: on emu-racks sliced hierarchical all-gather reaches 99.8% of the bound, so auto never builds
+    """On emu-racks sliced hierarchical all-gather reaches 99.8% of the bound, so auto never builds
     tree packing, MultiTree or the flow LP (seconds to minutes at scale); where the cheap tier falls short
     (a 3x2 mesh, 90.9% with the bucket algorithm) it goes on to them."""
     from benchmarks.fabrics import grid

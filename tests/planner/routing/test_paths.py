@@ -95,7 +95,7 @@ def test_spread_channels_balance_the_spines_and_keep_the_messages() -> None:
 
 
 def test_auto_spreads_a_hierarchical_schedule_over_a_fat_trees_uplinks() -> None:
-    """Issue #11: a 4:1 fat-tree of 4 two-GPU hosts, two per leaf, under 4 spines: hierarchical's channels hash
+    """A 4:1 fat-tree of 4 two-GPU hosts, two per leaf, under 4 spines: hierarchical's channels hash
     its cross-leaf connections onto the same uplinks (50% of the bound by busiest link); spread, 100% (measured
     99%+ simulated), and the NCCL lowering proof still holds."""
     from benchmarks.fabrics import fat_tree
