@@ -306,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         rank_main(args)
         return 0
     from topocc.planner.testbed.emulation import DEFAULT_SCALE, emulation_available
+    from topocc.runtime.errors import TopoccError
 
     if (why := emulation_available()) is not None:
         print(f"cannot emulate a cluster here: {why}", file=sys.stderr)
@@ -317,7 +318,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as cache:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         _warm_bytecode({**env, "PYTHONPYCACHEPREFIX": cache})
-        results = {name: run_cluster(name, args, cache) for name in args.topologies}
+        try:
+            results = {name: run_cluster(name, args, cache) for name in args.topologies}
+        except TopoccError as exc:  # an unknown topology, a bundle that does not compile: one line, no traceback
+            print(f"ddp_step_bench: {exc}", file=sys.stderr)
+            return 2
     print(f"times: the slowest rank's, median; inter-host links at x{args.scale:g} of their bandwidth; "
           f"{os.cpu_count()} cores shared by every rank (and whatever else runs on the machine)")
     for name, rows in results.items():
