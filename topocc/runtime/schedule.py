@@ -230,7 +230,6 @@ class Send(_Operation):
         return (self.src,)
 
 
-
 @dataclass(frozen=True, slots=True)
 class Recv(_Operation):
     """Receive chunks from rank ``peer`` into ``dst``."""
@@ -248,7 +247,6 @@ class Recv(_Operation):
     @property
     def reads(self) -> tuple[Chunk, ...]:
         return ()
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +268,6 @@ class RecvReduce(_Operation):
         return (self.dst,) if self.src is None else (self.src, self.dst)
 
 
-
 @dataclass(frozen=True, slots=True)
 class Copy(_Operation):
     """Copy chunks ``src`` to ``dst`` on the rank itself."""
@@ -290,7 +287,6 @@ class Copy(_Operation):
         return (self.src,)
 
 
-
 @dataclass(frozen=True, slots=True)
 class Reduce(_Operation):
     """Reduce chunks ``src`` into ``dst`` on the rank itself: ``dst := dst (+) src``."""
@@ -308,7 +304,6 @@ class Reduce(_Operation):
     @property
     def reads(self) -> tuple[Chunk, ...]:
         return (self.src, self.dst)
-
 
 
 #: One operation of a rank's program, of any kind.
