@@ -12,8 +12,9 @@ also exercises the file format.  Families:
   2 x 100 Gbit/s), all on one switch; written as explicit YAML since the
   template replicates one host.
 * ``rail-optimized``: DGX A100 hosts on rails joined by spines (4-32 hosts),
-  and a rail-only network without spines (traffic between rails relays over
-  NVLink, as NCCL's PXN does).
+  a rail-only network without spines (traffic between rails relays over
+  NVLink, as NCCL's PXN does), and, in the small suite, three tiers (rails,
+  pod spines, cores) in miniature.
 * ``torus`` and ``mesh``: 3D grids of single-accelerator nodes, a router each,
   up to 8x8x8 = 512 ranks.
 * ``fat-tree``: two switch tiers, 2:1 and 4:1 oversubscribed, 16-256 GPUs, one with its last leaf half full.
@@ -28,6 +29,7 @@ two instances of at most 16 ranks per family, for tests, and
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -57,7 +59,7 @@ FAMILIES = ("multi-chassis", "heterogeneous-nics", "rail-optimized", "torus", "m
 SHIPPED_SWITCH_BASED: dict[str, bool] = {
     "dgx-a100-4node": True, "dgx1-v100": False, "dgx2": True, "dgx2-2chassis": False, "emu-racks": True,
     "emu-uniform": True, "fattree-1024": True, "fattree-16384": True, "ibm-s822lc-48x4": True, "mesh-4x4": False,
-    "mesh-4x4x4": False, "ndv2-2chassis": False, "pcie-4x4-10gbe": True, "torus-4x4": False,
+    "mesh-4x4x4": False, "ndv2-2chassis": False, "pcie-4x4-10gbe": True, "rail-65536": True, "torus-4x4": False,
 }
 
 
@@ -183,21 +185,31 @@ def _nvswitch_host(gpus: int, nics: int) -> str:
 """
 
 
-def rail_optimized(hosts: int, gpus: int = 8, spines: int = 2) -> Fabric:
+def rail_optimized(hosts: int, gpus: int = 8, spines: int = 2, pods: int = 1) -> Fabric:
     """``hosts`` DGX A100-like hosts, NIC r of each on rail switch r; ``spines`` non-blocking spines join the rails.
 
     With spines it is the DGX SuperPOD design scaled down; without (``spines=0``)
     the rail-only network of Wang et al., "How to Build Low-cost Networks for
     Large Language Models" (2023), where traffic between rails relays over NVLink.
+    With ``pods`` > 1 it is the three tiers of a large SuperPOD in miniature: each
+    host is a scalable unit with its own rails, each pod's units under its own
+    ``spines``, and two non-blocking cores joining the pods' spines.
     """
-    name = f"rail-{hosts}x{gpus}" if spines else f"rail-only-{hosts}x{gpus}"
-    shape = f"{spines} non-blocking spines" if spines else "no spines (rail-only)"
+    if pods > 1:
+        name = f"rail3-{hosts}x{gpus}"
+        shape = f"three tiers, {pods} pods of {hosts // pods} units under {spines} spines each, 2 cores"
+        network = (f"{{type: rail-optimized, hosts_per_rail: 1, hosts_per_pod: {hosts // pods}, spines: {spines}, "
+                   "cores: 2, latency: 0.5 us}")
+    else:
+        name = f"rail-{hosts}x{gpus}" if spines else f"rail-only-{hosts}x{gpus}"
+        shape = f"{spines} non-blocking spines" if spines else "no spines (rail-only)"
+        network = f"{{type: rail-optimized, spines: {spines}, latency: 0.5 us}}"
     text = f"""# {hosts} DGX A100-like hosts on a rail-optimized InfiniBand network, {shape}.
 name: {name}
 description: {hosts} hosts x {gpus} GPUs (NVSwitch), {gpus} x 200 Gbit/s NICs, rails with {shape}
 cluster:
   hosts: {hosts}
-{_nvswitch_host(gpus, gpus)}  network: {{type: rail-optimized, spines: {spines}, latency: 0.5 us}}
+{_nvswitch_host(gpus, gpus)}  network: {network}
 """
     return Fabric(name, "rail-optimized", hosts * gpus, spines > 0, text)
 
@@ -291,14 +303,16 @@ def small_suite() -> tuple[Fabric, ...]:
     return (
         multi_chassis(2, 4, "one-way"), multi_chassis(2, 4, "subset"), multi_chassis(2, 8, "one-way"),
         heterogeneous_nics(((2, 200), (1, 100)), gpus=4),
-        rail_optimized(2, gpus=4, spines=1), rail_optimized(2, gpus=4, spines=0),
+        rail_optimized(2, gpus=4, spines=1), rail_optimized(2, gpus=4, spines=0), rail_optimized(4, 2, 2, pods=2),
         grid("torus", (4, 2, 1)), grid("mesh", (2, 2, 2)),  # a 3x2x2 torus costs treepack 10-20 s
         fat_tree(4, 2, 1, 2, gpus=2),
     )
 
 
+@functools.cache
 def shipped_fabrics() -> tuple[Fabric, ...]:
-    """The shipped topologies as fabrics of family ``shipped`` (ranks read by loading each)."""
+    """The shipped topologies as fabrics of family ``shipped`` (ranks read by loading each, once a process: the
+    largest takes seconds)."""
     fabrics = []
     for name, path in shipped_topologies().items():
         text = path.read_text()

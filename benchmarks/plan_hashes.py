@@ -10,8 +10,9 @@ such files and exits 1 if anything does.
 
 An algorithm applies where it builds the collective and ``auto`` would race it at
 that rank count (``Algorithm.auto_max_ranks``).  Above 64 ranks only ``auto``
-runs (the flat algorithms build millions of operations there), and above 4096
-only ``auto``'s all-reduce at 1 MiB (fattree-16384: minutes for each case).
+runs (the flat algorithms build millions of operations there), above 4096
+only ``auto``'s all-reduce at 1 MiB (fattree-16384: minutes for each case), and
+above 16384 nothing (rail-65536: hours; ``benchmarks/scale_bench.py`` measures it).
 
 Run: ``python benchmarks/plan_hashes.py record -o before.jsonl [--shard 1/2] [--match REGEX]``, then
 ``python benchmarks/plan_hashes.py compare before.jsonl after.jsonl``.
@@ -45,6 +46,8 @@ SIZES = (1 << 20, 256 << 20)
 #: Above this many ranks only ``auto`` runs; above the second, only its all-reduce at 1 MiB.
 NAMED_MAX_RANKS = 64
 AUTO_MAX_RANKS = 4096
+#: Above this many ranks no case runs.
+MAX_RANKS = 16384
 #: Metadata options that are wall-clock times (the flow solver's): left out of the hash.
 _WALL_CLOCK = ("solve_s",)
 
@@ -68,7 +71,8 @@ class Case:
 
 def cases() -> Iterator[Case]:
     """Every case, in a fixed order (smallest fabrics first, so a shard's progress shows early)."""
-    fabrics = sorted((*shipped_fabrics(), *suite()), key=lambda f: (f.ranks, f.name))
+    fabrics = sorted((f for f in (*shipped_fabrics(), *suite()) if f.ranks <= MAX_RANKS),
+                     key=lambda f: (f.ranks, f.name))
     for fabric in fabrics:
         for collective in COLLECTIVES:
             for size in SIZES:

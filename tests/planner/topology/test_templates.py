@@ -245,6 +245,55 @@ def test_rail_optimized_spines() -> None:
     assert all(topo_net.has_route(0, b) for b in range(1, 16))
 
 
+def test_rail_optimized_scalable_units_under_spines() -> None:
+    """Units of two hosts, each with its own rails (a rack); every rail under every spine."""
+    net = {"type": "rail-optimized", "hosts_per_rail": 2, "spines": 2}
+    topo = build({"hosts": 4, "host": {**NVSWITCH_HOST, "nics": 2, "nic": NIC}, "network": net})
+    check_template(topo, 4, 4)
+    assert {ln.src for ln in topo.links if ln.dst == "su1-rail0"} == {"h2.nic0", "h3.nic0", "spine0", "spine1"}
+    assert topo.racks == {"rack0": tuple(range(8)), "rack1": tuple(range(8, 16))}
+    assert topo.device("su1-rail0").rack == "rack1"
+    # a rail's uplinks carry its two hosts' NIC ports, split over the spines
+    up = [ln for ln in topo.links if ln.src == "su0-rail1" and ln.dst.startswith("spine")]
+    assert len(up) == 2 and all(ln.bandwidth == pytest.approx(2 * 25e9 / 2) for ln in up)
+    assert all(Network(topo).has_route(0, b) for b in range(1, 16))
+
+
+def test_rail_optimized_three_tiers() -> None:
+    """Two pods of two units: pod spines join the pod's rails, cores join every pod spine."""
+    net = {"type": "rail-optimized", "hosts_per_rail": 1, "hosts_per_pod": 2, "spines": 2, "cores": 4,
+           "oversubscription": 2, "core_oversubscription": "4:1"}
+    topo = build({"hosts": 4, "host": {**NVSWITCH_HOST, "nics": 2, "nic": NIC}, "network": net})
+    check_template(topo, 4, 4)
+    names = {d.name for d in topo.devices if d.kind == "switch"}
+    assert names == {f"su{u}-rail{r}" for u in range(4) for r in range(2)} | {
+        f"pod{p}-spine{s}" for p in range(2) for s in range(2)} | {f"core{c}" for c in range(4)}
+    # pod 1's spines sit above units 2 and 3 only
+    assert {ln.src for ln in topo.links if ln.dst == "pod1-spine0"} == {
+        "su2-rail0", "su2-rail1", "su3-rail0", "su3-rail1", "core0", "core1", "core2", "core3"}
+    rail_up = topo.link("su0-rail0", "pod0-spine1")
+    assert rail_up is not None and rail_up.bandwidth == pytest.approx(25e9 / 2 / 2)
+    # a pod spine takes 4 rails' uplinks (4 x 6.25 GB/s), a quarter of it up, split over 4 cores
+    core_up = topo.link("pod0-spine0", "core3")
+    assert core_up is not None and core_up.bandwidth == pytest.approx(4 * 6.25e9 / 4 / 4)
+    route = Network(topo).routes(0, 12)[0]
+    assert [ln.dst for ln in route][1:-2] == ["su0-rail0", "pod0-spine0", "core0", "pod1-spine0", "su3-rail0"]
+
+
+def test_the_shipped_three_tier_cluster_counts() -> None:
+    """rail-65536: the figures its comment gives (256 units of 8 rails, 16 pods of 32 spines, 32 cores)."""
+    from topocc.planner.topology.catalogue import resolve_topology
+
+    topo = resolve_topology("rail-65536")
+    assert topo.size == 65536 and len(topo.racks) == 256
+    switches = [d.name for d in topo.devices if d.kind == "switch"]
+    assert len(switches) == 256 * 8 + 16 * 32 + 32
+    leaf_up = topo.link("su255-rail7", "pod15-spine31")
+    core_up = topo.link("pod15-spine31", "core31")
+    assert leaf_up is not None and leaf_up.bandwidth == pytest.approx(50e9)  # 32 x 400G over 32 spines
+    assert core_up is not None and core_up.bandwidth == pytest.approx(128 * 50e9 / 32)  # non-blocking
+
+
 def grid_edges(dims: list[int], wrap: bool) -> int:
     """Router-router links of a mesh or torus, counted independently of the template code."""
     hosts = 1
@@ -295,6 +344,13 @@ def test_grid_corner_to_corner(kind: str, hops: int) -> None:
         ({"type": "fat-tree", "hosts_per_leaf": 4, "oversubscription": 0}, "oversubscription must be a positive"),
         ({"type": "fat-tree", "hosts_per_leaf": 4, "oversubscription": "2:0"}, "oversubscription must be a positive"),
         ({"type": "rail-optimized", "oversubscription": 2}, "oversubscription needs spines: 1 or more"),
+        ({"type": "rail-optimized", "hosts_per_rail": 3}, "hosts_per_rail 3 does not divide hosts: 16"),
+        ({"type": "rail-optimized", "hosts_per_rail": 2, "hosts_per_pod": 5, "cores": 1},
+         "hosts_per_pod 5 must be a multiple of hosts_per_rail 2"),
+        ({"type": "rail-optimized", "hosts_per_rail": 2, "hosts_per_pod": 8}, "2 pods need cores to join them"),
+        ({"type": "rail-optimized", "hosts_per_rail": 2, "cores": 2}, "cores join pods, and all hosts are one pod"),
+        ({"type": "rail-optimized", "hosts_per_rail": 2, "hosts_per_pod": 8, "cores": 0},
+         "cores must be a whole number >= 1"),
         ({"type": "single-switch", "spines": 2}, "unknown key 'spines' in network (single-switch)"),
         ({"type": "none"}, "16 hosts cannot share network type none"),
         ({"type": "ring"}, "unknown network type 'ring'"),

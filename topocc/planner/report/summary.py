@@ -18,6 +18,7 @@ from topocc.planner.compiler.compile import Compiled, compile_schedule
 from topocc.planner.compiler.options import Options
 from topocc.planner.report.simulated_trace import simulated_trace
 from topocc.planner.report.table import format_table, indent, percent
+from topocc.planner.routing.network import Network
 from topocc.planner.topology.calibration import link_classes_of
 from topocc.planner.topology.catalogue import compiled_for
 from topocc.planner.topology.model import Link, Topology, describe
@@ -244,8 +245,9 @@ def topology_summary(topology: Topology, size_bytes: int = 1 << 30) -> dict[str,
     described = dict(describe(topology))
     out = {"topology": described.pop("name"), **described}
     bounds = {}
+    net = Network(topology)  # one network: the two bounds share its candidate cuts
     for collective in ("allreduce", "allgather"):
-        bound = lower_bound(topology, collective, size_bytes)
+        bound = lower_bound(net, collective, size_bytes)
         bounds[collective] = {
             "size_bytes": size_bytes,
             "lower_bound_s": bound.time_s,

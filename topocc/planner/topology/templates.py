@@ -74,7 +74,8 @@ _NETWORK_KEYS = {
     "none": ("type", "routing"),
     "single-switch": ("type", "routing"),
     "fat-tree": ("type", "hosts_per_leaf", "spines", "oversubscription", "latency", "routing"),
-    "rail-optimized": ("type", "spines", "oversubscription", "latency", "routing"),
+    "rail-optimized": ("type", "hosts_per_rail", "hosts_per_pod", "spines", "cores", "oversubscription",
+                       "core_oversubscription", "latency", "routing"),
     "torus": ("type", "dims", "link", "routing"),
     "mesh": ("type", "dims", "link", "routing"),
 }
@@ -374,11 +375,14 @@ def _network_routing(src: Source, net: YDict, net_type: str, topology_routing: s
 
 
 def _racks(src: Source, cluster: YDict, net: YDict, net_type: str, hosts: int) -> int | None:
-    """Hosts per rack: ``hosts_per_rack`` if given, else a fat-tree's hosts per leaf, else no racks."""
+    """Hosts per rack: ``hosts_per_rack`` if given, else a fat-tree's hosts per leaf or a rail-optimized
+    network's scalable unit, else no racks."""
     if "hosts_per_rack" in cluster:
         return positive_int(src, cluster, "hosts_per_rack")
     if net_type == "fat-tree":
         return positive_int(src, net, "hosts_per_leaf")
+    if net_type == "rail-optimized" and "hosts_per_rail" in net:
+        return positive_int(src, net, "hosts_per_rail")  # a scalable unit's hosts share its rail switches
     return None
 
 
@@ -413,32 +417,79 @@ def _fat_tree(src: Source, net: YDict, hosts: int, nics: int, nic: _Spec, device
 
 def _rail_optimized(src: Source, net: YDict, hosts: int, nics: int, nic: _Spec, devices: list[Device],
                     links: list[Link]) -> None:
-    """Rail switch ``rail{r}`` joins NIC ``r`` of every host; optional spines join the rails."""
-    for r in range(nics):
-        devices.append(Device(f"rail{r}", "switch"))
-        for h in range(hosts):
-            links += nic.links(f"h{h}.nic{r}", f"rail{r}")
-    down = hosts * nic.bandwidth * nic.count
-    _spines(src, net, [f"rail{r}" for r in range(nics)], down, nic, devices, links, False)
+    """Rail switches join NIC ``r`` of the hosts of a scalable unit; spines join the rails, cores the pods.
+
+    Without ``hosts_per_rail``, ``rail{r}`` joins NIC ``r`` of every host and
+    optional ``spines`` join the rails.  With it, the hosts come in scalable
+    units of that many (``su{u}``, a rack), each with its own rail switches
+    ``su{u}-rail{r}``; with ``hosts_per_pod`` too, the units come in pods, each
+    pod's rails under its own ``spines`` (``pod{p}-spine{s}``) and every pod
+    spine under every core ``core{c}``: the three tiers of a large cluster.
+    """
+    per_rail = positive_int(src, net, "hosts_per_rail", hosts)
+    if hosts % per_rail:
+        raise src.error(net, "hosts_per_rail", f"hosts_per_rail {per_rail} does not divide hosts: {hosts}",
+                        fix="give a divisor of the host count (scalable units are whole)")
+    units = hosts // per_rail
+    per_pod = positive_int(src, net, "hosts_per_pod", hosts)
+    if per_pod % per_rail or hosts % per_pod:
+        raise src.error(net, "hosts_per_pod", f"hosts_per_pod {per_pod} must be a multiple of hosts_per_rail "
+                        f"{per_rail} and divide hosts: {hosts}", fix="pods are whole scalable units")
+    if per_pod < hosts and "cores" not in net:
+        raise src.error(net, "hosts_per_pod", f"{hosts // per_pod} pods need cores to join them",
+                        fix="add cores: 1 or more (the third tier)")
+    if "cores" in net and per_pod == hosts:
+        raise src.error(net, "cores", "cores join pods, and all hosts are one pod", fix="add hosts_per_pod")
+
+    def rail(u: int, r: int) -> str:
+        return f"rail{r}" if units == 1 else f"su{u}-rail{r}"
+
+    for u in range(units):
+        for r in range(nics):
+            devices.append(Device(rail(u, r), "switch", rack=None if units == 1 else f"rack{u}"))
+            for h in range(u * per_rail, (u + 1) * per_rail):
+                links += nic.links(f"h{h}.nic{r}", rail(u, r))
+    down = per_rail * nic.bandwidth * nic.count
+    if per_pod == hosts:
+        _spines(src, net, [rail(u, r) for u in range(units) for r in range(nics)], down, nic, devices, links,
+                units > 1)
+        return
+    pods, units_per_pod = hosts // per_pod, per_pod // per_rail
+    spine_names: list[str] = []
+    for p in range(pods):
+        rails = [rail(u, r) for u in range(p * units_per_pod, (p + 1) * units_per_pod) for r in range(nics)]
+        spine_names += _spines(src, net, rails, down, nic, devices, links, True, f"pod{p}-")
+    # a pod spine's downlinks: one from each of its pod's rails, each carrying a rail's uplink share
+    spine_down = len(rails) * down / _ratio(src, net, "oversubscription") / (len(spine_names) // pods)
+    _tier(src, net, "cores", "core_oversubscription", spine_names, spine_down, nic, devices, links, "core", 1, 1)
 
 
 def _spines(src: Source, net: YDict, lower: list[str], down: float, nic: _Spec, devices: list[Device],
-            links: list[Link], required: bool) -> None:
-    """Spine switches above ``lower`` switches whose downlinks total ``down`` bytes/s each."""
-    spines = positive_int(src, net, "spines", 1 if required else 0, minimum=0)
-    if spines == 0:
-        if "oversubscription" in net:
-            raise src.error(net, "oversubscription", "oversubscription needs spines: 1 or more")
-        return
-    ratio = _ratio(src, net, "oversubscription")
+            links: list[Link], required: bool, prefix: str = "") -> list[str]:
+    """Spine switches above ``lower`` switches whose downlinks total ``down`` bytes/s each; their names."""
+    return _tier(src, net, "spines", "oversubscription", lower, down, nic, devices, links, prefix + "spine",
+                 1 if required else 0, 0)
+
+
+def _tier(src: Source, net: YDict, key: str, ratio_key: str, lower: list[str], down: float, nic: _Spec,
+          devices: list[Device], links: list[Link], name: str, default: int, minimum: int) -> list[str]:
+    """``net[key]`` switches ``{name}{i}`` above ``lower``, each lower switch linked to each of them; a lower
+    switch's uplinks together carry its downlinks' ``down`` bytes/s divided by ``net[ratio_key]``."""
+    count = positive_int(src, net, key, default, minimum=minimum)
+    if count == 0:
+        if ratio_key in net:
+            raise src.error(net, ratio_key, f"{ratio_key} needs {key}: 1 or more")
+        return []
+    ratio = _ratio(src, net, ratio_key)
     latency = quantity(src, net, "latency", parse_time, nic.latency)
     check_figures(src, net, LinkDefaults(), None, latency, False)
-    spec = _Spec(down / ratio / spines, latency, 1, nic.kind)
-    for s in range(spines):
-        devices.append(Device(f"spine{s}", "switch"))
-    for name in lower:
-        for s in range(spines):
-            links += spec.links(name, f"spine{s}")
+    spec = _Spec(down / ratio / count, latency, 1, nic.kind)
+    names = [f"{name}{i}" for i in range(count)]
+    devices.extend(Device(n, "switch") for n in names)
+    for low in lower:
+        for up in names:
+            links += spec.links(low, up)
+    return names
 
 
 def _grid(src: Source, net: YDict, hosts: int, nics: int, nic: _Spec, devices: list[Device],
