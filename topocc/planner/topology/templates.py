@@ -431,6 +431,9 @@ def _rail_optimized(src: Source, net: YDict, hosts: int, nics: int, nic: _Spec, 
         raise src.error(net, "hosts_per_rail", f"hosts_per_rail {per_rail} does not divide hosts: {hosts}",
                         fix="give a divisor of the host count (scalable units are whole)")
     units = hosts // per_rail
+    if "hosts_per_pod" in net and "hosts_per_rail" not in net:
+        raise src.error(net, "hosts_per_pod", "pods are made of scalable units, and hosts_per_rail is not given",
+                        fix="add hosts_per_rail: the hosts that share a unit's rail switches")
     per_pod = positive_int(src, net, "hosts_per_pod", hosts)
     if per_pod % per_rail or hosts % per_pod:
         raise src.error(net, "hosts_per_pod", f"hosts_per_pod {per_pod} must be a multiple of hosts_per_rail "
@@ -438,8 +441,9 @@ def _rail_optimized(src: Source, net: YDict, hosts: int, nics: int, nic: _Spec, 
     if per_pod < hosts and "cores" not in net:
         raise src.error(net, "hosts_per_pod", f"{hosts // per_pod} pods need cores to join them",
                         fix="add cores: 1 or more (the third tier)")
-    if "cores" in net and per_pod == hosts:
-        raise src.error(net, "cores", "cores join pods, and all hosts are one pod", fix="add hosts_per_pod")
+    for key in ("cores", "core_oversubscription"):
+        if key in net and per_pod == hosts:
+            raise src.error(net, key, f"{key} applies to pods, and all hosts are one pod", fix="add hosts_per_pod")
 
     def rail(u: int, r: int) -> str:
         return f"rail{r}" if units == 1 else f"su{u}-rail{r}"
@@ -459,20 +463,22 @@ def _rail_optimized(src: Source, net: YDict, hosts: int, nics: int, nic: _Spec, 
     for p in range(pods):
         rails = [rail(u, r) for u in range(p * units_per_pod, (p + 1) * units_per_pod) for r in range(nics)]
         spine_names += _spines(src, net, rails, down, nic, devices, links, True, f"pod{p}-")
-    # a pod spine's downlinks: one from each of its pod's rails, each carrying a rail's uplink share
-    spine_down = len(rails) * down / _ratio(src, net, "oversubscription") / (len(spine_names) // pods)
-    _tier(src, net, "cores", "core_oversubscription", spine_names, spine_down, nic, devices, links, "core", 1, 1)
+    # a pod spine's downlinks: one from each of its pod's rails, each carrying that rail's share of its uplinks
+    spines_per_pod = len(spine_names) // pods
+    spine_down = units_per_pod * nics * down / _ratio(src, net, "oversubscription") / spines_per_pod
+    _tier(src, net, "cores", "core_oversubscription", spine_names, spine_down, nic, devices, links, "core",
+          default=1, minimum=1)
 
 
 def _spines(src: Source, net: YDict, lower: list[str], down: float, nic: _Spec, devices: list[Device],
             links: list[Link], required: bool, prefix: str = "") -> list[str]:
     """Spine switches above ``lower`` switches whose downlinks total ``down`` bytes/s each; their names."""
     return _tier(src, net, "spines", "oversubscription", lower, down, nic, devices, links, prefix + "spine",
-                 1 if required else 0, 0)
+                 default=1 if required else 0, minimum=0)
 
 
 def _tier(src: Source, net: YDict, key: str, ratio_key: str, lower: list[str], down: float, nic: _Spec,
-          devices: list[Device], links: list[Link], name: str, default: int, minimum: int) -> list[str]:
+          devices: list[Device], links: list[Link], name: str, *, default: int, minimum: int) -> list[str]:
     """``net[key]`` switches ``{name}{i}`` above ``lower``, each lower switch linked to each of them; a lower
     switch's uplinks together carry its downlinks' ``down`` bytes/s divided by ``net[ratio_key]``."""
     count = positive_int(src, net, key, default, minimum=minimum)
