@@ -14,7 +14,7 @@ pytest.importorskip("torch", reason="torch is not installed (pip install torch)"
 import torch
 
 from topocc.runtime.harness.torchbench.sweep import make_sweep
-from topocc.runtime.harness.torchbench.timer import expected, pattern
+from topocc.runtime.harness.torchbench.timer import cuda_device, expected, pattern
 
 COMBINE: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "sum": torch.add, "prod": torch.mul, "max": torch.maximum, "min": torch.minimum}
@@ -61,3 +61,12 @@ def test_the_patterns_are_exact_and_differ_by_rank() -> None:
     assert len({tuple(pattern(r, 5, torch.int64, "sum").tolist()) for r in range(5)}) == 5
     prod = dataclasses.replace(sweep, op="prod", ranks=2)
     assert set(pattern(1, 8, torch.int64, "prod").tolist()) == {1, 2} and expected(prod, 4, 0) is not None
+
+
+def test_ranks_beyond_the_gpus_share_them_each_as_a_host_of_its_own() -> None:
+    one_each = {"LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "8", "RANK": "11"}
+    assert cuda_device(one_each, 8) == 3 and "NCCL_HOSTID" not in one_each
+    shared = {"LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4", "RANK": "3"}
+    assert cuda_device(shared, 1) == 0 and shared["NCCL_HOSTID"] == "torchbench-host3"
+    other = {"LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4", "RANK": "2"}
+    assert cuda_device(other, 1) == 0 and other["NCCL_HOSTID"] != shared["NCCL_HOSTID"]

@@ -18,7 +18,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -145,11 +145,21 @@ def _measure(sweep: Sweep, group: Any, control: Any, count: int, device: torch.d
     return seconds, _total(control, wrong)
 
 
+def cuda_device(env: MutableMapping[str, str], gpus: int) -> int:
+    """This rank's GPU: its local rank's, or, where a host runs more ranks than it has GPUs (a test of the NCCL
+    path on one GPU), the local rank's modulo the GPUs, each rank then named a host of its own in
+    ``NCCL_HOSTID`` (NCCL refuses two ranks of one communicator on one GPU of one host)."""
+    local = int(env.get("LOCAL_RANK", "0"))
+    if int(env.get("LOCAL_WORLD_SIZE", "1")) > gpus:
+        env["NCCL_HOSTID"] = f"torchbench-host{env.get('RANK', local)}"
+    return local % gpus
+
+
 def _groups(sweep: Sweep) -> tuple[Any, dict[str, Any]]:
     """The control group (gloo) and a group of all ranks per backend; the world is topocc's when it is asked."""
     timeout = timedelta(seconds=sweep.timeout_s)
     if "nccl" in sweep.backends or sweep.device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(cuda_device(os.environ, torch.cuda.device_count()))
     world = "topocc" if "topocc" in sweep.backends else "gloo"
     dist.init_process_group(world, timeout=timeout)
     control = dist.group.WORLD if world == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
