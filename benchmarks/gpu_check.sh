@@ -40,6 +40,9 @@
 set -u
 cd "$(dirname "$0")/.." || exit 2
 PY=${PYTHON:-python3}
+# the device runs a copy of the tree, not an installed package: every step's processes import it from here
+PYTHONPATH=$(pwd)${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH
 
 if ! command -v tc >/dev/null 2>&1 && [ -d .ipr ]; then
     mkdir -p /tmp/ipr
