@@ -51,8 +51,9 @@ SHARED = ("topocc.planner.errors", "topocc.planner.units", "topocc.planner._yaml
 #: function may load one, or a module of the product that loads one when it is loaded.
 OPTIONAL = ("torch", "cupy", "ortools", "pulp", "highspy", "jinja2", "mpi4py", "ml_dtypes")
 #: Where imports inside functions keep a program's start-up fast (each with its reason): the CLI's, and a
-#: training job's ``init_process_group("topocc")``, whose replay loads at the first planned call.
-LAZY_MODULES = ("topocc.planner.cli", "topocc.runtime.distributed.process_group")
+#: training job's ``init_process_group("topocc")``, whose replay loads at the first planned call and the
+#: schedule format with the first schedule a plan parses.
+LAZY_MODULES = ("topocc.planner.cli", "topocc.runtime.distributed.process_group", "topocc.runtime.plan")
 #: No function of the product is longer than this.
 MAX_FUNCTION_LINES = 100
 

@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from topocc.runtime.collective import ROOTED
+from topocc.runtime.collective import collective as describe
+from topocc.runtime.documents import read_json_document
 from topocc.runtime.errors import ScheduleFormatError
 from topocc.runtime.plan import PLAN_FORMAT, AnyPlan, LazyPlan, as_plan, load_any, read_lazy_plan, save_plan
-from topocc.runtime.schedule import canonical_collective, read_json_document
 
 __all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "MANIFEST", "ROOTED", "Bundle", "BundlePlan", "PlanFile", "group_label",
            "load_bundle", "rank_ranges", "save_bundle"]
@@ -256,7 +257,7 @@ def _row(row: Any, where: str) -> _Row:
         if not isinstance(collective, str):
             raise ScheduleFormatError("collective must be a string", where=f"{where}: collective")
         try:
-            collective = canonical_collective(collective)
+            collective = describe(collective).name
         except ScheduleFormatError as exc:
             raise ScheduleFormatError(exc.message, where=f"{where}: collective", fix=exc.fix) from None
     root = row.get("root")

@@ -4,6 +4,9 @@ Buckets are half-open byte ranges ``[min_bytes, max_bytes)`` that tile the
 compiled range without gaps; the runtime picks the schedule whose bucket holds
 the call's size (sizes outside the range use the nearest bucket).  Stored as
 versioned JSON holding complete schedule documents.
+
+The schedule format loads with the first schedule parsed, not with this module: a training job's
+``init_process_group("topocc")`` reads its bundle's plans without it (its first calls are the native backend's).
 """
 
 from __future__ import annotations
@@ -14,10 +17,13 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
+from topocc.runtime.documents import read_json_document
 from topocc.runtime.errors import CommunicatorError, ScheduleFormatError
-from topocc.runtime.schedule import Schedule, parse_schedule, read_json_document, schedule_to_dict
+
+if TYPE_CHECKING:
+    from topocc.runtime.schedule import Schedule
 
 __all__ = ["PLAN_FORMAT", "PLAN_VERSION", "AnyPlan", "LazyPlan", "Plan", "PlanSource", "as_plan", "load_any",
            "load_plan", "read_lazy_plan", "save_plan"]
@@ -118,6 +124,8 @@ class LazyPlan:
         """Bucket ``index``'s schedule, parsed on first use."""
         parsed = self._parsed[index]
         if parsed is None:
+            from topocc.runtime.schedule import parse_schedule  # the format, loaded with the first schedule
+
             parsed = self._parsed[index] = parse_schedule(self._docs[index], f"{self._source}: buckets[{index}]")
         return parsed
 
@@ -187,10 +195,12 @@ def _check_bounds(bounds: Sequence[tuple[int, int | None]]) -> None:
 AnyPlan = Plan | LazyPlan
 #: What names a plan (:func:`as_plan`): a schedule or plan file, a schedule, a plan, or a list of schedules (or
 #: their files) that are one plan's buckets.
-PlanSource = str | Path | Schedule | Plan | Sequence[Schedule | str | Path]
+PlanSource: TypeAlias = "str | Path | Schedule | Plan | Sequence[Schedule | str | Path]"
 
 
 def plan_to_dict(plan: AnyPlan) -> dict[str, Any]:
+    from topocc.runtime.schedule import schedule_to_dict  # the format, loaded with the first schedule
+
     return {
         "format": PLAN_FORMAT,
         "version": PLAN_VERSION,
@@ -212,6 +222,8 @@ def save_plan(plan: AnyPlan, path: str | Path) -> None:
 
 
 def parse_plan(doc: Any, source: str = "<plan>") -> Plan:
+    from topocc.runtime.schedule import parse_schedule  # the format, loaded with the first schedule
+
     buckets = _plan_buckets(doc, source)
     schedules = tuple(parse_schedule(b, f"{source}: buckets[{i}]") for i, b in enumerate(buckets))
     plan = Plan(schedules)
@@ -231,6 +243,8 @@ def read_lazy_plan(path: str | Path, digest: int) -> LazyPlan:
 
 def load_any(path: str | Path) -> Schedule | Plan:
     """Load a schedule or a plan, whichever the file holds."""
+    from topocc.runtime.schedule import parse_schedule  # the format, loaded with the first schedule
+
     doc = read_json_document(path, "schedule or plan")
     if isinstance(doc, dict) and doc.get("format") == PLAN_FORMAT:
         return parse_plan(doc, str(path))
@@ -244,6 +258,8 @@ def as_plan(source: PlanSource) -> Plan:
     every size; a list of schedules (or their files) is the plan of their buckets, and a list of one is that
     one alone.
     """
+    from topocc.runtime.schedule import Schedule  # the format, loaded with the first schedule
+
     if isinstance(source, (str, Path)):
         source = load_any(source)
     if isinstance(source, Plan):

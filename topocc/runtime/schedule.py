@@ -33,7 +33,6 @@ import enum
 import gzip
 import json
 import math
-import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -41,6 +40,7 @@ from typing import Any, ClassVar, Literal
 
 from topocc.runtime.collective import NAMES, ROOTED, Collective
 from topocc.runtime.collective import collective as describe
+from topocc.runtime.documents import read_json_document
 from topocc.runtime.encoding import parse_encoding
 from topocc.runtime.errors import ScheduleFormatError
 
@@ -75,7 +75,6 @@ __all__ = [
     "load_schedule",
     "operation",
     "parse_schedule",
-    "read_json_document",
     "save_schedule",
     "schedule_to_dict",
     "without_encoding",
@@ -547,46 +546,6 @@ def save_schedule(schedule: Schedule, path: str | Path) -> None:
         path.write_bytes(gzip.compress(text.encode(), compresslevel=6, mtime=0))
     else:
         path.write_text(text)
-
-
-def read_json_document(path: str | Path, kind: str) -> Any:
-    """Parse a (possibly gzip-compressed) JSON file, turning every failure into one error line."""
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ScheduleFormatError(f"cannot read {kind}: {exc.strerror}", where=str(path)) from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise ScheduleFormatError(
-                f"corrupt gzip data ({exc})", where=str(path), fix="recompile or re-download the file"
-            ) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ScheduleFormatError(
-            f"not UTF-8 text at byte {exc.start}", where=str(path), fix=f"pass a topocc {kind} JSON file"
-        ) from None
-    if not text.strip():
-        raise ScheduleFormatError("empty file", where=str(path), fix=f"pass a topocc {kind} JSON file")
-    try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as exc:
-        raise ScheduleFormatError(
-            f"invalid JSON: {exc.msg.removesuffix(' at')} at line {exc.lineno} column {exc.colno}",
-            where=str(path),
-            fix="the file is truncated or was edited by hand; recompile it",
-        ) from None
-    except ValueError as exc:
-        raise ScheduleFormatError(str(exc), where=str(path)) from None
-    except RecursionError:
-        raise ScheduleFormatError("JSON nested too deeply", where=str(path)) from None
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"invalid JSON: {name} is not a number in a schedule")
 
 
 def load_schedule(path: str | Path) -> Schedule:

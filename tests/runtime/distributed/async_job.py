@@ -4,7 +4,8 @@
 return at once, its work stay incomplete until rank 1 arrives, and rank 0's own Python code keep running
 meanwhile (the replay waits without holding the GIL).  ``async_job.py sizes N...``: one all_reduce of each
 size (float32 elements), twice, so that each distinct call is seen twice; ``async_job.py burst N...``: the same
-calls all issued with ``async_op`` before any is waited on (as DDP's backward issues its buckets), each checked.
+calls all issued with ``async_op`` before any is waited on (as DDP's backward issues its buckets), each checked;
+``async_job.py first N``: two all_reduces of N elements, noting after each whether the schedule format is loaded.
 Rank 0 prints ``RESULT {json}``.
 The script imports nothing of topocc: the backend comes from torch's autoloading of installed entry points.
 """
@@ -67,12 +68,22 @@ def burst(counts: list[int]) -> dict[str, object]:
     return {"wrong": wrong, "in_flight": in_flight}
 
 
+def first(counts: list[int]) -> dict[str, object]:
+    """With trials on, a class's first call is gloo's: the schedule format loads at the second, the plan's."""
+    loaded = []
+    for _ in range(2):
+        dist.all_reduce(torch.ones(counts[0]))
+        loaded.append("topocc.runtime.schedule" in sys.modules)
+    return {"format_loaded": loaded}
+
+
 def main() -> None:
     mode = sys.argv[1]
     loaded_before = any(name.startswith("topocc.runtime") for name in sys.modules)
     dist.init_process_group("topocc")
     counts = [int(n) for n in sys.argv[2:]]
-    out = late() if mode == "late" else burst(counts) if mode == "burst" else sizes(counts)
+    modes = {"burst": burst, "first": first, "sizes": sizes}
+    out = late() if mode == "late" else modes[mode](counts)
     stats = sys.modules["topocc.runtime.distributed"].counters()  # loaded by init_process_group, not by us
     if dist.get_rank() == 0:
         print("RESULT " + json.dumps({**out, "counters": stats.as_dict(), "loaded_before_init": loaded_before}),

@@ -108,8 +108,8 @@ def test_the_first_calls_of_a_size_are_trials_and_the_ranks_agree_on_which_runs_
     allreduce = result(done)["counters"]["allreduce"]
     verdicts = set()
     for rank in (0, 1):
-        (line,) = [line for line in done.stderr.splitlines()
-                   if line.startswith(f"topocc INFO rank {rank} world: allreduce of 1 KiB to 2 KiB: measured plan ")]
+        head = f"topocc INFO rank {rank} world: allreduce of 1 KiB to 2 KiB on cpu: measured plan "
+        (line,) = [line for line in done.stderr.splitlines() if line.startswith(head)]
         verdicts.add(line.rpartition(": ")[2])
     assert len(verdicts) == 1, verdicts  # both ranks decided alike, from the same agreed figures
     if verdicts == {"gloo runs it"}:  # on loopback the host-driven replay is usually the slower
@@ -193,6 +193,15 @@ def test_torch_registers_the_backend_without_importing_topocc() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
                          cwd="/").stdout.strip()
     assert out == "False []", out
+
+
+def test_the_schedule_format_loads_with_the_first_planned_call(tmp_path: Path) -> None:
+    """``init_process_group`` and a class's first call (gloo's, a trial) read the bundle without the schedule
+    format; the class's second call, the plan's trial, loads it."""
+    res = result(torchrun(2, "async_job.py", "first", "1001",
+                          env={"TOPOCC_PLAN": str(bundle_for(tmp_path, 2, ("allreduce",))), "TOPOCC_TUNE": "on"}))
+    assert res["format_loaded"] == [False, True], res
+    assert not res["loaded_before_init"], res
 
 
 def test_calls_in_flight_together_run_in_call_order(tmp_path: Path) -> None:

@@ -90,14 +90,17 @@ class CallReport:
 
         self._emit((collective, nbytes, dtype, device, "plan"), text)
 
-    def measured(self, cls: tuple[str, int | None, int], plan_s: float, native_s: float, planned: bool) -> None:
+    def measured(self, cls: tuple[str, int | None, str, int], plan_s: float, native_s: float,
+                 planned: bool) -> None:
         """A call class decided by its trials: both times and which runs it from now on."""
         if self.enabled:
-            collective, _, bits = cls
+            collective, _, device, bits = cls
+            native = "gloo" if device == "cpu" else "nccl"
             low, high = format_bytes(1 << (bits - 1) if bits else 0), format_bytes(1 << bits)
             self._emit((cls, "measured"), lambda: (
-                f"{collective} of {low} to {high}: measured plan {_format_time(plan_s)}, gloo {_format_time(native_s)} "
-                f"(fastest rank, best of its trials): {'the plan runs it' if planned else 'gloo runs it'}"))
+                f"{collective} of {low} to {high} on {device}: measured plan {_format_time(plan_s)}, {native} "
+                f"{_format_time(native_s)} (fastest rank, best of its trials): "
+                f"{'the plan runs it' if planned else native + ' runs it'}"))
 
     def native(self, collective: str, nbytes: int, dtype: str, device: str, backend: str, why: str) -> None:
         """A call the native backend runs, and why."""

@@ -70,6 +70,8 @@ log = logging.getLogger("topocc.distributed")
 
 #: What names a plan of a group and the device it runs on: (collective, root or None, device type).
 _Key = tuple[str, int | None, str]
+#: A call being timed as a trial: its class, which arm it tries, and its tensors' device.
+_Trial = tuple[CallClass, Arm, torch.device]
 
 #: torch's reduction ops the plans replay, by the runtime's names (``ReduceOp`` objects do not hash by value).
 _OPS: tuple[tuple[Any, str], ...] = (
@@ -162,9 +164,9 @@ class TopoccProcessGroup(dist.ProcessGroup):
         self._desc = ""
         gloo = dist.ProcessGroupGloo(dist.PrefixStore("native-cpu/", store), rank, size, timeout)
         self._native: dict[str, Any] = {"cpu": NativeCalls(gloo, self._native_work)}
-        # planned CPU calls are measured against gloo's before a call class keeps its plan (tuning.py)
+        # planned calls are measured against the native backend's before a call class keeps its plan (tuning.py)
         self._tuner = Tuner() if tuning_enabled() else None
-        self._trial: tuple[CallClass, Arm] | None = None  # the call being routed is this trial
+        self._trial: _Trial | None = None  # the call being routed is this trial
         # no CPU call of this group is in flight: none made yet, or the last was a trial, waited for.  Every rank
         # makes the same calls in the same order, so every rank finds the same here, and a trial skips the
         # drain's barrier alike (consecutive first calls, a job's set-up, meet no barrier between them)
@@ -220,9 +222,9 @@ class TopoccProcessGroup(dist.ProcessGroup):
                                         fix="use CPU or CUDA tensors")
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = self._timeout
-            backend = dist.ProcessGroupNCCL(dist.PrefixStore("native-cuda/", self._store), self._rank, self._size,
-                                            options)
-            self._native[kind] = backend
+            nccl = dist.ProcessGroupNCCL(dist.PrefixStore("native-cuda/", self._store), self._rank, self._size,
+                                         options)
+            backend = self._native[kind] = NativeCalls(nccl, self._native_work)
         return backend
 
     def _transport(self, device: torch.device) -> Any:
@@ -279,8 +281,8 @@ class TopoccProcessGroup(dist.ProcessGroup):
                 self._transport(first.device)
             except CommunicatorError as exc:  # e.g. no CuPy: every rank finds the same, so all go native
                 why = self._unavailable[first.device.type] = f"no {first.device.type} transport ({exc.message})"
-        if why is None and first.device.type == "cpu" and self._tuner is not None:
-            why = self._measured(call_class(collective, key[1], nbytes))
+        if why is None and self._tuner is not None:
+            why = self._measured(call_class(collective, key[1], first.device.type, nbytes), first.device)
         self._tally(collective, nbytes, why, first.device, provisional=self._trial is not None)
         if why is not None:
             self._report.native(collective, nbytes, dtype, first.device.type,
@@ -319,8 +321,8 @@ class TopoccProcessGroup(dist.ProcessGroup):
     @staticmethod
     def _no_gain(entry: BundlePlan, nbytes: int, device: torch.device) -> str | None:
         """Why a CPU call of ``nbytes`` goes native though a plan serves it: the compiler predicts it no faster
-        than gloo's own algorithm (the bundle's ``native_below``); None when the plan runs it.  CUDA calls run
-        the plan at every size: the threshold is found against gloo's algorithms, not NCCL's."""
+        than gloo's own algorithm (the bundle's ``native_below``); None when the plan runs it.  The threshold is
+        found against gloo's algorithms, not NCCL's, so CUDA calls leave the choice to the trials against NCCL."""
         if device.type != "cpu" or entry.native_below == 0:
             return None
         if entry.native_below is None:
@@ -329,7 +331,7 @@ class TopoccProcessGroup(dist.ProcessGroup):
             return f"model predicts no gain at {nbytes} bytes (the plan runs from {entry.native_below})"
         return None
 
-    def _measured(self, cls: CallClass) -> str | None:
+    def _measured(self, cls: CallClass, device: torch.device) -> str | None:
         """Why a call of ``cls`` goes native by measurement (None: the plan runs it); a trial drains the group's
         calls in flight first, so that it is timed alone, and is timed by :meth:`_planned` or the native call."""
         assert self._tuner is not None
@@ -337,10 +339,18 @@ class TopoccProcessGroup(dist.ProcessGroup):
         if arm is Arm.PLAN:
             return None
         if arm is Arm.NATIVE:
-            return self._tuner.choices[cls].why()
+            return self._tuner.choices[cls].why("gloo" if device.type == "cpu" else "nccl")
         self._drain()
-        self._trial = (cls, arm)
+        self._settle(device)
+        self._trial = (cls, arm, device)
         return None if arm is Arm.TRY_PLAN else "a trial against the plan"
+
+    @staticmethod
+    def _settle(device: torch.device) -> None:
+        """Wait until ``device`` has run all the work queued on it (nothing to wait for on the host): a CUDA
+        call returns with its work queued, so a CUDA trial is timed between two settled devices."""
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     def _drain(self) -> None:
         """Wait for this group's planned and native calls in flight: the progress thread's queue, then a gloo
@@ -355,15 +365,16 @@ class TopoccProcessGroup(dist.ProcessGroup):
         """A native call was made at ``start``: if it is a trial, wait for it and record its time."""
         if self._trial is not None and self._trial[1] is Arm.TRY_NATIVE and isinstance(result, dist.Work):
             trial, self._trial = self._trial, None
-            result.wait()
+            result.wait()  # on CUDA it orders the caller's stream after the call; the clock needs the device settled
+            self._settle(trial[2])
             self._idle = True
             self._recorded(trial, time.perf_counter() - start)
         else:
             self._idle = False
 
-    def _recorded(self, trial: tuple[CallClass, Arm], seconds: float) -> None:
+    def _recorded(self, trial: _Trial, seconds: float) -> None:
         assert self._tuner is not None
-        choice = self._tuner.record(*trial, seconds, self._agree)
+        choice = self._tuner.record(trial[0], trial[1], seconds, self._agree)
         if choice is not None:
             self._report.measured(trial[0], choice.plan_s, choice.native_s, choice.planned)
 
@@ -391,10 +402,15 @@ class TopoccProcessGroup(dist.ProcessGroup):
     def _planned(self, key: _Key, run: Callable[[Communicator], Any], result: Any) -> Any:
         """Run a planned call, ``run(communicator)``: on CPU by the group's progress thread (the caller gets its
         ``Work`` at once), on CUDA now (NCCL's stream orders it); the work's future holds ``result``."""
-        if key[2] != "cpu":
-            run(self._comm(key))
-            return _completed(result)
         trial, self._trial = self._trial, None
+        if key[2] != "cpu":
+            comm = self._comm(key)  # made (NCCL communicator, peers met) before the clock starts
+            start = time.perf_counter()
+            run(comm)
+            if trial is not None:  # the device settled before the trial; timed to its settling after
+                self._settle(trial[2])
+                self._recorded(trial, time.perf_counter() - start)
+            return _completed(result)
         took: list[float] = []
 
         def call() -> None:

@@ -1,11 +1,11 @@
-"""The measured choice: a planned CPU call runs the plan only where it was measured faster than gloo's own.
+"""The measured choice: a planned call runs the plan only where it was measured faster than the native backend's.
 
 The bundle's native threshold is the model's prediction; a host-driven replay can
 miss it where the model leaves out what the replay spends per message (Python
 per message, ranks sharing cores), so a plan predicted 2x ahead can measure 3x
 behind.  A planned call must never cost more than the native call it replaces,
-so the first calls of each *call class* (collective, root, and the size's power
-of two) are trials: they alternate between the plan and the native backend
+so the first calls of each *call class* (collective, root, device type and the
+size's power of two) are trials: they alternate between the plan and the native backend
 (:data:`TRIALS` each), each run alone (the group's earlier calls drained first)
 and timed on every rank.  Then the ranks agree, with one small native
 all-reduce (MIN), on each arm's time: a rank's best trial, and the fastest
@@ -14,8 +14,12 @@ so its time is the collective's own and not the others' lateness.  The class
 runs the plan from then on only if its time is below the native one by
 :data:`MARGIN`; every rank takes the same decision from the same agreed figures.
 
-``TOPOCC_TUNE=off`` trusts the model alone (no trials).  CUDA calls are not
-measured here (their plans replay on NCCL's stream).
+The native backend is gloo for CPU tensors and NCCL for CUDA tensors.  A CUDA
+call returns with its work queued on the device, so a CUDA trial is timed from
+a synchronised device to a synchronised device (the process group's
+``_settle``): the time the call's work took, on NCCL's stream or the plan's.
+
+``TOPOCC_TUNE=off`` trusts the model alone (no trials).
 """
 
 from __future__ import annotations
@@ -40,8 +44,9 @@ TRIALS = 2
 #: a tie goes native, and run-to-run noise on a shared host is of this order.
 MARGIN = 0.05
 
-#: What names a call class: collective, root (None if unrooted), and the size's bit length (powers of two).
-CallClass = tuple[str, int | None, int]
+#: What names a call class: collective, root (None if unrooted), device type (``cpu``, ``cuda``: each its own
+#: native backend), and the size's bit length (powers of two).
+CallClass = tuple[str, int | None, str, int]
 
 
 def tuning_enabled() -> bool:
@@ -52,7 +57,7 @@ def tuning_enabled() -> bool:
     if text in ("off", "0", "false", "no"):
         return False
     raise CommunicatorError(f"{TUNE_ENV}={text!r} is neither on nor off", where=TUNE_ENV,
-                            fix=f"set {TUNE_ENV}=on (measure plans against gloo) or off (trust the model)")
+                            fix=f"set {TUNE_ENV}=on (time plans against the native backend) or off (trust the model)")
 
 
 class Arm(Enum):
@@ -75,9 +80,9 @@ class Choice:
     def planned(self) -> bool:
         return self.plan_s < (1.0 - MARGIN) * self.native_s
 
-    def why(self) -> str:
-        """Why the class goes native (for the counters; the INFO line gives the times)."""
-        return "measured no faster than gloo (TOPOCC_DEBUG=INFO prints both times)"
+    def why(self, native: str) -> str:
+        """Why the class goes native (for the counters; the INFO line gives the times), ``native`` its name."""
+        return f"measured no faster than {native} (TOPOCC_DEBUG=INFO prints both times)"
 
 
 @dataclass(slots=True)
@@ -86,8 +91,8 @@ class _Trials:
     native: list[float] = field(default_factory=list)
 
 
-def call_class(collective: str, root: int | None, nbytes: int) -> CallClass:
-    return (collective, root, nbytes.bit_length())
+def call_class(collective: str, root: int | None, device: str, nbytes: int) -> CallClass:
+    return (collective, root, device, nbytes.bit_length())
 
 
 class Tuner:

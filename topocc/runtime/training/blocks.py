@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from topocc.runtime.communicator import Communicator, PlanSource
+from topocc.runtime.documents import read_json_document
 from topocc.runtime.errors import CommunicatorError
-from topocc.runtime.schedule import read_json_document
 from topocc.runtime.training.profile import owners
 
 if TYPE_CHECKING:
