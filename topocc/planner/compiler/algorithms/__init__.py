@@ -34,7 +34,8 @@ class Algorithm:
     collectives: tuple[str, ...]
     summary: str
     #: ``auto`` skips this algorithm above this many ranks: its schedule grows as p^2 operations (or its
-    #: solver as a model of that size), so at scale it loses to the hierarchical ones and costs minutes.
+    #: solver as a model of that size, or its rank order, a ring searched over every rank), so at scale it
+    #: loses to the hierarchical ones and costs minutes.
     auto_max_ranks: int | None = None
     #: ``auto`` races the algorithms tier by tier, cheapest to build first, and stops before the next tier
     #: once its best reaches :data:`topocc.planner.compiler.race.GOOD_ENOUGH` of the lower bound (the costly
@@ -79,12 +80,15 @@ ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("ring", "topocc.planner.compiler.algorithms.ring", "ring", _ALL,
                   "topology-aware rings (one or more channels), bandwidth-optimal for large messages",
                   auto_max_ranks=256, min_chain=_ring_chain, link_floor="ring_link_floor"),
+        # the tree and halving-doubling order ranks by the ring over all of them: a search that takes
+        # minutes above 16,384 ranks (about 9 on 65,536), where both lose to the hierarchical schedules
         Algorithm("tree", "topocc.planner.compiler.algorithms.tree", "double_binary_tree",
                   ("allreduce", "broadcast", "reduce"),
-                  "double binary tree (NCCL's tree), logarithmic latency", link_floor="tree_link_floor"),
+                  "double binary tree (NCCL's tree), logarithmic latency", auto_max_ranks=16384,
+                  link_floor="tree_link_floor"),
         Algorithm("halving-doubling", "topocc.planner.compiler.algorithms.halving_doubling", "halving_doubling",
                   ("allreduce", "reducescatter", "allgather"),
-                  "recursive halving-doubling (Rabenseifner), log p steps"),
+                  "recursive halving-doubling (Rabenseifner), log p steps", auto_max_ranks=16384),
         Algorithm("direct", "topocc.planner.compiler.algorithms.direct", "direct", (*_ALL, "alltoall"),
                   "all-pairs exchange in one step, for small messages and all-to-all", auto_max_ranks=64),
         Algorithm("hierarchical", "topocc.planner.compiler.algorithms.hierarchical", "hierarchical", _ALL,

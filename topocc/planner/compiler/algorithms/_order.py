@@ -203,19 +203,24 @@ class _CycleSearch:
         self.groups = groups
         self.direct = direct
         self.by_group: dict[int, list[int]] = {}
-        self.outside: dict[int, list[int]] = {}
         self.exits: dict[int, bool] = {}
         self.exits_left: dict[int, int] = {}
         if groups is not None:
             for m in members:
                 self.by_group.setdefault(groups[m], []).append(m)
-            self.outside = {g: [m for m in members if groups[m] != g] for g in self.by_group}
-            self.exits = {m: any(weight(m, v) >= floor for v in self.outside[groups[m]]) for m in members}
+            self.exits = {m: any(weight(m, v) >= floor for v in self.outside(groups[m])) for m in members}
             for m in members:
                 self.exits_left[groups[m]] = self.exits_left.get(groups[m], 0) + self.exits[m]
         self.group_order = list(self.by_group)
         self.visited: set[int] = set()
         self.remaining_in = {g: len(v) for g, v in self.by_group.items()}
+
+    def outside(self, group: int) -> Iterator[int]:
+        """The members of other groups than ``group``, in order (walked, not kept: a list per group would hold
+        groups x members entries, half a billion on 65,536 ranks)."""
+        groups = self.groups
+        assert groups is not None
+        return (m for m in self.members if groups[m] != group)
 
     def start(self) -> int | None:
         """The member to start from: with groups, an entry of the first member's group (entered by a direct
@@ -227,9 +232,8 @@ class _CycleSearch:
         groups = self.groups
 
         def entry(m: int) -> tuple[bool, bool, int]:
-            ins = self.outside[groups[m]]
-            return (not any(self.direct(u, m) and self.weight(u, m) >= self.floor for u in ins),
-                    not any(self.weight(u, m) >= self.floor for u in ins), self.index[m])
+            return (not any(self.direct(u, m) and self.weight(u, m) >= self.floor for u in self.outside(groups[m])),
+                    not any(self.weight(u, m) >= self.floor for u in self.outside(groups[m])), self.index[m])
 
         return min(self.by_group[groups[self.members[0]]], key=entry)
 
