@@ -19,9 +19,12 @@ import sys
 import threading
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from topocc.runtime.errors import CommunicatorError, TopoccError
+
+if TYPE_CHECKING:
+    from topocc.runtime.distributed.tuning import CallClass
 
 __all__ = ["DEBUG_ENV", "CallReport", "debug_level", "format_bytes", "install_excepthook", "note_failure"]
 
@@ -90,12 +93,11 @@ class CallReport:
 
         self._emit((collective, nbytes, dtype, device, "plan"), text)
 
-    def measured(self, cls: tuple[str, int | None, str, int], plan_s: float, native_s: float,
-                 planned: bool) -> None:
-        """A call class decided by its trials: both times and which runs it from now on."""
+    def measured(self, cls: CallClass, native: str, plan_s: float, native_s: float, planned: bool) -> None:
+        """A call class decided by its trials against the ``native`` backend: both times and which runs it
+        from now on."""
         if self.enabled:
             collective, _, device, bits = cls
-            native = "gloo" if device == "cpu" else "nccl"
             low, high = format_bytes(1 << (bits - 1) if bits else 0), format_bytes(1 << bits)
             self._emit((cls, "measured"), lambda: (
                 f"{collective} of {low} to {high} on {device}: measured plan {_format_time(plan_s)}, {native} "

@@ -96,6 +96,11 @@ def _not_a_gradient(collective: Collective, tensor: torch.Tensor) -> str | None:
     return None
 
 
+def _native_name(device: torch.device) -> str:
+    """The native backend that serves ``device``'s tensors, by name."""
+    return "gloo" if device.type == "cpu" else "nccl"
+
+
 def _nbytes(*tensors: torch.Tensor) -> int:
     """The bytes of ``tensors`` together."""
     return sum(t.numel() * t.element_size() for t in tensors)
@@ -286,7 +291,7 @@ class TopoccProcessGroup(dist.ProcessGroup):
         self._tally(collective, nbytes, why, first.device, provisional=self._trial is not None)
         if why is not None:
             self._report.native(collective, nbytes, dtype, first.device.type,
-                                "gloo" if first.device.type == "cpu" else "nccl", why)
+                                _native_name(first.device), why)
             return None
         if self._report.enabled:  # reads the plan now, not at the first call's replay
             plan = self._plans[key[:2]].plan
@@ -339,7 +344,7 @@ class TopoccProcessGroup(dist.ProcessGroup):
         if arm is Arm.PLAN:
             return None
         if arm is Arm.NATIVE:
-            return self._tuner.choices[cls].why("gloo" if device.type == "cpu" else "nccl")
+            return self._tuner.choices[cls].why(_native_name(device))
         self._drain()
         self._settle(device)
         self._trial = (cls, arm, device)
@@ -376,7 +381,7 @@ class TopoccProcessGroup(dist.ProcessGroup):
         assert self._tuner is not None
         choice = self._tuner.record(trial[0], trial[1], seconds, self._agree)
         if choice is not None:
-            self._report.measured(trial[0], choice.plan_s, choice.native_s, choice.planned)
+            self._report.measured(trial[0], _native_name(trial[2]), choice.plan_s, choice.native_s, choice.planned)
 
     def _agree(self, figures: list[float]) -> list[float]:
         """The MIN over the group's ranks of each of ``figures`` (a small native all-reduce)."""
@@ -436,7 +441,7 @@ class TopoccProcessGroup(dist.ProcessGroup):
         self.stats.count(collective, nbytes, why, provisional)
         if why is not None and log.isEnabledFor(logging.DEBUG):
             log.debug("rank %d of %s: %s of %d bytes goes to native %s: %s", self._rank, list(self.group),
-                      collective, nbytes, "gloo" if device.type == "cpu" else "nccl", why)
+                      collective, nbytes, _native_name(device), why)
 
     def _delegate(self, collective: str, device: torch.device, nbytes: int, why: str, names: Sequence[str],
                   *args: Any) -> Any:
