@@ -43,7 +43,7 @@ PLANNER_READS = frozenset({
     "topocc.runtime", "topocc.runtime.schedule", "topocc.runtime.collective", "topocc.runtime.plan",
     "topocc.runtime.bundle", "topocc.runtime.calls", "topocc.runtime.errors", "topocc.runtime.encoding",
     "topocc.runtime.matching", "topocc.runtime.lowering", "topocc.runtime.bandwidth", "topocc.runtime.arrays",
-    "topocc.runtime.chrome_trace", "topocc.runtime.training.profile",
+    "topocc.runtime.chrome_trace", "topocc.runtime.training.profile", "topocc.runtime.symmetric",
 })
 #: Modules every planner package may import.
 SHARED = ("topocc.planner.errors", "topocc.planner.units", "topocc.planner._yaml", "topocc.planner.collector")
@@ -52,8 +52,10 @@ SHARED = ("topocc.planner.errors", "topocc.planner.units", "topocc.planner._yaml
 OPTIONAL = ("torch", "cupy", "ortools", "pulp", "highspy", "jinja2", "mpi4py", "ml_dtypes")
 #: Where imports inside functions keep a program's start-up fast (each with its reason): the CLI's, and a
 #: training job's ``init_process_group("topocc")``, whose replay loads at the first planned call and the
-#: schedule format with the first schedule a plan parses.
-LAZY_MODULES = ("topocc.planner.cli", "topocc.runtime.distributed.process_group", "topocc.runtime.plan")
+#: schedule format with the first schedule a plan parses; and the format, whose symmetric form (a module
+#: built on it) loads with the first symmetric schedule.
+LAZY_MODULES = ("topocc.planner.cli", "topocc.runtime.distributed.process_group", "topocc.runtime.plan",
+                "topocc.runtime.schedule")
 #: No function of the product is longer than this.
 MAX_FUNCTION_LINES = 100
 

@@ -272,8 +272,9 @@ STRUCTURAL: list[tuple[str, Callable[[Any], Any], str, str]] = [
     ("format-long", _set("format", "x" * 500), "format", "format 'xxxxxxxx"),
     ("version-type", _set("version", "1"), "version", "expected an integer, got a string"),
     ("version-newer", _set("version", VERSION + 1), "version",
-     "unsupported schedule format version 4 (this topocc reads versions 1, 2, 3) (fix: upgrade topocc"),
-    ("version-older", _set("version", 0), "version", "version 0 (this topocc reads versions 1, 2, 3) (fix: recompile"),
+     "unsupported schedule format version 5 (this topocc reads versions 1, 2, 3, 4) (fix: upgrade topocc"),
+    ("version-older", _set("version", 0), "version",
+     "version 0 (this topocc reads versions 1, 2, 3, 4) (fix: recompile"),
     ("collective-type", _set("collective", 3), "collective", "expected a string, got int"),
     ("collective-unknown", _set("collective", "allsum"), "collective", "unknown collective 'allsum'"),
     ("ranks-string", _set("ranks", "2"), "ranks", "expected an integer, got a string"),
@@ -419,7 +420,7 @@ def test_corpus_is_complete() -> None:
     assert len(files) >= 16
     for name, entry in expected.items():
         assert set(entry) == {"stage", "contains"}, name
-        assert entry["stage"] in ("load", "verify"), name
+        assert entry["stage"] in ("load", "expand", "verify"), name
         assert isinstance(entry["contains"], str) and entry["contains"], name
     stages = [e["stage"] for e in expected.values()]
     assert stages.count("verify") >= 4
@@ -431,12 +432,15 @@ def test_bad_schedule(name: str) -> None:
     path = BAD / name
     with pytest.raises(TopoccError) as info:
         schedule = load_schedule(path)
-        assert entry["stage"] == "verify", f"{name} loaded but should fail to load"
+        assert entry["stage"] != "load", f"{name} loaded but should fail to load"
+        if entry["stage"] == "expand":  # a symmetric schedule whose classes give some rank a bad program
+            list(schedule.programs)
+            pytest.fail(f"{name}: every rank's program was built")
         verify(schedule)
     text = str(info.value)
     assert "\n" not in text
     assert entry["contains"] in text, f"{entry['contains']!r} not in {text!r}"
-    if entry["stage"] == "load":
+    if entry["stage"] in ("load", "expand"):
         assert isinstance(info.value, ScheduleFormatError)
         assert name in text
     else:
@@ -446,27 +450,34 @@ def test_bad_schedule(name: str) -> None:
 # --------------------------------------------------------------------------- the format documentation
 
 
-def _doc_example() -> str:
+def _doc_examples() -> list[str]:
     blocks = re.findall(r"```json\n(.*?)```", DOC.read_text(), flags=re.S)
-    assert len(blocks) == 1, "docs/schedule-format.md must hold exactly one ```json example"
-    return blocks[0]
+    assert len(blocks) == 2, "docs/schedule-format.md must hold two ```json examples (per rank, symmetric)"
+    return blocks
 
 
-def test_documented_example_loads_and_verifies(tmp_path: Path) -> None:
+def test_documented_examples_show_both_forms() -> None:
+    assert sorted("symmetry" in json.loads(text) for text in _doc_examples()) == [False, True]
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_documented_examples_load_and_verify(tmp_path: Path, index: int) -> None:
+    text = _doc_examples()[index]
     path = tmp_path / "example.json"
-    path.write_text(_doc_example())
+    path.write_text(text)
     s = load_schedule(path)
     assert s.collective == "allreduce"
     report = verify(s)
     assert report.operations == s.op_count
     # what the example text shows is what the format writes
-    assert json.loads(dump_schedule(s)) == json.loads(_doc_example())
+    assert json.loads(dump_schedule(s)) == json.loads(text)
 
 
 def test_documentation_names_every_field_and_op() -> None:
     text = DOC.read_text()
     doc = base_doc()
     names = set(doc) | set(doc["chunks"]) | set(doc["metadata"]) | {"peer", "src", "dst", "deps", "step", "ch", "enc"}
+    names |= {"symmetry", "shape", "ranks", "classes"}
     names |= set(OP_RULES)
     missing = sorted(n for n in names if f"`{n}`" not in text)
     assert not missing, f"docs/schedule-format.md does not mention {missing}"

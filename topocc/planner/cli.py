@@ -164,16 +164,20 @@ def cli(ctx: click.Context) -> None:
 @click.option("--compress", "compression", default=None, metavar="POLICY",
               help="Encode the messages that cross chosen links: ENCODING@SCOPE, e.g. bf16@slow, "
                    "int8@links<=25Gb/s, topk:1%@inter-rack, fp16@host-switch (default: every byte exact).")
+@click.option("--per-rank", is_flag=True,
+              help="Write every rank's program (format versions 1-3), not the symmetric form that a file of 64 "
+                   "or more ranks takes where it stores at most half the operations.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
 @click.option("--progress/--no-progress", default=None, help=PROGRESS_HELP)
 def compile_cmd(topology: str, collective: str, size: tuple[int, int], algorithm: str, channels: int | None,
-                pipeline: int | None, root: int, output: str | None, compression: str | None, as_json: bool,
-                progress: bool | None) -> None:
+                pipeline: int | None, root: int, output: str | None, compression: str | None, per_rank: bool,
+                as_json: bool, progress: bool | None) -> None:
     """Compile COLLECTIVE for TOPOLOGY (a YAML file or a shipped name), verify and simulate it."""
     # loaded on use: every command starts without the others' modules
     from topocc.planner.compiler.compile import compile_schedule
     from topocc.planner.compiler.options import Options
     from topocc.planner.compiler.size_buckets import compile_plan
+    from topocc.planner.compiler.symmetrize import symmetric_form, symmetric_plan
     from topocc.planner.report.summary import compiled_summary, format_plan, model_note, plan_summary
     from topocc.planner.topology.catalogue import resolve_topology
     from topocc.runtime.plan import save_plan
@@ -191,7 +195,7 @@ def compile_cmd(topology: str, collective: str, size: tuple[int, int], algorithm
         if policy is not None:
             plan, results, reports = _compress_plan(topo, results, policy)
         if output:
-            save_plan(plan, output)
+            save_plan(plan if per_rank else symmetric_plan(plan, topo), output)
         doc = plan_summary(results, output) | {"model": model_note(topo)}
         if reports is not None:
             doc["compression"] = reports
@@ -204,9 +208,10 @@ def compile_cmd(topology: str, collective: str, size: tuple[int, int], algorithm
 
         done = compress(topo, compiled, policy)
         compiled, extra = done.compiled, {"compression": done.report.to_json()}
+    written = compiled.schedule if per_rank else symmetric_form(compiled.schedule, topo)
     if output:
-        save_schedule(compiled.schedule, output)
-    doc = compiled_summary(compiled, output) | {"model": model_note(topo)} | extra
+        save_schedule(written, output)
+    doc = compiled_summary(compiled, output, written) | {"model": model_note(topo)} | extra
     _emit(doc, as_json, _summary_text(doc) + (f"\n{_compression_text(extra['compression'])}" if extra else ""))
 
 

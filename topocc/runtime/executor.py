@@ -32,6 +32,7 @@ from topocc.runtime.encoding import Encoding, parse_encoding
 from topocc.runtime.errors import CommunicatorError, PeerError
 from topocc.runtime.matching import sequence_numbers, streams
 from topocc.runtime.schedule import Chunk, Op, Receive, Schedule
+from topocc.runtime.symmetric import TemplateOp
 from topocc.runtime.transports import GroupTransport, PeerFailure, Transport
 
 __all__ = [
@@ -103,7 +104,7 @@ def _alias(schedule: Schedule, rank: int, ref: Chunk | None) -> Chunk | None:
 
 def message_tag_space(schedule: Schedule) -> int:
     """How many channels tags must separate: one more than the largest channel used."""
-    return 1 + max((op.channel for program in schedule.programs for op in program), default=0)
+    return 1 + max((op.channel for op in schedule.written_ops()), default=0)
 
 
 def _chunk_origins(schedule: Schedule, rank: int) -> list[list[int]]:
@@ -274,7 +275,7 @@ class Program:
         self.staging: dict[int, Any] = {}
         self.codecs = _codecs(program, ops, dtype) if encode else {}
         # whether some rank's program encodes (the same on every rank: what a call's error feedback agrees on)
-        self.encoded = bool(encode and any(_codecs(p, ops, dtype) for p in schedule.programs))
+        self.encoded = bool(encode and _codecs(tuple(schedule.written_ops()), ops, dtype))
         for k, kind in enumerate(self.kinds):
             pieces = self.src_pieces[k] if kind == SEND else self.dst_pieces[k]
             if kind == RECV_REDUCE or (kind in (SEND, RECV) and len(pieces) > 1) or (kind == COPY and k in self.codecs):
@@ -390,9 +391,10 @@ class Program:
         )
 
 
-def _codecs(program: Sequence[Op], ops: ArrayOps, dtype: Any) -> dict[int, Encoding]:
+def _codecs(program: Sequence[Op | TemplateOp], ops: ArrayOps, dtype: Any) -> dict[int, Encoding]:
     """The operations whose encoding can carry ``dtype`` here (both ends of a message decide alike): float data
-    an encoding makes smaller, in memory numpy can see (CPU)."""
+    an encoding makes smaller, in memory numpy can see (CPU).  ``program`` may be a symmetric schedule's
+    templates (:meth:`Schedule.written_ops`): what an operation encodes is the same on every rank of a class."""
     name = ops.dtype_name(dtype)
     itemsize = ITEMSIZES[name]
     if not any(op.encoding for op in program) or ops.host(ops.empty(1, dtype)) is None:

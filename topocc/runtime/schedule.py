@@ -36,13 +36,16 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from topocc.runtime.collective import NAMES, ROOTED, Collective
 from topocc.runtime.collective import collective as describe
 from topocc.runtime.documents import read_json_document
 from topocc.runtime.encoding import parse_encoding
 from topocc.runtime.errors import ScheduleFormatError
+
+if TYPE_CHECKING:
+    from topocc.runtime.symmetric import Symmetry, TemplateOp
 
 __all__ = [
     "BUFFERS",
@@ -81,9 +84,10 @@ __all__ = [
 ]
 
 FORMAT = "topocc-schedule"
-#: The newest format version (2 added ``paths``, 3 ``enc``); a schedule is written with the oldest that holds it.
-VERSION = 3
-VERSIONS = (1, 2, 3)
+#: The newest format version (2 added ``paths``, 3 ``enc``, 4 the symmetric form of
+#: :mod:`topocc.runtime.symmetric`); a schedule is written with the oldest that holds it.
+VERSION = 4
+VERSIONS = (1, 2, 3, 4)
 
 #: Buffer names as stored (MSCCL's letters): input, output, scratch.
 BUFFERS = ("i", "o", "s")
@@ -365,26 +369,42 @@ class Metadata:
 
 @dataclass(frozen=True, slots=True)
 class Schedule:
-    """A complete collective schedule: chunking plus one program per rank."""
+    """A complete collective schedule: chunking plus one program per rank.
+
+    A symmetric schedule (``symmetry``, :mod:`topocc.runtime.symmetric`) holds one program per class of
+    ranks; its ``programs`` builds a rank's program from its class's when first read.
+    """
 
     collective: str
     ranks: int
     input_chunks: int
     output_chunks: int
-    programs: tuple[tuple[Op, ...], ...]
+    programs: Sequence[tuple[Op, ...]]
     scratch_chunks: int = 0
     root: int | None = None
     inplace: bool = False
     metadata: Metadata = field(default_factory=Metadata)
     #: Recorded path choices, sorted by connection (one per connection at most); empty for most fabrics.
     paths: tuple[PathChoice, ...] = ()
+    #: The classes of a symmetric schedule, or None for one written rank by rank.
+    symmetry: Symmetry | None = None
 
     def chunk_count(self, buffer: str) -> int:
         return {"i": self.input_chunks, "o": self.output_chunks, "s": self.scratch_chunks}[buffer]
 
     @property
     def op_count(self) -> int:
+        if self.symmetry is not None:
+            sizes = self.symmetry.class_sizes()
+            return sum(n * len(t) for n, t in zip(sizes, self.symmetry.templates))
         return sum(len(p) for p in self.programs)
+
+    def written_ops(self) -> Iterable[Op | TemplateOp]:
+        """Each operation as the file holds it: every rank's, or each class's template once.  Enough for what
+        is the same on every rank of a class (kinds, channels, encodings) without building every program."""
+        if self.symmetry is not None:
+            return (op for template in self.symmetry.templates for op in template)
+        return (op for program in self.programs for op in program)
 
     def with_metadata(self, **changes: Any) -> Schedule:
         """A copy with some metadata fields replaced."""
@@ -392,14 +412,14 @@ class Schedule:
         meta.update(changes)
         return Schedule(
             self.collective, self.ranks, self.input_chunks, self.output_chunks, self.programs,
-            self.scratch_chunks, self.root, self.inplace, Metadata(**meta), self.paths,
+            self.scratch_chunks, self.root, self.inplace, Metadata(**meta), self.paths, self.symmetry,
         )
 
     def with_paths(self, paths: Iterable[PathChoice]) -> Schedule:
         """A copy recording ``paths`` (sorted by connection) instead of its own."""
         return Schedule(
             self.collective, self.ranks, self.input_chunks, self.output_chunks, self.programs,
-            self.scratch_chunks, self.root, self.inplace, self.metadata, _by_connection(paths),
+            self.scratch_chunks, self.root, self.inplace, self.metadata, _by_connection(paths), self.symmetry,
         )
 
 
@@ -472,10 +492,22 @@ def _program_json(program: Sequence[Op]) -> str:
 def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
     """The JSON document for ``schedule`` (see docs/schedule-format.md)."""
     doc = _header(schedule)
+    symmetry = _symmetric_form(schedule)
+    if symmetry is not None:
+        from topocc.runtime.symmetric import symmetry_to_json  # the symmetric form, with the first such schedule
+
+        doc["symmetry"] = symmetry_to_json(symmetry)
+        return doc
     doc["programs"] = [[_op_to_json(op) for op in program] for program in schedule.programs]
     if schedule.paths:
         doc["paths"] = [_path_to_json(c) for c in schedule.paths]
     return doc
+
+
+def _symmetric_form(schedule: Schedule) -> Symmetry | None:
+    """The classes ``schedule`` is written by, or None where it is written rank by rank (as one that records
+    paths is)."""
+    return None if schedule.paths else schedule.symmetry
 
 
 def _header(schedule: Schedule) -> dict[str, Any]:
@@ -483,7 +515,7 @@ def _header(schedule: Schedule) -> dict[str, Any]:
     meta = schedule.metadata
     return {
         "format": FORMAT,
-        "version": 3 if _encoded(schedule) else 2 if schedule.paths else 1,
+        "version": _version(schedule),
         "collective": schedule.collective,
         "ranks": schedule.ranks,
         "root": schedule.root,
@@ -507,9 +539,16 @@ def _header(schedule: Schedule) -> dict[str, Any]:
     }
 
 
+def _version(schedule: Schedule) -> int:
+    """The oldest format version that holds ``schedule``."""
+    if _symmetric_form(schedule) is not None:
+        return 4
+    return 3 if _encoded(schedule) else 2 if schedule.paths else 1
+
+
 def _encoded(schedule: Schedule) -> bool:
     """Whether some operation names an encoding (the schedule then needs format version 3)."""
-    return any(op.encoding is not None for program in schedule.programs for op in program)
+    return any(op.encoding is not None for op in schedule.written_ops())
 
 
 def _path_to_json(choice: PathChoice) -> dict[str, Any]:
@@ -529,6 +568,15 @@ def dump_schedule(schedule: Schedule) -> str:
             f"cannot store the schedule's metadata as JSON ({exc})",
             fix="metadata options must be JSON values and numbers finite",
         ) from None
+    symmetry = _symmetric_form(schedule)
+    if symmetry is not None:
+        from topocc.runtime.symmetric import symmetry_to_json  # the symmetric form, with the first such schedule
+
+        section = symmetry_to_json(symmetry)
+        lines = [f'  "shape": {json.dumps(section["shape"])}', f'  "ranks": {json.dumps(section["ranks"])}']
+        classes = ",\n".join("   " + json.dumps(c, separators=(",", ":")) for c in section["classes"])
+        body = ",\n".join(lines) + ',\n  "classes": [\n' + classes + "\n  ]"
+        return head[:-2] + ',\n "symmetry": {\n' + body + "\n }\n}\n"
     body = ",\n".join("  " + _program_json(p) for p in schedule.programs)
     text = head[:-2] + ',\n "programs": [\n' + body + "\n ]"
     if schedule.paths:
@@ -627,8 +675,8 @@ def parse_schedule(doc: Any, source: str = "<schedule>") -> Schedule:
     """Build a :class:`Schedule` from a decoded JSON document, validating every field."""
     r = _Reader(source)
     top = r.obj(
-        doc, "", ("format", "version", "collective", "ranks", "chunks", "programs"),
-        ("root", "inplace", "metadata", "paths"),
+        doc, "", ("format", "version", "collective", "ranks", "chunks"),
+        ("root", "inplace", "metadata", "paths", "programs", "symmetry"),
     )
     if top["format"] != FORMAT:
         raise r.fail("format", f"not a topocc schedule (format {_short(top['format'])})", fix=f"expected {FORMAT!r}")
@@ -643,6 +691,13 @@ def parse_schedule(doc: Any, source: str = "<schedule>") -> Schedule:
         )
     if "paths" in top and version < 2:
         raise r.fail("paths", "paths need format version 2", fix="set version to 2")
+    body = "symmetry" if version == 4 else "programs"
+    if body not in top:
+        raise r.fail("", f"missing field {body!r}")
+    for stray in ("programs", "paths") if version == 4 else ("symmetry",):
+        if stray in top:
+            raise r.fail(stray, f"a version-{version} schedule has no {stray}",
+                         fix="write programs and paths rank by rank (versions 1-3) or classes (version 4)")
     try:
         collective = canonical_collective(r.string(top["collective"], "collective"))
     except ScheduleFormatError as exc:
@@ -664,10 +719,17 @@ def parse_schedule(doc: Any, source: str = "<schedule>") -> Schedule:
     if problem:
         raise r.fail("chunks", problem)
     metadata = _parse_metadata(r, top.get("metadata", {}))
+    limits = {"i": n_in, "o": n_out, "s": n_scratch}
+    if version == 4:
+        # the symmetric form, loaded with the first such schedule
+        from topocc.runtime.symmetric import SymmetricPrograms, parse_symmetry
+
+        symmetry = parse_symmetry(r, top["symmetry"], ranks, limits)
+        return Schedule(collective, ranks, n_in, n_out, SymmetricPrograms(symmetry, source), n_scratch, root, inplace,
+                        metadata, (), symmetry)
     programs_doc = r.array(top["programs"], "programs")
     if len(programs_doc) != ranks:
         raise r.fail("programs", f"{len(programs_doc)} rank programs for {ranks} ranks", fix="one program per rank")
-    limits = {"i": n_in, "o": n_out, "s": n_scratch}
     programs = tuple(
         tuple(_quick_op(op, rank, k, ranks, limits)
               or _parse_op(r, op, f"programs[{rank}][{k}]", rank, k, ranks, limits)

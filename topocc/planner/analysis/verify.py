@@ -31,6 +31,7 @@ import gc
 import itertools
 from bisect import bisect_right
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from topocc.planner.analysis.collectives import CollectiveSpec, Value, spec
@@ -41,7 +42,7 @@ from topocc.runtime.schedule import BUFFERS, OP_RULES, Chunk, Op, OpFault, Sched
 
 __all__ = ["VerifyReport", "verify"]
 
-Programs = tuple[tuple[Op, ...], ...]
+Programs = Sequence[tuple[Op, ...]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from topocc.planner.compiler.compress import CompressReport, Policy, compress_al
 from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.race import Progress, ProgressFn
 from topocc.planner.compiler.size_buckets import compile_plan
+from topocc.planner.compiler.symmetrize import symmetric_plan
 from topocc.planner.compiler.thresholds import Threshold, native_threshold
 from topocc.planner.errors import NotApplicableError, ScheduleFormatError, UsageError
 from topocc.planner.routing.network import Network
@@ -180,6 +181,7 @@ def compile_bundle(topology: Topology, requests: Sequence[BundleRequest], algori
             plan, reports = Plan(tuple(b.schedule for b in buckets)), tuple(d.report for d in done)
         native = native_threshold(net, plan, request.low, request.high, request.root or 0) if thresholds else None
         compiled.append(CompiledPlan(request, plan, tuple(buckets), native, reports))
-    bundle = Bundle(topology.size, tuple(BundlePlan(c.plan, c.request.group, c.native.native_below if c.native else 0)
-                                         for c in compiled), topology.name, topology.fingerprint)
+    written = [symmetric_plan(c.plan, networks[c.request.group].topology) for c in compiled]
+    bundle = Bundle(topology.size, tuple(BundlePlan(plan, c.request.group, c.native.native_below if c.native else 0)
+                                         for plan, c in zip(written, compiled)), topology.name, topology.fingerprint)
     return bundle, compiled

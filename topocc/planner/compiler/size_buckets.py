@@ -12,6 +12,7 @@ from pathlib import Path
 from topocc.planner.compiler.compile import Compiled, compile_schedule
 from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.race import Candidate, Progress, ProgressFn
+from topocc.planner.compiler.symmetrize import symmetric_form
 from topocc.planner.routing.network import Network, network_of
 from topocc.planner.topology.catalogue import resolve_topology, scheduled_topologies
 from topocc.planner.topology.model import Topology
@@ -84,7 +85,7 @@ def compile_shipped(out_dir: str | Path, names: Iterable[str] | None = None, *, 
         schedule = compiled.schedule.with_metadata(topology_file=None)
         large = schedule.op_count > 50_000
         path = out / f"{topology.name}-{collective}{'.json.gz' if large else '.json'}"
-        save_schedule(schedule, path)
+        save_schedule(symmetric_form(schedule, topology), path)
         # the other spelling, from an earlier run, would be a second, stale schedule for the topology
         (out / f"{topology.name}-{collective}{'.json' if large else '.json.gz'}").unlink(missing_ok=True)
         written.append((path, replace(compiled, schedule=schedule)))

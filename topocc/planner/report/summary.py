@@ -62,8 +62,17 @@ def _timing(sim: SimResult, bound: Bound) -> dict[str, Any]:
     }
 
 
-def compiled_summary(compiled: Compiled, output: str | None = None) -> dict[str, Any]:
-    """What ``topocc compile`` reports."""
+def written_form(schedule: Schedule) -> dict[str, Any]:
+    """How a schedule file holds its programs: rank by rank, or symmetric (its classes and grid)."""
+    if schedule.symmetry is None:
+        return {"form": "per-rank"}
+    return {"form": "symmetric", "class_programs": len(schedule.symmetry.templates),
+            "grid": list(schedule.symmetry.shape),
+            "stored_operations": sum(len(t) for t in schedule.symmetry.templates)}
+
+
+def compiled_summary(compiled: Compiled, output: str | None = None, written: Schedule | None = None) -> dict[str, Any]:
+    """What ``topocc compile`` reports (``written``: the schedule as the output file holds it)."""
     s = compiled.schedule
     out: dict[str, Any] = {
         "topology": s.metadata.topology,
@@ -83,6 +92,7 @@ def compiled_summary(compiled: Compiled, output: str | None = None) -> dict[str,
         ]
     if output:
         out["output"] = output
+        out["written"] = written_form(written or s)
     return out
 
 
@@ -314,6 +324,10 @@ def format_summary(doc: Mapping[str, Any]) -> str:
         for written in ("output", "trace"):
             if doc.get(written):
                 lines.append(f"  wrote {doc[written]}")
+        form = doc.get("written", {})
+        if form.get("form") == "symmetric":
+            lines.append(f"  symmetric form: {form['class_programs']} class program(s), {form['stored_operations']} "
+                         f"operations stored for {doc['operations']} (grid {'x'.join(map(str, form['grid']))})")
     elif "bounds" in doc:
         lines += _topology_lines(doc)
     elif "verified" in doc:

@@ -308,7 +308,7 @@ class TopoccProcessGroup(dist.ProcessGroup):
         specs = self._encodings.get(id(schedule))
         if specs is None:
             specs = self._encodings[id(schedule)] = frozenset(
-                o.encoding for program in schedule.programs for o in program if o.encoding)
+                o.encoding for o in schedule.written_ops() if o.encoding)
         if not specs:
             return
         if key[2] != "cpu":

@@ -1,0 +1,165 @@
+"""The symmetric form of a schedule: formulas, rank classes, building one rank's program, the JSON section."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.planner.compiler.test_builder import ring_allreduce_schedule
+from topocc.planner.analysis.verify import verify
+from topocc.runtime.errors import ScheduleFormatError
+from topocc.runtime.schedule import (
+    Chunk,
+    PathChoice,
+    Recv,
+    RecvReduce,
+    Schedule,
+    Send,
+    dump_schedule,
+    load_schedule,
+    parse_schedule,
+    save_schedule,
+)
+from topocc.runtime.symmetric import Formula, SymmetricPrograms, Symmetry, TemplateOp, TemplateRef
+
+
+def ring(p: int) -> Schedule:
+    """A ``p``-rank ring all-reduce written as one class: step s reduces chunk r - 1 - s from rank r - 1."""
+    line = (p,)
+    prev, nxt = Formula(p - 1, (1,)), Formula(1, (1,))
+    ops = []
+    for s in range(p - 1):  # reduce-scatter; the first step reduces the input into the output
+        chunk = Formula(p - 1 - s, (1,))
+        ops.append(TemplateOp("recv_reduce", prev, TemplateRef("i", chunk), TemplateRef("o", chunk), step=s))
+        src = TemplateRef("i", Formula((p - s) % p, (1,))) if s == 0 else TemplateRef("o", Formula((p - s) % p, (1,)))
+        ops.append(TemplateOp("send", nxt, src, deps=() if s == 0 else (2 * s - 2,), step=s))
+    last = 2 * (p - 1) - 2  # the reduction that completes chunk r + 1 on rank r
+    for s in range(p - 1):  # all-gather: pass on the chunk completed last
+        ops.append(TemplateOp("send", nxt, TemplateRef("o", Formula((1 - s) % p, (1,))), deps=(last,),
+                              step=p - 1 + s))
+        # chunk r - s was reduced into at step s - 1 and sent on at step s of the reduce-scatter
+        after = (2 * s - 2, 2 * s + 1) if s else ()
+        ops.append(TemplateOp("recv", prev, dst=TemplateRef("o", Formula((p - s) % p, (1,))), deps=after,
+                              step=p - 1 + s))
+        last = len(ops) - 1
+    sym = Symmetry(line, (tuple(ops),), ((0, p),), {"i": p, "o": p, "s": 0})
+    return Schedule("allreduce", p, p, p, SymmetricPrograms(sym), symmetry=sym)
+
+
+def test_formula_is_affine_in_the_coordinates_modulo() -> None:
+    assert Formula(3, (4, 1)).at((2, 1), 8) == (3 + 8 + 1) % 8
+    assert Formula(0, (7,)).at((3,), 8) == 21 % 8
+
+
+def test_coordinates_are_row_major_and_runs_give_classes() -> None:
+    t = ((TemplateOp("copy", src=TemplateRef("i", 0), dst=TemplateRef("o", 0)),),) * 2
+    sym = Symmetry((2, 3), t, ((0, 2), (1, 3), (0, 1)), {"i": 1, "o": 1, "s": 0})
+    assert [sym.coordinates(r) for r in range(6)] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert [sym.class_of(r) for r in range(6)] == [0, 0, 1, 1, 1, 0]
+    assert list(sym.members()) == [(0, 0), (1, 0), (2, 1), (3, 1), (4, 1), (5, 0)]
+    assert sym.class_sizes() == [3, 3]
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 7])
+def test_a_ring_written_once_verifies_and_matches_the_ring_built_rank_by_rank(p: int) -> None:
+    s = ring(p)
+    verify(s)
+    assert s.op_count == sum(len(program) for program in s.programs) == p * 4 * (p - 1)
+    # the same messages as the builder's ring, rank by rank (the order of independent operations may differ)
+    built = ring_allreduce_schedule(p)
+    for mine, theirs in zip(s.programs, built.programs):
+        def messages(program: tuple) -> list:
+            return sorted((op.kind, op.peer, str(op.src), str(op.dst)) for op in program if op.peer is not None)
+        assert messages(mine) == messages(theirs)
+
+
+def test_a_rank_builds_only_its_own_program(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path = tmp_path / "ring.json.gz"
+    save_schedule(ring(64), path)
+    built: list[int] = []
+    original = Symmetry.program
+
+    def counting(self: Symmetry, rank: int, source: str = "<schedule>") -> tuple:
+        built.append(rank)
+        return original(self, rank, source)
+
+    monkeypatch.setattr(Symmetry, "program", counting)
+    loaded = load_schedule(path)
+    assert built == []
+    program = loaded.programs[17]
+    assert built == [17]
+    assert loaded.programs[17] is program  # kept
+    assert loaded.programs[-1] == loaded.programs[63]
+    assert built == [17, 63]
+    assert program[1] == Send(18, Chunk("i", 17), step=0)
+    assert program[0] == RecvReduce(16, Chunk("o", 16), Chunk("i", 16), step=0)
+    assert loaded.op_count == 64 * 4 * 63 and built == [17, 63]  # counted from the classes
+    with pytest.raises(IndexError):
+        loaded.programs[64]
+
+
+def test_written_once_read_back_the_same(tmp_path: Path) -> None:
+    s = ring(5).with_metadata(algorithm="ring", topology="five", size_bytes=1 << 20)
+    text = dump_schedule(s)
+    doc = json.loads(text)
+    assert doc["version"] == 4 and "programs" not in doc
+    assert doc["symmetry"]["shape"] == [5] and doc["symmetry"]["ranks"] == [[0, 5]]
+    assert doc["symmetry"]["classes"][0][0]["peer"] == [4, 1]
+    back = parse_schedule(doc, "five.json")
+    assert back.symmetry == s.symmetry
+    assert tuple(back.programs) == tuple(s.programs)
+    assert dump_schedule(back) == text
+    path = tmp_path / "five.json.gz"
+    save_schedule(s, path)
+    assert gzip.decompress(path.read_bytes()).decode() == text
+    assert list(load_schedule(path).written_ops()) == list(s.symmetry.templates[0])  # type: ignore[union-attr]
+
+
+def test_recorded_paths_are_written_rank_by_rank() -> None:
+    s = ring(3).with_paths([PathChoice(0, 1, 0, ("switch",))])
+    doc = json.loads(dump_schedule(s))
+    assert doc["version"] == 2 and "symmetry" not in doc and len(doc["programs"]) == 3
+    assert tuple(parse_schedule(doc).programs) == tuple(s.programs)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["symmetry"].update(shape=[]), "symmetry.shape: a grid of 0 ranks for 4 ranks"),
+    (lambda d: d["symmetry"].update(classes=[]), "symmetry.classes: no class"),
+    (lambda d: d["symmetry"].update(ranks=[[1, 4]]), "symmetry.ranks[0][0]: 1 is above the maximum 0"),
+    (lambda d: d["symmetry"].update(ranks=[[0, 2, 2]]), "symmetry.ranks[0]: expected [class, count], got 3 items"),
+    (lambda d: d["symmetry"]["classes"][0][0].update(peer=[4, 1]), "classes[0][0].peer[0]: 4 is above the maximum 3"),
+    (lambda d: d["symmetry"]["classes"][0][0].pop("peer"), "symmetry.classes[0][0]: recv_reduce needs a peer"),
+    (lambda d: d["symmetry"]["classes"][0][0].update(src=["x", 0]), "classes[0][0].src[0]: unknown or empty buffer"),
+    (lambda d: d["symmetry"]["classes"][0][0].update(src=["s", 0]), "classes[0][0].src[0]: unknown or empty buffer"),
+    (lambda d: d["symmetry"]["classes"][0][0].update(deps=[0]), "depends on operation 0, which is not earlier"),
+    (lambda d: d["symmetry"]["classes"][0][0].update(enc="bf32"), "classes[0][0].enc"),
+    (lambda d: d["symmetry"].update(extra=1), "symmetry: unknown field 'extra'"),
+    (lambda d: d.update(version=3), "missing field 'programs'"),
+    (lambda d: d.update(version=3, programs=[]), "symmetry: a version-3 schedule has no symmetry"),
+])
+def test_a_malformed_section_is_refused_with_its_place(change: object, message: str) -> None:
+    doc = json.loads(dump_schedule(ring(4)))
+    change(doc)  # type: ignore[operator]
+    with pytest.raises(ScheduleFormatError) as info:
+        parse_schedule(doc, "ring.json")
+    text = str(info.value)
+    assert text.startswith("ring.json") and "\n" not in text
+    assert message in text, text
+
+
+def test_a_formula_that_gives_a_rank_a_bad_program_is_refused_when_that_rank_is_built() -> None:
+    doc = json.loads(dump_schedule(ring(4)))
+    doc["symmetry"]["classes"][0][1]["peer"] = 2  # rank 2 would send to itself
+    s = parse_schedule(doc, "ring.json")
+    assert s.programs[0][1] == Send(2, Chunk("i", 0), step=0)
+    with pytest.raises(ScheduleFormatError, match=r"^ring.json: symmetry.classes\[0\]\[1\].peer: rank 2 sends to "
+                                                   r"itself \(fix: use copy or reduce for local data\)$"):
+        s.programs[2]
+
+
+def test_the_last_step_receives_what_the_ring_passes_on() -> None:
+    s = ring(4)
+    assert s.programs[0][-1] == Recv(3, Chunk("o", 2), deps=(2, 5), step=5)

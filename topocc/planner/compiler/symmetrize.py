@@ -1,0 +1,292 @@
+"""Find the rank classes of a compiled schedule and write it in the symmetric form.
+
+Ranks whose programs differ only in their peers and chunk indices, and there by affine formulas of the ranks'
+coordinates on a grid (:mod:`topocc.runtime.symmetric`), form a class stored once.  The grids tried come from
+the topology (a line of ranks; hosts x GPUs; racks x hosts x GPUs where those are regular), and each class is
+found by fitting: a formula's coefficient along a dimension is the difference between a rank and its
+neighbour there, and every member is checked against the fitted formulas, so a rank is put in a class only
+where its class's template gives exactly its program.  Ranks the formulas miss start classes of their own.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from topocc.planner.topology.model import Topology
+from topocc.runtime.plan import Plan
+from topocc.runtime.schedule import Op, Schedule
+from topocc.runtime.symmetric import Field, Formula, SymmetricPrograms, Symmetry, TemplateOp, TemplateRef
+
+__all__ = ["grid_shapes", "symmetric_form", "symmetric_plan", "symmetrize"]
+
+#: Most classes a grid may need before it is given up (a schedule with little symmetry stays per rank).
+MAX_CLASSES = 256
+#: Ranks whose formulas are checked at once (bounds the checking's temporary arrays).
+_BLOCK = 512
+
+#: The fields of an operation that are the same on every rank of a class.
+_Skeleton = tuple[Any, ...]
+
+
+def grid_shapes(topo: Topology) -> list[tuple[int, ...]]:
+    """The grids to try for ``topo``'s ranks: its hierarchy (racks x hosts x GPUs where every rack and host
+    holds as many consecutive ranks, else hosts x GPUs, else a line), then the same with each level split
+    into its prime factors, powers of two last, so that halving-doubling's partner (a rank with one bit of
+    its position flipped) is a neighbour along one dimension of two."""
+    ranks = len(topo.ranks)
+    levels = [ranks]
+    per_host = _regular(topo.hosts.values(), ranks)
+    if per_host and 1 < per_host < ranks:
+        levels = [ranks // per_host, per_host]
+        per_rack = _regular(topo.racks.values(), ranks)
+        if per_rack and per_host < per_rack < ranks and per_rack % per_host == 0:
+            levels = [ranks // per_rack, per_rack // per_host, per_host]
+    fine = tuple(f for n in levels for f in _factors(n))
+    return [tuple(levels), fine] if fine != tuple(levels) else [tuple(levels)]
+
+
+def _factors(n: int) -> list[int]:
+    """``n``'s prime factors, the odd ones first (largest first), then its twos."""
+    out, twos, f = [], 0, 3
+    while n % 2 == 0:
+        n, twos = n // 2, twos + 1
+    while f * f <= n:
+        while n % f == 0:
+            out.append(f)
+            n //= f
+        f += 2
+    if n > 1:
+        out.append(n)
+    return sorted(out, reverse=True) + [2] * twos
+
+
+def _regular(groups: Iterable[Sequence[int]], ranks: int) -> int | None:
+    """The size of every group where all have one size and each holds consecutive ranks, else None."""
+    sizes = set()
+    for group in groups:
+        if list(group) != list(range(group[0], group[0] + len(group))):
+            return None
+        sizes.add(len(group))
+    size = sizes.pop() if len(sizes) == 1 else None
+    return size if size and ranks % size == 0 else None
+
+
+def symmetric_form(schedule: Schedule, topo: Topology, min_ranks: int = 64) -> Schedule:
+    """``schedule`` as it is best written: symmetric (over ``topo``'s grids) where it has at least
+    ``min_ranks`` ranks and that form stores at most half its operations, else as it is."""
+    if schedule.ranks < min_ranks or schedule.symmetry is not None:
+        return schedule
+    return symmetrize(schedule, grid_shapes(topo))
+
+
+def symmetric_plan(plan: Plan, topo: Topology) -> Plan:
+    """``plan`` with each bucket's schedule as :func:`symmetric_form` writes it."""
+    return Plan(tuple(symmetric_form(s, topo) for s in plan.schedules))
+
+
+def symmetrize(schedule: Schedule, shapes: Iterable[tuple[int, ...]]) -> Schedule:
+    """``schedule`` in the symmetric form over the best of ``shapes`` (fewest stored operations, the first of
+    equals), or ``schedule`` itself where no grid stores at most half its operations, or where it records
+    paths (which the symmetric form does not hold)."""
+    if schedule.paths or schedule.symmetry is not None:
+        return schedule
+    total = schedule.op_count
+    programs = tuple(_canonical(p) for p in schedule.programs)
+    groups = _skeleton_groups(programs)
+    limits = {"i": schedule.input_chunks, "o": schedule.output_chunks, "s": schedule.scratch_chunks}
+    best: Symmetry | None = None
+    budget = total // 2
+    for shape in shapes:
+        if math.prod(shape) != schedule.ranks:
+            continue
+        found = _classes(programs, groups, shape, limits, budget)
+        if found is not None:  # within the budget; a later grid must store fewer to be taken
+            best, budget = found, sum(len(t) for t in found.templates) - 1
+    if best is None:
+        return schedule
+    return Schedule(schedule.collective, schedule.ranks, schedule.input_chunks, schedule.output_chunks,
+                    SymmetricPrograms(best), schedule.scratch_chunks, schedule.root, schedule.inplace,
+                    schedule.metadata, (), best)
+
+
+#: How operations that may run in either order are ordered (see :func:`_canonical`): receives, sends, local.
+_RANK_OF_KIND = {"recv": 0, "recv_reduce": 0, "send": 1, "copy": 2, "reduce": 2}
+
+
+def _canonical(program: tuple[Op, ...]) -> tuple[Op, ...]:
+    """``program`` in one order that depends on what its operations do, not on the order an emitter wrote
+    them: among the operations whose dependencies are placed, first the lowest step, then receives before
+    sends before local operations, then the one whose last dependency was placed first (so consumers follow
+    their producers' order, not their chunks' numbers), then program order; dependencies renumbered.
+
+    Any such order is the same program: operations run when their dependencies complete, and the one order
+    the format gives otherwise unordered operations, the posting order of one stream's messages (sends to
+    one peer on one channel, receives from one), is kept as if it were a dependency.  Emitters write a
+    pairwise exchange as send-then-receive on one side and the reverse on the other; in this order, both
+    sides are one class.
+    """
+    n = len(program)
+    waits = [0] * n
+    after: list[list[int]] = [[] for _ in range(n)]
+    last: dict[tuple[bool, int, int], int] = {}
+    for k, op in enumerate(program):
+        before = set(op.deps)
+        if op.peer is not None:
+            stream = (op.kind == "send", op.peer, op.channel)
+            if stream in last:
+                before.add(last[stream])
+            last[stream] = k
+        waits[k] = len(before)
+        for d in before:
+            after[d].append(k)
+    ready = [(op.step, _RANK_OF_KIND[op.kind], -1, k) for k, op in enumerate(program) if not waits[k]]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        k = heapq.heappop(ready)[3]
+        order.append(k)
+        for j in after[k]:
+            waits[j] -= 1
+            if not waits[j]:
+                heapq.heappush(ready, (program[j].step, _RANK_OF_KIND[program[j].kind], len(order) - 1, j))
+    if order == list(range(n)):
+        return program
+    new_index = {old: new for new, old in enumerate(order)}
+    out = []
+    for old in order:
+        op = program[old]
+        deps = tuple(sorted(new_index[d] for d in op.deps))
+        out.append(op if deps == op.deps else replace(op, deps=deps))
+    return tuple(out)
+
+
+def _skeleton(program: Sequence[Op]) -> _Skeleton:
+    return tuple((op.kind, op.deps, op.step, op.channel, op.encoding,
+                  None if op.src is None else (op.src.buffer, op.src.count),
+                  None if op.dst is None else (op.dst.buffer, op.dst.count)) for op in program)
+
+
+def _skeleton_groups(programs: Sequence[Sequence[Op]]) -> list[list[int]]:
+    """Ranks grouped by their programs' skeletons (all but peers and chunk indices), groups by first rank."""
+    found: dict[_Skeleton, list[int]] = {}
+    for rank, program in enumerate(programs):
+        found.setdefault(_skeleton(program), []).append(rank)
+    return list(found.values())
+
+
+def _fields(program: Sequence[Op]) -> list[int]:
+    """The values that may differ within a class: each operation's peer and its references' first chunks."""
+    out = []
+    for op in program:
+        if op.peer is not None:
+            out.append(op.peer)
+        if op.src is not None:
+            out.append(op.src.index)
+        if op.dst is not None:
+            out.append(op.dst.index)
+    return out
+
+
+def _moduli(program: Sequence[Op], ranks: int, limits: dict[str, int]) -> list[int]:
+    """Each field's modulus (see :func:`_fields`): the rank count for a peer, the buffer's chunk count."""
+    out = []
+    for op in program:
+        if op.peer is not None:
+            out.append(ranks)
+        if op.src is not None:
+            out.append(limits[op.src.buffer])
+        if op.dst is not None:
+            out.append(limits[op.dst.buffer])
+    return out
+
+
+def _classes(programs: Sequence[Sequence[Op]], groups: list[list[int]], shape: tuple[int, ...],
+             limits: dict[str, int], budget: int) -> Symmetry | None:
+    """The classes over ``shape``, or None where they take more than :data:`MAX_CLASSES` or store more than
+    ``budget`` operations."""
+    ranks_all = len(programs)
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    all_coords = (np.arange(ranks_all, dtype=np.int64)[:, None] // np.array(strides)) % np.array(shape)
+    found: list[tuple[int, tuple[TemplateOp, ...], np.ndarray]] = []  # (first rank, template, members)
+    stored = 0
+    for group in groups:
+        ranks = np.array(group, dtype=np.int64)
+        base = programs[group[0]]
+        values = np.array([_fields(programs[r]) for r in group], dtype=np.int64).reshape(len(group), -1)
+        moduli = np.array(_moduli(base, ranks_all, limits), dtype=np.int64)
+        for members, offset, coefs in _fit(ranks, all_coords, values, moduli, shape, strides):
+            if len(found) >= MAX_CLASSES:
+                return None
+            template = _template(programs[int(members[0])], offset, coefs)
+            stored += len(template)
+            if stored > budget:
+                return None
+            found.append((int(members[0]), template, members))
+    found.sort(key=lambda f: f[0])
+    owner = np.empty(ranks_all, dtype=np.int64)
+    for cls, (_, _, members) in enumerate(found):
+        owner[members] = cls
+    cuts = np.flatnonzero(np.diff(owner)) + 1
+    starts = [0, *cuts.tolist()]
+    ends = [*cuts.tolist(), ranks_all]
+    runs = tuple((int(owner[a]), b - a) for a, b in zip(starts, ends))
+    return Symmetry(shape, tuple(t for _, t, _ in found), runs, limits)
+
+
+def _fit(ranks: np.ndarray, coords: np.ndarray, values: np.ndarray, moduli: np.ndarray,
+         shape: tuple[int, ...], strides: list[int]) -> Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Peel classes off ranks of one skeleton: fit formulas at the first rank left (a coefficient per
+    dimension from its neighbour there), keep every rank they give exactly, repeat with the rest.
+
+    Yields (member ranks, offsets, coefficients): field f of a member with coordinates c is
+    ``(offsets[f] + c @ coefs[:, f]) mod moduli[f]``.
+    """
+    where = {int(r): i for i, r in enumerate(ranks)}
+    left = np.arange(len(ranks))
+    dims = coords.shape[1]
+    while left.size:
+        first = int(left[0])
+        c0 = coords[ranks[first]]
+        coefs = np.zeros((dims, values.shape[1]), dtype=np.int64)
+        here = coords[ranks[left]]
+        for d in range(dims):
+            if (here[:, d] == c0[d]).all():
+                continue  # the dimension does not vary in what is left: its coefficient is never used
+            neighbour = where.get(int(ranks[first]) + strides[d]) if c0[d] + 1 < shape[d] else None
+            if neighbour is not None:
+                coefs[d] = (values[neighbour] - values[first]) % moduli
+        offsets = (values[first] - c0 @ coefs) % moduli
+        keep = np.zeros(left.size, dtype=bool)
+        for a in range(0, left.size, _BLOCK):
+            block = left[a:a + _BLOCK]
+            predicted = (offsets + coords[ranks[block]] @ coefs) % moduli
+            keep[a:a + _BLOCK] = (predicted == values[block]).all(axis=1)
+        yield ranks[left[keep]], offsets, coefs
+        for i in left[keep]:
+            del where[int(ranks[i])]
+        left = left[~keep]
+
+
+def _template(program: Sequence[Op], offsets: np.ndarray, coefs: np.ndarray) -> tuple[TemplateOp, ...]:
+    """``program`` with each field (in :func:`_fields`' order) as its fitted formula."""
+    column = iter(range(len(offsets)))
+
+    def field() -> Field:
+        f = next(column)
+        if not coefs[:, f].any():
+            return int(offsets[f])
+        return Formula(int(offsets[f]), tuple(int(a) for a in coefs[:, f]))
+
+    out = []
+    for op in program:
+        peer = field() if op.peer is not None else None
+        src = TemplateRef(op.src.buffer, field(), op.src.count) if op.src is not None else None
+        dst = TemplateRef(op.dst.buffer, field(), op.dst.count) if op.dst is not None else None
+        out.append(TemplateOp(op.kind, peer, src, dst, op.deps, op.step, op.channel, op.encoding))
+    return tuple(out)

@@ -1,0 +1,327 @@
+"""The symmetric form of a schedule: rank classes, each class's program written once with formulas.
+
+Most of a large cluster is the same thing many times (every host of a pod, every leaf of a fat-tree), and so
+are the programs a planner gives its ranks.  This form stores one program per *class* of ranks and the map
+from each rank to its class.  Ranks are the points of a grid (``shape``, row-major: rank ``r`` has coordinates
+``c`` with ``r = sum(c[d] * stride[d])``), and a class's program is a template whose peers and chunk indices
+are affine formulas of a rank's coordinates, ``(offset + sum(coefs[d] * c[d])) mod m``, where ``m`` is the
+rank count for a peer and the buffer's chunk count for a chunk index (so a ring's ``rank + 1`` and a
+reduce-scatter's ``rank - step`` are one formula each).  A rank's program is its class's template at its
+coordinates: what a rank builds at start-up, without the other ranks' programs.
+
+The section is format version 4 of ``docs/schedule-format.md``; :func:`parse_symmetry` reads it and
+:func:`symmetry_to_json` writes it.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import Any, overload
+
+from topocc.runtime.encoding import parse_encoding
+from topocc.runtime.errors import ScheduleFormatError
+from topocc.runtime.schedule import (
+    BUFFERS,
+    ENCODABLE,
+    OP_RULES,
+    Chunk,
+    Op,
+    _Reader,
+    _short,
+    operation,
+)
+
+__all__ = ["Formula", "SymmetricPrograms", "Symmetry", "TemplateOp", "TemplateRef", "parse_symmetry",
+           "symmetry_to_json"]
+
+
+@dataclass(frozen=True, slots=True)
+class Formula:
+    """``(offset + sum(coefs[d] * c[d])) mod m`` of a rank's coordinates ``c`` (``m`` given where it is used)."""
+
+    offset: int
+    coefs: tuple[int, ...]
+
+    def at(self, coords: Sequence[int], modulus: int) -> int:
+        return (self.offset + sum(a * c for a, c in zip(self.coefs, coords))) % modulus
+
+
+#: A field of a template: the same on every rank of the class, or a formula of the rank's coordinates.
+Field = int | Formula
+
+
+def _value(value: Field, coords: Sequence[int], modulus: int) -> int:
+    return value if isinstance(value, int) else value.at(coords, modulus)
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateRef:
+    """A chunk reference whose first chunk may be a formula (its count is the same on every rank)."""
+
+    buffer: str
+    index: Field
+    count: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateOp:
+    """An operation of a class's program: as an :data:`~topocc.runtime.schedule.Op`, with formulas for
+    its peer and the first chunks of its references."""
+
+    kind: str
+    peer: Field | None = None
+    src: TemplateRef | None = None
+    dst: TemplateRef | None = None
+    deps: tuple[int, ...] = ()
+    step: int = 0
+    channel: int = 0
+    encoding: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Symmetry:
+    """The classes of a schedule's ranks: the grid, one template program per class, and each rank's class.
+
+    ``runs`` covers the ranks in order, as (class, number of consecutive ranks in it) pairs; ``limits`` is
+    each buffer's chunk count (the modulus of its indices).
+    """
+
+    shape: tuple[int, ...]
+    templates: tuple[tuple[TemplateOp, ...], ...]
+    runs: tuple[tuple[int, int], ...]
+    limits: Mapping[str, int]
+    #: The first rank of each run.
+    starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "starts", (0, *accumulate(n for _, n in self.runs[:-1])))
+
+    @property
+    def ranks(self) -> int:
+        return math.prod(self.shape)
+
+    def class_of(self, rank: int) -> int:
+        """The class of ``rank``."""
+        return self.runs[bisect_right(self.starts, rank) - 1][0]
+
+    def members(self) -> Iterator[tuple[int, int]]:
+        """Every (rank, class), ranks in order."""
+        rank = 0
+        for cls, n in self.runs:
+            for r in range(rank, rank + n):
+                yield r, cls
+            rank += n
+
+    def class_sizes(self) -> list[int]:
+        """How many ranks each class has."""
+        sizes = [0] * len(self.templates)
+        for cls, n in self.runs:
+            sizes[cls] += n
+        return sizes
+
+    def coordinates(self, rank: int) -> tuple[int, ...]:
+        """``rank``'s point of the grid (row-major: the last dimension varies fastest)."""
+        coords = []
+        for n in reversed(self.shape):
+            rank, c = divmod(rank, n)
+            coords.append(c)
+        return tuple(reversed(coords))
+
+    def program(self, rank: int, source: str = "<schedule>") -> tuple[Op, ...]:
+        """``rank``'s program: its class's template at its coordinates.
+
+        Raises ScheduleFormatError (naming ``source``, the file) where the template does not give this rank a
+        valid program (a peer that is the rank itself, a reference that runs past its buffer): formulas stay
+        in range by their modulus, the rest is checked here, rank by rank, as each rank builds only its own.
+        """
+        cls = self.class_of(rank)
+        coords = self.coordinates(rank)
+        ranks = self.ranks
+        out = []
+        for k, t in enumerate(self.templates[cls]):
+            peer = None if t.peer is None else _value(t.peer, coords, ranks)
+            place = f"{source}: symmetry.classes[{cls}][{k}]"
+            src = None if t.src is None else self._chunk(t.src, coords, rank, place)
+            dst = None if t.dst is None else self._chunk(t.dst, coords, rank, place)
+            if peer == rank:
+                raise ScheduleFormatError(f"rank {rank} {t.kind}s to itself", where=f"{place}.peer",
+                                          fix="use copy or reduce for local data")
+            out.append(operation(t.kind, peer, src, dst, t.deps, t.step, t.channel, t.encoding))
+        return tuple(out)
+
+    def _chunk(self, ref: TemplateRef, coords: Sequence[int], rank: int, place: str) -> Chunk:
+        limit = self.limits[ref.buffer]
+        index = _value(ref.index, coords, limit)
+        if index + ref.count > limit:
+            raise ScheduleFormatError(
+                f"rank {rank}'s chunks {index}..{index + ref.count - 1} of buffer {ref.buffer!r} are out of range "
+                f"(it has {limit} chunks)", where=place)
+        return Chunk(ref.buffer, index, ref.count)
+
+
+class SymmetricPrograms(Sequence[tuple[Op, ...]]):
+    """Every rank's program of a symmetric schedule, each built from its class's template when first read
+    (and kept): a rank that reads only its own program builds only that one."""
+
+    def __init__(self, symmetry: Symmetry, source: str = "<schedule>") -> None:
+        self.symmetry = symmetry
+        self.source = source
+        self._built: dict[int, tuple[Op, ...]] = {}
+
+    def __len__(self) -> int:
+        return self.symmetry.ranks
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[Op, ...]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[tuple[Op, ...]]: ...
+
+    def __getitem__(self, index: int | slice) -> tuple[Op, ...] | Sequence[tuple[Op, ...]]:
+        if isinstance(index, slice):
+            return [self[r] for r in range(*index.indices(len(self)))]
+        rank = index + len(self) if index < 0 else index
+        if not 0 <= rank < len(self):
+            raise IndexError(index)
+        program = self._built.get(rank)
+        if program is None:
+            program = self._built[rank] = self.symmetry.program(rank, self.source)
+        return program
+
+    def __iter__(self) -> Iterator[tuple[Op, ...]]:
+        return (self[r] for r in range(len(self)))
+
+
+# --------------------------------------------------------------------------- the JSON section
+
+
+def _field_to_json(value: Field) -> Any:
+    return value if isinstance(value, int) else [value.offset, *value.coefs]
+
+
+def _ref_to_json(ref: TemplateRef) -> list[Any]:
+    index = _field_to_json(ref.index)
+    return [ref.buffer, index] if ref.count == 1 else [ref.buffer, index, ref.count]
+
+
+def _template_op_to_json(op: TemplateOp) -> dict[str, Any]:
+    out: dict[str, Any] = {"op": op.kind}
+    if op.peer is not None:
+        out["peer"] = _field_to_json(op.peer)
+    if op.src is not None:
+        out["src"] = _ref_to_json(op.src)
+    if op.dst is not None:
+        out["dst"] = _ref_to_json(op.dst)
+    if op.deps:
+        out["deps"] = list(op.deps)
+    out["step"] = op.step
+    if op.channel:
+        out["ch"] = op.channel
+    if op.encoding is not None:
+        out["enc"] = op.encoding
+    return out
+
+
+def symmetry_to_json(symmetry: Symmetry) -> dict[str, Any]:
+    """The document's ``symmetry`` section."""
+    return {
+        "shape": list(symmetry.shape),
+        "ranks": [[cls, n] for cls, n in symmetry.runs],
+        "classes": [[_template_op_to_json(op) for op in template] for template in symmetry.templates],
+    }
+
+
+def parse_symmetry(r: _Reader, doc: Any, ranks: int, limits: Mapping[str, int]) -> Symmetry:
+    """The ``symmetry`` section of a version-4 document, every field checked (each rank's peers and chunk
+    ranges are checked when its program is built: :meth:`Symmetry.program`)."""
+    top = r.obj(doc, "symmetry", ("shape", "ranks", "classes"))
+    shape = tuple(r.integer(n, f"symmetry.shape[{d}]", 1, 1 << 20)
+                  for d, n in enumerate(r.array(top["shape"], "symmetry.shape")))
+    if not shape or math.prod(shape) != ranks:
+        raise r.fail("symmetry.shape", f"a grid of {math.prod(shape) if shape else 0} ranks for {ranks} ranks",
+                     fix="the shape's dimensions multiply to the rank count")
+    classes = r.array(top["classes"], "symmetry.classes")
+    if not classes:
+        raise r.fail("symmetry.classes", "no class", fix="give at least one class program")
+    templates = tuple(
+        tuple(_parse_template_op(r, op, f"symmetry.classes[{c}][{k}]", k, len(shape), ranks, limits)
+              for k, op in enumerate(r.array(program, f"symmetry.classes[{c}]")))
+        for c, program in enumerate(classes))
+    runs = []
+    covered = 0
+    for j, item in enumerate(r.array(top["ranks"], "symmetry.ranks")):
+        pair = r.array(item, f"symmetry.ranks[{j}]")
+        if len(pair) != 2:
+            raise r.fail(f"symmetry.ranks[{j}]", f"expected [class, count], got {len(pair)} items")
+        cls = r.integer(pair[0], f"symmetry.ranks[{j}][0]", 0, len(templates) - 1)
+        n = r.integer(pair[1], f"symmetry.ranks[{j}][1]", 1, ranks)
+        runs.append((cls, n))
+        covered += n
+    if covered != ranks:
+        raise r.fail("symmetry.ranks", f"the runs cover {covered} ranks of {ranks}",
+                     fix="give every rank a class, in order of rank")
+    return Symmetry(shape, templates, tuple(runs), dict(limits))
+
+
+def _parse_field(r: _Reader, doc: Any, place: str, dims: int, modulus: int) -> Field:
+    if isinstance(doc, list):
+        if len(doc) != dims + 1:
+            raise r.fail(place, f"a formula is [offset, one coefficient per dimension], got {len(doc)} items "
+                                f"for {dims} dimensions")
+        values = [r.integer(v, f"{place}[{j}]", 0, modulus - 1) for j, v in enumerate(doc)]
+        return Formula(values[0], tuple(values[1:]))
+    return r.integer(doc, place, 0, modulus - 1)
+
+
+def _parse_template_ref(r: _Reader, doc: Any, place: str, dims: int, limits: Mapping[str, int]) -> TemplateRef:
+    items = r.array(doc, place)
+    if len(items) not in (2, 3):
+        raise r.fail(place, f"a chunk reference is [buffer, index] or [buffer, index, count], got {len(items)} items")
+    buffer = items[0]
+    if not isinstance(buffer, str) or buffer not in BUFFERS or not limits[buffer]:
+        raise r.fail(f"{place}[0]", f"unknown or empty buffer {_short(buffer)}",
+                     fix="use 'i' (input), 'o' (output) or 's' (scratch, where chunks.scratch is not 0)")
+    limit = limits[buffer]
+    count = r.integer(items[2], f"{place}[2]", 1, limit) if len(items) == 3 else 1
+    return TemplateRef(buffer, _parse_field(r, items[1], f"{place}[1]", dims, limit), count)
+
+
+def _parse_template_op(r: _Reader, doc: Any, place: str, k: int, dims: int, ranks: int,
+                       limits: Mapping[str, int]) -> TemplateOp:
+    op = r.obj(doc, place, ("op",), ("peer", "src", "dst", "deps", "step", "ch", "enc"))
+    kind = op["op"]
+    if not isinstance(kind, str) or kind not in OP_RULES:
+        raise r.fail(f"{place}.op", f"unknown operation {_short(kind)}", fix=f"use one of {', '.join(OP_RULES)}")
+    rule = OP_RULES[kind]
+    if rule.peer != ("peer" in op):
+        raise r.fail(place, f"{kind} needs a peer" if rule.peer else f"{kind} takes no peer")
+    peer = _parse_field(r, op["peer"], f"{place}.peer", dims, ranks) if "peer" in op else None
+    src = _parse_template_ref(r, op["src"], f"{place}.src", dims, limits) if "src" in op else None
+    dst = _parse_template_ref(r, op["dst"], f"{place}.dst", dims, limits) if "dst" in op else None
+    # the rule's checks of references look at buffers and counts only, the same on every rank
+    fault = rule.refs_fault(*(None if t is None else Chunk(t.buffer, 0, t.count) for t in (src, dst)))
+    if fault is not None:
+        raise r.fail(place, f"{kind}: {fault.value}")
+    deps_doc = r.array(op.get("deps", []), f"{place}.deps")
+    deps = tuple(r.integer(d, f"{place}.deps[{j}]", 0) for j, d in enumerate(deps_doc))
+    if any(d >= k for d in deps):
+        raise r.fail(f"{place}.deps", f"depends on operation {max(deps)}, which is not earlier in the program",
+                     fix="dependencies must point to earlier operations of the same class program")
+    step = r.integer(op.get("step", 0), f"{place}.step", 0)
+    channel = r.integer(op.get("ch", 0), f"{place}.ch", 0, 1 << 16)
+    encoding = None
+    if "enc" in op:
+        if kind not in ENCODABLE:
+            raise r.fail(f"{place}.enc", f"a {kind} carries no encoding",
+                         fix="name enc on sends, receives and copies only")
+        try:
+            encoding = parse_encoding(r.string(op["enc"], f"{place}.enc")).spec
+        except ScheduleFormatError as exc:
+            if exc.where:
+                raise
+            raise r.fail(f"{place}.enc", exc.message, exc.fix) from None
+    return TemplateOp(kind, peer, src, dst, deps, step, channel, encoding)
