@@ -2,10 +2,12 @@
 the schedule file's size and what loading it costs each rank.
 
 Per case (a shipped topology, a collective, a size), one process compiles with ``auto`` and writes the schedule
-(gzip JSON, as ``topocc compile -o f.json.gz`` does); a second loads it as a rank does at start-up
-(:func:`~topocc.runtime.schedule.load_schedule`). Each runs under a memory cap and a time limit, so a case too
-large for the machine is a row that says so, not a machine that swaps. Peak RSS counts the planner and its
-forked proof (each process's own peak, summed: the proof's pages shared with the planner count twice).
+as ``topocc compile -o f.json.gz`` does (gzip JSON, in the symmetric form where that pays: ``form`` says which,
+``write`` what finding the classes and writing took); a second loads it as a rank does at start-up
+(:func:`~topocc.runtime.schedule.load_schedule`, then that rank's program: the middle rank's). Each runs under
+a memory cap and a time limit, so a case too large for the machine is a row that says so, not a machine that
+swaps. Peak RSS counts the planner and its forked proof (each process's own peak, summed: the proof's pages
+shared with the planner count twice).
 
 ``of bound`` is the bound's time over the predicted time (1.0: at the bound); at small sizes the bound holds
 its latency term, so ``x bound`` (its inverse) is what the latency targets read.
@@ -37,7 +39,7 @@ TOPOLOGIES = ("fattree-1024", "fattree-16384", "rail-65536")
 COLLECTIVES = ("allreduce", "allgather", "reducescatter")
 SMALL_SIZES = (1 << 20, 16 << 20)
 HEADERS = ("topology", "collective", "size", "auto chose", "operations", "compile", "CPU", "peak RSS",
-           "of bound", "x bound", "file", "load (a rank)", "load RSS")
+           "of bound", "x bound", "form", "write", "file", "load (a rank)", "load RSS")
 
 
 def _peak_gib() -> float:
@@ -51,15 +53,20 @@ def compile_case(topology: str, collective: str, size: int, out: str) -> dict[st
     """Compile one case with ``auto`` and write its schedule to ``out``; the figures as a dict."""
     from topocc.planner.compiler.compile import compile_schedule
     from topocc.planner.compiler.options import Options
+    from topocc.planner.compiler.symmetrize import symmetric_form
     from topocc.planner.topology.catalogue import resolve_topology
     from topocc.runtime.schedule import save_schedule
 
     started, cpu = time.perf_counter(), time.process_time()
-    compiled = compile_schedule(resolve_topology(topology), collective, "auto", Options(size_bytes=size))
-    save_schedule(compiled.schedule, out)
+    topo = resolve_topology(topology)
+    compiled = compile_schedule(topo, collective, "auto", Options(size_bytes=size))
+    compiled_s, compiled_cpu = time.perf_counter() - started, time.process_time() - cpu
+    written = symmetric_form(compiled.schedule, topo)
+    save_schedule(written, out)
+    form = "per-rank" if written.symmetry is None else f"{len(written.symmetry.templates)} classes"
     return {"algorithm": compiled.schedule.metadata.algorithm, "operations": compiled.schedule.op_count,
-            "wall_s": time.perf_counter() - started, "cpu_s": time.process_time() - cpu, "peak_gib": _peak_gib(),
-            "share": compiled.efficiency, "file_bytes": Path(out).stat().st_size}
+            "wall_s": compiled_s, "cpu_s": compiled_cpu, "peak_gib": _peak_gib(), "share": compiled.efficiency,
+            "form": form, "write_s": time.perf_counter() - started - compiled_s, "file_bytes": Path(out).stat().st_size}
 
 
 def load_case(path: str) -> dict[str, object]:
@@ -67,7 +74,8 @@ def load_case(path: str) -> dict[str, object]:
     from topocc.runtime.schedule import load_schedule
 
     started = time.perf_counter()
-    load_schedule(path)
+    schedule = load_schedule(path)
+    schedule.programs[schedule.ranks // 2]
     return {"load_s": time.perf_counter() - started, "load_gib": _peak_gib()}
 
 
@@ -102,8 +110,8 @@ def row(topology: str, collective: str, size: int, limit: float, memory_gib: flo
         loaded, why = _child(["load", out], limit, memory_gib)
     share = built["share"]
     figures = (built["algorithm"], f"{built['operations']:,}", f"{built['wall_s']:.1f} s", f"{built['cpu_s']:.1f} s",
-               f"{built['peak_gib']:.2f} GiB", f"{100 * share:.1f}%", f"{1 / share:.2f}",
-               f"{built['file_bytes'] / 2**20:.1f} MiB")
+               f"{built['peak_gib']:.2f} GiB", f"{100 * share:.1f}%", f"{1 / share:.2f}", built["form"],
+               f"{built['write_s']:.1f} s", f"{built['file_bytes'] / 2**10:,.0f} KiB")
     if loaded is None:
         return (*head, *figures, why, "-")
     return (*head, *figures, f"{loaded['load_s']:.2f} s", f"{loaded['load_gib']:.2f} GiB")

@@ -17,6 +17,7 @@ def test_a_case_is_compiled_and_loaded_in_capped_processes() -> None:
     assert 0 < share <= 100 + 1e-9
     assert float(str(figures["x bound"])) == pytest.approx(100 / share, abs=0.01)
     assert str(figures["load (a rank)"]).endswith(" s") and str(figures["load RSS"]).endswith(" GiB")
+    assert figures["form"] == "per-rank"  # 12 ranks: below the symmetric form's 64
 
 
 def test_a_case_over_its_memory_cap_is_a_row_that_says_so() -> None:

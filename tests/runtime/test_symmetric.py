@@ -6,6 +6,7 @@ import gzip
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.planner.compiler.test_builder import ring_allreduce_schedule
@@ -163,3 +164,42 @@ def test_a_formula_that_gives_a_rank_a_bad_program_is_refused_when_that_rank_is_
 def test_the_last_step_receives_what_the_ring_passes_on() -> None:
     s = ring(4)
     assert s.programs[0][-1] == Recv(3, Chunk("o", 2), deps=(2, 5), step=5)
+
+
+def test_replayed_written_once_it_computes_the_all_reduce() -> None:
+    from tests.runtime.thread_transport import run_ranks
+
+    rng = np.random.default_rng(5)
+    inputs = [rng.standard_normal(1003).astype(np.float32) for _ in range(7)]
+    got, _ = run_ranks(ring(7), [x.copy() for x in inputs])
+    truth = np.sum(np.array(inputs, np.float64), axis=0)
+    assert all(np.allclose(r, truth, rtol=1e-5, atol=1e-5) for r in got)
+
+
+def test_an_encoded_schedule_written_once_replays_bitwise_as_written_per_rank() -> None:
+    from tests.runtime.test_executor_encoding import _inputs, _plans
+    from tests.runtime.thread_transport import run_ranks
+    from topocc.planner.compiler.symmetrize import symmetrize
+
+    _, encoded = _plans("allreduce", "ring", "bf16@inter-rack")
+    sym = symmetrize(encoded, [(12,), (3, 4)])
+    assert sym.symmetry is not None and any(op.encoding for op in sym.written_ops())
+    sym = parse_schedule(json.loads(dump_schedule(sym)))  # as a rank loads it
+    inputs = _inputs("allreduce", 2003, ranks=12)
+    want, sent = run_ranks(encoded, [x.copy() for x in inputs])
+    got, sent_sym = run_ranks(sym, [x.copy() for x in inputs])
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(want, got)) and sent_sym == sent
+
+
+def test_a_bundle_keeps_a_plan_written_once(tmp_path: Path) -> None:
+    from topocc.runtime.bundle import Bundle, BundlePlan, load_bundle, save_bundle
+    from topocc.runtime.plan import Plan
+
+    sym = ring(8)
+    save_bundle(Bundle(8, (BundlePlan(Plan((sym,)), tuple(range(8))),)), tmp_path / "bundle")
+    text = next((tmp_path / "bundle").glob("allreduce*")).read_text()
+    assert '"symmetry"' in text and '"programs"' not in text
+    plan = load_bundle(tmp_path / "bundle").find("allreduce", tuple(range(8)))
+    assert plan is not None
+    loaded = plan.select(1 << 20)
+    assert loaded.symmetry == sym.symmetry and loaded.programs[3] == sym.programs[3]

@@ -110,8 +110,8 @@ def test_other_collectives_prove_and_simulate_alike_in_both_forms(topology: str,
 
 
 def test_the_grids_follow_the_hierarchy_then_its_prime_factors() -> None:
-    assert grid_shapes(resolve_topology("ibm-s822lc-48x4")) == [(3, 16, 4), (3, 2, 2, 2, 2, 2, 2)]
-    assert grid_shapes(resolve_topology("dgx1-v100")) == [(8,), (2, 2, 2)]
+    assert grid_shapes(resolve_topology("ibm-s822lc-48x4")) == [(3, 2, 2, 2, 2, 2, 2), (3, 16, 4)]
+    assert grid_shapes(resolve_topology("dgx1-v100")) == [(2, 2, 2), (8,)]
 
 
 def test_written_symmetric_from_64_ranks_where_it_pays() -> None:
@@ -145,3 +145,16 @@ def test_compile_writes_the_symmetric_form_unless_asked_per_rank(tmp_path: Path)
     done = runner.invoke(cli, ["compile", "ibm-s822lc-48x4", "-s", "64MiB", "-o", str(out), "--per-rank"])
     assert done.exit_code == 0, done.output
     assert json.loads(out.read_text())["version"] == 1
+
+
+def test_msccl_export_expands_the_classes() -> None:
+    from topocc.planner.formats.msccl_xml import export_msccl, parse_msccl
+
+    shipped = next(p for p in SCHEDULES if p.name.startswith("ibm-s822lc-48x4"))
+    sym = load_schedule(shipped)
+    assert sym.symmetry is not None
+    plain = Schedule(sym.collective, sym.ranks, sym.input_chunks, sym.output_chunks, tuple(sym.programs),
+                     sym.scratch_chunks, sym.root, sym.inplace, sym.metadata)
+    xml = export_msccl(sym)
+    assert xml == export_msccl(plain) and xml.count("<gpu ") == 192
+    verify(parse_msccl(xml))

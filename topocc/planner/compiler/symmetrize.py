@@ -2,10 +2,11 @@
 
 Ranks whose programs differ only in their peers and chunk indices, and there by affine formulas of the ranks'
 coordinates on a grid (:mod:`topocc.runtime.symmetric`), form a class stored once.  The grids tried come from
-the topology (a line of ranks; hosts x GPUs; racks x hosts x GPUs where those are regular), and each class is
-found by fitting: a formula's coefficient along a dimension is the difference between a rank and its
-neighbour there, and every member is checked against the fitted formulas, so a rank is put in a class only
-where its class's template gives exactly its program.  Ranks the formulas miss start classes of their own.
+the topology (:func:`grid_shapes`).  Programs are first put in a canonical order (:func:`_canonical`), then
+each class is found by fitting: a formula's coefficient along a dimension is the difference between a rank
+and its neighbour there, and every member is checked against the fitted formulas, so a rank is put in a class
+only where its class's template gives exactly its (canonically ordered) program.  Ranks the formulas miss
+start classes of their own.
 """
 
 from __future__ import annotations
@@ -13,14 +14,13 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from topocc.planner.topology.model import Topology
 from topocc.runtime.plan import Plan
-from topocc.runtime.schedule import Op, Schedule
+from topocc.runtime.schedule import Op, Schedule, operation
 from topocc.runtime.symmetric import Field, Formula, SymmetricPrograms, Symmetry, TemplateOp, TemplateRef
 
 __all__ = ["grid_shapes", "symmetric_form", "symmetric_plan", "symmetrize"]
@@ -36,9 +36,10 @@ _Skeleton = tuple[Any, ...]
 
 def grid_shapes(topo: Topology) -> list[tuple[int, ...]]:
     """The grids to try for ``topo``'s ranks: its hierarchy (racks x hosts x GPUs where every rack and host
-    holds as many consecutive ranks, else hosts x GPUs, else a line), then the same with each level split
-    into its prime factors, powers of two last, so that halving-doubling's partner (a rank with one bit of
-    its position flipped) is a neighbour along one dimension of two."""
+    holds as many consecutive ranks, else hosts x GPUs, else a line) with each level split into its prime
+    factors, powers of two last, so that halving-doubling's partner (a rank with one bit of its position
+    flipped) is a neighbour along one dimension of two; then the hierarchy itself, fewer coefficients per
+    formula, taken where it stores fewer operations."""
     ranks = len(topo.ranks)
     levels = [ranks]
     per_host = _regular(topo.hosts.values(), ranks)
@@ -48,7 +49,7 @@ def grid_shapes(topo: Topology) -> list[tuple[int, ...]]:
         if per_rack and per_host < per_rack < ranks and per_rack % per_host == 0:
             levels = [ranks // per_rack, per_rack // per_host, per_host]
     fine = tuple(f for n in levels for f in _factors(n))
-    return [tuple(levels), fine] if fine != tuple(levels) else [tuple(levels)]
+    return [fine, tuple(levels)] if fine != tuple(levels) else [fine]
 
 
 def _factors(n: int) -> list[int]:
@@ -86,8 +87,10 @@ def symmetric_form(schedule: Schedule, topo: Topology, min_ranks: int = 64) -> S
 
 
 def symmetric_plan(plan: Plan, topo: Topology) -> Plan:
-    """``plan`` with each bucket's schedule as :func:`symmetric_form` writes it."""
-    return Plan(tuple(symmetric_form(s, topo) for s in plan.schedules))
+    """``plan`` with each bucket's schedule as :func:`symmetric_form` writes it (``plan`` itself where none
+    changes)."""
+    written = tuple(symmetric_form(s, topo) for s in plan.schedules)
+    return plan if all(a is b for a, b in zip(written, plan.schedules)) else Plan(written)
 
 
 def symmetrize(schedule: Schedule, shapes: Iterable[tuple[int, ...]]) -> Schedule:
@@ -162,7 +165,8 @@ def _canonical(program: tuple[Op, ...]) -> tuple[Op, ...]:
     for old in order:
         op = program[old]
         deps = tuple(sorted(new_index[d] for d in op.deps))
-        out.append(op if deps == op.deps else replace(op, deps=deps))
+        out.append(op if deps == op.deps else operation(op.kind, op.peer, op.src, op.dst, deps, op.step, op.channel,
+                                                        op.encoding))
     return tuple(out)
 
 

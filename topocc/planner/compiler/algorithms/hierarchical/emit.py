@@ -210,7 +210,13 @@ class _Emitter:
         for i, k, a, e in step:
             gate = self._gate(g[i], f, j, w, t)
             channel = self.channels[(f, g[i], g[k])]
-            for ref in self.refs(j, base + a * sub, base + e * sub, wave):
+            refs = self.refs(j, base + a * sub, base + e * sub, wave)
+            if not self.plan.contiguous:
+                # Each owner's piece in the order of its owner relative to the sender (owner XOR sender): the
+                # sender's own data first, and every rank of a halving-doubling level sending alike, as a
+                # relabelling of the others (so their programs are one class: runtime/symmetric.py).
+                refs.sort(key=lambda ref: (ref.index // self.units) ^ g[i])
+            for ref in refs:
                 self.finished[g[k], f, j] = self.send(g[i], g[k], ref, not gather, self.slotted[f],
                                                       self.first_step[f] + t, channel, () if gate < 0 else (gate,))
                 if self.waited and f == 0:
