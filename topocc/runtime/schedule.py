@@ -435,13 +435,20 @@ def _chunk_to_json(chunk: Chunk) -> list[Any]:
 
 
 def _op_to_json(op: Op) -> dict[str, Any]:
+    return _fields_to_json(op, op.peer, None if op.src is None else _chunk_to_json(op.src),
+                           None if op.dst is None else _chunk_to_json(op.dst))
+
+
+def _fields_to_json(op: Op | TemplateOp, peer: Any, src: Any, dst: Any) -> dict[str, Any]:
+    """An operation's JSON object, its peer and chunk references given as JSON (a symmetric schedule's may be
+    formulas)."""
     out: dict[str, Any] = {"op": op.kind}
-    if op.peer is not None:
-        out["peer"] = op.peer
-    if op.src is not None:
-        out["src"] = _chunk_to_json(op.src)
-    if op.dst is not None:
-        out["dst"] = _chunk_to_json(op.dst)
+    if peer is not None:
+        out["peer"] = peer
+    if src is not None:
+        out["src"] = src
+    if dst is not None:
+        out["dst"] = dst
     if op.deps:
         out["deps"] = list(op.deps)
     out["step"] = op.step

@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, overload
 
-from topocc.runtime.encoding import parse_encoding
 from topocc.runtime.errors import ScheduleFormatError
 from topocc.runtime.schedule import (
     BUFFERS,
-    ENCODABLE,
     OP_RULES,
     Chunk,
     Op,
+    _fields_to_json,
+    _parse_encoding,
     _Reader,
     _short,
     operation,
@@ -108,14 +108,6 @@ class Symmetry:
         """The class of ``rank``."""
         return self.runs[bisect_right(self.starts, rank) - 1][0]
 
-    def members(self) -> Iterator[tuple[int, int]]:
-        """Every (rank, class), ranks in order."""
-        rank = 0
-        for cls, n in self.runs:
-            for r in range(rank, rank + n):
-                yield r, cls
-            rank += n
-
     def class_sizes(self) -> list[int]:
         """How many ranks each class has."""
         sizes = [0] * len(self.templates)
@@ -144,23 +136,31 @@ class Symmetry:
         out = []
         for k, t in enumerate(self.templates[cls]):
             peer = None if t.peer is None else _value(t.peer, coords, ranks)
-            place = f"{source}: symmetry.classes[{cls}][{k}]"
-            src = None if t.src is None else self._chunk(t.src, coords, rank, place)
-            dst = None if t.dst is None else self._chunk(t.dst, coords, rank, place)
-            if peer == rank:
-                raise ScheduleFormatError(f"rank {rank} {t.kind}s to itself", where=f"{place}.peer",
-                                          fix="use copy or reduce for local data")
+            src = None if t.src is None else self._chunk(t.src, coords)
+            dst = None if t.dst is None else self._chunk(t.dst, coords)
+            if peer == rank or (t.src is not None and src is None) or (t.dst is not None and dst is None):
+                raise self._fault(rank, cls, k, source)
             out.append(operation(t.kind, peer, src, dst, t.deps, t.step, t.channel, t.encoding))
         return tuple(out)
 
-    def _chunk(self, ref: TemplateRef, coords: Sequence[int], rank: int, place: str) -> Chunk:
+    def _chunk(self, ref: TemplateRef, coords: Sequence[int]) -> Chunk | None:
+        """``ref`` at ``coords``, or None where it runs past its buffer."""
         limit = self.limits[ref.buffer]
         index = _value(ref.index, coords, limit)
-        if index + ref.count > limit:
-            raise ScheduleFormatError(
-                f"rank {rank}'s chunks {index}..{index + ref.count - 1} of buffer {ref.buffer!r} are out of range "
-                f"(it has {limit} chunks)", where=place)
-        return Chunk(ref.buffer, index, ref.count)
+        return Chunk(ref.buffer, index, ref.count) if index + ref.count <= limit else None
+
+    def _fault(self, rank: int, cls: int, k: int, source: str) -> ScheduleFormatError:
+        """Why operation ``k`` of class ``cls`` gives ``rank`` no valid operation (built only when one fails)."""
+        t, coords = self.templates[cls][k], self.coordinates(rank)
+        place = f"{source}: symmetry.classes[{cls}][{k}]"
+        for ref in (t.src, t.dst):
+            if ref is not None and self._chunk(ref, coords) is None:
+                index = _value(ref.index, coords, self.limits[ref.buffer])
+                return ScheduleFormatError(
+                    f"rank {rank}'s chunks {index}..{index + ref.count - 1} of buffer {ref.buffer!r} are out of "
+                    f"range (it has {self.limits[ref.buffer]} chunks)", where=place)
+        return ScheduleFormatError(f"rank {rank} {t.kind}s to itself", where=f"{place}.peer",
+                                   fix="use copy or reduce for local data")
 
 
 class SymmetricPrograms(Sequence[tuple[Op, ...]]):
@@ -209,21 +209,9 @@ def _ref_to_json(ref: TemplateRef) -> list[Any]:
 
 
 def _template_op_to_json(op: TemplateOp) -> dict[str, Any]:
-    out: dict[str, Any] = {"op": op.kind}
-    if op.peer is not None:
-        out["peer"] = _field_to_json(op.peer)
-    if op.src is not None:
-        out["src"] = _ref_to_json(op.src)
-    if op.dst is not None:
-        out["dst"] = _ref_to_json(op.dst)
-    if op.deps:
-        out["deps"] = list(op.deps)
-    out["step"] = op.step
-    if op.channel:
-        out["ch"] = op.channel
-    if op.encoding is not None:
-        out["enc"] = op.encoding
-    return out
+    return _fields_to_json(op, None if op.peer is None else _field_to_json(op.peer),
+                           None if op.src is None else _ref_to_json(op.src),
+                           None if op.dst is None else _ref_to_json(op.dst))
 
 
 def symmetry_to_json(symmetry: Symmetry) -> dict[str, Any]:
@@ -313,15 +301,4 @@ def _parse_template_op(r: _Reader, doc: Any, place: str, k: int, dims: int, rank
                      fix="dependencies must point to earlier operations of the same class program")
     step = r.integer(op.get("step", 0), f"{place}.step", 0)
     channel = r.integer(op.get("ch", 0), f"{place}.ch", 0, 1 << 16)
-    encoding = None
-    if "enc" in op:
-        if kind not in ENCODABLE:
-            raise r.fail(f"{place}.enc", f"a {kind} carries no encoding",
-                         fix="name enc on sends, receives and copies only")
-        try:
-            encoding = parse_encoding(r.string(op["enc"], f"{place}.enc")).spec
-        except ScheduleFormatError as exc:
-            if exc.where:
-                raise
-            raise r.fail(f"{place}.enc", exc.message, exc.fix) from None
-    return TemplateOp(kind, peer, src, dst, deps, step, channel, encoding)
+    return TemplateOp(kind, peer, src, dst, deps, step, channel, _parse_encoding(r, op, kind, f"{place}.enc"))

@@ -184,30 +184,19 @@ def _skeleton_groups(programs: Sequence[Sequence[Op]]) -> list[list[int]]:
     return list(found.values())
 
 
-def _fields(program: Sequence[Op]) -> list[int]:
-    """The values that may differ within a class: each operation's peer and its references' first chunks."""
-    out = []
+def _fields(program: Sequence[Op], ranks: int, limits: dict[str, int]) -> tuple[list[int], list[int]]:
+    """The values that may differ within a class, each operation's peer and its references' first chunks, and
+    each one's modulus: the rank count for a peer, the buffer's chunk count for a chunk."""
+    values, moduli = [], []
     for op in program:
         if op.peer is not None:
-            out.append(op.peer)
-        if op.src is not None:
-            out.append(op.src.index)
-        if op.dst is not None:
-            out.append(op.dst.index)
-    return out
-
-
-def _moduli(program: Sequence[Op], ranks: int, limits: dict[str, int]) -> list[int]:
-    """Each field's modulus (see :func:`_fields`): the rank count for a peer, the buffer's chunk count."""
-    out = []
-    for op in program:
-        if op.peer is not None:
-            out.append(ranks)
-        if op.src is not None:
-            out.append(limits[op.src.buffer])
-        if op.dst is not None:
-            out.append(limits[op.dst.buffer])
-    return out
+            values.append(op.peer)
+            moduli.append(ranks)
+        for ref in (op.src, op.dst):
+            if ref is not None:
+                values.append(ref.index)
+                moduli.append(limits[ref.buffer])
+    return values, moduli
 
 
 def _classes(programs: Sequence[Sequence[Op]], groups: list[list[int]], shape: tuple[int, ...],
@@ -221,9 +210,9 @@ def _classes(programs: Sequence[Sequence[Op]], groups: list[list[int]], shape: t
     stored = 0
     for group in groups:
         ranks = np.array(group, dtype=np.int64)
-        base = programs[group[0]]
-        values = np.array([_fields(programs[r]) for r in group], dtype=np.int64).reshape(len(group), -1)
-        moduli = np.array(_moduli(base, ranks_all, limits), dtype=np.int64)
+        moduli = np.array(_fields(programs[group[0]], ranks_all, limits)[1], dtype=np.int64)
+        values = np.array([_fields(programs[r], ranks_all, limits)[0] for r in group],
+                          dtype=np.int64).reshape(len(group), -1)
         for members, offset, coefs in _fit(ranks, all_coords, values, moduli, shape, strides):
             if len(found) >= MAX_CLASSES:
                 return None
@@ -278,7 +267,7 @@ def _fit(ranks: np.ndarray, coords: np.ndarray, values: np.ndarray, moduli: np.n
 
 
 def _template(program: Sequence[Op], offsets: np.ndarray, coefs: np.ndarray) -> tuple[TemplateOp, ...]:
-    """``program`` with each field (in :func:`_fields`' order) as its fitted formula."""
+    """``program`` with each field (in :func:`_fields`' order: peer, src, dst) as its fitted formula."""
     column = iter(range(len(offsets)))
 
     def field() -> Field:
