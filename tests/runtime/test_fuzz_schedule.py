@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from tests.planner.compiler.test_builder import CONSTRUCTIONS
 from topocc.planner.analysis.verify import verify
+from topocc.planner.compiler.symmetrize import symmetrize
 from topocc.runtime.errors import ScheduleFormatError, TopoccError
 from topocc.runtime.schedule import VERSION, Schedule, dump_schedule, load_schedule, parse_schedule
 
@@ -30,6 +31,9 @@ BASES = [
     json.loads(dump_schedule(CONSTRUCTIONS[name](3, 1)))
     for name in ("allreduce-ring-2ch", "allgather-ring-inplace", "reducescatter-ring", "broadcast-chain-root2",
                  "reduce-chain-root1", "alltoall-direct", "allreduce-direct")
+] + [  # the symmetric form (format version 4): classes, formulas and the map of ranks to classes
+    json.loads(dump_schedule(symmetrize(CONSTRUCTIONS[name](4, 1), [(4,), (2, 2)])))
+    for name in ("allreduce-ring", "allgather-ring", "reducescatter-ring-inplace", "alltoall-direct")
 ]
 
 json_scalars = st.one_of(
@@ -179,6 +183,7 @@ def test_mutations_reach_the_verifier() -> None:
     """The fuzzer's unchanged bases load and verify, so mutations start from schedules that pass."""
     for doc in BASES:
         verify(parse_schedule(copy.deepcopy(doc)))
+    assert sum(doc["version"] == 4 for doc in BASES) == 4
     with pytest.raises(ScheduleFormatError):
         parse_schedule({**BASES[0], "version": VERSION + 1})
 
