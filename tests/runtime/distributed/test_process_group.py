@@ -23,10 +23,12 @@ from tests.runtime.training.launch import TOPOLOGY  # noqa: E402
 from topocc.planner.compiler.bundling import requests_from_calls  # noqa: E402
 from topocc.planner.compiler.options import Options  # noqa: E402
 from topocc.planner.compiler.size_buckets import compile_plan  # noqa: E402
+from topocc.planner.compiler.symmetrize import grid_shapes, symmetrize  # noqa: E402
 from topocc.planner.topology.parse import parse_topology_text  # noqa: E402
 from topocc.runtime.bundle import Bundle, BundlePlan, save_bundle  # noqa: E402
 from topocc.runtime.calls import read_calls  # noqa: E402
 from topocc.runtime.errors import CommunicatorError  # noqa: E402
+from topocc.runtime.plan import Plan  # noqa: E402
 
 HERE = Path(__file__).parent
 EVERY = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall")
@@ -34,12 +36,16 @@ SHAPES = {2: (2, 1), 3: (3, 1), 4: (2, 2)}
 
 
 def bundle_for(tmp_path: Path, world: int, collectives: tuple[str, ...] = EVERY,
-               groups: tuple[tuple[int, ...], ...] = ()) -> Path:
-    """A bundle folder for ``world`` ranks (small sizes): each collective on the world, all-reduce on ``groups``."""
+               groups: tuple[tuple[int, ...], ...] = (), symmetric: bool = False) -> Path:
+    """A bundle folder for ``world`` ranks (small sizes): each collective on the world, all-reduce on ``groups``;
+    ``symmetric``: the world's plans in the symmetric form wherever it stores fewer operations (at any size)."""
     hosts, gpus = SHAPES[world]
     topology = parse_topology_text(TOPOLOGY.format(hosts=hosts, gpus=gpus), "t")
     plans = [BundlePlan(compile_plan(topology, c, 1 << 6, 1 << 16, options=Options(root=0))[0],
                         tuple(range(world))) for c in collectives]
+    if symmetric:
+        shapes = grid_shapes(topology)
+        plans = [BundlePlan(Plan(tuple(symmetrize(s, shapes) for s in p.plan.schedules)), p.group) for p in plans]
     for group in groups:
         plan, _ = compile_plan(topology.subset(group), "allreduce", 1 << 6, 1 << 16)
         plans.append(BundlePlan(plan, group))
@@ -125,6 +131,16 @@ def test_training_over_topocc_equals_gloo(tmp_path: Path, mode: str) -> None:
     requests = requests_from_calls(read_calls(record), 4)
     assert {r.collective for r in requests} >= set(gradients)
     assert all(r.group == (0, 1, 2, 3) and r.low <= r.high for r in requests)
+
+
+def test_plans_written_once_per_class_train_as_gloo(tmp_path: Path) -> None:
+    """DDP over a bundle whose plans are in the symmetric form: each rank builds its own program from its
+    class's, and the losses are gloo's."""
+    folder = bundle_for(tmp_path, 4, ("allreduce", "broadcast"), symmetric=True)
+    assert '"symmetry"' in next(folder.glob("allreduce*")).read_text()
+    res = result(torchrun(4, "training_job.py", "ddp", "10", env={"TOPOCC_PLAN": str(folder)}))
+    assert res["topocc"] == pytest.approx(res["native"], rel=1e-5) and len(res["topocc"]) == 10
+    assert res["counters"]["allreduce"]["planned"] >= 10 and res["counters"]["allreduce"]["delegated"] == 0
 
 
 @pytest.mark.parametrize("mode", ["die", "hang"])
