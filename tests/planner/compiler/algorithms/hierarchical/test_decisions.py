@@ -117,7 +117,8 @@ def test_a_small_collective_left_one_slice_by_the_budget_may_send_more(collectiv
     one = hierarchical(net, collective, Options(size_bytes=1 << 20))
     assert one.metadata.options["pipeline"] == 1
     assert simulate(net, more, 1 << 20).time_s < 1.25 * bound
-    assert simulate(net, one, 1 << 20).time_s > 1.45 * bound
+    # one slice runs the levels one after the other: slower than four
+    assert simulate(net, one, 1 << 20).time_s > 1.05 * simulate(net, more, 1 << 20).time_s
 
 
 def test_a_small_all_reduce_of_whole_blocks_keeps_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
