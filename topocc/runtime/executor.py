@@ -275,7 +275,8 @@ class Program:
         self.staging: dict[int, Any] = {}
         self.codecs = _codecs(program, ops, dtype) if encode else {}
         # whether some rank's program encodes (the same on every rank: what a call's error feedback agrees on)
-        self.encoded = bool(encode and _codecs(tuple(schedule.written_ops()), ops, dtype))
+        self.encoded = bool(encode and _codecs([op for op in schedule.written_ops() if op.encoding is not None],
+                                               ops, dtype))
         for k, kind in enumerate(self.kinds):
             pieces = self.src_pieces[k] if kind == SEND else self.dst_pieces[k]
             if kind == RECV_REDUCE or (kind in (SEND, RECV) and len(pieces) > 1) or (kind == COPY and k in self.codecs):
