@@ -2,10 +2,10 @@
 
 ``record`` compiles every case (every shipped topology and every fabric of the
 suite, each collective, 1 MiB and 256 MiB, ``auto`` and each algorithm by name
-that applies) and writes one JSON line per case: the SHA-256 of the schedule's
-JSON (its metadata's ``topology_file`` and the solver's wall time left out), its
-predicted time, its lower bound, and ``auto``'s candidates; or the one-line
-error a case ended with.  ``compare`` prints a table of what differs between two
+that applies) and writes one JSON line per case: the schedule's :func:`fingerprint`
+(the same in the symmetric form and rank by rank), its predicted time (to 12
+digits), its lower bound, and ``auto``'s candidates; or the one-line error a
+case ended with.  ``compare`` prints a table of what differs between two
 such files and exits 1 if anything does.
 
 An algorithm applies where it builds the collective and ``auto`` would race it at
@@ -38,9 +38,10 @@ from benchmarks.fabrics import shipped_fabrics, suite
 from topocc.planner.compiler.algorithms import ALGORITHMS
 from topocc.planner.compiler.compile import compile_schedule
 from topocc.planner.compiler.options import Options
+from topocc.planner.compiler.symmetrize import canonical_order
 from topocc.planner.errors import TopoccError
 from topocc.planner.topology.parse import parse_topology_text
-from topocc.runtime.schedule import dump_schedule
+from topocc.runtime.schedule import Schedule, dump_schedule
 
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall")
 SIZES = (1 << 20, 256 << 20)
@@ -87,6 +88,25 @@ def cases() -> Iterator[Case]:
                     yield Case(fabric.name, fabric.yaml, f"{fabric.name}.yaml", fabric.ranks, collective, size, name)
 
 
+def fingerprint(schedule: Schedule) -> str:
+    """The SHA-256 of the schedule's JSON, whatever its form: every rank's program in canonical order
+    (:func:`~topocc.planner.compiler.symmetrize.symmetrize`'s, which a symmetric schedule is written in), rank by
+    rank; its metadata without the checkout's path, the solver's wall time or the predicted time (simulated
+    by class or rank by rank, it differs in its last bits)."""
+    meta = schedule.metadata
+    plain = Schedule(schedule.collective, schedule.ranks, schedule.input_chunks, schedule.output_chunks,
+                     tuple(canonical_order(program) for program in schedule.programs), schedule.scratch_chunks,
+                     schedule.root, schedule.inplace, meta, schedule.paths)
+    plain = plain.with_metadata(topology_file=None, predicted_time_s=None,
+                                options={k: v for k, v in meta.options.items() if k not in _WALL_CLOCK})
+    return hashlib.sha256(dump_schedule(plain).encode()).hexdigest()
+
+
+def _rounded(time_s: float | None) -> float | None:
+    """A predicted time to 12 significant digits: the same by class and rank by rank."""
+    return None if time_s is None else float(f"{time_s:.12g}")
+
+
 def run(case: Case) -> dict[str, object]:
     """Compile one case; its fingerprint, or the error it ended with."""
     out: dict[str, object] = {"case": case.key}
@@ -97,16 +117,12 @@ def run(case: Case) -> dict[str, object]:
     except TopoccError as exc:
         out["error"] = str(exc).splitlines()[0]
     else:
-        meta = compiled.schedule.metadata
-        # the checkout's path and the solver's wall time are not the schedule's
-        schedule = compiled.schedule.with_metadata(
-            topology_file=None, options={k: v for k, v in meta.options.items() if k not in _WALL_CLOCK})
-        out["hash"] = hashlib.sha256(dump_schedule(schedule).encode()).hexdigest()
-        out["algorithm"] = schedule.metadata.algorithm
-        out["operations"] = schedule.op_count
-        out["predicted_s"] = compiled.sim.time_s
+        out["hash"] = fingerprint(compiled.schedule)
+        out["algorithm"] = compiled.schedule.metadata.algorithm
+        out["operations"] = compiled.schedule.op_count
+        out["predicted_s"] = _rounded(compiled.sim.time_s)
         out["bound_s"] = compiled.bound.time_s
-        out["candidates"] = [[c.algorithm, c.time_s, c.reason] for c in compiled.candidates]
+        out["candidates"] = [[c.algorithm, _rounded(c.time_s), c.reason] for c in compiled.candidates]
     out["seconds"] = round(time.perf_counter() - started, 2)
     return out
 

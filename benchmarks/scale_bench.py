@@ -3,7 +3,9 @@ the schedule file's size and what loading it costs each rank.
 
 Per case (a shipped topology, a collective, a size), one process compiles with ``auto`` and writes the schedule
 as ``topocc compile -o f.json.gz`` does (gzip JSON, in the symmetric form where that pays: ``form`` says which,
-``write`` what finding the classes and writing took); a second loads it as a rank does at start-up
+``write`` what writing took, and finding the classes where the compile did not); ``timed`` says how the
+simulator replayed the winner: one rank per orbit of its symmetries (``1 of 1,024 ranks``) or every rank.  A
+second process loads the file as a rank does at start-up
 (:func:`~topocc.runtime.schedule.load_schedule`, then that rank's program: the middle rank's). Each runs under
 a memory cap and a time limit, so a case too large for the machine is a row that says so, not a machine that
 swaps. Peak RSS counts the planner and its forked proof (each process's own peak, summed: the proof's pages
@@ -39,7 +41,7 @@ TOPOLOGIES = ("fattree-1024", "fattree-16384", "rail-65536")
 COLLECTIVES = ("allreduce", "allgather", "reducescatter")
 SMALL_SIZES = (1 << 20, 16 << 20)
 HEADERS = ("topology", "collective", "size", "auto chose", "operations", "compile", "CPU", "peak RSS",
-           "of bound", "x bound", "form", "write", "file", "load (a rank)", "load RSS")
+           "of bound", "x bound", "timed", "form", "write", "file", "load (a rank)", "load RSS")
 
 
 def _peak_gib() -> float:
@@ -51,22 +53,28 @@ def _peak_gib() -> float:
 
 def compile_case(topology: str, collective: str, size: int, out: str) -> dict[str, object]:
     """Compile one case with ``auto`` and write its schedule to ``out``; the figures as a dict."""
+    from topocc.planner.analysis.automorphisms import schedule_orbits
     from topocc.planner.compiler.compile import compile_schedule
     from topocc.planner.compiler.options import Options
     from topocc.planner.compiler.symmetrize import symmetric_form
+    from topocc.planner.routing.network import Network
     from topocc.planner.topology.catalogue import resolve_topology
     from topocc.runtime.schedule import save_schedule
 
     started, cpu = time.perf_counter(), time.process_time()
-    topo = resolve_topology(topology)
-    compiled = compile_schedule(topo, collective, "auto", Options(size_bytes=size))
+    net = Network(resolve_topology(topology))
+    compiled = compile_schedule(net, collective, "auto", Options(size_bytes=size))
     compiled_s, compiled_cpu = time.perf_counter() - started, time.process_time() - cpu
-    written = symmetric_form(compiled.schedule, topo)
+    peak = _peak_gib()
+    written = symmetric_form(compiled.schedule, net.topology)
     save_schedule(written, out)
+    write_s = time.perf_counter() - started - compiled_s
     form = "per-rank" if written.symmetry is None else f"{len(written.symmetry.templates)} classes"
+    orbits = schedule_orbits(net, compiled.schedule)  # as the simulator found them
+    timed = "rank by rank" if orbits is None else f"{len(orbits.reps)} of {written.ranks:,} ranks"
     return {"algorithm": compiled.schedule.metadata.algorithm, "operations": compiled.schedule.op_count,
-            "wall_s": compiled_s, "cpu_s": compiled_cpu, "peak_gib": _peak_gib(), "share": compiled.efficiency,
-            "form": form, "write_s": time.perf_counter() - started - compiled_s, "file_bytes": Path(out).stat().st_size}
+            "wall_s": compiled_s, "cpu_s": compiled_cpu, "peak_gib": peak, "share": compiled.efficiency,
+            "timed": timed, "form": form, "write_s": write_s, "file_bytes": Path(out).stat().st_size}
 
 
 def load_case(path: str) -> dict[str, object]:
@@ -110,7 +118,7 @@ def row(topology: str, collective: str, size: int, limit: float, memory_gib: flo
         loaded, why = _child(["load", out], limit, memory_gib)
     share = built["share"]
     figures = (built["algorithm"], f"{built['operations']:,}", f"{built['wall_s']:.1f} s", f"{built['cpu_s']:.1f} s",
-               f"{built['peak_gib']:.2f} GiB", f"{100 * share:.1f}%", f"{1 / share:.2f}", built["form"],
+               f"{built['peak_gib']:.2f} GiB", f"{100 * share:.1f}%", f"{1 / share:.2f}", built["timed"], built["form"],
                f"{built['write_s']:.1f} s", f"{built['file_bytes'] / 2**10:,.0f} KiB")
     if loaded is None:
         return (*head, *figures, why, "-")

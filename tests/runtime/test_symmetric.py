@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -202,3 +203,19 @@ def test_a_bundle_keeps_a_plan_written_once(tmp_path: Path) -> None:
     assert plan is not None
     loaded = plan.select(1 << 20)
     assert loaded.symmetry == sym.symmetry and loaded.programs[3] == sym.programs[3]
+
+
+def test_a_copy_that_replaces_the_programs_of_a_symmetric_schedule_expands_it_first() -> None:
+    s = ring(4)
+    with pytest.raises(ValueError, match="expand it"):
+        replace(s, programs=tuple(s.programs))
+    plain = replace(s.expanded(), programs=tuple(s.programs))
+    assert plain.symmetry is None and tuple(plain.programs) == tuple(s.programs)
+    assert plain.expanded() is plain
+
+
+def test_programs_compare_rank_by_rank_in_either_form() -> None:
+    # a plan merges neighbouring size buckets whose programs are the same, whatever their form
+    assert ring(4).programs == ring(4).programs == tuple(ring(4).programs)
+    assert tuple(ring(4).programs) == ring(4).programs
+    assert ring(4).programs != ring(5).programs and ring(4).programs != tuple(ring(4).programs)[:3]

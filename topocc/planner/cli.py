@@ -195,7 +195,7 @@ def compile_cmd(topology: str, collective: str, size: tuple[int, int], algorithm
         if policy is not None:
             plan, results, reports = _compress_plan(topo, results, policy)
         if output:
-            save_plan(plan if per_rank else symmetric_plan(plan, topo), output)
+            save_plan(plan.expanded() if per_rank else symmetric_plan(plan, topo), output)
         doc = plan_summary(results, output) | {"model": model_note(topo)}
         if reports is not None:
             doc["compression"] = reports
@@ -208,7 +208,7 @@ def compile_cmd(topology: str, collective: str, size: tuple[int, int], algorithm
 
         done = compress(topo, compiled, policy)
         compiled, extra = done.compiled, {"compression": done.report.to_json()}
-    written = compiled.schedule if per_rank else symmetric_form(compiled.schedule, topo)
+    written = compiled.schedule.expanded() if per_rank else symmetric_form(compiled.schedule, topo)
     if output:
         save_schedule(written, output)
     doc = compiled_summary(compiled, output, written) | {"model": model_note(topo)} | extra

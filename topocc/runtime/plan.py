@@ -57,6 +57,10 @@ class Plan:
     def ranks(self) -> int:
         return self.schedules[0].ranks
 
+    def expanded(self) -> Plan:
+        """This plan with every schedule written rank by rank (:meth:`Schedule.expanded`)."""
+        return Plan(tuple(s.expanded() for s in self.schedules))
+
     def bucket(self, nbytes: int) -> int:
         """The index of the bucket holding a message of ``nbytes`` bytes (the last for larger ones)."""
         for i, s in enumerate(self.schedules):

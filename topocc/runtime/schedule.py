@@ -392,6 +392,12 @@ class Schedule:
     def chunk_count(self, buffer: str) -> int:
         return {"i": self.input_chunks, "o": self.output_chunks, "s": self.scratch_chunks}[buffer]
 
+    def __post_init__(self) -> None:
+        # the two forms agree by construction: a symmetric schedule's programs are built from its classes (a
+        # copy that replaces them goes through expanded(), or it would write the old classes)
+        if self.symmetry is not None and getattr(self.programs, "symmetry", None) is not self.symmetry:
+            raise ValueError("a symmetric schedule's programs are built from its classes: expand it to replace them")
+
     @property
     def op_count(self) -> int:
         if self.symmetry is not None:
@@ -405,6 +411,13 @@ class Schedule:
         if self.symmetry is not None:
             return (op for template in self.symmetry.templates for op in template)
         return (op for program in self.programs for op in program)
+
+    def expanded(self) -> Schedule:
+        """This schedule with every rank's program written out: itself unless it is in the symmetric form."""
+        if self.symmetry is None:
+            return self
+        return Schedule(self.collective, self.ranks, self.input_chunks, self.output_chunks, tuple(self.programs),
+                        self.scratch_chunks, self.root, self.inplace, self.metadata, self.paths)
 
     def with_metadata(self, **changes: Any) -> Schedule:
         """A copy with some metadata fields replaced."""

@@ -195,6 +195,16 @@ class SymmetricPrograms(Sequence[tuple[Op, ...]]):
     def __iter__(self) -> Iterator[tuple[Op, ...]]:
         return (self[r] for r in range(len(self)))
 
+    def __eq__(self, other: object) -> bool:
+        """Rank by rank, as a sequence of programs is compared (the same classes are the same programs)."""
+        if isinstance(other, SymmetricPrograms) and other.symmetry == self.symmetry:
+            return True
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(other) == len(self) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]  # equal to tuples that hash otherwise
+
 
 # --------------------------------------------------------------------------- the JSON section
 

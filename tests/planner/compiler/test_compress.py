@@ -186,3 +186,24 @@ def test_a_budget_follows_the_calibrated_bandwidths() -> None:
     compiled = compile_schedule(net, "allreduce", "ring", Options(size_bytes=1 << 20))
     result = compress(net, compiled, "topk:budget=4%@inter-host").compiled.schedule
     assert {op.encoding for p in result.programs for op in p if op.encoding} == {"topk:0.04", "topk:0.01"}
+
+
+def test_a_schedule_compiled_in_the_symmetric_form_compresses_and_writes_its_encodings(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from tests.planner.analysis.test_automorphisms import small_fattree
+    from topocc.planner.compiler import evaluate
+    from topocc.planner.compiler.symmetrize import symmetric_form
+    from topocc.runtime.schedule import parse_schedule
+
+    monkeypatch.setattr(evaluate, "BY_CLASS_MIN_OPS", 0)
+    net = network_of(small_fattree())
+    compiled = compile_schedule(net, "allreduce", "hierarchical", Options(size_bytes=1 << 20))
+    assert compiled.schedule.symmetry is not None  # timed, and kept, in the form it is written in
+    result = compress(net, compiled, "bf16@inter-host").compiled.schedule
+    encoded = sum(op.encoding is not None for program in result.programs for op in program)
+    assert encoded > 0
+    written = parse_schedule(json.loads(dump_schedule(symmetric_form(result, net.topology))))
+    assert sum(op.encoding is not None for program in written.programs for op in program) == encoded
+    verify(written)

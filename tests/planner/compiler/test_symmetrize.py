@@ -13,7 +13,7 @@ from topocc.planner.analysis.simulate import simulate
 from topocc.planner.analysis.verify import verify
 from topocc.planner.compiler.compile import compile_schedule
 from topocc.planner.compiler.options import Options
-from topocc.planner.compiler.symmetrize import _canonical, grid_shapes, symmetric_form, symmetrize
+from topocc.planner.compiler.symmetrize import canonical_order, grid_shapes, symmetric_form, symmetrize
 from topocc.planner.topology.catalogue import resolve_topology, schedule_topology
 from topocc.runtime.schedule import PathChoice, Schedule, dump_schedule, load_schedule, parse_schedule
 
@@ -51,7 +51,8 @@ def check_symmetric(original: Schedule, sym: Schedule, where: object) -> None:
         assert same_program(a, b)
     verify(sym)
     size = original.metadata.size_bytes or 1 << 20
-    assert simulate(where, sym, size).time_s == simulate(where, original, size).time_s  # type: ignore[arg-type]
+    by_class, full = simulate(where, sym, size), simulate(where, original, size)  # type: ignore[arg-type]
+    assert by_class.time_s == pytest.approx(full.time_s, rel=1e-12)  # replayed by orbit where it can be
     back = parse_schedule(json.loads(dump_schedule(sym)))
     assert back.symmetry == sym.symmetry and tuple(back.programs) == tuple(sym.programs)
 
@@ -60,7 +61,7 @@ def check_symmetric(original: Schedule, sym: Schedule, where: object) -> None:
 @pytest.mark.parametrize("p", [4, 6, 8])
 def test_canonical_order_is_the_same_program(name: str, p: int) -> None:
     s = CONSTRUCTIONS[name](p, 2)
-    canonical = tuple(_canonical(program) for program in s.programs)
+    canonical = tuple(canonical_order(program) for program in s.programs)
     for a, b in zip(s.programs, canonical):
         assert same_program(a, b)
     verify(Schedule(s.collective, s.ranks, s.input_chunks, s.output_chunks, canonical, s.scratch_chunks, s.root,
@@ -76,7 +77,7 @@ def test_each_rank_is_in_a_class_only_where_its_program_is_the_template_at_its_c
         return
     assert sym.symmetry is not None  # a broadcast chain's middle ranks are one class
     assert sum(len(t) for t in sym.symmetry.templates) * 2 <= s.op_count
-    assert tuple(sym.programs) == tuple(_canonical(p) for p in s.programs)
+    assert tuple(sym.programs) == tuple(canonical_order(p) for p in s.programs)
     verify(sym)
 
 
@@ -87,7 +88,8 @@ def test_the_shipped_schedules_prove_and_simulate_alike_in_both_forms() -> None:
         topology = schedule_topology(original, path)
         if original.symmetry is not None:  # written symmetric: timed as the compiler timed the per-rank form
             size = original.metadata.size_bytes or 0
-            assert simulate(topology, original, size).time_s == original.metadata.predicted_time_s, path.name
+            predicted = original.metadata.predicted_time_s
+            assert simulate(topology, original, size).time_s == pytest.approx(predicted, rel=1e-12), path.name
             symmetric += 1
             continue
         sym = symmetrize(original, grid_shapes(topology))

@@ -25,7 +25,7 @@ __all__ = ["as_lowered"]
 
 def as_lowered(schedule: Schedule, lowering: Lowering) -> Schedule:
     """``schedule`` with each rank's program in its lowering's group order and every group after the last."""
-    return replace(schedule, programs=tuple(_in_groups(program, ranked)
+    return replace(schedule.expanded(), programs=tuple(_in_groups(program, ranked)
                                             for program, ranked in zip(schedule.programs, lowering.ranks)))
 
 

@@ -58,6 +58,15 @@ once per rank pair (per connection where the routing tells channels apart)
 and kept by the network (:class:`~topocc.planner.routing.network.Network`), so
 a caller that simulates many schedules on one topology passes its network.
 
+A schedule in the symmetric form (:mod:`topocc.runtime.symmetric`) whose classes the network's symmetries
+carry onto each other (:mod:`~topocc.planner.analysis.automorphisms`) is replayed one rank per orbit of
+those symmetries, on one link per orbit of links (:class:`_Setup`): its state is the same on every rank of
+an orbit at every instant, so the representatives' events are all the events there are (fattree-1024's
+all-reduce replays one rank for its 1,024).  The result is the full run's but for rounding, and but for
+one choice the model leaves open: messages of one connection that become ready at one instant go in the
+order the event loop reaches them, which the full run takes from rank numbers (so two ranks of an orbit
+may take them in different orders) and this replay from the orbit's representative, for all its ranks.
+
 The code follows the model's steps: :class:`_Setup` flattens the programs
 (one numbering of all operations, their dependents, each message's two ends
 by :mod:`topocc.runtime.matching`'s rule) and routes every connection; a
@@ -72,12 +81,13 @@ import heapq
 import math
 from array import array
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import numpy as np
 
+from topocc.planner.analysis.automorphisms import Orbits, schedule_orbits
 from topocc.planner.analysis.codec_costs import CodecCost, codec_costs
 from topocc.planner.analysis.fairshare import SAME_INSTANT, Fabric, Route, Unshared, make_route
 from topocc.planner.collector import collector_paused
@@ -250,6 +260,16 @@ def _heavy_links(chunks: Mapping[tuple[int, int, int], int], conn_route: Mapping
             for key, route in conn_route.items()}
 
 
+def _chunks(setup: _Setup) -> dict[Connection, int]:
+    """Chunks sent on each connection the run replays."""
+    out: dict[Connection, int] = {}
+    programs, base, op_rank = setup.run_programs, setup.programs.base, setup.programs.op_rank
+    for send, key in setup.programs.conn_of.items():
+        i = op_rank[send]
+        out[key] = out.get(key, 0) + programs[i][send - base[i]].count
+    return out
+
+
 def _op_chunk(op: Op) -> str:
     if op.kind == "send":
         return str(op.src)
@@ -258,16 +278,18 @@ def _op_chunk(op: Op) -> str:
     return f"{op.src}->{op.dst}"
 
 
-def _describe(schedule: Schedule, gid: int, base: list[int]) -> str:
-    rank = bisect.bisect_right(base, gid) - 1
-    k = gid - base[rank]
-    op = schedule.programs[rank][k]
+def _describe(setup: _Setup, gid: int) -> str:
+    base = setup.programs.base
+    i = bisect.bisect_right(base, gid) - 1
+    k = gid - base[i]
+    op = setup.run_programs[i][k]
     peer = f" {'to' if op.kind == 'send' else 'from'} rank {op.peer}" if op.peer is not None else ""
+    rank = i if setup.orbits is None else setup.orbits.reps[i]
     return f"rank {rank} op {k} ({op.kind}{peer})"
 
 
 def simulate(where: Topology | Network, schedule: Schedule, size_bytes: int, *, record: bool = False,
-             on_message: MessageHook | None = None) -> SimResult:
+             on_message: MessageHook | None = None, by_class: bool = True) -> SimResult:
     """Predict how long ``schedule`` takes on a topology (or its network) for a buffer of ``size_bytes``.
 
     See the module docstring for the model.  ``record=True`` also returns every
@@ -275,7 +297,12 @@ def simulate(where: Topology | Network, schedule: Schedule, size_bytes: int, *, 
     objects on a 1024-rank schedule.  ``on_message`` is the lean alternative:
     it is called once per message as it arrives (see :data:`MessageHook`), so a
     caller keeps only what it aggregates (the HTML report keeps a few numbers
-    per message).
+    per message).  A schedule in the symmetric form is replayed one rank per
+    orbit of its symmetries (:mod:`~topocc.planner.analysis.automorphisms`)
+    where it has some, unless ``by_class=False`` or events are asked for: the
+    same result but for rounding and the order of a connection's messages ready
+    at one instant (see the module docstring), at the cost of the orbits'
+    representatives.
     Raises :class:`SimulationError` when the schedule does not fit the topology
     or cannot run (unmatched messages, deadlock).
 
@@ -283,7 +310,9 @@ def simulate(where: Topology | Network, schedule: Schedule, size_bytes: int, *, 
     >>> result.busbw_GBps, result.bottlenecks(3)  # doctest: +SKIP
     """
     with collector_paused():
-        result = _Run(_Setup.of(network_of(where), schedule, size_bytes), record, on_message).result_within(math.inf)
+        setup = _Setup.of(network_of(where), schedule, size_bytes,
+                          by_class=by_class and not record and on_message is None)
+        result = _Run(setup, record, on_message).result_within(math.inf)
     assert result is not None  # no deadline
     return result
 
@@ -308,11 +337,12 @@ def simulate_within(where: Topology | Network, schedule: Schedule, size_bytes: i
         return _Run(setup).result_within(deadline_s)
 
 
-def _bound(where: Topology | Network, schedule: Schedule, size_bytes: int) -> SimResult:
+def _bound(where: Topology | Network, schedule: Schedule, size_bytes: int, by_class: bool = True) -> SimResult:
     """The result of the run without contention (:class:`_ContentionFree`): its time bounds :func:`simulate`'s
     from below."""
     with collector_paused():
-        result = _ContentionFree(_Setup.of(network_of(where), schedule, size_bytes)).result_within(math.inf)
+        setup = _Setup.of(network_of(where), schedule, size_bytes, by_class=by_class)
+        result = _ContentionFree(setup).result_within(math.inf)
     assert result is not None  # no deadline
     return result
 
@@ -334,30 +364,85 @@ class _Programs:
     connections: list[Connection]  # every connection, in order of first use
 
 
-def _flatten(schedule: Schedule, where: str) -> _Programs:
-    """The programs under one numbering, each message's ends paired (see :func:`_match`)."""
+def _numbered(programs: Sequence[Sequence[Op]], ranks: Sequence[int], where: str
+              ) -> tuple[list[int], list[int], list[int], list[int]]:
+    """``programs`` (of ``ranks``) under one numbering: each one's first operation (then the total), and every
+    operation's kind code, number of dependencies and program (its position in ``programs``)."""
     base: list[int] = []
     kinds: list[int] = []
     deps: list[int] = []
     op_rank: list[int] = []
-    for rank, program in enumerate(schedule.programs):
+    for i, (rank, program) in enumerate(zip(ranks, programs)):
         base.append(len(kinds))
         try:
             kinds += [_KIND_CODES[op.kind] for op in program]
         except KeyError as exc:
             raise SimulationError(f"rank {rank}: unknown operation {exc.args[0]!r}", where=where) from None
         deps += [len(op.deps) for op in program]
-        op_rank += [rank] * len(program)
+        op_rank += [i] * len(program)
     base.append(len(kinds))
+    return base, kinds, deps, op_rank
+
+
+def _flatten(schedule: Schedule, where: str) -> _Programs:
+    """The programs under one numbering, each message's ends paired (see :func:`_match`)."""
+    base, kinds, deps, op_rank = _numbered(schedule.programs, range(schedule.ranks), where)
     streams = _streams(schedule, where)
     partner, conn_of = _match(streams, base)
-    return _Programs(base, kinds, deps, op_rank, _dependents(schedule, base), partner, conn_of, list(streams))
+    return _Programs(base, kinds, deps, op_rank, _dependents(schedule.programs, base), partner, conn_of,
+                     list(streams))
 
 
-def _dependents(schedule: Schedule, base: list[int]) -> list[list[int] | None]:
+def _flatten_orbits(schedule: Schedule, orbits: Orbits, where: str) -> _Programs | None:
+    """The programs of the orbits' representatives under one numbering, each message's ends paired: the other
+    end of a representative's message is an operation of some rank of another orbit, which stands for the
+    operation at the same place in its representative's program (the symmetries carry one program onto the
+    other).  None where the pairing is not one to one (a schedule the full simulation rejects)."""
+    reps = orbits.reps
+    programs = [schedule.programs[r] for r in reps]
+    base, kinds, deps, op_rank = _numbered(programs, reps, where)
+    slot = {r: i for i, r in enumerate(reps)}
+    rep_of = orbits.rep_of
+    read: dict[int, dict[tuple[bool, int, int, int], int]] = {}  # per peer read: its messages' places
+
+    def places(rank: int) -> dict[tuple[bool, int, int, int], int]:
+        found = read.get(rank)
+        if found is None:
+            program = schedule.programs[rank]
+            found = read[rank] = {(op.kind == "send", op.peer, op.channel, seq): k
+                                  for k, (op, seq) in enumerate(zip(program, matching.sequence_numbers(program)))
+                                  if seq >= 0 and op.peer is not None}
+        return found
+
+    partner = [-1] * base[-1]
+    conn_of: dict[int, Connection] = {}
+    connections: dict[Connection, None] = {}
+    for i, rank in enumerate(reps):
+        program = programs[i]
+        for k, seq in enumerate(matching.sequence_numbers(program)):
+            if seq < 0:
+                continue
+            op = program[k]
+            peer = op.peer
+            assert peer is not None  # a message has a peer
+            sending = op.kind == "send"
+            there = places(peer).get((not sending, rank, op.channel, seq))
+            if there is None:
+                return None
+            gid = base[i] + k
+            partner[gid] = base[slot[int(rep_of[peer])]] + there
+            if sending:
+                key = conn_of[gid] = (rank, peer, op.channel)
+                connections[key] = None
+    if any(partner[other] != gid for gid, other in enumerate(partner) if other >= 0):
+        return None
+    return _Programs(base, kinds, deps, op_rank, _dependents(programs, base), partner, conn_of, list(connections))
+
+
+def _dependents(programs: Sequence[Sequence[Op]], base: list[int]) -> list[list[int] | None]:
     """For every operation, the operations that depend on it, in program order (None where none does)."""
     dependents: list[list[int] | None] = [None] * base[-1]
-    for first, program in zip(base, schedule.programs):
+    for first, program in zip(base, programs):
         for g, op in enumerate(program, first):
             for d in op.deps:
                 found = dependents[first + d]
@@ -417,7 +502,15 @@ def _routes(net: Network, schedule: Schedule, connections: list[Connection], whe
 @dataclass(frozen=True, slots=True)
 class _Setup:
     """What a run starts from: the schedule checked against the topology, its programs flattened, its routes.
-    Runs only read it, so several may start from one."""
+    Runs only read it, so several may start from one.
+
+    A run by class (``orbits`` given) replays one rank per orbit of the schedule's symmetries
+    (:mod:`~topocc.planner.analysis.automorphisms`) on one link per link orbit.  Every rank of an orbit sends
+    a copy of each message of its representative, so the ``N`` copies of a flow put ``N m / |O|`` flows on each
+    link of an orbit ``O`` that its path crosses ``m`` times: the orbit stands for its links with capacity
+    ``c |O| / N``, a path crossing it ``m`` times counts ``m`` times, and the fair shares are the full run's
+    (its state is the same on every member of an orbit, so every link of ``O`` saturates at the same level).
+    """
 
     schedule: Schedule
     size_bytes: int
@@ -428,9 +521,14 @@ class _Setup:
     route_links: dict[Connection, tuple[int, ...]]  # every path's links one after the other, per connection
     bandwidth: list[float]  # each link's capacity for this schedule (below its figure where flows contend)
     codecs: Mapping[int, CodecCost]  # each encoded send's and rounding copy's costs, by operation number
+    run_programs: Sequence[tuple[Op, ...]]  # the programs replayed: every rank's, or each orbit's representative's
+    alone: list[float]  # each link's bandwidth as one flow alone on it sees it
+    orbits: Orbits | None = None  # the orbits replayed by class
 
     @staticmethod
-    def of(net: Network, schedule: Schedule, size_bytes: int) -> _Setup:
+    def of(net: Network, schedule: Schedule, size_bytes: int, *, by_class: bool = True) -> _Setup:
+        """The set-up of a run by class where ``by_class`` and the schedule's symmetries allow it (see the
+        class docstring), else of a run of every rank."""
         topology = net.topology
         where = f"{schedule.collective} schedule ({schedule.metadata.algorithm}) on {topology.name}"
         if schedule.ranks != topology.size:
@@ -441,14 +539,45 @@ class _Setup:
             )
         if size_bytes < 0:
             raise SimulationError(f"negative size {size_bytes}", where=where)
+        if by_class and schedule.symmetry is not None and net.memo(_SHARED) is None:
+            found = _Setup.by_class(net, schedule, size_bytes, where)
+            if found is not None:
+                return found
         links = net.memo(_LINKS)
-        programs = _flatten(schedule, where)
-        routes = _routes(net, schedule, programs.connections, where)
-        route_links = {key: tuple(link for path in route.paths for link in path) for key, route in routes.items()}
-        codecs = codec_costs(schedule.programs, programs.base, chunk_bytes(schedule, size_bytes),
-                             topology.calibration)
-        return _Setup(schedule, size_bytes, where, links, programs, routes, route_links,
-                      _shared_bandwidth(net, links, route_links), codecs)
+        flat = _flatten(schedule, where)
+        routes = _routes(net, schedule, flat.connections, where)
+        route_links = _route_links(routes)
+        bandwidth = _shared_bandwidth(net, links, route_links)
+        codecs = codec_costs(schedule.programs, flat.base, chunk_bytes(schedule, size_bytes), topology.calibration)
+        return _Setup(schedule, size_bytes, where, links, flat, routes, route_links, bandwidth, codecs,
+                      schedule.programs, bandwidth)
+
+
+    @staticmethod
+    def by_class(net: Network, schedule: Schedule, size_bytes: int, where: str) -> _Setup | None:
+        """The set-up of a run by class (see the class docstring), or None where the schedule has no
+        symmetries on this network."""
+        orbits = schedule_orbits(net, schedule)
+        flat = None if orbits is None else _flatten_orbits(schedule, orbits, where)
+        if orbits is None or flat is None:
+            return None
+        links = net.memo(_LINKS)
+        programs = [schedule.programs[r] for r in orbits.reps]
+        orbit_of = orbits.link_orbit.tolist()
+        routes = {key: make_route(tuple(tuple(orbit_of[k] for k in path) for path in route.paths), route.latency)
+                  for key, route in _routes(net, schedule, flat.connections, where).items()}
+        alone = [0.0] * len(orbits.link_count)
+        for k, o in enumerate(orbit_of):
+            alone[o] = links.bandwidth[k]  # the same on every link of an orbit
+        bandwidth = [c * n / orbits.copies for c, n in zip(alone, orbits.link_count.tolist())]
+        codecs = codec_costs(programs, flat.base, chunk_bytes(schedule, size_bytes), net.topology.calibration)
+        return _Setup(schedule, size_bytes, where, links, flat, routes, _route_links(routes), bandwidth, codecs,
+                      programs, alone, orbits)
+
+
+def _route_links(routes: Mapping[Connection, Route]) -> dict[Connection, tuple[int, ...]]:
+    """Every route's paths' links one after the other."""
+    return {key: tuple(link for path in route.paths for link in path) for key, route in routes.items()}
 
 
 def _shared_bandwidth(net: Network, links: _LinkIndex, route_links: Mapping[Connection, tuple[int, ...]]
@@ -506,7 +635,7 @@ class _Run:
         flat = setup.programs
         total = flat.base[-1]
         self.setup = setup
-        self.programs = setup.schedule.programs
+        self.programs = setup.run_programs
         self.base, self.kinds, self.op_rank = flat.base, flat.kinds, flat.op_rank
         self.dependents, self.partner, self.conn_of = flat.dependents, flat.partner, flat.conn_of
         self.waiting = waiting = flat.deps.copy()  # dependencies not yet completed, counted down
@@ -520,7 +649,7 @@ class _Run:
         self.finished = bytearray(total)
         self.start_time = [0.0] * total if record else None
         self.rank_finish = [0.0] * len(self.programs)
-        self.link_bytes = [0.0] * len(setup.links.names)
+        self.link_bytes = [0.0] * len(setup.bandwidth)
         self.msg_start: dict[int, float] = {}  # when each message in flight went on the wire (only for on_message)
         self.arrivals: list[tuple[float, int]] = []  # (time, send): a message's last byte arrives after its latency
         self.op_events: list[OpEvent] = []
@@ -786,15 +915,23 @@ class _Run:
         if finished.count(1) != len(finished):
             raise self.deadlock()
         time_s = self.time_s()
-        size_bytes = self.setup.size_bytes
-        names, bandwidth, link_bytes = self.setup.links.names, self.setup.links.bandwidth, self.link_bytes
+        setup = self.setup
+        size_bytes = setup.size_bytes
+        names, bandwidth, link_bytes = setup.links.names, setup.links.bandwidth, self.link_bytes
+        rank_finish: Sequence[float] = self.rank_finish
+        if setup.orbits is not None:  # each rank finishes with its representative, each link carries its orbit's
+            orbits = setup.orbits
+            slot = {r: i for i, r in enumerate(orbits.reps)}
+            rank_finish = [rank_finish[slot[r]] for r in orbits.rep_of.tolist()]
+            per_link = [b * orbits.copies / n for b, n in zip(link_bytes, orbits.link_count.tolist())]
+            link_bytes = [per_link[o] for o in orbits.link_orbit.tolist()]
         algbw = size_bytes / time_s / 1e9 if time_s > 0 else 0.0
         util = {
             names[i]: (link_bytes[i] / (bandwidth[i] * time_s) if time_s > 0 else 0.0) for i in range(len(names))
         }
         self.op_events.sort(key=lambda e: (e.start_s, e.rank, e.index))
         self.link_events.sort(key=lambda e: (e.start_s, e.src, e.dst))
-        schedule = self.setup.schedule
+        schedule = setup.schedule
         return SimResult(
             time_s=time_s,
             size_bytes=size_bytes,
@@ -802,7 +939,7 @@ class _Run:
             busbw_GBps=algbw * bus_factor(schedule.collective, schedule.ranks),
             link_bytes=MappingProxyType({names[i]: link_bytes[i] for i in range(len(names))}),
             link_utilisation=MappingProxyType(util),
-            rank_finish_s=tuple(self.rank_finish),
+            rank_finish_s=tuple(rank_finish),
             op_events=tuple(self.op_events),
             link_events=tuple(self.link_events),
         )
@@ -813,9 +950,10 @@ class _Run:
         stuck = next((i for i in range(total) if self.posted[i] and not finished[i]), None)
         if stuck is None:
             stuck = next(i for i in range(total) if not finished[i])
+        copies = 1 if self.setup.orbits is None else self.setup.orbits.copies  # each replayed rank's
         return SimulationError(
-            f"deadlock: {finished.count(1)} of {total} operations completed; "
-            f"{_describe(self.setup.schedule, stuck, self.base)} never did",
+            f"deadlock: {copies * finished.count(1)} of {copies * total} operations completed; "
+            f"{_describe(self.setup, stuck)} never did",
             where=self.setup.where, fix="verify the schedule first (topocc.planner.analysis.verify)",
         )
 
@@ -836,13 +974,14 @@ class _ContentionFree(_Run):
 
     def __init__(self, setup: _Setup) -> None:
         super().__init__(setup)
-        self.heavy = _heavy_links(connection_chunks(setup.schedule), setup.routes, setup.bandwidth)
+        chunks = connection_chunks(setup.schedule) if setup.orbits is None else _chunks(setup)
+        self.heavy = _heavy_links(chunks, setup.routes, setup.bandwidth)
         # each flow's start, link and bytes, per link it crosses of those it keeps (see _heavy_links)
         self.loads = (array("d"), array("q"), array("d"))
 
     def make_fabric(self, bandwidth: list[float], messages: int, record: bool) -> Fabric | Unshared:
         """The links' model: every flow alone on its path."""
-        return Unshared(bandwidth)
+        return Unshared(self.setup.alone)
 
     def on_wire(self, key: Connection, share: float, now: float) -> None:
         """Keep the message's flows' bytes on the heavily loaded links, for the bound."""

@@ -76,7 +76,9 @@ def _finish(net: Network, schedule: Schedule, options: Options, evaluator: Evalu
             proof: Proof) -> Compiled:
     """The schedule proved, timed and bounded, its metadata saying where, for which sizes, and how fast."""
     try:
-        sim = sim or evaluator.simulate(schedule)
+        if sim is None:  # a named algorithm's schedule: timed, and kept, in the form the evaluator times
+            sim = evaluator.simulate(schedule)
+            schedule = evaluator.form(schedule)
     finally:
         report = proof.result()
     bound = evaluator.lower_bound(schedule.collective, options.root)

@@ -351,7 +351,7 @@ def describe_encoded(where: Topology | Network, schedule: Schedule, size_bytes: 
     net = network_of(where)
     paths = _message_paths(net, schedule)
     classes = link_classes_of(net.topology)
-    exact = replace(schedule, programs=tuple(tuple(map(without_encoding, p)) for p in schedule.programs))
+    exact = replace(schedule.expanded(), programs=tuple(tuple(map(without_encoding, p)) for p in schedule.programs))
     uses, per_link = _link_use(schedule, paths, classes, chunk_bytes(schedule, size_bytes))
     text = str(schedule.metadata.options.get("compress", "as the schedule file says"))
     approximate = verify(schedule).approximate_chunks

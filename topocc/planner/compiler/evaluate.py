@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import math
 
+from topocc.planner.analysis.automorphisms import has_symmetries, schedule_orbits
 from topocc.planner.analysis.bounds import Bound, lower_bound
 from topocc.planner.analysis.simulate import SimResult, chunk_bytes, simulate, simulate_within
+from topocc.planner.compiler.symmetrize import SYMMETRIC_MIN_RANKS, symmetric_form
 from topocc.planner.routing.load import LinkLoad
 from topocc.planner.routing.network import Network
 from topocc.planner.routing.paths import connection_chunks, recorded_paths
 from topocc.planner.topology.model import Topology
 from topocc.runtime.schedule import Schedule
 
-__all__ = ["Evaluator", "least_latency", "link_time"]
+__all__ = ["BY_CLASS_MIN_OPS", "Evaluator", "by_class_may_pay", "least_latency", "link_time"]
 
 
 def link_time(net: Network, schedule: Schedule, size_bytes: int) -> float:
@@ -58,8 +60,21 @@ def least_latency(topology: Topology) -> float:
     return best if math.isfinite(best) else 0.0
 
 
+#: Schedules of fewer operations are timed rank by rank: finding the classes costs about half a simulation
+#: of every rank, which the replay by class saves only where it finds them, and small schedules simulate fast.
+BY_CLASS_MIN_OPS = 200_000
+
+
+def by_class_may_pay(net: Network, schedule: Schedule) -> bool:
+    """Whether to look for ``schedule``'s symmetric form to time it by class: a large schedule on a sprayed
+    network with symmetries.  Elsewhere the routes seldom allow it (ECMP hashes a pair's channels onto one of
+    its paths, which no symmetry carries onto its image's) and the search would cost more than it saves."""
+    return (schedule.op_count >= BY_CLASS_MIN_OPS and schedule.ranks >= SYMMETRIC_MIN_RANKS
+            and net.topology.routing == "spray" and has_symmetries(net))
+
+
 class Evaluator:
-    """The simulator for one compilation: its network, its size, and the last schedule it timed to the end.
+    """The simulator for one compilation: its network, its size, and the last schedule it timed.
 
     The compiler makes one per compilation and hands it to the algorithms in
     :class:`~topocc.planner.compiler.options.Options`.  An algorithm that
@@ -68,30 +83,56 @@ class Evaluator:
     schedule it returned (the very object), the result it kept answers: the
     winner is simulated once.  It keeps one result, the latest, as the caller
     holds that schedule anyway.
+
+    A large schedule on a sprayed network with symmetries (:func:`by_class_may_pay`) is kept in its symmetric
+    form (:func:`~topocc.planner.compiler.symmetrize.symmetric_form`, the form it is written in:
+    :meth:`form`), and timed in it where the simulator replays it one rank per orbit
+    (:mod:`~topocc.planner.analysis.automorphisms`), else as it was built.
     """
 
     def __init__(self, net: Network, size_bytes: int) -> None:
         self.net = net
         self.size_bytes = size_bytes
-        self._last: tuple[Schedule, SimResult] | None = None
+        # the last schedule, its form, the form it is timed in, and its time (None: not timed to the end)
+        self._last: tuple[Schedule, Schedule, Schedule, SimResult | None] | None = None
 
     def simulate(self, schedule: Schedule) -> SimResult:
         """The simulation of ``schedule`` at this size."""
+        form, timed = self._forms(schedule)
         found = self._kept(schedule)
         if found is None:
-            found = simulate(self.net, schedule, self.size_bytes)
-            self._last = (schedule, found)
+            found = simulate(self.net, timed, self.size_bytes)
+            self._last = (schedule, form, timed, found)
         return found
 
     def within(self, schedule: Schedule, deadline_s: float) -> SimResult | None:
         """:meth:`simulate`, given up (None) once the simulated clock passes ``deadline_s`` with work left."""
+        form, timed = self._forms(schedule)
         found = self._kept(schedule)
         if found is not None:
             return found if found.time_s <= deadline_s else None
-        found = simulate_within(self.net, schedule, self.size_bytes, deadline_s)
-        if found is not None:
-            self._last = (schedule, found)
+        found = simulate_within(self.net, timed, self.size_bytes, deadline_s)
+        self._last = (schedule, form, timed, found)
         return found
+
+    def form(self, schedule: Schedule) -> Schedule:
+        """``schedule`` as it is kept and written: its symmetric form where :func:`by_class_may_pay` and it has
+        one, else itself."""
+        return self._forms(schedule)[0]
+
+    def _forms(self, schedule: Schedule) -> tuple[Schedule, Schedule]:
+        """``schedule``'s :meth:`form` and the form it is timed in: the symmetric one where the simulator
+        replays it by class, else the schedule as built (its programs at hand, not built from classes)."""
+        last = self._last
+        if last is not None and last[0] is schedule:
+            return last[1], last[2]
+        form = timed = schedule
+        if by_class_may_pay(self.net, schedule):
+            form = symmetric_form(schedule, self.net.topology, SYMMETRIC_MIN_RANKS)
+            if form is not schedule and schedule_orbits(self.net, form) is not None:
+                timed = form
+        self._last = (schedule, form, timed, None)
+        return form, timed
 
     def lower_bound(self, collective: str, root: int = 0) -> Bound:
         """The lower bound of ``collective`` at this size (:func:`~topocc.planner.analysis.bounds.lower_bound`)."""
@@ -99,4 +140,4 @@ class Evaluator:
 
     def _kept(self, schedule: Schedule) -> SimResult | None:
         last = self._last
-        return last[1] if last is not None and last[0] is schedule else None
+        return last[3] if last is not None and last[0] is schedule else None

@@ -333,7 +333,7 @@ class _Race:
         self._settle(Candidate(c.name, sim.time_s, spent, c.schedule.op_count, link_time_s=c.link_time_s))
         position = self.names.index(c.name)
         if leader is None or leader.loses_to(sim.time_s, position):
-            self.leader = Leader(sim.time_s, position, c.name, c.schedule, sim)
+            self.leader = Leader(sim.time_s, position, c.name, self.evaluator.form(c.schedule), sim)
 
 
 def _likeliest(found: list[_Built]) -> _Built:

@@ -400,4 +400,4 @@ def _build(schedule: Schedule, state: _State) -> tuple[Schedule, dict[tuple[str,
             if (rank, index) in state.marks:
                 where[("send", rank, index)] = (rank, len(out) - 1)
         programs.append(tuple(out))
-    return replace(schedule, programs=tuple(programs)), where
+    return replace(schedule.expanded(), programs=tuple(programs)), where

@@ -2,7 +2,7 @@
 
 Ranks whose programs differ only in their peers and chunk indices, and there by affine formulas of the ranks'
 coordinates on a grid (:mod:`topocc.runtime.symmetric`), form a class stored once.  The grids tried come from
-the topology (:func:`grid_shapes`).  Programs are first put in a canonical order (:func:`_canonical`), then
+the topology (:func:`grid_shapes`).  Programs are first put in a canonical order (:func:`canonical_order`), then
 each class is found by fitting: a formula's coefficient along a dimension is the difference between a rank
 and its neighbour there, and every member is checked against the fitted formulas, so a rank is put in a class
 only where its class's template gives exactly its (canonically ordered) program.  Ranks the formulas miss
@@ -23,8 +23,10 @@ from topocc.runtime.plan import Plan
 from topocc.runtime.schedule import Op, Schedule, operation
 from topocc.runtime.symmetric import Field, Formula, SymmetricPrograms, Symmetry, TemplateOp, TemplateRef
 
-__all__ = ["grid_shapes", "symmetric_form", "symmetric_plan", "symmetrize"]
+__all__ = ["SYMMETRIC_MIN_RANKS", "canonical_order", "grid_shapes", "symmetric_form", "symmetric_plan", "symmetrize"]
 
+#: Schedules of fewer ranks are written rank by rank: their files are small either way.
+SYMMETRIC_MIN_RANKS = 64
 #: Most classes a grid may need before it is given up (a schedule with little symmetry stays per rank).
 MAX_CLASSES = 256
 #: Ranks whose formulas are checked at once (bounds the checking's temporary arrays).
@@ -35,21 +37,13 @@ _Skeleton = tuple[Any, ...]
 
 
 def grid_shapes(topo: Topology) -> list[tuple[int, ...]]:
-    """The grids to try for ``topo``'s ranks: its hierarchy (racks x hosts x GPUs where every rack and host
-    holds as many consecutive ranks, else hosts x GPUs, else a line) with each level split into its prime
-    factors, powers of two last, so that halving-doubling's partner (a rank with one bit of its position
-    flipped) is a neighbour along one dimension of two; then the hierarchy itself, fewer coefficients per
-    formula, taken where it stores fewer operations."""
-    ranks = len(topo.ranks)
-    levels = [ranks]
-    per_host = _regular(topo.hosts.values(), ranks)
-    if per_host and 1 < per_host < ranks:
-        levels = [ranks // per_host, per_host]
-        per_rack = _regular(topo.racks.values(), ranks)
-        if per_rack and per_host < per_rack < ranks and per_rack % per_host == 0:
-            levels = [ranks // per_rack, per_rack // per_host, per_host]
+    """The grids to try for ``topo``'s ranks: its hierarchy (:attr:`~topocc.planner.topology.model.Topology.levels`)
+    with each level split into its prime factors, powers of two last, so that halving-doubling's partner (a
+    rank with one bit of its position flipped) is a neighbour along one dimension of two; then the hierarchy
+    itself, fewer coefficients per formula, taken where it stores fewer operations."""
+    levels = topo.levels
     fine = tuple(f for n in levels for f in _factors(n))
-    return [fine, tuple(levels)] if fine != tuple(levels) else [fine]
+    return [fine, levels] if fine != levels else [fine]
 
 
 def _factors(n: int) -> list[int]:
@@ -67,18 +61,7 @@ def _factors(n: int) -> list[int]:
     return sorted(out, reverse=True) + [2] * twos
 
 
-def _regular(groups: Iterable[Sequence[int]], ranks: int) -> int | None:
-    """The size of every group where all have one size and each holds consecutive ranks, else None."""
-    sizes = set()
-    for group in groups:
-        if list(group) != list(range(group[0], group[0] + len(group))):
-            return None
-        sizes.add(len(group))
-    size = sizes.pop() if len(sizes) == 1 else None
-    return size if size and ranks % size == 0 else None
-
-
-def symmetric_form(schedule: Schedule, topo: Topology, min_ranks: int = 64) -> Schedule:
+def symmetric_form(schedule: Schedule, topo: Topology, min_ranks: int = SYMMETRIC_MIN_RANKS) -> Schedule:
     """``schedule`` as it is best written: symmetric (over ``topo``'s grids) where it has at least
     ``min_ranks`` ranks and that form stores at most half its operations, else as it is."""
     if schedule.ranks < min_ranks or schedule.symmetry is not None:
@@ -100,7 +83,7 @@ def symmetrize(schedule: Schedule, shapes: Iterable[tuple[int, ...]]) -> Schedul
     if schedule.paths or schedule.symmetry is not None:
         return schedule
     total = schedule.op_count
-    programs = tuple(_canonical(p) for p in schedule.programs)
+    programs = tuple(canonical_order(p) for p in schedule.programs)
     groups = _skeleton_groups(programs)
     limits = {"i": schedule.input_chunks, "o": schedule.output_chunks, "s": schedule.scratch_chunks}
     best: Symmetry | None = None
@@ -118,11 +101,11 @@ def symmetrize(schedule: Schedule, shapes: Iterable[tuple[int, ...]]) -> Schedul
                     schedule.metadata, (), best)
 
 
-#: How operations that may run in either order are ordered (see :func:`_canonical`): receives, sends, local.
+#: How operations that may run in either order are ordered (see :func:`canonical_order`): receives, sends, local.
 _RANK_OF_KIND = {"recv": 0, "recv_reduce": 0, "send": 1, "copy": 2, "reduce": 2}
 
 
-def _canonical(program: tuple[Op, ...]) -> tuple[Op, ...]:
+def canonical_order(program: tuple[Op, ...]) -> tuple[Op, ...]:
     """``program`` in one order that depends on what its operations do, not on the order an emitter wrote
     them: among the operations whose dependencies are placed, first the lowest step, then receives before
     sends before local operations, then the one whose last dependency was placed first (so consumers follow

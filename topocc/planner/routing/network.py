@@ -352,6 +352,28 @@ class Network:
         equal-cost paths): what renumbering a schedule's channels can spread."""
         return self.has_route(src, dst) and self.route_key(src, dst, 1)[2] != 0
 
+    def routed_by_shape(self, src: int, dst: int) -> bool:
+        """Whether the pair's connections take paths that the network's shape alone decides: its only cheapest
+        path, or under ``spray`` every cheapest path (at most :data:`MAX_PATHS`).  An automorphism of the
+        network then carries them onto its image pair's paths, where a hash or a cap on the paths kept
+        would not."""
+        hops, choices = self._next_hops(src, dst)
+        if not choices:
+            return True
+        if self.topology.routing != "spray":
+            return False
+        _, _, rank_device = self._graph
+        index, links = self._device_position, self._links
+        paths: dict[int, int] = {rank_device[dst]: 1}  # paths from each device to the destination
+
+        def count(node: int) -> int:
+            found = paths.get(node)
+            if found is None:  # the hops form a DAG whose every device reaches the destination
+                found = paths[node] = sum(count(index[links[k].dst]) for k in hops[node])
+            return found
+
+        return count(rank_device[src]) <= MAX_PATHS
+
     def connection_paths(self, src: int, dst: int, channel: int = 0) -> tuple[tuple[Link, ...], ...]:
         """The paths the messages of connection ``(src, dst, channel)`` take under the topology's routing.
 

@@ -175,7 +175,7 @@ def spread_channels(net: Network, schedule: Schedule) -> Schedule:
                 new = op.channel
             ops.append(op if new == op.channel else replace(op, channel=new))
         programs.append(tuple(ops))
-    return replace(schedule, programs=tuple(programs))
+    return replace(schedule.expanded(), programs=tuple(programs))
 
 
 def _could_gain(net: Network, schedule: Schedule, fixed: LinkLoad[tuple[str, str]],

@@ -186,6 +186,19 @@ class Topology:
         return {r: tuple(v) for r, v in groups.items()}
 
     @cached_property
+    def levels(self) -> tuple[int, ...]:
+        """The ranks as a row-major grid of the hierarchy: racks x hosts x GPUs where every rack and every host
+        holds as many consecutive ranks, else hosts x GPUs, else a line of the ranks."""
+        ranks = self.size
+        per_host = _regular(self.hosts.values(), ranks)
+        if not per_host or not 1 < per_host < ranks:
+            return (ranks,)
+        per_rack = _regular(self.racks.values(), ranks)
+        if per_rack and per_host < per_rack < ranks and per_rack % per_host == 0:
+            return (ranks // per_rack, per_rack // per_host, per_host)
+        return (ranks // per_host, per_host)
+
+    @cached_property
     def symmetric(self) -> bool:
         """Whether every link has a reverse twin of equal bandwidth and latency (all full duplex).
 
@@ -244,6 +257,17 @@ class Topology:
         return Topology(f"{self.name} (reversed)", self.devices,
                         tuple(replace(k, src=k.dst, dst=k.src, ascending=not k.ascending) for k in self.links),
                         self.ranks, self.description, self.source, self.routing, self.calibration)
+
+
+def _regular(groups: Iterable[Sequence[int]], ranks: int) -> int | None:
+    """The size of every group where all have one size and each holds consecutive ranks, else None."""
+    sizes = set()
+    for group in groups:
+        if list(group) != list(range(group[0], group[0] + len(group))):
+            return None
+        sizes.add(len(group))
+    size = sizes.pop() if len(sizes) == 1 else None
+    return size if size and ranks % size == 0 else None
 
 
 def parse_rank_ranges(text: str) -> tuple[int, ...]:

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from topocc.planner.compiler.algorithms._order import Send
 from topocc.planner.compiler.algorithms.hierarchical.levels import Phase, Stage
 from topocc.planner.routing.load import LinkLoad
-from topocc.planner.routing.network import Network
+from topocc.planner.routing.network import PER_CONNECTION, Network
 
 __all__ = ["CHANNEL_CHOICES", "spread_channels"]
 
@@ -28,8 +28,12 @@ def spread_channels(net: Network, levels: Sequence[Stage], phases: Sequence[Phas
     channels puts the least load on its busiest link so far (all phases loading
     the links at once, as the pipeline runs them).  This runs before the
     compiler's general pass (:mod:`topocc.planner.routing.paths`), which sees
-    the schedule's messages but not the phases that run at once.
+    the schedule's messages but not the phases that run at once.  Under other routings a channel never
+    changes a path, and every phase keeps its first channel.
     """
+    if net.topology.routing not in PER_CONNECTION:  # no channel changes a path: each phase keeps its first
+        return {(f, g[i], g[k]): f for f, phase in enumerate(phases) for step in steps[phase]
+                for g in levels[phase[0]].groups for i, k, _, _ in step}
     bandwidth = {(ln.src, ln.dst): ln.bandwidth for ln in net.topology.links}
     load: LinkLoad[tuple[str, str]] = LinkLoad()
     chosen: dict[tuple[int, int, int], int] = {}

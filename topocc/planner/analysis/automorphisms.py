@@ -1,0 +1,242 @@
+"""The symmetries a symmetric schedule shares with its network, and the orbits of ranks and links they make.
+
+A permutation ``g`` of the ranks is a symmetry of a schedule on a network when it extends to an automorphism
+of the network (devices onto devices, every link onto a link of the same bandwidth, latency, count, kind and
+dimension) and carries every rank's program onto its image's: ``program(g r)`` is ``program(r)`` with each
+peer ``p`` read as ``g p`` (chunk indices aside: no time depends on them).  Where, besides, every route is
+decided by the network's shape (:meth:`~topocc.planner.routing.network.Network.routed_by_shape`), a group of
+such symmetries carries each message's flows onto its image's, so a simulation whose every rank of an orbit
+breaks its ties alike has the same state on each of them at every instant, and every link of a link orbit
+carries the same load.  The simulator then runs one rank per orbit
+(:func:`~topocc.planner.analysis.simulate.simulate`).
+
+The candidates are the translations of the schedule's grid and of the topology's hierarchy, one digit at a
+time (a ring's ``+1``, halving-doubling's flipped bit); each is kept where the schedule's formulas commute
+with it and it extends to the network.  The extension maps the ranks' devices as the permutation says, then
+each mapped device's neighbours onto its image's (the first free one of the same link attributes and kind
+whose already-mapped neighbours agree), and is checked link by link, so a wrong guess costs a candidate, never
+a wrong time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from topocc.planner.routing.network import Memo, Network
+from topocc.runtime.schedule import Schedule
+from topocc.runtime.symmetric import Formula, Symmetry
+
+__all__ = ["Orbits", "has_symmetries", "schedule_orbits"]
+
+
+@dataclass(frozen=True, slots=True)
+class Orbits:
+    """The orbits of a group of symmetries of a schedule on a network.
+
+    ``reps`` holds the least rank of each rank orbit, ascending; every orbit has ``copies`` ranks.
+    ``link_orbit`` numbers each link's orbit (by the topology's link order) and ``link_count`` counts each
+    orbit's links.
+    """
+
+    reps: tuple[int, ...]
+    rep_of: np.ndarray
+    copies: int
+    link_orbit: np.ndarray
+    link_count: np.ndarray
+
+
+def schedule_orbits(net: Network, schedule: Schedule) -> Orbits | None:
+    """The orbits of the symmetries of ``schedule`` on ``net`` (see the module docstring), or None where the
+    schedule is not in the symmetric form, no candidate is a symmetry, the orbits differ in size, or a route
+    between a representative and its peers is not decided by the network's shape."""
+    sym = schedule.symmetry
+    topo = net.topology
+    if sym is None or sym.ranks != topo.size:
+        return None
+    ranks = sym.ranks
+    commuting = _Commuting(sym)
+    fabric = net.memo(_FABRIC)
+    rank_label = np.arange(ranks)
+    link_perms: list[np.ndarray] = []
+    for shape in dict.fromkeys((topo.levels, sym.shape)):
+        for perm in _translations(shape):
+            if np.array_equal(rank_label[perm], rank_label) or not commuting.under(perm):
+                continue  # it joins no orbits, or the schedule does not commute with it
+            link_perm = fabric.extend(perm)
+            if link_perm is not None:
+                link_perms.append(link_perm)
+                rank_label = _orbit_labels(rank_label, [perm])
+    if not link_perms:
+        return None
+    reps, sizes = np.unique(rank_label, return_counts=True)
+    if (sizes != sizes[0]).any():
+        return None
+    for rep in reps.tolist():
+        for op in schedule.programs[rep]:
+            if op.peer is not None and not net.routed_by_shape(*((rep, op.peer) if op.kind == "send" else
+                                                                 (op.peer, rep))):
+                return None
+    link_label = _orbit_labels(np.arange(len(topo.links)), link_perms)
+    _, link_orbit, link_count = np.unique(link_label, return_inverse=True, return_counts=True)
+    return Orbits(tuple(reps.tolist()), rank_label, int(sizes[0]), link_orbit, link_count)
+
+
+def has_symmetries(net: Network) -> bool:
+    """Whether a translation of the topology's hierarchy (one of racks, hosts or GPUs moved by one) extends to
+    an automorphism of the network: where none does (a mesh's edges, a host unlike the others) no schedule
+    is replayed by class, and a compiler need not look for its symmetric form to time it."""
+    return net.memo(_SYMMETRIC)
+
+
+def _symmetric(net: Network) -> bool:
+    fabric = net.memo(_FABRIC)
+    return any(fabric.extend(perm) is not None for perm in _translations(net.topology.levels))
+
+
+def _translations(shape: tuple[int, ...]) -> list[np.ndarray]:
+    """Each digit's translation by one of the row-major grid ``shape``, as a permutation of its points."""
+    points = np.arange(math.prod(shape))
+    out = []
+    stride = 1
+    for n in reversed(shape):
+        if n > 1:
+            digit = (points // stride) % n
+            out.append(points + np.where(digit < n - 1, stride, -stride * (n - 1)))
+        stride *= n
+    return out
+
+
+def _orbit_labels(labels: np.ndarray, perms: list[np.ndarray]) -> np.ndarray:
+    """Each point's least label over its orbit under ``perms`` (labels are points, each its own at first or an
+    orbit's least point)."""
+    while True:
+        joined = labels
+        for perm in perms:
+            joined = np.minimum(joined, joined[perm])
+        joined = joined[joined]  # a label is a point: take its label (halves the rounds of a long cycle)
+        if np.array_equal(joined, labels):
+            return labels
+        labels = joined
+
+
+class _Commuting:
+    """Whether the programs of a symmetric schedule commute with a permutation of its ranks: each class goes
+    onto itself, and each peer formula ``f`` has ``f(g r) = g(f(r))`` on the class's ranks."""
+
+    def __init__(self, sym: Symmetry) -> None:
+        self.ranks = sym.ranks
+        cls = np.empty(sym.ranks, dtype=np.int64)
+        for start, (c, n) in zip(sym.starts, sym.runs):
+            cls[start:start + n] = c
+        self.cls = cls
+        strides = [math.prod(sym.shape[d + 1:]) for d in range(len(sym.shape))]
+        self.coords = (np.arange(sym.ranks)[:, None] // np.array(strides)) % np.array(sym.shape)
+        self.members = [np.flatnonzero(cls == c) for c in range(len(sym.templates))]
+        self.peers = [list(dict.fromkeys(op.peer for op in template if op.peer is not None))
+                      for template in sym.templates]
+
+    def under(self, perm: np.ndarray) -> bool:
+        if not np.array_equal(self.cls[perm], self.cls):
+            return False
+        for members, peers in zip(self.members, self.peers):
+            images = perm[members]
+            for peer in peers:
+                if isinstance(peer, Formula):
+                    if not np.array_equal(perm[self._at(peer, members)], self._at(peer, images)):
+                        return False
+                elif perm[peer] != peer:
+                    return False
+        return True
+
+    def _at(self, f: Formula, ranks: np.ndarray) -> np.ndarray:
+        return (f.offset + self.coords[ranks] @ np.array(f.coefs, dtype=np.int64)) % self.ranks
+
+
+class _Fabric:
+    """A network's devices and links as integers, each device's neighbours by the attributes that an
+    automorphism keeps, for extending permutations of the ranks (built once per network)."""
+
+    def __init__(self, net: Network) -> None:
+        topo = net.topology
+        index = {d.name: i for i, d in enumerate(topo.devices)}
+        self.rank_device = np.array([index[name] for name in topo.ranks], dtype=np.int64)
+        self.link_ends = [(index[link.src], index[link.dst]) for link in topo.links]
+        self.link_of = {ends: k for k, ends in enumerate(self.link_ends)}
+        kinds: dict[Any, int] = {}  # link attributes, then neighbour signatures, as small integers
+        attrs = [kinds.setdefault((link.bandwidth, link.latency, link.count, link.kind, link.dim, link.ascending),
+                                  len(kinds)) for link in topo.links]
+        self.attrs = attrs
+        devices = len(topo.devices)
+        out_attr: list[dict[int, int]] = [{} for _ in range(devices)]
+        in_attr: list[dict[int, int]] = [{} for _ in range(devices)]
+        for (a, b), at in zip(self.link_ends, attrs):
+            out_attr[a][b] = at
+            in_attr[b][a] = at
+        kind_of = [d.kind for d in topo.devices]
+        sigs: dict[tuple[int, int, str], int] = {}
+        # each device's neighbours with their signature: (link out's attributes, link in's, the neighbour's kind)
+        self.neighbours: list[dict[int, int]] = []
+        self.by_signature: list[dict[int, list[int]]] = []
+        for u in range(devices):
+            mine: dict[int, int] = {}
+            grouped: dict[int, list[int]] = {}
+            for w in sorted(out_attr[u].keys() | in_attr[u].keys()):
+                sig = sigs.setdefault((out_attr[u].get(w, -1), in_attr[u].get(w, -1), kind_of[w]), len(sigs))
+                mine[w] = sig
+                grouped.setdefault(sig, []).append(w)
+            self.neighbours.append(mine)
+            self.by_signature.append(grouped)
+        self.extended: dict[bytes, np.ndarray | None] = {}  # by rank permutation: the compiler times many schedules
+
+    def extend(self, perm: np.ndarray) -> np.ndarray | None:
+        """The permutation of the links of an automorphism of the network that moves the ranks as ``perm`` does,
+        or None where none was found."""
+        key = perm.tobytes()
+        if key not in self.extended:
+            self.extended[key] = self._extend(perm)
+        return self.extended[key]
+
+    def _extend(self, perm: np.ndarray) -> np.ndarray | None:
+        devices = len(self.neighbours)
+        image = [-1] * devices
+        used = bytearray(devices)
+        queue = deque(self.rank_device.tolist())
+        for u, v in zip(queue, self.rank_device[perm].tolist()):
+            image[u] = v
+            used[v] = 1
+        neighbours, by_signature = self.neighbours, self.by_signature
+        while queue:
+            u = queue.popleft()
+            v = image[u]
+            for w, sig in neighbours[u].items():
+                if image[w] >= 0:
+                    continue
+                mapped = [(image[y], s) for y, s in neighbours[w].items() if image[y] >= 0]
+                x = next((x for x in by_signature[v].get(sig, ()) if not used[x]
+                          and all(neighbours[x].get(y) == s for y, s in mapped)), -1)
+                if x < 0:
+                    return None
+                image[w] = x
+                used[x] = 1
+                queue.append(w)
+        if -1 in image:  # a device no rank reaches: left unmapped, so not proved an automorphism
+            return None
+        link_of, attrs = self.link_of, self.attrs
+        out = np.empty(len(self.link_ends), dtype=np.int64)
+        for k, (a, b) in enumerate(self.link_ends):
+            j = link_of.get((image[a], image[b]))
+            if j is None or attrs[j] != attrs[k]:
+                return None
+            out[k] = j
+        return out
+
+
+#: The network's devices and links as :meth:`_Fabric.extend` reads them (built once per network).
+_FABRIC = Memo("automorphisms: devices and links", _Fabric)
+#: Whether the network has a symmetry of its hierarchy (:func:`has_symmetries`).
+_SYMMETRIC = Memo("automorphisms: a symmetry of the hierarchy", _symmetric)
