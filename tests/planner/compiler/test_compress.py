@@ -188,18 +188,14 @@ def test_a_budget_follows_the_calibrated_bandwidths() -> None:
     assert {op.encoding for p in result.programs for op in p if op.encoding} == {"topk:0.04", "topk:0.01"}
 
 
-def test_a_schedule_compiled_in_the_symmetric_form_compresses_and_writes_its_encodings(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_schedule_compiled_in_the_symmetric_form_compresses_and_writes_its_encodings() -> None:
     import json
 
-    from tests.planner.analysis.test_automorphisms import small_fattree
-    from topocc.planner.compiler import evaluate
+    from tests.planner.analysis.test_automorphisms import compiled_by_class
     from topocc.planner.compiler.symmetrize import symmetric_form
     from topocc.runtime.schedule import parse_schedule
 
-    monkeypatch.setattr(evaluate, "BY_CLASS_MIN_OPS", 0)
-    net = network_of(small_fattree())
-    compiled = compile_schedule(net, "allreduce", "hierarchical", Options(size_bytes=1 << 20))
+    net, compiled = compiled_by_class()
     assert compiled.schedule.symmetry is not None  # timed, and kept, in the form it is written in
     result = compress(net, compiled, "bf16@inter-host").compiled.schedule
     encoded = sum(op.encoding is not None for program in result.programs for op in program)
