@@ -127,6 +127,15 @@ def test_a_ring_on_a_ring_is_one_orbit_and_its_links_two() -> None:
     assert by_class_and_full(net, ring(8))
 
 
+def test_the_orbits_of_a_form_are_found_once_per_network() -> None:
+    net, form = Network(ring_topology(8)), ring(8)
+    first = schedule_orbits(net, form)
+    assert first is not None and schedule_orbits(net, form) is first  # asked by the compiler, then its simulator
+    other = ring(8)  # an equal form, another object: found anew
+    again = schedule_orbits(net, other)
+    assert again is not first and again is not None and again.reps == first.reps
+
+
 def test_a_slower_link_breaks_the_symmetry_and_the_time_is_still_right() -> None:
     topo = ring_topology(8)
     k = next(k for k, link in enumerate(topo.links) if (link.src, link.dst) == ("g3", "g4"))  # one the ring uses

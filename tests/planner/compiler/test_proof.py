@@ -68,3 +68,19 @@ def test_auto_with_forked_proofs_picks_the_same_winner(forking: None, monkeypatc
     assert forked.proof == inline.proof
 
 
+
+
+def test_a_symmetric_form_is_proved_by_class_else_its_built_schedule_rank_by_rank(
+        forking: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.runtime.test_symmetric import ring
+
+    form = ring(8)
+    built = form.expanded()
+    assert Proof(form, built).result() == verify(built)
+    proved: list[Schedule] = []
+    monkeypatch.setattr(proof_module, "PARALLEL_VERIFY_OPS", 10**9)  # inline, to see what it proves
+    monkeypatch.setattr(proof_module, "verify_by_class", lambda schedule: None)  # a form it cannot prove by class
+    monkeypatch.setattr(proof_module, "verify", lambda schedule, by_class=True: proved.append(schedule) or
+                        verify(schedule, by_class))
+    assert Proof(form, built).result() == verify(built)
+    assert proved[0] is built  # its programs at hand, not the form's built anew

@@ -31,7 +31,7 @@ from topocc.planner.routing.network import Memo, Network
 from topocc.runtime.schedule import Schedule
 from topocc.runtime.symmetric import Formula, Symmetry
 
-__all__ = ["Orbits", "has_symmetries", "schedule_orbits"]
+__all__ = ["Commuting", "Orbits", "has_symmetries", "schedule_orbits"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,12 +55,18 @@ def schedule_orbits(net: Network, schedule: Schedule) -> Orbits | None:
     schedule is not in the symmetric form, no candidate is a symmetry, the orbits differ in size, or a route
     between a representative and its peers is not decided by the network's shape."""
     sym = schedule.symmetry
-    topo = net.topology
-    if sym is None or sym.ranks != topo.size:
+    if sym is None or sym.ranks != net.topology.size:
         return None
-    ranks = sym.ranks
-    commuting = _Commuting(sym)
     fabric = net.memo(_FABRIC)
+    if fabric.orbits is None or fabric.orbits[0] is not sym:  # the compiler asks, then its simulator
+        fabric.orbits = (sym, _orbits(net, schedule, sym, fabric))
+    return fabric.orbits[1]
+
+
+def _orbits(net: Network, schedule: Schedule, sym: Symmetry, fabric: _Fabric) -> Orbits | None:
+    topo = net.topology
+    ranks = sym.ranks
+    commuting = Commuting(sym)
     rank_label = np.arange(ranks)
     link_perms: list[np.ndarray] = []
     for shape in dict.fromkeys((topo.levels, sym.shape)):
@@ -124,7 +130,7 @@ def _orbit_labels(labels: np.ndarray, perms: list[np.ndarray]) -> np.ndarray:
         labels = joined
 
 
-class _Commuting:
+class Commuting:
     """Whether the programs of a symmetric schedule commute with a permutation of its ranks: each class goes
     onto itself, and each peer formula ``f`` has ``f(g r) = g(f(r))`` on the class's ranks."""
 
@@ -192,6 +198,7 @@ class _Fabric:
             self.neighbours.append(mine)
             self.by_signature.append(grouped)
         self.extended: dict[bytes, np.ndarray | None] = {}  # by rank permutation: the compiler times many schedules
+        self.orbits: tuple[Symmetry, Orbits | None] | None = None  # the last symmetric form's orbits
 
     def extend(self, perm: np.ndarray) -> np.ndarray | None:
         """The permutation of the links of an automorphism of the network that moves the ranks as ``perm`` does,

@@ -71,7 +71,7 @@ class EncodingReport:
 
 def is_encoded(schedule: Schedule) -> bool:
     """Whether some operation of ``schedule`` names an encoding."""
-    return any(op.encoding is not None for program in schedule.programs for op in program)
+    return any(op.encoding is not None for op in schedule.written_ops())
 
 
 def _fail(schedule: Schedule, message: str, fix: str | None = None) -> VerificationError:

@@ -76,6 +76,14 @@ def _describe(rank: int, k: int, op: Op) -> str:
 
 def _check_structure(schedule: Schedule, sp: CollectiveSpec) -> None:
     """Re-check what the loader checks, for schedules built in memory by an algorithm."""
+    _check_header(schedule, sp)
+    limits = dict(zip(BUFFERS, (schedule.input_chunks, schedule.output_chunks, schedule.scratch_chunks)))
+    for rank, program in enumerate(schedule.programs):
+        _check_program(schedule, rank, program, limits)
+
+
+def _check_header(schedule: Schedule, sp: CollectiveSpec) -> None:
+    """The rank count, the chunk counts and the root: what holds for the schedule, not per rank."""
     ranks = schedule.ranks
     if ranks < 1:
         raise _fail(schedule, f"a schedule needs at least one rank, got {ranks}")
@@ -89,31 +97,34 @@ def _check_structure(schedule: Schedule, sp: CollectiveSpec) -> None:
         raise _fail(schedule, problem)
     if sp.root is not None and not 0 <= sp.root < ranks:
         raise _fail(schedule, f"root {sp.root} is not a rank of a {ranks}-rank schedule")
-    limits = dict(zip(BUFFERS, counts))
-    for rank, program in enumerate(schedule.programs):
-        for k, op in enumerate(program):  # the operation against its kind's rule, its buffers and its deps
-            rule = OP_RULES[op.kind]
-            src, dst = op.src, op.dst
-            fault = rule.peer_fault(op.peer is not None, op.peer, rank, ranks) or rule.refs_fault(src, dst)
-            if fault is not None and fault is not OpFault.COUNTS_DIFFER:
-                raise _fail(schedule, _op_fault(rank, k, op, fault))
-            for ref in (src, dst):  # before unequal counts: a reference out of range is the likelier cause
-                if ref is not None:
-                    limit = limits.get(ref.buffer)
-                    if limit is None or ref.index < 0 or ref.count < 1 or ref.index + ref.count > limit:
-                        raise _fail(schedule, f"{_describe(rank, k, op)}: chunk reference {ref} out of range "
-                                              f"(buffer {ref.buffer!r} has {limit or 0} chunks)")
-            if fault is not None:
-                raise _fail(schedule, _op_fault(rank, k, op, fault))
-            for d in op.deps:
-                if not 0 <= d < k:
-                    raise _fail(schedule, f"rank {rank} op {k}: dependency {d} does not name an earlier operation",
-                                fix="dependencies must point to earlier operations of the same rank")
-            if dst is not None and dst.buffer == "i" and not schedule.inplace:
-                raise _fail(
-                    schedule, f"{_describe(rank, k, op)} writes the input buffer of an out-of-place collective",
-                    fix="write to output or scratch, or mark the schedule inplace",
-                )
+
+
+def _check_program(schedule: Schedule, rank: int, program: tuple[Op, ...], limits: dict[str, int]) -> None:
+    """Each operation of ``rank``'s program against its kind's rule, its buffers' ``limits`` and its deps."""
+    ranks = schedule.ranks
+    for k, op in enumerate(program):
+        rule = OP_RULES[op.kind]
+        src, dst = op.src, op.dst
+        fault = rule.peer_fault(op.peer is not None, op.peer, rank, ranks) or rule.refs_fault(src, dst)
+        if fault is not None and fault is not OpFault.COUNTS_DIFFER:
+            raise _fail(schedule, _op_fault(rank, k, op, fault))
+        for ref in (src, dst):  # before unequal counts: a reference out of range is the likelier cause
+            if ref is not None:
+                limit = limits.get(ref.buffer)
+                if limit is None or ref.index < 0 or ref.count < 1 or ref.index + ref.count > limit:
+                    raise _fail(schedule, f"{_describe(rank, k, op)}: chunk reference {ref} out of range "
+                                          f"(buffer {ref.buffer!r} has {limit or 0} chunks)")
+        if fault is not None:
+            raise _fail(schedule, _op_fault(rank, k, op, fault))
+        for d in op.deps:
+            if not 0 <= d < k:
+                raise _fail(schedule, f"rank {rank} op {k}: dependency {d} does not name an earlier operation",
+                            fix="dependencies must point to earlier operations of the same rank")
+        if dst is not None and dst.buffer == "i" and not schedule.inplace:
+            raise _fail(
+                schedule, f"{_describe(rank, k, op)} writes the input buffer of an out-of-place collective",
+                fix="write to output or scratch, or mark the schedule inplace",
+            )
 
 
 def _op_fault(rank: int, k: int, op: Op, fault: OpFault) -> str:
@@ -466,8 +477,32 @@ def _uninitialised(schedule: Schedule, rank: int, k: int, ref: Chunk, segments: 
                  fix="receive, copy or compute it first, and depend on that operation")
 
 
-def verify(schedule: Schedule) -> VerifyReport:
+def _run_local(schedule: Schedule, rank: int, k: int, op: Op, mem: _Memory) -> None:
+    """Operation ``k`` of ``rank``, a copy or a reduction, on its memory: reads checked, values combined."""
+    assert op.src is not None and op.dst is not None
+    values = mem.read(op.src)
+    if _empty(values):
+        raise _uninitialised(schedule, rank, k, op.src, values)
+    if op.kind == "reduce":
+        values = _reduced(schedule, rank, k, op.dst, mem.read(op.dst), values)
+    mem.write(op.dst, values)
+
+
+def _land(schedule: Schedule, rank: int, k: int, recv: Op, mem: _Memory, payload: list[Segment]) -> None:
+    """A message's ``payload`` as receive ``k`` of ``rank`` lands it: written, or reduced into its operand."""
+    assert recv.dst is not None
+    if recv.kind == "recv_reduce":
+        left = recv.src if recv.src is not None else recv.dst
+        payload = _reduced(schedule, rank, k, left, mem.read(left), payload)
+    mem.write(recv.dst, payload)
+
+
+def verify(schedule: Schedule, by_class: bool = True) -> VerifyReport:
     """Prove that ``schedule`` implements its collective; raise :class:`VerificationError` if not.
+
+    A schedule in the symmetric form is proved one rank per orbit of its symmetries where it has some
+    (:mod:`~topocc.planner.analysis.verify_symmetric`), without building every rank's program; with
+    ``by_class`` False, or where it has none, every rank's program is run.
 
     >>> from topocc.planner.compiler.algorithms import compile_schedule  # doctest: +SKIP
     >>> verify(compile_schedule(topology, "allreduce", "ring"))  # doctest: +SKIP
@@ -477,6 +512,12 @@ def verify(schedule: Schedule) -> VerifyReport:
     collecting = gc.isenabled()
     gc.disable()
     try:
+        if by_class and schedule.symmetry is not None:
+            from topocc.planner.analysis.verify_symmetric import verify_by_class  # it builds on this module
+
+            report = verify_by_class(schedule)
+            if report is not None:
+                return report
         return _verify(schedule)
     finally:
         if collecting:
@@ -520,13 +561,7 @@ def _verify(schedule: Schedule) -> VerifyReport:
         r, k = pop()
         op = programs[r][k]
         if op.kind == "copy" or op.kind == "reduce":
-            mem = memories[r]
-            values = mem.read(op.src)
-            if _empty(values):
-                raise _uninitialised(schedule, r, k, op.src, values)
-            if op.kind == "reduce":
-                values = _reduced(schedule, r, k, op.dst, mem.read(op.dst), values)
-            mem.write(op.dst, values)
+            _run_local(schedule, r, k, op, memories[r])
             complete(r, k)
             completed += 1
             continue
@@ -548,11 +583,7 @@ def _verify(schedule: Schedule) -> VerifyReport:
         payload = memories[send_r].read(src)
         if _empty(payload):
             raise _uninitialised(schedule, send_r, send_k, send.src, payload)
-        rmem = memories[recv_r]
-        if recv.kind == "recv_reduce":
-            left = recv.src if recv.src is not None else recv.dst
-            payload = _reduced(schedule, recv_r, recv_k, left, rmem.read(left), payload)
-        rmem.write(recv.dst, payload)
+        _land(schedule, recv_r, recv_k, recv, memories[recv_r], payload)
         chunks_sent += src.count
         complete(send_r, send_k)
         complete(recv_r, recv_k)

@@ -65,10 +65,11 @@ def compile_schedule(where: Topology | Network, collective: str, algorithm: str 
     options = replace(options, evaluator=evaluator)
     if algorithm != "auto":
         schedule = routed_schedule(net, collective, algorithm, options)
-        return _finish(net, schedule, options, evaluator, size_range, (), None, Proof(schedule))
+        return _finish(net, schedule, options, evaluator, size_range, (), None,
+                       Proof(evaluator.form(schedule), schedule))
     outcome = race(net, collective, options, evaluator, progress)
     return _finish(net, outcome.leader.schedule, options, evaluator, size_range, outcome.candidates,
-                   outcome.leader.sim, outcome.proof or Proof(outcome.leader.schedule))
+                   outcome.leader.sim, outcome.proof or Proof(outcome.leader.schedule, outcome.leader.built))
 
 
 def _finish(net: Network, schedule: Schedule, options: Options, evaluator: Evaluator,

@@ -11,6 +11,7 @@ import multiprocessing
 import multiprocessing.connection
 
 from topocc.planner.analysis.verify import VerifyReport, verify
+from topocc.planner.analysis.verify_symmetric import verify_by_class
 from topocc.planner.errors import VerificationError
 from topocc.runtime.schedule import Schedule
 
@@ -32,26 +33,29 @@ class Proof:
 
     The child inherits the schedule (nothing is pickled but the small report or
     the error's text); :meth:`result` waits for it, and verifies in this process
-    when there is no child or it died.
+    when there is no child or it died.  ``built`` is the schedule as its algorithm built it, where
+    ``schedule`` is its symmetric form: proved rank by rank where the form cannot be proved by class, its
+    programs at hand where the form's would be built anew.
     """
 
-    def __init__(self, schedule: Schedule) -> None:
+    def __init__(self, schedule: Schedule, built: Schedule | None = None) -> None:
         self.schedule = schedule
+        self.built = built
         self._child: multiprocessing.process.BaseProcess | None = None
         if forks(schedule):
             context = multiprocessing.get_context("fork")
             self._conn, sender = context.Pipe(duplex=False)
-            self._child = context.Process(target=_prove_to, args=(sender, schedule), daemon=True)
+            self._child = context.Process(target=_prove_to, args=(sender, self), daemon=True)
             self._child.start()
             sender.close()
 
     def result(self) -> VerifyReport:
         if self._child is None:
-            return verify(self.schedule)
+            return self.prove()
         try:
             outcome = self._conn.recv()
         except EOFError:  # the child died (killed, out of memory): prove it here
-            outcome = (True, verify(self.schedule))
+            outcome = (True, self.prove())
         finally:
             self.cancel()
         if outcome[0]:
@@ -68,9 +72,17 @@ class Proof:
             self._child = None
 
 
-def _prove_to(conn: multiprocessing.connection.Connection, schedule: Schedule) -> None:
+    def prove(self) -> VerifyReport:
+        """The proof, in this process: by class where the symmetric form allows, else rank by rank."""
+        if self.built is None or self.built is self.schedule:
+            return verify(self.schedule)
+        found = verify_by_class(self.schedule)
+        return found if found is not None else verify(self.built, by_class=False)
+
+
+def _prove_to(conn: multiprocessing.connection.Connection, proof: Proof) -> None:
     try:
-        conn.send((True, verify(schedule)))
+        conn.send((True, proof.prove()))
     except VerificationError as exc:
         conn.send((False, exc.message, exc.where, exc.fix))
     finally:

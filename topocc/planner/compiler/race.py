@@ -111,8 +111,9 @@ class Leader:
     time_s: float
     position: int  # in the algorithm table's order
     name: str
-    schedule: Schedule
+    schedule: Schedule  # in the form it is kept in
     sim: SimResult
+    built: Schedule  # as its algorithm built it (rank by rank)
 
     def loses_to(self, time_s: float, position: int) -> bool:
         return (time_s, position) < (self.time_s, self.position)
@@ -296,11 +297,13 @@ class _Race:
         return built
 
     def _prove_likeliest(self, built: list[_Built]) -> None:
-        """Start the proof of the likeliest large winner beside the simulations (one per race)."""
+        """Start the proof of the likeliest large winner beside the simulations (one per race), in the form it
+        is kept in (:meth:`~topocc.planner.compiler.evaluate.Evaluator.form`): a symmetric one is proved by
+        class where it can be."""
         large = [c for c in built if forks(c.schedule)]
         if large and not self.proofs:
             chosen = _likeliest(large)
-            self.proofs[chosen.name] = Proof(chosen.schedule)
+            self.proofs[chosen.name] = Proof(self.evaluator.form(chosen.schedule), chosen.schedule)
 
     def _time_one(self, c: _Built) -> None:
         """Simulate ``c`` unless it cannot win, given up once it passes the leader; settle it."""
@@ -333,7 +336,7 @@ class _Race:
         self._settle(Candidate(c.name, sim.time_s, spent, c.schedule.op_count, link_time_s=c.link_time_s))
         position = self.names.index(c.name)
         if leader is None or leader.loses_to(sim.time_s, position):
-            self.leader = Leader(sim.time_s, position, c.name, self.evaluator.form(c.schedule), sim)
+            self.leader = Leader(sim.time_s, position, c.name, self.evaluator.form(c.schedule), sim, c.schedule)
 
 
 def _likeliest(found: list[_Built]) -> _Built:

@@ -1,0 +1,144 @@
+"""Proving by class: a symmetric schedule proved one rank per orbit of its symmetries, against the proof of
+every rank, on correct schedules and on schedules broken in one place."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from tests.runtime.test_symmetric import ring
+from topocc.planner.analysis.verify import verify
+from topocc.planner.analysis.verify_symmetric import verify_by_class
+from topocc.planner.compiler.compile import compile_schedule
+from topocc.planner.compiler.options import Options
+from topocc.planner.compiler.symmetrize import grid_shapes, symmetrize
+from topocc.planner.errors import NotApplicableError, VerificationError
+from topocc.planner.routing.network import Network
+from topocc.planner.topology.catalogue import resolve_topology
+from topocc.runtime.errors import ScheduleFormatError
+from topocc.runtime.schedule import Schedule, load_schedule
+from topocc.runtime.symmetric import Formula, SymmetricPrograms, Symmetry, TemplateOp, TemplateRef
+
+SCHEDULES = Path(__file__).resolve().parents[3] / "schedules"
+FABRICS = ["dgx2-2chassis", "dgx-a100-4node", "emu-racks", "ibm-s822lc-48x4", "ndv2-2chassis", "torus-4x4",
+           "mesh-4x4"]
+ALGORITHMS = ["ring", "halving-doubling", "hierarchical"]
+COLLECTIVES = ["allreduce", "allgather", "reducescatter"]
+
+
+@cache
+def symmetric(fabric: str, algorithm: str, collective: str) -> Schedule | None:
+    """``algorithm``'s ``collective`` on ``fabric`` in the symmetric form, or None where it has none."""
+    topo = resolve_topology(fabric)
+    try:
+        built = compile_schedule(Network(topo), collective, algorithm, Options(size_bytes=4 << 20)).schedule
+    except NotApplicableError:
+        return None
+    form = symmetrize(built, grid_shapes(topo))
+    return form if form.symmetry is not None else None
+
+
+@pytest.mark.parametrize("fabric", FABRICS)
+def test_by_class_proves_what_every_rank_proves(fabric: str) -> None:
+    by_class = 0
+    for algorithm in ALGORITHMS:
+        for collective in COLLECTIVES:
+            if fabric == "ibm-s822lc-48x4" and algorithm == "hierarchical" and collective != "allreduce":
+                continue  # a minute to compile, and many classes
+            form = symmetric(fabric, algorithm, collective)
+            if form is None:
+                continue
+            full = verify(form, by_class=False)
+            report = verify_by_class(form)
+            if report is not None:
+                by_class += 1
+                assert report == full, (algorithm, collective)
+            assert verify(form) == full
+    if fabric != "mesh-4x4":  # a mesh's edges leave its programs no translation
+        assert by_class >= 1
+
+
+def test_shipped_fattree_is_proved_with_one_representative() -> None:
+    schedule = load_schedule(SCHEDULES / "fattree-1024-allreduce.json.gz")
+    report = verify_by_class(schedule)
+    assert report is not None
+    assert report.operations == schedule.op_count and report.ranks == 1024
+    assert report.messages == sum(1 for op in schedule.written_ops() if op.kind == "send") * 1024
+
+
+def test_a_ring_is_proved_by_one_rank() -> None:
+    report = verify_by_class(ring(8))
+    assert report == verify(ring(8), by_class=False)
+
+
+# --------------------------------------------------------------------------- broken in one place
+
+
+def _with_template(schedule: Schedule, k: int, op: TemplateOp | None) -> Schedule:
+    """``schedule`` (one class) with its operation ``k`` replaced by ``op`` (removed where None)."""
+    sym = schedule.symmetry
+    assert sym is not None and len(sym.templates) == 1
+    ops = list(sym.templates[0])
+    if op is None:
+        del ops[k]
+        ops = [replace(o, deps=tuple(d - (d > k) for d in o.deps if d != k)) for o in ops]
+    else:
+        ops[k] = op
+    broken = Symmetry(sym.shape, (tuple(ops),), sym.runs, sym.limits)
+    return replace(schedule, programs=SymmetricPrograms(broken), symmetry=broken)
+
+
+def _moved(f: int | Formula, by: int) -> int | Formula:
+    return f + by if isinstance(f, int) else Formula(f.offset + by, f.coefs)
+
+
+def _breakages(schedule: Schedule) -> list[tuple[str, Schedule]]:
+    """One-place breakages of a one-class schedule: a receive into the wrong chunk, a lost dependency, a
+    message to the wrong peer, a lost operation."""
+    sym = schedule.symmetry
+    assert sym is not None
+    ops = sym.templates[0]
+    out = []
+    recv = next(k for k, t in enumerate(ops) if t.kind == "recv_reduce" and t.dst is not None)
+    t = ops[recv]
+    assert t.dst is not None
+    out.append(("wrong chunk", _with_template(schedule, recv, replace(t, dst=TemplateRef(
+        t.dst.buffer, _moved(t.dst.index, t.dst.count), t.dst.count)))))
+    dep = next(k for k, t in enumerate(ops) if t.deps and t.kind == "send")
+    out.append(("lost dependency", _with_template(schedule, dep, replace(ops[dep], deps=()))))
+    send = next(k for k, t in enumerate(ops) if t.kind == "send" and isinstance(t.peer, Formula))
+    assert ops[send].peer is not None
+    out.append(("wrong peer", _with_template(schedule, send, replace(ops[send], peer=_moved(ops[send].peer, 1)))))
+    out.append(("lost operation", _with_template(schedule, send, None)))
+    for k, t in enumerate(ops):  # a message of the wrong data: the next chunk of the input, read-only
+        if t.kind == "send" and t.src is not None and t.src.buffer == "i":
+            wrong = TemplateRef("i", _moved(t.src.index, t.src.count), t.src.count)
+            out.append(("wrong data", _with_template(schedule, k, replace(t, src=wrong))))
+            break
+    return out
+
+
+@pytest.mark.parametrize("case", [("ring",), ("dgx-a100-4node", "halving-doubling"), ("emu-racks", "ring")])
+def test_a_broken_schedule_is_refused_by_class_as_rank_by_rank(case: tuple[str, ...]) -> None:
+    schedule = ring(8) if case == ("ring",) else symmetric(case[0], case[1], "allreduce")
+    assert schedule is not None and verify_by_class(schedule) is not None
+    refused = 0
+    for what, broken in _breakages(schedule):
+        with pytest.raises((VerificationError, ScheduleFormatError)):  # a rank's program may not even build
+            verify(broken, by_class=False)
+        try:
+            report = verify_by_class(broken)
+        except VerificationError:
+            refused += 1
+            continue
+        assert report is None, what  # never a proof of a broken schedule; at most no proof by class
+    assert refused >= 2
+
+
+def test_wrong_data_from_another_orbit_member_is_named() -> None:
+    broken = dict(_breakages(ring(8)))["wrong data"]
+    with pytest.raises(VerificationError, match="reduces logical chunk"):
+        verify_by_class(broken)
