@@ -46,8 +46,8 @@ def test_by_class_proves_what_every_rank_proves(fabric: str) -> None:
     by_class = 0
     for algorithm in ALGORITHMS:
         for collective in COLLECTIVES:
-            if fabric == "ibm-s822lc-48x4" and algorithm == "hierarchical" and collective != "allreduce":
-                continue  # a minute to compile, and many classes
+            if fabric == "ibm-s822lc-48x4" and (algorithm, collective) != ("ring", "allreduce"):
+                continue  # 192 ranks: seconds to a minute each to compile and prove rank by rank
             form = symmetric(fabric, algorithm, collective)
             if form is None:
                 continue
@@ -110,8 +110,9 @@ def _breakages(schedule: Schedule) -> list[tuple[str, Schedule]]:
     dep = next(k for k, t in enumerate(ops) if t.deps and t.kind == "send")
     out.append(("lost dependency", _with_template(schedule, dep, replace(ops[dep], deps=()))))
     send = next(k for k, t in enumerate(ops) if t.kind == "send" and isinstance(t.peer, Formula))
-    assert ops[send].peer is not None
-    out.append(("wrong peer", _with_template(schedule, send, replace(ops[send], peer=_moved(ops[send].peer, 1)))))
+    peer = ops[send].peer
+    assert peer is not None
+    out.append(("wrong peer", _with_template(schedule, send, replace(ops[send], peer=_moved(peer, 1)))))
     out.append(("lost operation", _with_template(schedule, send, None)))
     for k, t in enumerate(ops):  # a message of the wrong data: the next chunk of the input, read-only
         if t.kind == "send" and t.src is not None and t.src.buffer == "i":

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from tests.planner.analysis.test_simulate import ring_allreduce, ring_topology
+from tests.runtime.test_symmetric import ring
+from topocc.planner.analysis.automorphisms import schedule_orbits
 from topocc.planner.analysis.simulate import simulate
 from topocc.planner.compiler.compile import compile_schedule
 from topocc.planner.compiler.evaluate import Evaluator, least_latency, link_time
 from topocc.planner.compiler.options import Options
 from topocc.planner.routing.network import Network
+from topocc.planner.topology.catalogue import resolve_topology
+from topocc.runtime.schedule import load_schedule
 
 
 def test_the_last_schedule_timed_to_the_end_is_not_simulated_again() -> None:
@@ -51,3 +59,12 @@ def test_compilations_sharing_a_network_agree_with_one_on_its_topology() -> None
     second = compile_schedule(net, "allreduce", "ring", Options(size_bytes=1 << 20))
     assert first.schedule == second.schedule and first.sim.time_s == second.sim.time_s
     assert compile_schedule(net.topology, "allreduce", "ring", Options(size_bytes=1 << 20)).schedule == first.schedule
+
+
+def test_link_time_by_class_is_the_link_time_of_every_rank() -> None:
+    """One rank per orbit: a ring on a ring, and the shipped fat-tree's all-reduce (one rank of 1,024)."""
+    shipped = load_schedule(Path(__file__).resolve().parents[3] / "schedules" / "fattree-1024-allreduce.json.gz")
+    for net, form in ((Network(ring_topology(8)), ring(8)), (Network(resolve_topology("fattree-1024")), shipped)):
+        assert schedule_orbits(net, form) is not None
+        for size in (1 << 20, 256 << 20):
+            assert link_time(net, form, size) == pytest.approx(link_time(net, form.expanded(), size), rel=1e-9)

@@ -9,7 +9,7 @@ import pytest
 import topocc.planner.compiler.proof as proof_module
 from tests.planner.compiler.algorithms.test_baselines import switch_cluster
 from tests.planner.compiler.test_builder import ring_allreduce_schedule
-from topocc.planner.analysis.verify import verify
+from topocc.planner.analysis.verify import VerifyReport, verify
 from topocc.planner.compiler.compile import compile_schedule
 from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.proof import Proof
@@ -80,7 +80,11 @@ def test_a_symmetric_form_is_proved_by_class_else_its_built_schedule_rank_by_ran
     proved: list[Schedule] = []
     monkeypatch.setattr(proof_module, "PARALLEL_VERIFY_OPS", 10**9)  # inline, to see what it proves
     monkeypatch.setattr(proof_module, "verify_by_class", lambda schedule: None)  # a form it cannot prove by class
-    monkeypatch.setattr(proof_module, "verify", lambda schedule, by_class=True: proved.append(schedule) or
-                        verify(schedule, by_class))
+
+    def recorded(schedule: Schedule, by_class: bool = True) -> VerifyReport:
+        proved.append(schedule)
+        return verify(schedule, by_class)
+
+    monkeypatch.setattr(proof_module, "verify", recorded)
     assert Proof(form, built).result() == verify(built)
     assert proved[0] is built  # its programs at hand, not the form's built anew

@@ -27,7 +27,9 @@ from typing import Any
 
 from topocc.planner.analysis.collectives import spec
 from topocc.planner.analysis.hazards import ChunkRuns
+from topocc.planner.compiler.symmetrize import one_class
 from topocc.runtime.schedule import Chunk, Metadata, Op, Schedule, build_schedule, operation
+from topocc.runtime.symmetric import SymmetricPrograms
 
 __all__ = ["RELAY_SLOTS", "Relay", "ScheduleBuilder"]
 
@@ -56,7 +58,7 @@ class ScheduleBuilder:
 
     def __init__(self, collective: str, ranks: int, input_chunks: int, output_chunks: int, *,
                  scratch_chunks: int = 0, root: int | None = None, inplace: bool = False,
-                 relay: Relay | None = None) -> None:
+                 relay: Relay | None = None, focus: frozenset[int] | None = None) -> None:
         self.spec = spec(collective, ranks, input_chunks, output_chunks, root)
         self.collective = self.spec.collective
         self.ranks = ranks
@@ -65,6 +67,8 @@ class ScheduleBuilder:
         self.scratch_chunks = scratch_chunks
         self.root = self.spec.root
         self.inplace = inplace
+        #: the ranks whose programs are written (None: every rank's); the others' operations are dropped
+        self.focus = focus
         self.programs: list[list[Op]] = [[] for _ in range(ranks)]
         self._hazards = [ChunkRuns() for _ in range(ranks)]
         self._relay = relay
@@ -84,7 +88,10 @@ class ScheduleBuilder:
 
     def _emit(self, rank: int, kind: str, peer: int | None, src: Chunk | None, dst: Chunk | None,
               step: int, channel: int, reads: tuple[Chunk, ...], write: Chunk | None, after: Iterable[int]) -> int:
-        """Append an operation that depends on ``after`` and on every earlier conflicting access."""
+        """Append an operation that depends on ``after`` and on every earlier conflicting access (none, -1, for
+        a rank outside the focus)."""
+        if self.focus is not None and rank not in self.focus:
+            return -1
         program = self.programs[rank]
         k = len(program)
         deps = set(after)
@@ -178,8 +185,24 @@ class ScheduleBuilder:
         return start + cursor
 
     def build(self, algorithm: str, options: Mapping[str, Any] | None = None, **metadata: Any) -> Schedule:
+        assert self.focus is None, "a focused builder holds a few ranks' programs (build_class)"
         return build_schedule(
             self.collective, self.ranks, self.input_chunks, self.output_chunks, self.programs,
             scratch_chunks=max(self._relay_end), root=self.root, inplace=self.inplace,
             metadata=Metadata(algorithm=algorithm, options=dict(options or {}), **metadata),
         )
+
+    def build_class(self, algorithm: str, shape: tuple[int, ...], options: Mapping[str, Any] | None = None,
+                    **metadata: Any) -> Schedule | None:
+        """The schedule in the symmetric form of one class over ``shape``, fitted from the focus ranks' programs
+        (:func:`~topocc.planner.compiler.symmetrize.one_class`), or None where they are not one class."""
+        assert self.focus is not None
+        programs = {r: tuple(self.programs[r]) for r in self.focus}
+        limits = {"i": self.input_chunks, "o": self.output_chunks,
+                  "s": max(self._relay_end[r] for r in self.focus)}
+        sym = one_class(programs, shape, limits)
+        if sym is None:
+            return None
+        return Schedule(self.collective, self.ranks, self.input_chunks, self.output_chunks, SymmetricPrograms(sym),
+                        limits["s"], self.root, self.inplace,
+                        Metadata(algorithm=algorithm, options=dict(options or {}), **metadata), (), sym)

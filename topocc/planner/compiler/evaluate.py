@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import math
 
-from topocc.planner.analysis.automorphisms import has_symmetries, schedule_orbits
+import numpy as np
+
+from topocc.planner.analysis.automorphisms import Orbits, has_symmetries, schedule_orbits
 from topocc.planner.analysis.bounds import Bound, lower_bound
 from topocc.planner.analysis.simulate import SimResult, chunk_bytes, simulate, simulate_within
 from topocc.planner.compiler.symmetrize import SYMMETRIC_MIN_RANKS, symmetric_form
@@ -31,6 +33,9 @@ def link_time(net: Network, schedule: Schedule, size_bytes: int) -> float:
     its load.  Costs one pass over the sends, no events.
     """
     cb = chunk_bytes(schedule, size_bytes)
+    orbits = schedule_orbits(net, schedule)
+    if orbits is not None:
+        return _link_time_by_class(net, schedule, cb, orbits)
     recorded = recorded_paths(net, schedule)
     load: LinkLoad[tuple[str, str]] = LinkLoad()
     for (a, b, channel), chunks in connection_chunks(schedule).items():
@@ -42,6 +47,31 @@ def link_time(net: Network, schedule: Schedule, size_bytes: int) -> float:
             load.add(key, share * chunks * cb)
     bandwidth = net.topology.bandwidth
     return load.busiest(lambda key: bandwidth(*key))
+
+
+def _link_time_by_class(net: Network, schedule: Schedule, cb: float, orbits: Orbits) -> float:
+    """:func:`link_time` from one rank per orbit: a representative's connection stands for its orbit's
+    ``copies``, whose loads fall on the same orbits of links, and the links of an orbit carry equal loads
+    (the symmetries map each onto the others), so each carries its orbit's load over its link count."""
+    topo = net.topology
+    index = {(link.src, link.dst): k for k, link in enumerate(topo.links)}
+    volume: dict[tuple[int, int, int], int] = {}
+    for rank in orbits.reps:
+        for op in schedule.programs[rank]:
+            if op.kind == "send":
+                assert op.peer is not None
+                connection = (rank, op.peer, op.channel)
+                volume[connection] = volume.get(connection, 0) + op.count
+    load = np.zeros(len(orbits.link_count))
+    for (a, b, channel), chunks in volume.items():
+        if not net.has_route(a, b):
+            continue  # the simulator refuses the schedule; it says why
+        for key, share in net.route_shares(a, b, channel).items():
+            load[orbits.link_orbit[index[key]]] += share * chunks * cb
+    per_link = load * orbits.copies / orbits.link_count
+    bandwidth = np.zeros(len(orbits.link_count))
+    bandwidth[orbits.link_orbit] = [topo.bandwidth(link.src, link.dst) for link in topo.links]
+    return float((per_link / bandwidth).max(initial=0.0))
 
 
 def least_latency(topology: Topology) -> float:
@@ -73,8 +103,13 @@ def by_class_may_pay(net: Network, schedule: Schedule) -> bool:
             and net.topology.routing == "spray" and has_symmetries(net))
 
 
+#: Schedules whose forms an :class:`Evaluator` keeps: a tier's candidates, timed after all are built.
+_FORMS_KEPT = 4
+
+
 class Evaluator:
-    """The simulator for one compilation: its network, its size, and the last schedule it timed.
+    """The simulator for one compilation: its network, its size, the forms of its schedules and the last one
+    it timed.
 
     The compiler makes one per compilation and hands it to the algorithms in
     :class:`~topocc.planner.compiler.options.Options`.  An algorithm that
@@ -82,7 +117,7 @@ class Evaluator:
     all-reduce layouts) times them here, and when the compiler then times the
     schedule it returned (the very object), the result it kept answers: the
     winner is simulated once.  It keeps one result, the latest, as the caller
-    holds that schedule anyway.
+    holds that schedule anyway, and the forms (below) of the last few schedules it saw.
 
     A large schedule on a sprayed network with symmetries (:func:`by_class_may_pay`) is kept in its symmetric
     form (:func:`~topocc.planner.compiler.symmetrize.symmetric_form`, the form it is written in:
@@ -93,27 +128,33 @@ class Evaluator:
     def __init__(self, net: Network, size_bytes: int) -> None:
         self.net = net
         self.size_bytes = size_bytes
-        # the last schedule, its form, the form it is timed in, and its time (None: not timed to the end)
-        self._last: tuple[Schedule, Schedule, Schedule, SimResult | None] | None = None
+        # each schedule's form and the form it is timed in, by the schedule's identity (kept alive with it)
+        self._form_of: dict[int, tuple[Schedule, Schedule, Schedule]] = {}
+        # the last schedule timed and its time (None: not timed to the end)
+        self._last: tuple[Schedule, SimResult | None] | None = None
 
     def simulate(self, schedule: Schedule) -> SimResult:
         """The simulation of ``schedule`` at this size."""
-        form, timed = self._forms(schedule)
+        _, timed = self._forms(schedule)
         found = self._kept(schedule)
         if found is None:
             found = simulate(self.net, timed, self.size_bytes)
-            self._last = (schedule, form, timed, found)
+            self._last = (schedule, found)
         return found
 
     def within(self, schedule: Schedule, deadline_s: float) -> SimResult | None:
         """:meth:`simulate`, given up (None) once the simulated clock passes ``deadline_s`` with work left."""
-        form, timed = self._forms(schedule)
+        _, timed = self._forms(schedule)
         found = self._kept(schedule)
         if found is not None:
             return found if found.time_s <= deadline_s else None
         found = simulate_within(self.net, timed, self.size_bytes, deadline_s)
-        self._last = (schedule, form, timed, found)
+        self._last = (schedule, found)
         return found
+
+    def link_time(self, schedule: Schedule) -> float:
+        """:func:`link_time` of ``schedule``, found one rank per orbit where it is timed so."""
+        return link_time(self.net, self._forms(schedule)[1], self.size_bytes)
 
     def form(self, schedule: Schedule) -> Schedule:
         """``schedule`` as it is kept and written: its symmetric form where :func:`by_class_may_pay` and it has
@@ -123,15 +164,17 @@ class Evaluator:
     def _forms(self, schedule: Schedule) -> tuple[Schedule, Schedule]:
         """``schedule``'s :meth:`form` and the form it is timed in: the symmetric one where the simulator
         replays it by class, else the schedule as built (its programs at hand, not built from classes)."""
-        last = self._last
-        if last is not None and last[0] is schedule:
-            return last[1], last[2]
+        known = self._form_of.get(id(schedule))
+        if known is not None and known[0] is schedule:
+            return known[1], known[2]
         form = timed = schedule
         if by_class_may_pay(self.net, schedule):
             form = symmetric_form(schedule, self.net.topology, SYMMETRIC_MIN_RANKS)
             if form is not schedule and schedule_orbits(self.net, form) is not None:
                 timed = form
-        self._last = (schedule, form, timed, None)
+        self._form_of[id(schedule)] = (schedule, form, timed)
+        if len(self._form_of) > _FORMS_KEPT:  # the oldest goes: a race holds its candidates, not more
+            del self._form_of[next(iter(self._form_of))]
         return form, timed
 
     def lower_bound(self, collective: str, root: int = 0) -> Bound:
@@ -140,4 +183,4 @@ class Evaluator:
 
     def _kept(self, schedule: Schedule) -> SimResult | None:
         last = self._last
-        return last[3] if last is not None and last[0] is schedule else None
+        return last[1] if last is not None and last[0] is schedule else None

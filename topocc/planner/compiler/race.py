@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from topocc.planner.analysis.simulate import SimResult
 from topocc.planner.analysis.verify import verify
 from topocc.planner.compiler.algorithms import ALGORITHMS
-from topocc.planner.compiler.evaluate import Evaluator, least_latency, link_time
+from topocc.planner.compiler.evaluate import Evaluator, least_latency
 from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.proof import Proof, forks
 from topocc.planner.compiler.routed import routed_schedule
@@ -291,7 +291,7 @@ class _Race:
             except (NotApplicableError, InfeasibleError) as exc:
                 self._settle(Candidate(name, None, time.perf_counter() - started, reason=exc.message))
                 continue
-            built.append(_Built(link_time(self.net, schedule, self.options.size_bytes), name, schedule,
+            built.append(_Built(self.evaluator.link_time(schedule), name, schedule,
                                 time.perf_counter() - started))
         built.sort(key=lambda c: c.link_time_s)
         return built

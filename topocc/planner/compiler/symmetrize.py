@@ -23,7 +23,8 @@ from topocc.runtime.plan import Plan
 from topocc.runtime.schedule import Op, Schedule, operation
 from topocc.runtime.symmetric import Field, Formula, SymmetricPrograms, Symmetry, TemplateOp, TemplateRef
 
-__all__ = ["SYMMETRIC_MIN_RANKS", "canonical_order", "grid_shapes", "symmetric_form", "symmetric_plan", "symmetrize"]
+__all__ = ["SYMMETRIC_MIN_RANKS", "canonical_order", "fitting_ranks", "grid_shapes", "one_class", "symmetric_form",
+           "symmetric_plan", "symmetrize"]
 
 #: Schedules of fewer ranks are written rank by rank: their files are small either way.
 SYMMETRIC_MIN_RANKS = 64
@@ -99,6 +100,45 @@ def symmetrize(schedule: Schedule, shapes: Iterable[tuple[int, ...]]) -> Schedul
     return Schedule(schedule.collective, schedule.ranks, schedule.input_chunks, schedule.output_chunks,
                     SymmetricPrograms(best), schedule.scratch_chunks, schedule.root, schedule.inplace,
                     schedule.metadata, (), best)
+
+
+def fitting_ranks(shape: tuple[int, ...]) -> frozenset[int]:
+    """The ranks :func:`one_class` fits a class over ``shape`` from: rank 0, its neighbour along each
+    dimension, and as witnesses the last rank and one a third of the way."""
+    ranks = math.prod(shape)
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    return frozenset({0, ranks - 1, (ranks - 1) // 3, *(s for n, s in zip(shape, strides) if n > 1)})
+
+
+def one_class(programs: dict[int, tuple[Op, ...]], shape: tuple[int, ...], limits: dict[str, int]) -> Symmetry | None:
+    """One class over the grid ``shape``, fitted from a few ranks' ``programs``: rank 0 and its neighbour
+    along each dimension give each formula's offset and coefficients, and every other rank given must be
+    what the formulas make of it (a witness); None where the programs differ in more than peers and chunks,
+    a neighbour is missing, or a witness disagrees.
+
+    The formulas are a guess for the ranks not given: a schedule so fitted is what it says, and is proved
+    and timed as such (:mod:`~topocc.planner.analysis.verify_symmetric`).
+    """
+    ranks = math.prod(shape)
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    canon = {r: canonical_order(p) for r, p in programs.items()}
+    if 0 not in canon or any(n > 1 and stride not in canon for n, stride in zip(shape, strides)):
+        return None
+    skeleton = _skeleton(canon[0])
+    if any(_skeleton(p) != skeleton for p in canon.values()):
+        return None
+    values = {r: np.array(_fields(p, ranks, limits)[0], dtype=np.int64) for r, p in canon.items()}
+    moduli = np.array(_fields(canon[0], ranks, limits)[1], dtype=np.int64)
+    coefs = np.zeros((len(shape), len(moduli)), dtype=np.int64)
+    for d, (n, stride) in enumerate(zip(shape, strides)):
+        if n > 1:
+            coefs[d] = (values[stride] - values[0]) % moduli
+    offsets = values[0]
+    for r, found in values.items():
+        coords = np.array([(r // stride) % n for n, stride in zip(shape, strides)], dtype=np.int64)
+        if not np.array_equal((offsets + coords @ coefs) % moduli, found):
+            return None
+    return Symmetry(shape, (_template(canon[0], offsets, coefs),), ((0, ranks),), limits)
 
 
 #: How operations that may run in either order are ordered (see :func:`canonical_order`): receives, sends, local.

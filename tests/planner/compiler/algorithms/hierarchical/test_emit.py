@@ -141,3 +141,54 @@ def test_direct_levels_on_random_topologies(topology: Topology, data: st.DataObj
     verify_lowering(schedule, lower(schedule, data.draw(st.integers(1, 8))))
     time_s = evaluator.simulate(schedule).time_s
     assert time_s >= evaluator.lower_bound(collective).time_s * (1 - 1e-9)
+
+
+# --------------------------------------------------------------------------- built as one class
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "allgather", "reducescatter"])
+def test_a_large_sprayed_schedule_is_built_as_the_class_every_rank_would_make(
+        collective: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The small sprayed fat-tree, its schedule built from the few ranks that fit one class: the form that
+    symmetrizing every rank's program gives, proved by class; a reduce-scatter in the virtual layout (many
+    classes) is built rank by rank."""
+    from tests.planner.analysis.test_automorphisms import small_fattree
+    from topocc.planner.analysis.verify import verify
+    from topocc.planner.analysis.verify_symmetric import verify_by_class
+    from topocc.planner.compiler.algorithms.hierarchical import emit
+    from topocc.planner.compiler.symmetrize import grid_shapes, symmetrize
+
+    topo = small_fattree()
+    net = Network(topo)
+    options = Options(size_bytes=64 << 20)
+    full = hierarchical(net, collective, options)
+    assert full.symmetry is None and not emit.builds_by_class(net)
+    monkeypatch.setattr(emit, "CLASS_BUILD_MIN_RANKS", 64)
+    assert emit.builds_by_class(net)
+    built = hierarchical(net, collective, options)
+    want = symmetrize(full, grid_shapes(topo))
+    if collective == "reducescatter":  # the fit fails: built rank by rank, as before
+        assert built.symmetry is None and built == full
+        assert want.symmetry is not None and len(want.symmetry.templates) > 1
+        return
+    assert built.symmetry == want.symmetry and built.metadata == full.metadata
+    report = verify_by_class(built)
+    assert report is not None and report == verify(full)
+
+
+def test_one_class_is_refused_where_a_witness_disagrees() -> None:
+    from tests.runtime.test_symmetric import ring
+    from topocc.planner.compiler.symmetrize import canonical_order, fitting_ranks, one_class
+
+    form = ring(8)
+    assert form.symmetry is not None
+    ranks = fitting_ranks((8,))
+    programs = {r: form.programs[r] for r in ranks}
+    fitted = one_class(programs, (8,), dict(form.symmetry.limits))
+    assert fitted is not None  # every rank's program, in canonical order
+    assert all(fitted.program(r) == canonical_order(form.programs[r]) for r in range(8))
+    odd = max(ranks)
+    programs[odd] = programs[odd][:-1]  # a witness with an operation fewer
+    assert one_class(programs, (8,), dict(form.symmetry.limits)) is None
+    del programs[1]  # the neighbour that gives the coefficient
+    assert one_class({r: form.programs[r] for r in ranks - {1}}, (8,), dict(form.symmetry.limits)) is None

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from topocc.planner.analysis.automorphisms import has_symmetries
 from topocc.planner.compiler.algorithms._order import Send, chunk_runs
 from topocc.planner.compiler.algorithms.hierarchical.channels import CHANNEL_CHOICES, spread_channels
 from topocc.planner.compiler.algorithms.hierarchical.decisions import (
@@ -26,12 +27,13 @@ from topocc.planner.compiler.algorithms.hierarchical.levels import Stage, Virtua
 from topocc.planner.compiler.algorithms.hierarchical.waves import waves
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.compiler.options import Options
+from topocc.planner.compiler.symmetrize import fitting_ranks, grid_shapes
 from topocc.planner.routing.network import Network
 from topocc.planner.routing.relay import relays
 from topocc.runtime.collective import ALLREDUCE
 from topocc.runtime.schedule import Chunk, Schedule
 
-__all__ = ["build_schedule"]
+__all__ = ["CLASS_BUILD_MIN_RANKS", "build_schedule", "builds_by_class"]
 
 
 def build_schedule(net: Network, collective: str, options: Options, levels: Sequence[Stage],
@@ -42,7 +44,28 @@ def build_schedule(net: Network, collective: str, options: Options, levels: Sequ
     plan = plan_slicing(job)
     shape = plan_shape(job, plan)
     blocks = virtual_blocks(job.levels, job.p)
-    return _Emitter(job, plan, shape, blocks).build(_metadata(job, plan, shape, blocks))
+    meta = _metadata(job, plan, shape, blocks)
+    if builds_by_class(net):
+        for grid in grid_shapes(net.topology):
+            form = _Emitter(job, plan, shape, blocks, fitting_ranks(grid)).build_class(meta, grid)
+            if form is not None:
+                return form
+    return _Emitter(job, plan, shape, blocks).build(meta)
+
+
+#: From this many ranks, on a sprayed fabric with symmetries, the schedule is built for a few ranks and
+#: fitted as one class of the symmetric form (:func:`builds_by_class`).
+CLASS_BUILD_MIN_RANKS = 1024
+
+
+def builds_by_class(net: Network) -> bool:
+    """Whether to build the schedule as one class, from the programs of the few ranks that fit it
+    (:func:`~topocc.planner.compiler.symmetrize.one_class`), before building every rank's: on a large sprayed
+    fabric with symmetries (:func:`~topocc.planner.analysis.automorphisms.has_symmetries`), where the
+    compiler keeps and times the symmetric form anyway and every rank's program would cost most of the
+    compile.  The form so fitted is what is proved, timed and written."""
+    topo = net.topology
+    return topo.size >= CLASS_BUILD_MIN_RANKS and topo.routing == "spray" and has_symmetries(net)
 
 
 def _metadata(job: Job, plan: Slicing, shape: SliceShape, blocks: VirtualBlocks) -> dict[str, Any]:
@@ -82,8 +105,10 @@ class _Emitter:
     window keeps the order, and this would only stall it.
     """
 
-    def __init__(self, job: Job, plan: Slicing, shape: SliceShape, blocks: VirtualBlocks) -> None:
+    def __init__(self, job: Job, plan: Slicing, shape: SliceShape, blocks: VirtualBlocks,
+                 focus: frozenset[int] | None = None) -> None:
         self.job, self.plan, self.shape, self.blocks = job, plan, shape, blocks
+        self.focus = focus  # the ranks whose programs are written (None: all)
         self.p, self.units, self.offsets = job.p, shape.units, shape.offsets
         phases, levels = job.phases, job.levels
         first_step, at = [], 0
@@ -123,12 +148,12 @@ class _Emitter:
         kind, p, units = self.job.kind, self.p, self.units
         relay = relays(self.job.net)  # a stage's pairs without a GPU-free route go through other GPUs
         if kind.gathers:
-            b = ScheduleBuilder(kind.name, p, units, p * units, relay=relay)
+            b = ScheduleBuilder(kind.name, p, units, p * units, relay=relay, focus=self.focus)
             for r in range(p):
                 b.copy(r, Chunk("i", 0, units), Chunk("o", r * units, units))
             return b
         b = ScheduleBuilder(kind.name, p, p * units, p * units if kind is ALLREDUCE else units,
-                            scratch_chunks=self.slot_base + self._slot_chunks(), relay=relay)
+                            scratch_chunks=self.slot_base + self._slot_chunks(), relay=relay, focus=self.focus)
         for r in range(p):
             b.copy(r, Chunk("i", 0, p * units), Chunk(self.buffer, 0, p * units))
         return b
@@ -169,6 +194,15 @@ class _Emitter:
 
     def build(self, meta: dict[str, Any]) -> Schedule:
         """Every phase of every slice, then a reduce-scatter's results into place."""
+        self.emit_all()
+        return self.b.build("hierarchical", meta)
+
+    def build_class(self, meta: dict[str, Any], grid: tuple[int, ...]) -> Schedule | None:
+        """:meth:`build` for the focus ranks, fitted as one class over ``grid`` (None where they are not)."""
+        self.emit_all()
+        return self.b.build_class("hierarchical", grid, meta)
+
+    def emit_all(self) -> None:
         self.emit_phases()
         if self.job.kind.scatters and self.plan.contiguous:
             self.hand_on_sums()
@@ -176,7 +210,6 @@ class _Emitter:
             for r in range(self.p):
                 self.b.copy(r, Chunk("s", r * self.units, self.units), Chunk("o", 0, self.units),
                             step=self.steps_total)
-        return self.b.build("hierarchical", meta)
 
     def emit_phases(self) -> None:
         """The phases as a wavefront: slice ``j``'s phase ``f`` in round ``j + delay[f]``."""
@@ -207,7 +240,10 @@ class _Emitter:
         span = self.job.spans[si]
         sub = span // self.job.levels[si].size  # virtual blocks per part
         base = self.blocks.block[g[0]] // span * span
+        focus = self.focus
         for i, k, a, e in step:
+            if focus is not None and g[i] not in focus and g[k] not in focus:
+                continue  # neither end's program is written
             gate = self._gate(g[i], f, j, w, t)
             channel = self.channels[(f, g[i], g[k])]
             refs = self.refs(j, base + a * sub, base + e * sub, wave)
