@@ -45,11 +45,14 @@ def build_schedule(net: Network, collective: str, options: Options, levels: Sequ
     shape = plan_shape(job, plan)
     blocks = virtual_blocks(job.levels, job.p)
     meta = _metadata(job, plan, shape, blocks)
-    if builds_by_class(net):
-        for grid in grid_shapes(net.topology):
-            form = _Emitter(job, plan, shape, blocks, fitting_ranks(grid)).build_class(meta, grid)
-            if form is not None:
-                return form
+    # a reduce-scatter in the virtual layout hands its sums on to their owners: many classes, never one
+    if builds_by_class(net) and not (job.kind.scatters and plan.contiguous):
+        # the finest grid: a formula affine in a level's position is affine in the position's factors too
+        grid = grid_shapes(net.topology)[0]
+        emitter = _Emitter(job, plan, shape, blocks, fitting_ranks(grid))
+        form = emitter.build_class(meta, grid) if emitter.routed() else None
+        if form is not None:
+            return form
     return _Emitter(job, plan, shape, blocks).build(meta)
 
 
@@ -197,6 +200,18 @@ class _Emitter:
         self.emit_all()
         return self.b.build("hierarchical", meta)
 
+    def routed(self) -> bool:
+        """Whether every pair of ranks that a phase joins has a route, so that no message is relayed through a
+        third rank (a focused build skips the groups without a focus rank, and any relaying for them)."""
+        job, has_route = self.job, self.job.net.has_route
+        for phase in job.phases:
+            groups = job.levels[phase.level].groups
+            for step in self.plan.steps[phase]:
+                for i, k, _, _ in step:
+                    if not all(has_route(g[i], g[k]) for g in groups):
+                        return False
+        return True
+
     def build_class(self, meta: dict[str, Any], grid: tuple[int, ...]) -> Schedule | None:
         """:meth:`build` for the focus ranks, fitted as one class over ``grid`` (None where they are not)."""
         self.emit_all()
@@ -227,10 +242,11 @@ class _Emitter:
         phase = self.job.phases[f]
         s = self.job.levels[phase.level]
         group_waves = [self.order.get((f, g[0]), [None]) for g in s.groups]
+        focus = self.focus
         for w in range(max(map(len, group_waves))):
             for t, step in enumerate(self.plan.steps[phase]):
                 for g, gw in zip(s.groups, group_waves):
-                    if w < len(gw):
+                    if w < len(gw) and (focus is None or not focus.isdisjoint(g)):
                         self._group_step(f, j, w, t, step, g, gw[w])
 
     def _group_step(self, f: int, j: int, w: int, t: int, step: list[Send], g: tuple[int, ...],
