@@ -319,12 +319,12 @@ def bundle_cmd(topology: str, output: str, collectives: tuple[str, ...], size: t
 def verify_cmd(schedule: str, as_json: bool) -> None:
     """Prove that SCHEDULE implements its collective (exit 0 only if it does)."""
     # loaded on use: every command starts without the others' modules
-    from topocc.planner.analysis.verify import verify
+    from topocc.planner.analysis.verify_symmetric import prove
     from topocc.planner.report.summary import verify_summary
     from topocc.runtime.schedule import load_schedule
 
     loaded = load_schedule(schedule)
-    _emit(verify_summary(loaded, verify(loaded)), as_json)
+    _emit(verify_summary(loaded, prove(loaded)), as_json)
 
 
 @cli.command("simulate")
@@ -434,12 +434,12 @@ def import_cmd(source: str, output: str) -> None:
 def export_cmd(schedule: str, fmt: str, proto: str, name: str | None, output: str | None) -> None:
     """Export SCHEDULE as MSCCL XML (loadable by MSCCL and RCCL)."""
     # loaded on use: every command starts without the others' modules
-    from topocc.planner.analysis.verify import verify
+    from topocc.planner.analysis.verify_symmetric import prove
     from topocc.planner.formats import export_msccl
     from topocc.runtime.schedule import load_schedule
 
     loaded = load_schedule(schedule)
-    verify(loaded)
+    prove(loaded)
     meta = loaded.metadata
     xml = export_msccl(loaded, proto=proto, name=name, min_bytes=meta.min_bytes, max_bytes=meta.max_bytes)
     if output:

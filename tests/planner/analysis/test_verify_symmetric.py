@@ -11,7 +11,7 @@ import pytest
 
 from tests.runtime.test_symmetric import ring
 from topocc.planner.analysis.verify import verify
-from topocc.planner.analysis.verify_symmetric import verify_by_class
+from topocc.planner.analysis.verify_symmetric import prove, verify_by_class
 from topocc.planner.compiler.compile import compile_schedule
 from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.symmetrize import grid_shapes, symmetrize
@@ -23,8 +23,7 @@ from topocc.runtime.schedule import Schedule, load_schedule
 from topocc.runtime.symmetric import Formula, SymmetricPrograms, Symmetry, TemplateOp, TemplateRef
 
 SCHEDULES = Path(__file__).resolve().parents[3] / "schedules"
-FABRICS = ["dgx2-2chassis", "dgx-a100-4node", "emu-racks", "ibm-s822lc-48x4", "ndv2-2chassis", "torus-4x4",
-           "mesh-4x4"]
+FABRICS = ["dgx2-2chassis", "dgx-a100-4node", "emu-racks", "ndv2-2chassis", "torus-4x4", "mesh-4x4"]
 ALGORITHMS = ["ring", "halving-doubling", "hierarchical"]
 COLLECTIVES = ["allreduce", "allgather", "reducescatter"]
 
@@ -46,17 +45,17 @@ def test_by_class_proves_what_every_rank_proves(fabric: str) -> None:
     by_class = 0
     for algorithm in ALGORITHMS:
         for collective in COLLECTIVES:
-            if fabric == "ibm-s822lc-48x4" and (algorithm, collective) != ("ring", "allreduce"):
-                continue  # 192 ranks: seconds to a minute each to compile and prove rank by rank
+            if fabric in ("dgx2-2chassis", "dgx-a100-4node") and algorithm == "ring":
+                continue  # no symmetric form, and the longest compiles
             form = symmetric(fabric, algorithm, collective)
             if form is None:
                 continue
-            full = verify(form, by_class=False)
+            full = verify(form)
             report = verify_by_class(form)
             if report is not None:
                 by_class += 1
                 assert report == full, (algorithm, collective)
-            assert verify(form) == full
+            assert prove(form) == full
     if fabric != "mesh-4x4":  # a mesh's edges leave its programs no translation
         assert by_class >= 1
 
@@ -71,7 +70,7 @@ def test_shipped_fattree_is_proved_with_one_representative() -> None:
 
 def test_a_ring_is_proved_by_one_rank() -> None:
     report = verify_by_class(ring(8))
-    assert report == verify(ring(8), by_class=False)
+    assert report == verify(ring(8))
 
 
 # --------------------------------------------------------------------------- broken in one place
@@ -129,10 +128,10 @@ def test_a_broken_schedule_is_refused_by_class_as_rank_by_rank(case: tuple[str, 
     refused = 0
     for what, broken in _breakages(schedule):
         with pytest.raises((VerificationError, ScheduleFormatError)):  # a rank's program may not even build
-            verify(broken, by_class=False)
+            verify(broken)
         try:
             report = verify_by_class(broken)
-        except VerificationError:
+        except (VerificationError, ScheduleFormatError):  # the latter as the loader words a rank it refuses
             refused += 1
             continue
         assert report is None, what  # never a proof of a broken schedule; at most no proof by class

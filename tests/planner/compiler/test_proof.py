@@ -81,9 +81,9 @@ def test_a_symmetric_form_is_proved_by_class_else_its_built_schedule_rank_by_ran
     monkeypatch.setattr(proof_module, "PARALLEL_VERIFY_OPS", 10**9)  # inline, to see what it proves
     monkeypatch.setattr(proof_module, "verify_by_class", lambda schedule: None)  # a form it cannot prove by class
 
-    def recorded(schedule: Schedule, by_class: bool = True) -> VerifyReport:
+    def recorded(schedule: Schedule) -> VerifyReport:
         proved.append(schedule)
-        return verify(schedule, by_class)
+        return verify(schedule)
 
     monkeypatch.setattr(proof_module, "verify", recorded)
     assert Proof(form, built).result() == verify(built)

@@ -497,12 +497,10 @@ def _land(schedule: Schedule, rank: int, k: int, recv: Op, mem: _Memory, payload
     mem.write(recv.dst, payload)
 
 
-def verify(schedule: Schedule, by_class: bool = True) -> VerifyReport:
-    """Prove that ``schedule`` implements its collective; raise :class:`VerificationError` if not.
-
-    A schedule in the symmetric form is proved one rank per orbit of its symmetries where it has some
-    (:mod:`~topocc.planner.analysis.verify_symmetric`), without building every rank's program; with
-    ``by_class`` False, or where it has none, every rank's program is run.
+def verify(schedule: Schedule) -> VerifyReport:
+    """Prove that ``schedule`` implements its collective, every rank's program; raise
+    :class:`VerificationError` if not.  :func:`~topocc.planner.analysis.verify_symmetric.prove` proves a
+    schedule in the symmetric form one rank per orbit of its symmetries where it can.
 
     >>> from topocc.planner.compiler.algorithms import compile_schedule  # doctest: +SKIP
     >>> verify(compile_schedule(topology, "allreduce", "ring"))  # doctest: +SKIP
@@ -512,12 +510,6 @@ def verify(schedule: Schedule, by_class: bool = True) -> VerifyReport:
     collecting = gc.isenabled()
     gc.disable()
     try:
-        if by_class and schedule.symmetry is not None:
-            from topocc.planner.analysis.verify_symmetric import verify_by_class  # it builds on this module
-
-            report = verify_by_class(schedule)
-            if report is not None:
-                return report
         return _verify(schedule)
     finally:
         if collecting:

@@ -52,17 +52,25 @@ from topocc.planner.analysis.verify import (
     _run_local,
     _uninitialised,
     _values,
+    verify,
 )
 from topocc.runtime.collective import ALLGATHER, ALLREDUCE, REDUCESCATTER
 from topocc.runtime.schedule import BUFFERS, Chunk, Op, Schedule
 from topocc.runtime.symmetric import Field, Formula, Symmetry, TemplateRef
 
-__all__ = ["verify_by_class"]
+__all__ = ["prove", "verify_by_class"]
 
 #: Operations whose chunks travel in a message: the chunks of each rank go onto its image's in order.
 _MESSAGE_KINDS = frozenset({"send", "recv", "recv_reduce"})
 #: The collectives whose initial and final values a digit translation can keep.
 _BY_CLASS = (ALLREDUCE, ALLGATHER, REDUCESCATTER)
+
+
+def prove(schedule: Schedule) -> VerifyReport:
+    """Prove ``schedule``: by class where it is in the symmetric form and has symmetries this proof can use,
+    else every rank's program (:func:`~topocc.planner.analysis.verify.verify`); the same report either way."""
+    found = verify_by_class(schedule) if schedule.symmetry is not None else None
+    return found if found is not None else verify(schedule)
 
 
 def verify_by_class(schedule: Schedule) -> VerifyReport | None:
@@ -135,30 +143,28 @@ class _Grid:
 
     def check_ranges(self, schedule: Schedule) -> None:
         """Every rank's operations name another rank and chunks inside their buffers (what the loader checks
-        of a rank's program as it builds it, here for every rank at once)."""
+        of a rank's program as it builds it, here for every rank at once).  Where one does not, the first such
+        rank's program is built, which raises the loader's error."""
         ranks, strides = self.sym.ranks, self.strides.tolist()
+        first = ranks
         for cls, template in enumerate(self.sym.templates):
-            for k, t in enumerate(template):
+            for t in template:
                 if t.peer is not None:
                     points = self.points(cls, [t.peer], steps=strides)  # the digits where peer and rank differ
-                    bad = np.flatnonzero(self.value(t.peer, points, ranks) == points @ self.strides)
-                    if bad.size:
-                        rank = int(points[bad[0]] @ self.strides)
-                        raise _fail(schedule, f"rank {rank} op {k} (class {cls}): a {t.kind} to itself",
-                                    fix="use copy or reduce for local data")
+                    own = points @ self.strides
+                    bad = own[self.value(t.peer, points, ranks) == own]
+                    first = min(first, int(bad.min(initial=ranks)))
                 for ref in (t.src, t.dst):
-                    if ref is None:
-                        continue
-                    limit = self.limits.get(ref.buffer, 0)
-                    if limit < 1:
-                        raise _fail(schedule, f"class {cls} op {k}: buffer {ref.buffer!r} has no chunks")
-                    points = self.points(cls, [ref.index])
-                    bad = np.flatnonzero(self.value(ref.index, points, limit) + ref.count > limit)
-                    if bad.size:
-                        rank = int(points[bad[0]] @ self.strides)
-                        raise _fail(schedule, f"rank {rank} op {k} (class {cls}): chunk reference into "
-                                              f"{ref.buffer!r} runs past its {limit} chunks")
-
+                    if ref is not None:
+                        limit = self.limits[ref.buffer]
+                        points = self.points(cls, [ref.index])
+                        bad = (points @ self.strides)[self.value(ref.index, points, max(limit, 1)) + ref.count > limit]
+                        first = min(first, int(bad.min(initial=ranks)))
+        if first < ranks:
+            # a point stands for the ranks of its class that agree with it on the digits the formula reads, and
+            # is the least of them (the others 0): ``first`` is the first rank the loader would refuse
+            schedule.programs[first]  # raises ScheduleFormatError, naming the file and the operation
+            raise _fail(schedule, f"rank {first}'s program is not valid")
 
 class _Group:
     """The digit translations kept as symmetries, each with its chunk permutations, and the orbits they make."""
