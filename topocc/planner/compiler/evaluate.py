@@ -55,15 +55,8 @@ def _link_time_by_class(net: Network, schedule: Schedule, cb: float, orbits: Orb
     (the symmetries map each onto the others), so each carries its orbit's load over its link count."""
     topo = net.topology
     index = {(link.src, link.dst): k for k, link in enumerate(topo.links)}
-    volume: dict[tuple[int, int, int], int] = {}
-    for rank in orbits.reps:
-        for op in schedule.programs[rank]:
-            if op.kind == "send":
-                assert op.peer is not None
-                connection = (rank, op.peer, op.channel)
-                volume[connection] = volume.get(connection, 0) + op.count
     load = np.zeros(len(orbits.link_count))
-    for (a, b, channel), chunks in volume.items():
+    for (a, b, channel), chunks in connection_chunks(schedule, orbits.reps).items():
         if not net.has_route(a, b):
             continue  # the simulator refuses the schedule; it says why
         for key, share in net.route_shares(a, b, channel).items():

@@ -11,7 +11,7 @@ import multiprocessing
 import multiprocessing.connection
 
 from topocc.planner.analysis.verify import VerifyReport, verify
-from topocc.planner.analysis.verify_symmetric import prove, verify_by_class
+from topocc.planner.analysis.verify_symmetric import verify_by_class
 from topocc.planner.errors import VerificationError
 from topocc.runtime.schedule import Schedule
 
@@ -74,10 +74,8 @@ class Proof:
 
     def prove(self) -> VerifyReport:
         """The proof, in this process: by class where the symmetric form allows, else rank by rank."""
-        if self.built is None or self.built is self.schedule:
-            return prove(self.schedule)
         found = verify_by_class(self.schedule)
-        return found if found is not None else verify(self.built)
+        return found if found is not None else verify(self.schedule if self.built is None else self.built)
 
 
 def _prove_to(conn: multiprocessing.connection.Connection, proof: Proof) -> None:

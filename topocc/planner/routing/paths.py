@@ -21,6 +21,7 @@ connections of a schedule do not collide on a few uplinks while others idle.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 
 from topocc.planner.errors import SimulationError
@@ -39,11 +40,12 @@ CHANNEL_CHOICES = 32
 SPREAD_LOOKUPS = 20_000
 
 
-def connection_chunks(schedule: Schedule) -> dict[tuple[int, int, int], int]:
-    """Chunks sent on each connection ``(src, dst, channel)`` of ``schedule``, in order of first use."""
+def connection_chunks(schedule: Schedule, ranks: Iterable[int] | None = None) -> dict[tuple[int, int, int], int]:
+    """Chunks sent on each connection ``(src, dst, channel)`` of ``schedule`` (from ``ranks`` only, where
+    given), in order of first use."""
     volume: dict[tuple[int, int, int], int] = {}
-    for rank, program in enumerate(schedule.programs):
-        for op in program:
+    for rank in range(schedule.ranks) if ranks is None else ranks:
+        for op in schedule.programs[rank]:
             if op.kind == "send":
                 key: tuple[int, int, int] = (rank, op.peer, op.channel)
                 volume[key] = volume.get(key, 0) + op.count
