@@ -35,8 +35,14 @@ from topocc.runtime.schedule import (
     operation,
 )
 
-__all__ = ["Formula", "SymmetricPrograms", "Symmetry", "TemplateOp", "TemplateRef", "parse_symmetry",
+__all__ = ["Formula", "SymmetricPrograms", "Symmetry", "TemplateOp", "TemplateRef", "grid_strides", "parse_symmetry",
            "symmetry_to_json"]
+
+
+def grid_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Each dimension's stride in the row-major grid ``shape``: rank ``r``'s coordinate ``d`` is
+    ``r // strides[d] % shape[d]``."""
+    return tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import pytest
 
 from tests.planner.analysis.test_simulate import ring_topology
 from tests.runtime.test_symmetric import ring
-from topocc.planner.analysis.automorphisms import _FABRIC, has_symmetries, schedule_orbits
+from topocc.planner.analysis.automorphisms import _FABRIC, has_symmetries, pair_key, pair_orbits, schedule_orbits
 from topocc.planner.analysis.simulate import SimResult, _bound, simulate, simulate_within
 from topocc.planner.compiler import evaluate
 from topocc.planner.compiler.compile import Compiled, compile_schedule
@@ -244,3 +244,49 @@ def test_compile_times_a_large_schedule_in_the_form_it_writes() -> None:
         patch.setattr(evaluate, "BY_CLASS_MIN_OPS", 0)
         assert evaluate.by_class_may_pay(net, plain)
         assert not evaluate.by_class_may_pay(Network(small_fattree().with_routing("ecmp")), plain)
+
+
+# --------------------------------------------------------------------------- rank pairs by orbit
+
+
+@pytest.mark.parametrize("name", ["small-fattree", "emu-racks", "ibm-s822lc-48x4", "dgx-a100-4node"])
+def test_a_pair_routes_as_its_orbits_representative_does(name: str) -> None:
+    """A pair and its :func:`pair_key` have routes alike (one or none, equal costs, paths decided by the
+    shape alike, the same bandwidth and shares where they are); the key is a representative (its own key)."""
+    topo = small_fattree() if name == "small-fattree" else resolve_topology(name)
+    net = Network(topo)
+    key = pair_key(net)
+    assert key is not None and has_symmetries(net)
+    n = topo.size
+    reps = set()
+    for a in range(n):
+        for b in range(0, n, 3):
+            rep = key(a, b)
+            reps.add(rep)
+            assert key(*rep) == rep
+            assert net.has_route(a, b) == net.has_route(*rep)
+            if a == b or not net.has_route(a, b):
+                continue
+            assert net.route_cost(a, b) == pytest.approx(net.route_cost(*rep), rel=1e-12)
+            assert net.routed_by_shape(a, b) == net.routed_by_shape(*rep)
+            if net.routed_by_shape(a, b):
+                assert net.route_bandwidth(a, b) == net.route_bandwidth(*rep)
+                assert sorted(net.route_shares(a, b).values()) == sorted(net.route_shares(*rep).values())
+    assert len({a for a, _ in reps}) < n  # some sources stand for others
+    if name == "small-fattree":
+        assert {a for a, _ in reps} == {0}  # racks, hosts and GPUs all move: one source for all
+
+
+def test_the_translations_that_keep_a_steps_pairs() -> None:
+    """:func:`pair_orbits` keeps the translations that carry the weighted pairs onto themselves: a ring over
+    each host's GPUs moves with all of them; halving-doubling's first step (GPU ``g`` with ``g ^ 1``) not with
+    the GPUs' own translation, only with the hosts' and racks'; pairs of unequal weights with none."""
+    net = Network(small_fattree())
+    ranks = np.arange(64)
+    ring_pairs = pair_orbits(net, ranks, ranks // 8 * 8 + (ranks + 1) % 8, np.ones(64))
+    assert ring_pairs is not None and {ring_pairs.key(a, (a + 1) % 8 + a // 8 * 8)[0] for a in range(64)} == {0}
+    flipped = pair_orbits(net, ranks, ranks ^ 1, np.ones(64))
+    assert flipped is not None and {flipped.key(a, a ^ 1)[0] for a in range(64)} == set(range(8))
+    assert sum(flipped.count) == len(net.topology.links)
+    uneven = pair_orbits(net, ranks, ranks ^ 1, ranks.astype(float))
+    assert uneven is None

@@ -9,6 +9,7 @@ import zlib
 
 import pytest
 
+from benchmarks.fabrics import rail_optimized
 from tests.planner.topology.test_topology import ROOT, grid, load, two_paths
 from topocc.planner.routing.network import Memo, Network, ecmp_hash
 from topocc.planner.topology.parse import parse_topology_text
@@ -235,3 +236,20 @@ def test_a_memo_is_built_once_per_network_and_a_reversed_network_once() -> None:
     one_way = Network(load("ndv2-2chassis.yaml"))
     assert one_way.reversed() is one_way.reversed() is not one_way
     assert one_way.reversed().topology.links[0].src == one_way.topology.links[0].dst
+
+
+@pytest.mark.parametrize("name", ["dgx1-v100.yaml", "dgx2-2chassis.yaml", "ndv2-2chassis.yaml", "torus-4x4.yaml",
+                                  "ibm-s822lc-48x4.yaml", "emu-racks.yaml", "rail-only"])
+def test_a_route_exists_where_the_route_search_finds_one(name: str) -> None:
+    """Whether a pair has a route is read from the parts of the fabric its ends touch where every link has a
+    reverse (no search from the source), and from the search elsewhere (the 2-chassis boxes' one-way
+    links): both say what the search says, for every pair, also where rails without spines leave pairs
+    across rails none."""
+    topo = rail_optimized(4, spines=0).topology() if name == "rail-only" else load(name)
+    net = Network(topo)
+    searched = Network(topo)
+    searched._fabric_parts = None  # the cached property, set: the search decides
+    found = [[net.has_route(a, b) for b in range(topo.size)] for a in range(topo.size)]
+    assert found == [[searched.has_route(a, b) for b in range(topo.size)] for a in range(topo.size)]
+    assert (net._fabric_parts is None) == (name in ("dgx2-2chassis.yaml", "ndv2-2chassis.yaml"))
+    assert all(map(all, found)) == (name not in ("rail-only", "dgx2-2chassis.yaml", "ndv2-2chassis.yaml"))

@@ -29,9 +29,10 @@ import numpy as np
 
 from topocc.planner.routing.network import Memo, Network
 from topocc.runtime.schedule import Schedule
-from topocc.runtime.symmetric import Formula, Symmetry
+from topocc.runtime.symmetric import Formula, Symmetry, grid_strides
 
-__all__ = ["Commuting", "Orbits", "has_symmetries", "schedule_orbits"]
+__all__ = ["Commuting", "Orbits", "PairKey", "PairOrbits", "has_symmetries", "pair_key", "pair_orbits",
+           "schedule_orbits"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,23 +97,120 @@ def has_symmetries(net: Network) -> bool:
     """Whether a translation of the topology's hierarchy (one of racks, hosts or GPUs moved by one) extends to
     an automorphism of the network: where none does (a mesh's edges, a host unlike the others) no schedule
     is replayed by class, and a compiler need not look for its symmetric form to time it."""
-    return net.memo(_SYMMETRIC)
+    return net.memo(_PAIRS) is not None
 
 
-def _symmetric(net: Network) -> bool:
+class PairKey:
+    """A representative of a rank pair's orbit under the translations of the topology's hierarchy that are
+    automorphisms of the network: the pair moved so that its first rank's translated digits are zero.
+
+    Whatever the network's shape alone decides (whether a pair has a route, its cost, its paths where
+    :meth:`~topocc.planner.routing.network.Network.routed_by_shape` holds, and their bandwidth) is the same
+    for a pair and its representative, so it is computed once per orbit.
+    """
+
+    def __init__(self, digits: list[tuple[int, int]]) -> None:
+        self.digits = digits  # (stride, size) of each translated digit
+
+    def __call__(self, a: int, b: int) -> tuple[int, int]:
+        for stride, n in self.digits:
+            da = (a // stride) % n
+            if da:
+                db = (b // stride) % n
+                a -= da * stride
+                b += ((db - da) % n - db) * stride
+        return a, b
+
+
+def pair_key(net: Network) -> PairKey | None:
+    """The network's :class:`PairKey`, or None where no translation of its hierarchy is an automorphism."""
+    return net.memo(_PAIRS)
+
+
+def _pair_key(net: Network) -> PairKey | None:
+    digits = net.memo(_DIGITS)
+    return PairKey([(d.stride, d.size) for d in digits]) if digits else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Digit:
+    """A digit of the hierarchy whose translation by one is an automorphism: its stride and size, and the
+    translation's permutations of the ranks and of the links."""
+
+    stride: int
+    size: int
+    perm: np.ndarray
+    link_perm: np.ndarray
+
+
+def _digits(net: Network) -> list[_Digit]:
     fabric = net.memo(_FABRIC)
-    return any(fabric.extend(perm) is not None for perm in _translations(net.topology.levels))
+    out = []
+    for stride, n, perm in _digit_translations(net.topology.levels):
+        link_perm = fabric.extend(perm)
+        if link_perm is not None and fabric.keeps_hosts(link_perm):
+            out.append(_Digit(stride, n, perm, link_perm))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class PairOrbits:
+    """The orbits of rank pairs (``key``) and of links under a group of the hierarchy's translations that are
+    automorphisms of the network: ``orbit(link)`` numbers a link's orbit (by its ends' names), ``count`` holds
+    each orbit's number of links."""
+
+    key: PairKey
+    link_index: dict[tuple[str, str], int]
+    link_orbit: np.ndarray
+    count: np.ndarray
+
+    def orbit(self, link: tuple[str, str]) -> int:
+        return int(self.link_orbit[self.link_index[link]])
+
+
+def pair_orbits(net: Network, src: np.ndarray, dst: np.ndarray, amount: np.ndarray) -> PairOrbits | None:
+    """The orbits under the translations of the hierarchy that are automorphisms of ``net`` and carry the
+    pairs ``src[i] -> dst[i]``, each with its ``amount``, onto themselves as a multiset; None where none does.
+
+    Under such a group the pairs put equal loads on every link of a link orbit wherever each pair's routes
+    are carried onto its image's (:meth:`~topocc.planner.routing.network.Network.routed_by_shape`).
+    """
+    digits = net.memo(_DIGITS)
+    order = np.lexsort((amount, dst, src))
+    want = (src[order], dst[order], amount[order])
+    kept = []
+    for i, d in enumerate(digits):
+        moved_src, moved_dst = d.perm[src], d.perm[dst]
+        image = np.lexsort((amount, moved_dst, moved_src))
+        if all(np.array_equal(x[image], y) for x, y in zip((moved_src, moved_dst, amount), want)):
+            kept.append(i)
+    if not kept:
+        return None
+    fabric = net.memo(_FABRIC)
+    found = fabric.pair_orbits.get(tuple(kept))
+    if found is None:
+        label = _orbit_labels(np.arange(len(fabric.link_ends)), [digits[i].link_perm for i in kept])
+        _, link_orbit, count = np.unique(label, return_inverse=True, return_counts=True)
+        found = fabric.pair_orbits[tuple(kept)] = PairOrbits(
+            PairKey([(digits[i].stride, digits[i].size) for i in kept]), fabric.link_index, link_orbit, count)
+    return found
 
 
 def _translations(shape: tuple[int, ...]) -> list[np.ndarray]:
     """Each digit's translation by one of the row-major grid ``shape``, as a permutation of its points."""
+    return [perm for _, _, perm in _digit_translations(shape)]
+
+
+def _digit_translations(shape: tuple[int, ...]) -> list[tuple[int, int, np.ndarray]]:
+    """Each digit of the row-major grid ``shape`` (its stride and size, innermost first) with its translation
+    by one, as a permutation of the grid's points."""
     points = np.arange(math.prod(shape))
     out = []
     stride = 1
     for n in reversed(shape):
         if n > 1:
             digit = (points // stride) % n
-            out.append(points + np.where(digit < n - 1, stride, -stride * (n - 1)))
+            out.append((stride, n, points + np.where(digit < n - 1, stride, -stride * (n - 1))))
         stride *= n
     return out
 
@@ -140,7 +238,7 @@ class Commuting:
         for start, (c, n) in zip(sym.starts, sym.runs):
             cls[start:start + n] = c
         self.cls = cls
-        strides = [math.prod(sym.shape[d + 1:]) for d in range(len(sym.shape))]
+        strides = grid_strides(sym.shape)
         self.coords = (np.arange(sym.ranks)[:, None] // np.array(strides)) % np.array(sym.shape)
         self.members = [np.flatnonzero(cls == c) for c in range(len(sym.templates))]
         self.peers = [list(dict.fromkeys(op.peer for op in template if op.peer is not None))
@@ -197,6 +295,10 @@ class _Fabric:
                 grouped.setdefault(sig, []).append(w)
             self.neighbours.append(mine)
             self.by_signature.append(grouped)
+        hosts = {name: h for h, name in enumerate(dict.fromkeys(d.host for d in topo.devices if d.host))}
+        self.host_id = np.array([hosts[d.host] if d.host else -1 for d in topo.devices], dtype=np.int64)
+        self.link_index = {(link.src, link.dst): k for k, link in enumerate(topo.links)}
+        self.pair_orbits: dict[tuple[int, ...], PairOrbits] = {}  # by the digits translated
         self.extended: dict[bytes, np.ndarray | None] = {}  # by rank permutation: the compiler times many schedules
         self.orbits: tuple[Symmetry, Orbits | None] | None = None  # the last symmetric form's orbits
 
@@ -207,6 +309,17 @@ class _Fabric:
         if key not in self.extended:
             self.extended[key] = self._extend(perm)
         return self.extended[key]
+
+    def keeps_hosts(self, link_perm: np.ndarray) -> bool:
+        """Whether the automorphism of ``link_perm`` carries the devices of each host onto those of one host
+        (and devices of no host onto such devices): what a translation of the hierarchy means to do, and
+        what lets a host's links out stand for its image's."""
+        ends = np.array(self.link_ends, dtype=np.int64).reshape(-1, 2)
+        image = np.empty(len(self.host_id), dtype=np.int64)
+        image[ends] = ends[link_perm]
+        pairs = np.unique(np.stack([self.host_id, self.host_id[image]]), axis=1)
+        return (len(np.unique(pairs[0])) == len(np.unique(pairs[1])) == pairs.shape[1]
+                and bool(((pairs[0] < 0) == (pairs[1] < 0)).all()))
 
     def _extend(self, perm: np.ndarray) -> np.ndarray | None:
         devices = len(self.neighbours)
@@ -245,5 +358,7 @@ class _Fabric:
 
 #: The network's devices and links as :meth:`_Fabric.extend` reads them (built once per network).
 _FABRIC = Memo("automorphisms: devices and links", _Fabric)
-#: Whether the network has a symmetry of its hierarchy (:func:`has_symmetries`).
-_SYMMETRIC = Memo("automorphisms: a symmetry of the hierarchy", _symmetric)
+#: The digits of the hierarchy whose translations are automorphisms of the network.
+_DIGITS = Memo("automorphisms: the hierarchy's symmetries", _digits)
+#: The orbits of rank pairs under the hierarchy's symmetries (:func:`pair_key`, :func:`has_symmetries`).
+_PAIRS = Memo("automorphisms: rank pair orbits", _pair_key)

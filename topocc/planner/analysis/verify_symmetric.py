@@ -56,7 +56,7 @@ from topocc.planner.analysis.verify import (
 )
 from topocc.runtime.collective import ALLGATHER, ALLREDUCE, REDUCESCATTER
 from topocc.runtime.schedule import BUFFERS, Chunk, Op, Schedule
-from topocc.runtime.symmetric import Field, Formula, Symmetry, TemplateRef
+from topocc.runtime.symmetric import Field, Formula, Symmetry, TemplateRef, grid_strides
 
 __all__ = ["prove", "verify_by_class"]
 
@@ -101,7 +101,7 @@ class _Grid:
         self.commuting = Commuting(sym)
         self.coords = self.commuting.coords
         self.members = self.commuting.members
-        self.strides = np.array([math.prod(sym.shape[d + 1:]) for d in range(len(sym.shape))], dtype=np.int64)
+        self.strides = np.array(grid_strides(sym.shape), dtype=np.int64)
 
     def value(self, f: Field, points: np.ndarray, modulus: int) -> np.ndarray:
         """``f`` at each of ``points`` (rows of coordinates)."""

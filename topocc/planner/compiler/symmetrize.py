@@ -18,13 +18,15 @@ from typing import Any
 
 import numpy as np
 
+from topocc.planner.analysis.automorphisms import has_symmetries
+from topocc.planner.routing.network import Network
 from topocc.planner.topology.model import Topology
 from topocc.runtime.plan import Plan
 from topocc.runtime.schedule import Op, Schedule, operation
-from topocc.runtime.symmetric import Field, Formula, SymmetricPrograms, Symmetry, TemplateOp, TemplateRef
+from topocc.runtime.symmetric import Field, Formula, SymmetricPrograms, Symmetry, TemplateOp, TemplateRef, grid_strides
 
-__all__ = ["SYMMETRIC_MIN_RANKS", "canonical_order", "fitting_ranks", "grid_shapes", "one_class", "symmetric_form",
-           "symmetric_plan", "symmetrize"]
+__all__ = ["CLASS_BUILD_MIN_RANKS", "SYMMETRIC_MIN_RANKS", "builds_by_class", "canonical_order", "fitting_ranks",
+           "grid_shapes", "one_class", "symmetric_form", "symmetric_plan", "symmetrize"]
 
 #: Schedules of fewer ranks are written rank by rank: their files are small either way.
 SYMMETRIC_MIN_RANKS = 64
@@ -102,11 +104,26 @@ def symmetrize(schedule: Schedule, shapes: Iterable[tuple[int, ...]]) -> Schedul
                     schedule.metadata, (), best)
 
 
+#: From this many ranks, on a sprayed fabric with symmetries, an algorithm that can builds its schedule for a
+#: few ranks and fits it as one class of the symmetric form (:func:`builds_by_class`).
+CLASS_BUILD_MIN_RANKS = 1024
+
+
+def builds_by_class(net: Network) -> bool:
+    """Whether to build a schedule as one class, from the programs of the few ranks that fit it
+    (:func:`fitting_ranks`, :func:`one_class`), before building every rank's: on a large sprayed fabric with
+    symmetries (:func:`~topocc.planner.analysis.automorphisms.has_symmetries`), where the compiler keeps and
+    times the symmetric form anyway and every rank's program would cost most of the compile.  The form so
+    fitted is what is proved, timed and written."""
+    topo = net.topology
+    return topo.size >= CLASS_BUILD_MIN_RANKS and topo.routing == "spray" and has_symmetries(net)
+
+
 def fitting_ranks(shape: tuple[int, ...]) -> frozenset[int]:
     """The ranks :func:`one_class` fits a class over ``shape`` from: rank 0, its neighbour along each
     dimension, and as witnesses the last rank and one a third of the way."""
     ranks = math.prod(shape)
-    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    strides = grid_strides(shape)
     return frozenset({0, ranks - 1, (ranks - 1) // 3, *(s for n, s in zip(shape, strides) if n > 1)})
 
 
@@ -120,7 +137,7 @@ def one_class(programs: dict[int, tuple[Op, ...]], shape: tuple[int, ...], limit
     and timed as such (:mod:`~topocc.planner.analysis.verify_symmetric`).
     """
     ranks = math.prod(shape)
-    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    strides = grid_strides(shape)
     canon = {r: canonical_order(p) for r, p in programs.items()}
     if 0 not in canon or any(n > 1 and stride not in canon for n, stride in zip(shape, strides)):
         return None
@@ -227,7 +244,7 @@ def _classes(programs: Sequence[Sequence[Op]], groups: list[list[int]], shape: t
     """The classes over ``shape``, or None where they take more than :data:`MAX_CLASSES` or store more than
     ``budget`` operations."""
     ranks_all = len(programs)
-    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    strides = grid_strides(shape)
     all_coords = (np.arange(ranks_all, dtype=np.int64)[:, None] // np.array(strides)) % np.array(shape)
     found: list[tuple[int, tuple[TemplateOp, ...], np.ndarray]] = []  # (first rank, template, members)
     stored = 0
@@ -256,7 +273,7 @@ def _classes(programs: Sequence[Sequence[Op]], groups: list[list[int]], shape: t
 
 
 def _fit(ranks: np.ndarray, coords: np.ndarray, values: np.ndarray, moduli: np.ndarray,
-         shape: tuple[int, ...], strides: list[int]) -> Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+         shape: tuple[int, ...], strides: Sequence[int]) -> Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Peel classes off ranks of one skeleton: fit formulas at the first rank left (a coefficient per
     dimension from its neighbour there), keep every rank they give exactly, repeat with the rest.
 

@@ -50,9 +50,9 @@ ROUTE_REFERENCE_BYTES = 1 << 20
 #: more keeps those its hash picks (:meth:`Network.routes`).
 MAX_PATHS = 16
 #: From this many ranks on, routes are read off shared searches where the fabric has few hubs
-#: (:mod:`topocc.planner.routing.route_trees`): below it one search per rank costs seconds, and its routes
-#: are listed in the order the shipped schedules were compiled with.
-SHARED_ROUTES_RANKS = 2048
+#: (:mod:`topocc.planner.routing.route_trees`): above it one search per rank costs seconds; below it the
+#: routes are listed in the order the smaller shipped schedules were compiled with.
+SHARED_ROUTES_RANKS = 1024
 #: Rank pairs (or connections) whose routes a network keeps per table (each up to MAX_PATHS paths); a full
 #: table starts again, so memory stays bounded (an all-to-all on 1024 ranks asks for a million pairs).
 _PATH_CACHE_PAIRS = 1 << 17
@@ -191,7 +191,41 @@ class Network:
 
     def has_route(self, src: int, dst: int) -> bool:
         """Whether rank ``src`` can send to rank ``dst`` directly (over switches, NICs, PCIe, no GPU)."""
-        return self._shortest_from(src).cost[dst] != float("inf")
+        parts = self._fabric_parts
+        if parts is None or src == dst:
+            return self._shortest_from(src).cost[dst] != float("inf")
+        joined, linked = parts
+        return not joined[src].isdisjoint(joined[dst]) or (src, dst) in linked
+
+    @cached_property
+    def _fabric_parts(self) -> tuple[list[frozenset[int]], set[tuple[int, int]]] | None:
+        """Where every link has a reverse: the connected parts of the devices that are not ranks each rank
+        has a link to, and the pairs of ranks linked directly; None elsewhere.
+
+        Routes cross no rank, so two ranks have one exactly where a link joins them or both touch one part;
+        with every link reversible a part reaches all of itself both ways, so no route search is needed.
+        """
+        pairs = self._by_pair
+        if any((dst, src) not in pairs for src, dst in pairs):
+            return None
+        adjacency, is_rank, rank_device = self._graph
+        root = list(range(len(adjacency)))  # union-find over the devices that are not ranks
+
+        def find(u: int) -> int:
+            while root[u] != u:
+                root[u] = root[root[u]]
+                u = root[u]
+            return u
+
+        for u, outs in enumerate(adjacency):
+            if not is_rank[u]:
+                for v, _, _ in outs:
+                    if not is_rank[v]:
+                        root[find(u)] = find(v)
+        rank_of = {d: r for r, d in enumerate(rank_device)}
+        joined = [frozenset(find(v) for v, _, _ in adjacency[d] if not is_rank[v]) for d in rank_device]
+        linked = {(r, rank_of[v]) for r, d in enumerate(rank_device) for v, _, _ in adjacency[d] if is_rank[v]}
+        return joined, linked
 
     def route_cost(self, src: int, dst: int) -> float:
         """The cost the routes minimise (latency plus a reference message's transfer time; inf: no route)."""

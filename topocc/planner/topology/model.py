@@ -177,6 +177,15 @@ class Topology:
         return {h: tuple(r) for h, r in groups.items()}
 
     @cached_property
+    def host_index(self) -> tuple[int, ...]:
+        """Each rank's host, numbered in the order of :attr:`hosts`."""
+        index = [0] * self.size
+        for h, ranks in enumerate(self.hosts.values()):
+            for r in ranks:
+                index[r] = h
+        return tuple(index)
+
+    @cached_property
     def racks(self) -> dict[str, tuple[int, ...]]:
         """Ranks grouped by rack (a rank with no rack is in the rack named after its host)."""
         groups: dict[str, list[int]] = {}

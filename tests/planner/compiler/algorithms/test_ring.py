@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import importlib
 import itertools
 
 import pytest
 
+from tests.planner.analysis.test_automorphisms import small_fattree
 from tests.planner.compiler.algorithms.test_baselines import check_link_floor, check_schedule, switch_cluster
 from tests.strategies import chassis_yaml
+from topocc.planner.analysis.automorphisms import pair_key
 from topocc.planner.compiler.algorithms._order import LinkLoads, find_rings, ring_order
+from topocc.planner.compiler.algorithms.hierarchical.levels import stages
 from topocc.planner.compiler.algorithms.ring import ring
 from topocc.planner.compiler.options import Options
 from topocc.planner.routing.network import Network
+from topocc.planner.topology.catalogue import resolve_topology
 from topocc.planner.topology.model import Topology
 from topocc.planner.topology.parse import parse_topology_text
+
+order_module = importlib.import_module("topocc.planner.compiler.algorithms._order")
 
 #: DGX-1 hybrid cube-mesh: NVLink lanes per GPU pair (``nvidia-smi topo -m`` NV1/NV2).
 DGX1_LANES = {
@@ -196,3 +203,18 @@ def test_link_floor_bounds_the_schedule(name: str, collective: str) -> None:
     options = Options(size_bytes=256 << 20, root=1)
     floor = ring_link_floor(net, collective, options)
     check_link_floor(topology, floor, ring(net, collective, options), options.size_bytes)
+
+
+@pytest.mark.parametrize("name", ["small-fattree", "ibm-s822lc-48x4", "emu-racks", "dgx-a100-4node"])
+def test_the_ring_search_weighs_a_pair_as_its_orbits_representative(name: str) -> None:
+    """On a fabric with symmetries the ring search asks routes and bandwidths once per orbit of rank pairs
+    (:func:`~topocc.planner.analysis.automorphisms.pair_key`): the rings it finds, over all ranks and over
+    each hierarchy level's groups, are those it finds asking every pair."""
+    topo = small_fattree() if name == "small-fattree" else resolve_topology(name)
+    keyed = Network(topo)
+    assert pair_key(keyed) is not None
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(order_module, "pair_key", lambda net: None)
+        plain = Network(topo)
+        want = (ring_order(plain), stages(plain))
+    assert (ring_order(keyed), stages(keyed)) == want

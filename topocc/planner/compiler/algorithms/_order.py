@@ -16,6 +16,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
 
+from topocc.planner.analysis.automorphisms import PairKey, pair_key
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.compiler.options import Options
 from topocc.planner.errors import NotApplicableError
@@ -177,11 +178,7 @@ class LinkLoads:
 
 def _groups_of(net: Network, members: Sequence[int]) -> dict[int, int] | None:
     """Host index of each member, or None when all members share one host or each is alone."""
-    topology = net.topology
-    host_index: dict[int, int] = {}
-    for h, ranks in enumerate(topology.hosts.values()):
-        for r in ranks:
-            host_index[r] = h
+    host_index = net.topology.host_index
     groups = {m: host_index[m] for m in members}
     distinct = len(set(groups.values()))
     if distinct in (1, len(members)):
@@ -357,16 +354,28 @@ def _thresholds(members: Sequence[int], weight: Weight, groups: dict[int, int] |
     return positive or [0.0]
 
 
-def _lone_weight(net: Network) -> Weight:
+def _lone_weight(net: Network, key: PairKey | None) -> Weight:
     """:meth:`LinkLoads.weight` with no load: a routed pair's :meth:`~Topology.route_bandwidth` (the same
     minimum of bandwidth over share, found by counting paths under spray rather than listing them), a relayed
-    pair's from the shares of all its hops."""
+    pair's from the shares of all its hops.  With ``key``, a pair whose paths the network's shape decides
+    weighs what its orbit's representative does (computed once per orbit)."""
     loads = LinkLoads(net)
 
     def weight(a: int, b: int) -> float:
         return net.route_bandwidth(a, b) if net.has_route(a, b) else loads.weight(a, b)
 
-    return weight
+    if key is None:
+        return weight
+    by_orbit: dict[tuple[int, int], float | None] = {}
+
+    def by_shape(a: int, b: int) -> float:
+        rep = key(a, b)
+        if rep not in by_orbit:  # None: a relayed pair, or one whose paths a hash or a cap picks
+            by_orbit[rep] = weight(*rep) if net.has_route(*rep) and net.routed_by_shape(*rep) else None
+        found = by_orbit[rep]
+        return weight(a, b) if found is None else found
+
+    return by_shape
 
 
 def find_cycle(net: Network, members: Sequence[int], weight: Weight | None = None) -> list[int]:
@@ -382,16 +391,18 @@ def find_cycle(net: Network, members: Sequence[int], weight: Weight | None = Non
     members = list(members)
     if len(members) <= 1:
         return members
+    key = pair_key(net)
     if weight is None:
-        weight = _lone_weight(net)
+        weight = _lone_weight(net, key)
     cache: dict[tuple[int, int], float] = {}
 
     routed: dict[tuple[int, int], bool] = {}
 
     def direct(a: int, b: int) -> bool:
-        found = routed.get((a, b))
+        pair = (a, b) if key is None else key(a, b)  # a route exists for a whole orbit of pairs or none
+        found = routed.get(pair)
         if found is None:
-            found = routed[(a, b)] = net.has_route(a, b)
+            found = routed[pair] = net.has_route(*pair)
         return found
 
     def cached(a: int, b: int) -> float:

@@ -17,11 +17,12 @@ Partners without a GPU-free route exchange through other GPUs
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from topocc.planner.compiler.algorithms._order import chunk_runs, pieces, ring_order, single_rank, split
 from topocc.planner.compiler.builder import Relay, ScheduleBuilder
 from topocc.planner.compiler.options import Options
+from topocc.planner.compiler.symmetrize import builds_by_class, fitting_ranks
 from topocc.planner.errors import NotApplicableError
 from topocc.planner.routing.network import Network
 from topocc.planner.routing.relay import relays
@@ -60,18 +61,56 @@ def halving_doubling(net: Network, collective: str, options: Options) -> Schedul
     active, extras = _fold(ring_order(net))
     meta["folded"] = len(extras)
     relay = relays(net)  # partners without a GPU-free route exchange through other GPUs
+    focus = _class_ranks(net, active, extras)
+    if focus is not None:
+        form = _build(kind, active, extras, p, options, meta, relay, focus)
+        if form is not None:
+            return form
+    built = _build(kind, active, extras, p, options, meta, relay, None)
+    assert built is not None  # only a focused build can fail to fit one class
+    return built
+
+
+def _class_ranks(net: Network, active: list[int], extras: dict[int, int]) -> frozenset[int] | None:
+    """The few ranks whose programs give the schedule's one class over the binary grid of the ranks
+    (:func:`~topocc.planner.compiler.symmetrize.fitting_ranks`), where it is built so
+    (:func:`~topocc.planner.compiler.symmetrize.builds_by_class`): the ranks in their own order (a partner is
+    the rank with one bit flipped), none folded, and every partner routed (no relay through other ranks)."""
+    p = len(active)
+    if extras or not builds_by_class(net) or active != list(range(p)):
+        return None
+    bits = [1 << k for k in range(p.bit_length() - 1)]
+    if not all(net.has_route(v, v ^ d) for d in bits for v in range(p)):
+        return None
+    return fitting_ranks((2,) * len(bits))
+
+
+def _build(kind: Collective, active: list[int], extras: dict[int, int], p: int, options: Options,
+           meta: dict[str, object], relay: Relay, focus: frozenset[int] | None) -> Schedule | None:
+    """The schedule: every rank's program, or with ``focus`` those ranks' fitted as one class (None where they
+    are not one)."""
     if kind is ALLREDUCE:
-        return _allreduce(active, extras, p, options, meta, relay)
-    return _gather_scatter(kind, active, extras, p, meta, relay)
+        b = _allreduce(active, extras, p, options, meta, relay, focus)
+    else:
+        b = _gather_scatter(kind, active, extras, p, meta, relay, focus)
+    if focus is None:
+        return b.build("halving-doubling", meta)
+    return b.build_class("halving-doubling", (2,) * (p.bit_length() - 1), meta)
+
+
+def _members(n: int, d: int, focus: frozenset[int] | None) -> Iterable[int]:
+    """The active indices whose exchange with their partner ``v ^ d`` is written: all, or those of the focus
+    ranks and their partners (the ranks are their own indices where a focus is given)."""
+    return range(n) if focus is None else sorted({x for f in focus for x in (f, f ^ d)})
 
 
 def _allreduce(active: list[int], extras: dict[int, int], p: int, options: Options,
-               meta: dict[str, object], relay: Relay) -> Schedule:
+               meta: dict[str, object], relay: Relay, focus: frozenset[int] | None) -> ScheduleBuilder:
     n = len(active)
     q = pieces(options.pipeline, options.size_bytes / n, max(1, _MAX_CHUNKS // n))
     meta["pipeline"] = q
     total = n * q  # block v of the vector: chunks v*q ... v*q + q
-    b = ScheduleBuilder("allreduce", p, total, total, relay=relay)
+    b = ScheduleBuilder("allreduce", p, total, total, relay=relay, focus=focus)
     whole = split(0, total, q)
     for r in active:
         b.copy(r, Chunk("i", 0, total), Chunk("o", 0, total))
@@ -89,7 +128,7 @@ def _allreduce(active: list[int], extras: dict[int, int], p: int, options: Optio
             lo, hi = ranges[v]
             mid = (lo + hi) // 2
             new[v] = (lo, mid) if not v & d else (mid, hi)
-        for v in range(n):
+        for v in _members(n, d, focus):
             u = v ^ d
             lo, hi = new[u]  # what u keeps, v sends
             for piece in split(lo * q, (hi - lo) * q, q):
@@ -99,7 +138,7 @@ def _allreduce(active: list[int], extras: dict[int, int], p: int, options: Optio
         step += 1
     for before in reversed(history):  # recursive doubling: undo the halving steps
         d //= 2
-        for v in range(n):
+        for v in _members(n, d, focus):
             lo, hi = ranges[v]
             for piece in split(lo * q, (hi - lo) * q, q):
                 b.transfer(active[v], active[v ^ d], piece, piece, step=step)
@@ -108,11 +147,11 @@ def _allreduce(active: list[int], extras: dict[int, int], p: int, options: Optio
     for x, y in extras.items():
         for piece in whole:
             b.transfer(y, x, piece, piece, step=step)
-    return b.build("halving-doubling", meta)
+    return b
 
 
 def _gather_scatter(kind: Collective, active: list[int], extras: dict[int, int], p: int,
-                    meta: dict[str, object], relay: Relay) -> Schedule:
+                    meta: dict[str, object], relay: Relay, focus: frozenset[int] | None) -> ScheduleBuilder:
     """Reduce-scatter (halving, farthest first) or all-gather (doubling, nearest first), one chunk per rank."""
     n = len(active)
     meta["pipeline"] = 1
@@ -124,7 +163,7 @@ def _gather_scatter(kind: Collective, active: list[int], extras: dict[int, int],
         return chunk_runs(buffer, [blk for v in range(lo, hi) for blk in blocks[v]])
 
     if kind.scatters:
-        b = ScheduleBuilder(kind.name, p, p, 1, scratch_chunks=p, relay=relay)
+        b = ScheduleBuilder(kind.name, p, p, 1, scratch_chunks=p, relay=relay, focus=focus)
         for r in active:
             b.copy(r, Chunk("i", 0, p), Chunk("s", 0, p))
         for x, y in extras.items():
@@ -133,7 +172,7 @@ def _gather_scatter(kind: Collective, active: list[int], extras: dict[int, int],
         d, step = n // 2, 1
         while d >= 1:
             new = [((lo + hi) // 2, hi) if v & d else (lo, (lo + hi) // 2) for v, (lo, hi) in enumerate(ranges)]
-            for v in range(n):
+            for v in _members(n, d, focus):
                 for ref in runs("s", *new[v ^ d]):
                     b.transfer(active[v], active[v ^ d], ref, ref, reduce=True, step=step)
             ranges = new
@@ -143,9 +182,9 @@ def _gather_scatter(kind: Collective, active: list[int], extras: dict[int, int],
             b.copy(r, Chunk("s", r), Chunk("o", 0), step=step)
         for x, y in extras.items():
             b.transfer(y, x, Chunk("s", x), Chunk("o", 0), step=step)
-        return b.build("halving-doubling", meta)
+        return b
 
-    b = ScheduleBuilder(kind.name, p, 1, p, relay=relay)
+    b = ScheduleBuilder(kind.name, p, 1, p, relay=relay, focus=focus)
     for r in range(p):
         b.copy(r, Chunk("i", 0), Chunk("o", r))
     for x, y in extras.items():
@@ -153,7 +192,7 @@ def _gather_scatter(kind: Collective, active: list[int], extras: dict[int, int],
     ranges = [(v, v + 1) for v in range(n)]
     d, step = 1, 1
     while d < n:
-        for v in range(n):
+        for v in _members(n, d, focus):
             for ref in runs("o", *ranges[v]):
                 b.transfer(active[v], active[v ^ d], ref, ref, step=step)
         ranges = [(min(lo, ranges[v ^ d][0]), max(hi, ranges[v ^ d][1])) for v, (lo, hi) in enumerate(ranges)]
@@ -162,4 +201,4 @@ def _gather_scatter(kind: Collective, active: list[int], extras: dict[int, int],
     for x, y in extras.items():
         for ref in chunk_runs("o", [blk for blk in range(p) if blk != x]):
             b.transfer(y, x, ref, ref, step=step)
-    return b.build("halving-doubling", meta)
+    return b

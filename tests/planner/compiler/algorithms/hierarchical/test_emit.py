@@ -3,26 +3,42 @@ on its own fabric."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import peer_of
+from tests.planner.analysis.test_automorphisms import small_fattree
 from tests.planner.compiler.algorithms.hierarchical.clusters import cluster
 from tests.planner.compiler.algorithms.test_baselines import check_schedule
+from tests.runtime.test_symmetric import ring
 from tests.strategies import topologies
 from topocc.planner.analysis.bounds import lower_bound
 from topocc.planner.analysis.simulate import simulate
+from topocc.planner.analysis.verify import verify
 from topocc.planner.analysis.verify_lowered import verify_lowering
+from topocc.planner.analysis.verify_symmetric import verify_by_class
 from topocc.planner.compiler.algorithms.hierarchical import hierarchical
 from topocc.planner.compiler.algorithms.hierarchical.estimates import DIRECT_MAX_MEMBERS
 from topocc.planner.compiler.evaluate import Evaluator
 from topocc.planner.compiler.options import HierarchicalOptions, Options
+from topocc.planner.compiler.symmetrize import (
+    builds_by_class,
+    canonical_order,
+    fitting_ranks,
+    grid_shapes,
+    one_class,
+    symmetrize,
+)
 from topocc.planner.errors import NotApplicableError
 from topocc.planner.routing.network import Network
 from topocc.planner.topology.catalogue import resolve_topology
 from topocc.planner.topology.model import Topology
 from topocc.runtime.lowering import lower
+
+symmetrize_module = importlib.import_module("topocc.planner.compiler.symmetrize")
 
 
 @pytest.mark.parametrize("collective", ["allreduce", "reducescatter", "allgather"])
@@ -152,19 +168,13 @@ def test_a_large_sprayed_schedule_is_built_as_the_class_every_rank_would_make(
     """The small sprayed fat-tree, its schedule built from the few ranks that fit one class: the form that
     symmetrizing every rank's program gives, proved by class; a reduce-scatter in the virtual layout (many
     classes) is built rank by rank."""
-    from tests.planner.analysis.test_automorphisms import small_fattree
-    from topocc.planner.analysis.verify import verify
-    from topocc.planner.analysis.verify_symmetric import verify_by_class
-    from topocc.planner.compiler.algorithms.hierarchical import emit
-    from topocc.planner.compiler.symmetrize import grid_shapes, symmetrize
-
     topo = small_fattree()
     net = Network(topo)
     options = Options(size_bytes=64 << 20)
     full = hierarchical(net, collective, options)
-    assert full.symmetry is None and not emit.builds_by_class(net)
-    monkeypatch.setattr(emit, "CLASS_BUILD_MIN_RANKS", 64)
-    assert emit.builds_by_class(net)
+    assert full.symmetry is None and not builds_by_class(net)
+    monkeypatch.setattr(symmetrize_module, "CLASS_BUILD_MIN_RANKS", 64)
+    assert builds_by_class(net)
     built = hierarchical(net, collective, options)
     want = symmetrize(full, grid_shapes(topo))
     if collective == "reducescatter":  # the fit fails: built rank by rank, as before
@@ -177,9 +187,6 @@ def test_a_large_sprayed_schedule_is_built_as_the_class_every_rank_would_make(
 
 
 def test_one_class_is_refused_where_a_witness_disagrees() -> None:
-    from tests.runtime.test_symmetric import ring
-    from topocc.planner.compiler.symmetrize import canonical_order, fitting_ranks, one_class
-
     form = ring(8)
     assert form.symmetry is not None
     ranks = fitting_ranks((8,))

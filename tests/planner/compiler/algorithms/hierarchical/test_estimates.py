@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
+from benchmarks.fabrics import heterogeneous_nics, rail_optimized
+from tests.planner.analysis.test_automorphisms import small_fattree
 from tests.planner.compiler.algorithms.hierarchical.clusters import cluster
-from topocc.planner.compiler.algorithms.hierarchical.estimates import alike, direct_fits, estimate
+from topocc.planner.compiler.algorithms.hierarchical import estimates
+from topocc.planner.compiler.algorithms.hierarchical.estimates import alike, direct_fits, estimate, sharing
 from topocc.planner.compiler.algorithms.hierarchical.levels import Stage, stages
+from topocc.planner.compiler.algorithms.hierarchical.steps import METHODS
 from topocc.planner.routing.network import Network
+from topocc.planner.topology.catalogue import resolve_topology
 
 
 def test_direct_across_the_network_may_send_twice_the_messages() -> None:
@@ -36,3 +43,28 @@ def test_estimates_count_latency_per_step_and_bytes_over_the_busiest_link() -> N
     loaded = {m: estimate(net, level, m, part, 1, 0) - estimate(net, level, m, 0.0, 1, 0)
               for m in ("ring", "direct")}
     assert loaded["direct"] == pytest.approx(3 * part / 10e9) and loaded["ring"] == pytest.approx(3 * part / 10e9)
+
+
+@pytest.mark.parametrize("name", ["small-fattree", "rail-8x8", "emu-racks", "hetero-nics-4x8", "dgx2-2chassis"])
+def test_a_step_summed_one_pair_per_orbit_loads_the_links_as_pair_by_pair(name: str) -> None:
+    """Every level's estimate by every method, and its direct step's sharing, summed one pair per orbit of
+    the translations that keep the step (the large fabrics' way) equal those summed pair by pair; where no
+    translation keeps a step (hosts behind unequal NICs) it is summed pair by pair."""
+    topo = {"small-fattree": small_fattree, "rail-8x8": lambda: rail_optimized(8).topology(),
+            "hetero-nics-4x8": lambda: heterogeneous_nics(((4, 200), (4, 200), (2, 100), (2, 100))).topology()
+            }.get(name, lambda: resolve_topology(name))()
+    by_orbit, by_pair = Network(topo), Network(topo)
+    orbit_steps = 0
+    for si, stage in enumerate(stages(by_orbit)):
+        methods = ["ring", "direct"] + (["halving-doubling"] if stage.size & (stage.size - 1) == 0 else [])
+        for method, spread in itertools.product(methods, (False, True)):
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(estimates, "BY_ORBIT_MIN_RANKS", 1)
+                fast = estimate(by_orbit, stage, method, 1e6, 4, si, spread)
+                shared = sharing(by_orbit, stage, si)
+            assert fast == pytest.approx(estimate(by_pair, stage, method, 1e6, 4, si, spread), rel=1e-12)
+            assert shared == pytest.approx(sharing(by_pair, stage, si), rel=1e-12)
+        for step in METHODS["ring"](stage.size, False):
+            pairs = [(g[i], g[j], float(b - a)) for g in stage.groups for i, j, a, b in step]
+            orbit_steps += estimates._load_by_orbit(by_orbit, pairs, si, False, None) is not None
+    assert (orbit_steps > 0) == (name != "hetero-nics-4x8")

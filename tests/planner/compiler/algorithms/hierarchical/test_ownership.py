@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.fabrics import heterogeneous_nics
+from benchmarks.fabrics import heterogeneous_nics, rail_optimized
+from tests.planner.analysis.test_automorphisms import small_fattree
 from tests.planner.compiler.algorithms.test_baselines import check_schedule
 from topocc.planner.compiler.algorithms.hierarchical import hierarchical, ownership, stages
 from topocc.planner.compiler.evaluate import Evaluator
 from topocc.planner.compiler.options import Options
 from topocc.planner.routing.network import Network
+from topocc.planner.topology.catalogue import resolve_topology
+
+ownership_module = importlib.import_module("topocc.planner.compiler.algorithms.hierarchical.ownership")
 
 #: Four hosts of two GPUs on one switch: two with two 200 Gbit/s NICs (25 GB/s per GPU), two with one
 #: 100 Gbit/s NIC (6.25 GB/s per GPU).  Of two hosts (small_suite's hetero-nics-2x4) ownership moves
@@ -58,3 +64,21 @@ def test_unequal_ownership_verifies_and_never_beats_the_bound(nics: list[tuple[i
     schedule = hierarchical(net, "allreduce", Options(size_bytes=size, evaluator=evaluator))
     check_schedule(net, schedule, "allreduce", "hierarchical")
     assert evaluator.simulate(schedule).time_s >= evaluator.lower_bound("allreduce").time_s * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("name", ["small-fattree", "rail-8x8", "hetero-nics-4x8", "ibm-s822lc-48x4"])
+def test_where_every_host_is_anothers_image_their_rates_are_equal(name: str) -> None:
+    """Where the translations that keep the last level's ring pairs make one orbit of its ranks, ownership
+    keeps equal parts without reading a route; and there every rank's rate is indeed the same."""
+    topo = {"small-fattree": small_fattree, "rail-8x8": lambda: rail_optimized(8).topology(),
+            "hetero-nics-4x8": lambda: heterogeneous_nics(((4, 200), (4, 200), (2, 100), (2, 100))).topology()
+            }.get(name, lambda: resolve_topology(name))()
+    net = Network(topo)
+    last = stages(net)[-1]
+    one = ownership_module._one_orbit(net, last)
+    assert one == (name in ("small-fattree", "rail-8x8"))
+    rates = ownership_module._host_rates(net, last, 0)
+    if one:
+        assert ownership(net, last, 0) is None
+        assert max(rates.values()) == pytest.approx(min(rates.values()), rel=1e-12)
+    assert (ownership(net, last, 0) is None) == (name != "hetero-nics-4x8")

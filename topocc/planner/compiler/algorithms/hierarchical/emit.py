@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from topocc.planner.analysis.automorphisms import has_symmetries
 from topocc.planner.compiler.algorithms._order import Send, chunk_runs
 from topocc.planner.compiler.algorithms.hierarchical.channels import CHANNEL_CHOICES, spread_channels
 from topocc.planner.compiler.algorithms.hierarchical.decisions import (
@@ -27,13 +26,13 @@ from topocc.planner.compiler.algorithms.hierarchical.levels import Stage, Virtua
 from topocc.planner.compiler.algorithms.hierarchical.waves import waves
 from topocc.planner.compiler.builder import ScheduleBuilder
 from topocc.planner.compiler.options import Options
-from topocc.planner.compiler.symmetrize import fitting_ranks, grid_shapes
+from topocc.planner.compiler.symmetrize import builds_by_class, fitting_ranks, grid_shapes
 from topocc.planner.routing.network import Network
 from topocc.planner.routing.relay import relays
 from topocc.runtime.collective import ALLREDUCE
 from topocc.runtime.schedule import Chunk, Schedule
 
-__all__ = ["CLASS_BUILD_MIN_RANKS", "build_schedule", "builds_by_class"]
+__all__ = ["build_schedule"]
 
 
 def build_schedule(net: Network, collective: str, options: Options, levels: Sequence[Stage],
@@ -54,21 +53,6 @@ def build_schedule(net: Network, collective: str, options: Options, levels: Sequ
         if form is not None:
             return form
     return _Emitter(job, plan, shape, blocks).build(meta)
-
-
-#: From this many ranks, on a sprayed fabric with symmetries, the schedule is built for a few ranks and
-#: fitted as one class of the symmetric form (:func:`builds_by_class`).
-CLASS_BUILD_MIN_RANKS = 1024
-
-
-def builds_by_class(net: Network) -> bool:
-    """Whether to build the schedule as one class, from the programs of the few ranks that fit it
-    (:func:`~topocc.planner.compiler.symmetrize.one_class`), before building every rank's: on a large sprayed
-    fabric with symmetries (:func:`~topocc.planner.analysis.automorphisms.has_symmetries`), where the
-    compiler keeps and times the symmetric form anyway and every rank's program would cost most of the
-    compile.  The form so fitted is what is proved, timed and written."""
-    topo = net.topology
-    return topo.size >= CLASS_BUILD_MIN_RANKS and topo.routing == "spray" and has_symmetries(net)
 
 
 def _metadata(job: Job, plan: Slicing, shape: SliceShape, blocks: VirtualBlocks) -> dict[str, Any]:
@@ -218,6 +202,8 @@ class _Emitter:
         return self.b.build_class("hierarchical", grid, meta)
 
     def emit_all(self) -> None:
+        """Every phase's operations, then where each rank's result lands: a reduce-scatter's sums handed on
+        to their owners (contiguous) or copied to the output."""
         self.emit_phases()
         if self.job.kind.scatters and self.plan.contiguous:
             self.hand_on_sums()

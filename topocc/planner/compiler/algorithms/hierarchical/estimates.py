@@ -8,8 +8,11 @@ loading the links at once (no overlap between steps).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
+import numpy as np
+
+from topocc.planner.analysis.automorphisms import pair_key, pair_orbits
 from topocc.planner.compiler.algorithms.hierarchical.levels import Stage
 from topocc.planner.compiler.algorithms.hierarchical.steps import METHODS, halving_doubling_steps
 from topocc.planner.routing.load import LinkLoad
@@ -17,6 +20,7 @@ from topocc.planner.routing.network import Memo, Network
 from topocc.planner.routing.relay import path_latency, path_shares
 
 __all__ = [
+    "BY_ORBIT_MIN_RANKS",
     "DIRECT_MAX_MEMBERS",
     "DIRECT_MAX_SHARING",
     "alike",
@@ -40,6 +44,9 @@ _DIRECT_MAX_SENDS = 4096
 #: does not see, and which is the simulator's worst case (timing such a schedule takes minutes where the
 #: other methods' take seconds).  Rails and small fat-trees stay under it.
 DIRECT_MAX_SHARING = 32.0
+#: From this many ranks a step's load is summed one pair per orbit of the fabric's symmetries (the same
+#: load up to rounding); below it pair by pair, the sums the plans of smaller fabrics were chosen by.
+BY_ORBIT_MIN_RANKS = 1024
 
 
 def spread_shares(net: Network, src: int, dst: int, channel: int,
@@ -77,15 +84,58 @@ def estimate(net: Network, stage: Stage, method: str, part_bytes: float, slices:
         shape = tuple((i, j, b - a) for i, j, a, b in step)
         cost = seen.get(shape)
         if cost is None:
-            load: LinkLoad[tuple[str, str]] = LinkLoad()
-            latency = 0.0
-            for g in stage.groups:
-                for i, j, parts in shape:
-                    load.add_shares(spread_shares(net, g[i], g[j], channel, spread), parts)
-                latency = max(latency, max(path_latency(net, g[i], g[j], channel) for i, j, _ in shape))
-            cost = seen[shape] = latency + slices * part_bytes * load.busiest(lambda key: bandwidth(*key))
+            pairs = [(g[i], g[j], float(parts)) for g in stage.groups for i, j, parts in shape]
+            latency, busiest = _step_load(net, pairs, channel, spread, lambda key: bandwidth(*key))
+            cost = seen[shape] = latency + slices * part_bytes * busiest
         total += cost
     return total
+
+
+def _step_load(net: Network, pairs: list[tuple[int, int, float]], channel: int, spread: bool,
+               bandwidth: Callable[[tuple[str, str]], float] | None) -> tuple[float, float]:
+    """The slowest path latency of one step's messages ``(src, dst, parts)`` and its busiest link's load
+    (:meth:`~topocc.planner.routing.load.LinkLoad.busiest` over ``bandwidth``).
+
+    From :data:`BY_ORBIT_MIN_RANKS` ranks summed one pair per orbit where the fabric's symmetries allow
+    (:func:`_load_by_orbit`), else pair by pair."""
+    if net.topology.size >= BY_ORBIT_MIN_RANKS:
+        found = _load_by_orbit(net, pairs, channel, spread, bandwidth)
+        if found is not None:
+            return found
+    load: LinkLoad[tuple[str, str]] = LinkLoad()
+    for a, b, parts in pairs:
+        load.add_shares(spread_shares(net, a, b, channel, spread), parts)
+    return max(path_latency(net, a, b, channel) for a, b, _ in pairs), load.busiest(bandwidth)
+
+
+def _load_by_orbit(net: Network, pairs: list[tuple[int, int, float]], channel: int, spread: bool,
+                   bandwidth: Callable[[tuple[str, str]], float] | None) -> tuple[float, float] | None:
+    """:func:`_step_load` from one pair of each orbit of the fabric's translations that keep the step's
+    messages (:func:`~topocc.planner.analysis.automorphisms.pair_orbits`): every link of a link orbit then
+    carries the orbit's load over its link count.  None where no translation keeps them, or some pair's
+    paths are not carried onto its image's (a relay, a hash or a cap picks them)."""
+    src, dst, amount = (np.array(column) for column in zip(*pairs))
+    orbits = pair_orbits(net, src, dst, amount)
+    if orbits is None:
+        return None
+    by_rep: dict[tuple[int, int], float] = {}
+    for a, b, parts in pairs:
+        rep = orbits.key(a, b)
+        by_rep[rep] = by_rep.get(rep, 0.0) + parts
+    load: dict[int, float] = {}
+    link_of: dict[int, tuple[str, str]] = {}  # one link of each orbit loaded, for its bandwidth
+    latency = 0.0
+    for (a, b), parts in by_rep.items():
+        if not (net.has_route(a, b) and net.routed_by_shape(a, b)):
+            return None
+        latency = max(latency, path_latency(net, a, b, channel))
+        for link, share in spread_shares(net, a, b, channel, spread).items():
+            k = orbits.orbit(link)
+            load[k] = load.get(k, 0.0) + share * parts
+            link_of.setdefault(k, link)
+    per_link = ((v / orbits.count[k], link_of[k]) for k, v in load.items())
+    busiest = max((v if bandwidth is None else v / bandwidth(link) for v, link in per_link), default=0.0)
+    return latency, float(busiest)
 
 
 def round_trip(net: Network, stage: Stage, method: str, part_bytes: float, slices: int, channel: int,
@@ -135,7 +185,9 @@ def direct_fits(stage: Stage) -> bool:
 def alike(net: Network, stage: Stage) -> bool:
     """Whether every pair of every group of ``stage`` has a route of one and the same cost (members on one
     switch), so that a direct step loads them alike."""
-    costs = [net.route_cost(a, b) for g in stage.groups for a in g for b in g if a != b]
+    key = pair_key(net)  # a route's cost is its orbit's: asked once per orbit
+    costs = [net.route_cost(*pair) for pair in {(a, b) if key is None else key(a, b)
+                                                 for g in stage.groups for a in g for b in g if a != b}]
     return bool(costs) and max(costs) < math.inf and max(costs) <= min(costs) * (1 + 1e-9)
 
 
@@ -151,13 +203,8 @@ def sharing(net: Network, stage: Stage, channel: int) -> float:
     cache = net.memo(_SHARING)
     found = cache.get((stage, channel))
     if found is None:
-        load: LinkLoad[tuple[str, str]] = LinkLoad()
-        for g in stage.groups:
-            for a in g:
-                for b in g:
-                    if a != b:
-                        load.add_shares(path_shares(net, a, b, channel), 1)
-        found = cache[(stage, channel)] = load.busiest()
+        pairs = [(a, b, 1.0) for g in stage.groups for a in g for b in g if a != b]
+        found = cache[(stage, channel)] = _step_load(net, pairs, channel, False, None)[1]
     return found
 
 

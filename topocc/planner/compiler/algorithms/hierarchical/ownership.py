@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import heapq
 
+import numpy as np
+
+from topocc.planner.analysis.automorphisms import pair_orbits
 from topocc.planner.compiler.algorithms.hierarchical.levels import Stage
 from topocc.planner.routing.network import Network
 from topocc.planner.routing.relay import path_shares
@@ -55,6 +58,21 @@ def _host_rates(net: Network, stage: Stage, channel: int) -> dict[int, float]:
     return {r: min(capacity(out.get(h, set())), capacity(into.get(h, set()))) / members[h] for r, h in home.items()}
 
 
+def _one_orbit(net: Network, stage: Stage) -> bool:
+    """Whether the fabric's translations that keep the stage's ring pairs (each rank to its successor, whose
+    routes :func:`_host_rates` reads) make one orbit of its ranks, each pair routed by the fabric's shape
+    (:func:`~topocc.planner.analysis.automorphisms.pair_orbits`): then each host's links out and in are
+    carried onto every other's, and all rates are equal."""
+    src = [r for g in stage.groups for r in g]
+    dst = [g[(i + 1) % len(g)] for g in stage.groups for i in range(len(g))]
+    orbits = pair_orbits(net, np.array(src), np.array(dst), np.ones(len(src)))
+    if orbits is None:
+        return False
+    reps = {orbits.key(a, b) for a, b in zip(src, dst)}
+    return (len({a for a, _ in reps}) == 1
+            and all(net.has_route(a, b) and net.routed_by_shape(a, b) for a, b in reps))
+
+
 def ownership(net: Network, stage: Stage, channel: int) -> dict[int, int] | None:
     """How many of its group's ``stage.size`` parts each rank of a direct level across hosts reduces, or
     None where every rank takes one (the equal split).
@@ -78,6 +96,8 @@ def ownership(net: Network, stage: Stage, channel: int) -> dict[int, int] | None
     n = stage.size
     if stage.level == "host" or n <= 2:
         return None
+    if _one_orbit(net, stage):
+        return None  # every host is another's image: equal rates, one part each
     rate = _host_rates(net, stage, channel)
     if min(rate.values()) <= 0:  # no route out of some host sampled: no basis for a choice
         return None
