@@ -94,7 +94,8 @@ def estimate(net: Network, stage: Stage, method: str, part_bytes: float, slices:
 def _step_load(net: Network, pairs: list[tuple[int, int, float]], channel: int, spread: bool,
                bandwidth: Callable[[tuple[str, str]], float] | None) -> tuple[float, float]:
     """The slowest path latency of one step's messages ``(src, dst, parts)`` and its busiest link's load
-    (:meth:`~topocc.planner.routing.load.LinkLoad.busiest` over ``bandwidth``).
+    (:meth:`~topocc.planner.routing.load.LinkLoad.busiest` over ``bandwidth``; without it the most parts on a
+    link, and no latency, 0).
 
     From :data:`BY_ORBIT_MIN_RANKS` ranks summed one pair per orbit where the fabric's symmetries allow
     (:func:`_load_by_orbit`), else pair by pair."""
@@ -105,6 +106,8 @@ def _step_load(net: Network, pairs: list[tuple[int, int, float]], channel: int, 
     load: LinkLoad[tuple[str, str]] = LinkLoad()
     for a, b, parts in pairs:
         load.add_shares(spread_shares(net, a, b, channel, spread), parts)
+    if bandwidth is None:  # a count of messages (sharing): no latency asked
+        return 0.0, load.busiest()
     return max(path_latency(net, a, b, channel) for a, b, _ in pairs), load.busiest(bandwidth)
 
 
@@ -128,7 +131,8 @@ def _load_by_orbit(net: Network, pairs: list[tuple[int, int, float]], channel: i
     for (a, b), parts in by_rep.items():
         if not (net.has_route(a, b) and net.routed_by_shape(a, b)):
             return None
-        latency = max(latency, path_latency(net, a, b, channel))
+        if bandwidth is not None:
+            latency = max(latency, path_latency(net, a, b, channel))
         for link, share in spread_shares(net, a, b, channel, spread).items():
             k = orbits.orbit(link)
             load[k] = load.get(k, 0.0) + share * parts
