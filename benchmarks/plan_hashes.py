@@ -12,8 +12,8 @@ An algorithm applies where it builds the collective and ``auto`` would race it a
 that rank count (``Algorithm.auto_max_ranks``).  Above 64 ranks only ``auto``
 runs (the flat algorithms build millions of operations there), above 4096
 only ``auto``'s all-reduce at 1 MiB (fattree-16384: minutes for each case), and
-above 16384 nothing (rail-65536 does not compile in 15 minutes; ``benchmarks/scale_bench.py``
-measures it).
+above 16384 nothing (rail-65536: minutes for its all-reduce, its all-gather's proof does not fit;
+``benchmarks/scale_bench.py`` measures it).
 
 Run: ``python benchmarks/plan_hashes.py record -o before.jsonl [--shard 1/2] [--match REGEX]``, then
 ``python benchmarks/plan_hashes.py compare before.jsonl after.jsonl``.

@@ -10,9 +10,18 @@ from functools import cache
 import numpy as np
 import pytest
 
+from benchmarks.fabrics import heterogeneous_nics, rail_optimized
 from tests.planner.analysis.test_simulate import ring_topology
 from tests.runtime.test_symmetric import ring
-from topocc.planner.analysis.automorphisms import _FABRIC, has_symmetries, pair_key, pair_orbits, schedule_orbits
+from topocc.planner.analysis.automorphisms import (
+    _DIGITS,
+    _FABRIC,
+    has_symmetries,
+    hosts_alike,
+    pair_key,
+    pair_orbits,
+    schedule_orbits,
+)
 from topocc.planner.analysis.simulate import SimResult, _bound, simulate, simulate_within
 from topocc.planner.compiler import evaluate
 from topocc.planner.compiler.compile import Compiled, compile_schedule
@@ -199,7 +208,8 @@ def test_routes_decided_by_the_shape() -> None:
     net = Network(fat_tree(MAX_PATHS))
     assert net.routed_by_shape(0, 1)  # one path, through the leaf
     assert net.routed_by_shape(0, 2)  # every path of MAX_PATHS sprayed
-    assert not Network(fat_tree(MAX_PATHS + 1)).routed_by_shape(0, 2)  # a hash picks which are kept
+    wide = Network(fat_tree(MAX_PATHS + 1))
+    assert wide.routed_by_shape(0, 2) and wide.sprayed(0, 2) is not None  # every path counted, none listed
     hashed = Network(fat_tree(2, "ecmp"))
     assert hashed.routed_by_shape(0, 1) and not hashed.routed_by_shape(0, 2)
 
@@ -249,11 +259,12 @@ def test_compile_times_a_large_schedule_in_the_form_it_writes() -> None:
 # --------------------------------------------------------------------------- rank pairs by orbit
 
 
-@pytest.mark.parametrize("name", ["small-fattree", "emu-racks", "ibm-s822lc-48x4", "dgx-a100-4node"])
+@pytest.mark.parametrize("name", ["small-fattree", "emu-racks", "ibm-s822lc-48x4", "dgx-a100-4node", "rail-pods"])
 def test_a_pair_routes_as_its_orbits_representative_does(name: str) -> None:
     """A pair and its :func:`pair_key` have routes alike (one or none, equal costs, paths decided by the
     shape alike, the same bandwidth and shares where they are); the key is a representative (its own key)."""
-    topo = small_fattree() if name == "small-fattree" else resolve_topology(name)
+    topo = small_fattree() if name == "small-fattree" else rail_pods() if name == "rail-pods" else \
+        resolve_topology(name)
     net = Network(topo)
     key = pair_key(net)
     assert key is not None and has_symmetries(net)
@@ -273,8 +284,24 @@ def test_a_pair_routes_as_its_orbits_representative_does(name: str) -> None:
                 assert net.route_bandwidth(a, b) == net.route_bandwidth(*rep)
                 assert sorted(net.route_shares(a, b).values()) == sorted(net.route_shares(*rep).values())
     assert len({a for a, _ in reps}) < n  # some sources stand for others
-    if name == "small-fattree":
-        assert {a for a, _ in reps} == {0}  # racks, hosts and GPUs all move: one source for all
+    if name in ("small-fattree", "rail-pods"):
+        assert {a for a, _ in reps} == {0}  # racks (or pods), hosts and GPUs all move: one source for all
+
+
+def rail_pods() -> Topology:
+    """Eight 2-GPU hosts of a three-tier rail-optimised fabric: two pods of four under their own spines, two
+    cores joining the pods (rail-65536 in small, with sprayed routes)."""
+    return rail_optimized(8, 2, 2, pods=2).topology().with_routing("spray")
+
+
+def test_hosts_that_come_in_pods_move_within_their_pod_and_with_it() -> None:
+    """Moving the hosts by one is no automorphism where they come in pods (the fourth host's image is in the
+    other pod); moving them within their pod and moving the pods are, so every host is another's image."""
+    net = Network(rail_pods())
+    assert net.topology.levels == (8, 2)
+    assert [(d.stride, d.size) for d in net.memo(_DIGITS)] == [(1, 2), (2, 4), (8, 2)]
+    assert hosts_alike(net)
+    assert not hosts_alike(Network(heterogeneous_nics(((2, 200), (2, 200), (1, 100), (1, 100)), gpus=2).topology()))
 
 
 def test_the_translations_that_keep_a_steps_pairs() -> None:
@@ -290,3 +317,16 @@ def test_the_translations_that_keep_a_steps_pairs() -> None:
     assert sum(flipped.count) == len(net.topology.links)
     uneven = pair_orbits(net, ranks, ranks ^ 1, ranks.astype(float))
     assert uneven is None
+
+
+def test_a_fabric_sprayed_over_more_paths_than_are_listed_times_alike_by_class() -> None:
+    """20 spines: a pair across the leaves sprays over 20 paths, each message one flow over all their links
+    (counted, not listed), which a translation carries onto its image's: timed by class as rank by rank."""
+    topo = parse_topology_text(SMALL_FATTREE.replace("spines: 4", "spines: 20"), "fattree-64-wide.yaml")
+    net = Network(topo)
+    assert net.sprayed(0, 63) is not None and net.routed_by_shape(0, 63)
+    by_class = 0
+    for collective, algorithm in (("allreduce", "hierarchical"), ("allreduce", "ring"), ("allgather", "ring")):
+        s = compile_schedule(net, collective, algorithm, Options(size_bytes=SIZE)).schedule
+        by_class += by_class_and_full(net, symmetrize(s, grid_shapes(topo)))
+    assert by_class >= 2

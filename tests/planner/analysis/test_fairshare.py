@@ -27,24 +27,66 @@ def flow_sets(draw: st.DrawFn) -> tuple[list[float], list[tuple[int, ...]]]:
     return bandwidth, paths
 
 
-@settings(max_examples=300, deadline=None)
-@given(flow_sets())
-def test_vector_filling_matches_the_scalar_one(case: tuple[list[float], list[tuple[int, ...]]]) -> None:
-    bandwidth, paths = case
+def _flows(paths: list[tuple[int, ...]]) -> tuple[dict[int, tuple[int, ...]], dict[int, list[int]]]:
+    """The scalar filling's view of flows on ``paths``: each flow's links, each link's flows."""
     flow_links = dict(enumerate(paths))
     link_flows: dict[int, list[int]] = {}
     for f, path in flow_links.items():
         for link in path:
             link_flows.setdefault(link, []).append(f)
-    scalar = fair_rates(list(flow_links), list(link_flows), flow_links, link_flows, bandwidth,
-                        [0.0] * len(bandwidth), [0] * len(bandwidth))
+    return flow_links, link_flows
+
+
+def _rows(paths: list[tuple[int, ...]]) -> np.ndarray:
+    """The vector filling's view: a row of link indices per path, -1 after its last."""
     rows = np.full((len(paths), 5), -1, dtype=np.int32)
     for f, path in enumerate(paths):
         rows[f, :len(path)] = path
+    return rows
+
+
+@settings(max_examples=300, deadline=None)
+@given(flow_sets())
+def test_vector_filling_matches_the_scalar_one(case: tuple[list[float], list[tuple[int, ...]]]) -> None:
+    bandwidth, paths = case
+    flow_links, link_flows = _flows(paths)
+    scalar = fair_rates(list(flow_links), list(link_flows), flow_links, link_flows, bandwidth,
+                        [0.0] * len(bandwidth), [0] * len(bandwidth))
+    rows = _rows(paths)
     vector = fair_rates_vector(rows, np.asarray(bandwidth))
     assert list(vector) == pytest.approx([scalar[f] for f in range(len(paths))], rel=1e-12)
     for link, users in link_flows.items():  # feasible: no link carries more than its bandwidth
         assert sum(vector[f] for f in users) <= bandwidth[link] * (1 + 1e-12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(flow_sets(), st.data())
+def test_flows_with_fractions_fill_alike_both_ways_and_fit_the_links(
+        case: tuple[list[float], list[tuple[int, ...]]], data: st.DataObject) -> None:
+    """Flows that put a fraction of their rate on each link (a message sprayed over many paths as one flow):
+    the vector filling equals the scalar one, no link carries more than its bandwidth, every flow has a
+    saturated link, and fractions of 1 give the plain filling bit for bit."""
+    bandwidth, paths = case
+    fractions = [tuple(data.draw(st.sampled_from([1.0, 0.5, 0.25, 1 / 3, 0.05]), label=f"f{f}.{i}")
+                       for i in range(len(path))) for f, path in enumerate(paths)]
+    flow_links, link_flows = _flows(paths)
+    scalar = fair_rates(list(flow_links), list(link_flows), flow_links, link_flows, bandwidth,
+                        [0.0] * len(bandwidth), [0.0] * len(bandwidth), dict(enumerate(fractions)))
+    rows = _rows(paths)
+    coefs = np.zeros((len(paths), 5))
+    for f, path in enumerate(paths):
+        coefs[f, :len(path)] = fractions[f]
+    vector = fair_rates_vector(rows, np.asarray(bandwidth), coefs=coefs)
+    assert list(vector) == pytest.approx([scalar[f] for f in range(len(paths))], rel=1e-9)
+    used = dict.fromkeys(link_flows, 0.0)
+    for f, path in enumerate(paths):
+        for link, c in zip(path, fractions[f]):
+            used[link] += c * vector[f]
+    assert all(used[link] <= bandwidth[link] * (1 + 1e-9) for link in used)
+    for path in paths:  # max-min: each flow is held by a full link
+        assert any(used[link] >= bandwidth[link] * (1 - 1e-9) for link in path)
+    ones = fair_rates_vector(rows, np.asarray(bandwidth), coefs=(rows >= 0).astype(float))
+    assert list(ones) == list(fair_rates_vector(rows, np.asarray(bandwidth)))
 
 
 def random_messages(seed: int, ranks: int) -> list[tuple[int, int, int]]:
@@ -89,9 +131,7 @@ def test_weighted_vector_filling_matches_the_flows_spelled_out(case: tuple[list[
     """A path given once with weight k gets the rate of k flows on that path given one by one."""
     bandwidth, paths = case
     weights = data.draw(st.lists(st.integers(1, 6), min_size=len(paths), max_size=len(paths)))
-    rows = np.full((len(paths), 5), -1, dtype=np.int32)
-    for f, path in enumerate(paths):
-        rows[f, :len(path)] = path
+    rows = _rows(paths)
     weighted = fair_rates_vector(rows, np.asarray(bandwidth), np.asarray(weights))
     spelled = fair_rates_vector(np.repeat(rows, weights, axis=0), np.asarray(bandwidth))
     assert list(np.repeat(weighted, weights)) == pytest.approx(list(spelled), rel=1e-12)
@@ -136,7 +176,7 @@ def test_instants_that_keep_the_paths_on_the_wire_keep_the_rates(seed: int, monk
 
 def _filled_from_scratch(self: fairshare.Fabric, paths: np.ndarray, weight: np.ndarray,
                          delta: dict[int, int]) -> np.ndarray:
-    return fair_rates_vector(self.path_rows[paths], self.bandwidth_np, weight[paths])
+    return fair_rates_vector(self.path_rows[paths], self.bandwidth_np, weight[paths], self.path_coefs[paths])
 
 
 def relayed_walks(seed: int, ranks: int) -> tuple[int, list[tuple[int, int, list[int]]]]:
@@ -178,9 +218,10 @@ def test_refilling_above_the_changes_matches_filling_from_scratch(seed: int, rou
         rows.append((paths.size, -1))
         return refill(self, paths, weight, delta)
 
-    def spy_vector(paths: np.ndarray, bandwidth: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    def spy_vector(paths: np.ndarray, bandwidth: np.ndarray, weights: np.ndarray | None = None,
+                   coefs: np.ndarray | None = None) -> np.ndarray:
         rows[-1] = (rows[-1][0], paths.shape[0])
-        return vector(paths, bandwidth, weights)
+        return vector(paths, bandwidth, weights, coefs)
 
     monkeypatch.setattr(fairshare.Fabric, "_refill", spy_refill)
     monkeypatch.setattr(fairshare, "fair_rates_vector", spy_vector)

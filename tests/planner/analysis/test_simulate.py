@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from benchmarks.fabrics import fat_tree
 from tests.planner.topology.test_topology import two_paths
 from topocc.planner._yaml import Source, parse_yaml
 from topocc.planner.analysis.lowered import as_lowered
@@ -662,3 +663,26 @@ def test_a_group_waits_for_its_slowest_message() -> None:
     dataflow = simulate(topo, schedule, 4 << 20).time_s
     lowered = simulate(topo, as_lowered(schedule, lower(schedule, 1)), 4 << 20).time_s
     assert lowered > dataflow
+
+
+def test_a_message_sprayed_over_more_paths_than_are_listed_is_one_flow_over_all_of_them() -> None:
+    """Behind 20 spines (more than MAX_PATHS) a message alone takes its latency plus its bytes over the
+    bandwidth of all 20 paths together; two messages from one leaf to the other take as long as one (their
+    NICs, not the spines they share, bind); the links' bytes are each link's share, on all 20 spines
+    (16 listed paths would leave 4 idle)."""
+    topo = parse_topology_text(fat_tree(4, 2, 20, 1).yaml, "fat-tree").with_routing("spray")
+    net = Network(topo)
+    size = 1 << 28
+    alone = ScheduleBuilder("allgather", ranks=topo.size, input_chunks=1, output_chunks=1)
+    alone.transfer(0, 16, Chunk("i", 0, 1), Chunk("o", 0, 1))
+    result = simulate(net, alone.build("one"), size)
+    assert result.time_s == pytest.approx(net.route_latency(0, 16) + size / net.route_bandwidth(0, 16), rel=1e-9)
+    spines = {key: b for key, b in result.link_bytes.items() if key[1].startswith("spine") and b > 0}
+    assert len(spines) == 20 and max(spines.values()) == pytest.approx(min(spines.values()), rel=1e-9)
+    assert sum(spines.values()) == pytest.approx(size, rel=1e-9)
+    two = ScheduleBuilder("allgather", ranks=topo.size, input_chunks=2, output_chunks=2)
+    two.transfer(0, 16, Chunk("i", 0, 1), Chunk("o", 0, 1))
+    two.transfer(8, 24, Chunk("i", 1, 1), Chunk("o", 1, 1))
+    both = simulate(net, two.build("two"), 2 * size)  # a message each of ``size`` bytes
+    assert both.time_s == pytest.approx(result.time_s, rel=1e-9)
+    assert max(both.link_utilisation[key] for key in spines) < 0.2

@@ -9,9 +9,10 @@ import zlib
 
 import pytest
 
-from benchmarks.fabrics import rail_optimized
+from benchmarks.fabrics import fat_tree, rail_optimized
 from tests.planner.topology.test_topology import ROOT, grid, load, two_paths
-from topocc.planner.routing.network import Memo, Network, ecmp_hash
+from topocc.planner.routing.network import MAX_PATHS, Memo, Network, _split_evenly, ecmp_hash
+from topocc.planner.topology.model import Link
 from topocc.planner.topology.parse import parse_topology_text
 
 
@@ -170,8 +171,6 @@ def test_common_links_are_those_every_cheapest_path_crosses() -> None:
 def test_spray_bandwidth_by_counting_paths_is_the_listed_paths_float(name: str) -> None:
     """Counting the cheapest paths through each link gives bit for bit the bandwidth the even split of the listed
     paths gives, and declines (None) exactly where :meth:`routes` keeps only the first MAX_PATHS paths."""
-    from topocc.planner.routing.network import MAX_PATHS
-
     topo = load(name).with_routing("spray")
     net = Network(topo)
     declined = 0
@@ -203,8 +202,6 @@ def test_spray_bandwidth_on_a_fat_tree_sample() -> None:
 def test_a_pair_behind_more_than_16_spines_sprays_over_16_that_its_hash_picks() -> None:
     """20 spines: each pair across the leaves keeps 16 paths, not the same 16 for every pair, so that the pairs
     together load every spine (the first 16 alone would leave a fifth of the spine links idle)."""
-    from benchmarks.fabrics import fat_tree
-
     topo = parse_topology_text(fat_tree(4, 2, 20, 1).yaml, "fat-tree").with_routing("spray")
     net = Network(topo)
     used: dict[str, int] = {}
@@ -253,3 +250,64 @@ def test_a_route_exists_where_the_route_search_finds_one(name: str) -> None:
     assert found == [[searched.has_route(a, b) for b in range(topo.size)] for a in range(topo.size)]
     assert (net._fabric_parts is None) == (name in ("dgx2-2chassis.yaml", "ndv2-2chassis.yaml"))
     assert all(map(all, found)) == (name not in ("rail-only", "dgx2-2chassis.yaml", "ndv2-2chassis.yaml"))
+
+
+def _every_path(net: Network, src: int, dst: int) -> list[tuple[Link, ...]]:
+    """Every cheapest path of the pair, walked over the links on one (no cap on their number)."""
+    links = net.equal_cost_links(src, dst)
+    out: dict[str, list[Link]] = {}
+    for link in links:
+        out.setdefault(link.src, []).append(link)
+    target = net.topology.ranks[dst]
+
+    def walk(node: str) -> list[tuple[Link, ...]]:
+        if node == target:
+            return [()]
+        return [(link, *rest) for link in out[node] for rest in walk(link.dst)]
+
+    return walk(net.topology.ranks[src])
+
+
+@pytest.mark.parametrize("spines", [17, 20])
+def test_a_pair_sprayed_over_more_than_16_paths_counts_them_all(spines: int) -> None:
+    """Behind more than MAX_PATHS spines a sprayed pair is one flow whose share on each link is the paths
+    through it over all paths: the even split of every path (listed here without a cap), with the slowest
+    path's latency; under ECMP the same pair is hashed onto one path, as before."""
+    topo = parse_topology_text(fat_tree(4, 2, spines, 1).yaml, "fat-tree").with_routing("spray")
+    net = Network(topo)
+    for a, b in [(0, 16), (3, 31), (17, 2)]:
+        every = _every_path(net, a, b)
+        assert len(every) == spines > MAX_PATHS
+        sprayed = net.sprayed(a, b)
+        assert sprayed is not None
+        expected = {key: pytest.approx(share, rel=1e-12) for key, share in _split_evenly(every).items()}
+        assert net.route_shares(a, b) == expected and net.even_shares(a, b) == expected
+        assert net.route_bandwidth(a, b) == pytest.approx(
+            min(topo.bandwidth(*key) / share for key, share in _split_evenly(every).items()), rel=1e-12)
+        assert net.route_latency(a, b) == pytest.approx(max(sum(ln.latency for ln in p) for p in every))
+        assert net.routed_by_shape(a, b)
+    assert net.sprayed(0, 1) is None  # within a host: one path, listed
+    hashed = Network(topo.with_routing("ecmp"))
+    assert hashed.sprayed(0, 16) is None and len(hashed.connection_paths(0, 16)) == 1
+
+
+def test_a_torus_pair_with_more_than_16_paths_sprays_over_all() -> None:
+    """On a 4x4 torus under spray, the 16 pairs two hops apart in both dimensions have 24 cheapest paths:
+    their shares are the even split of all 24; every other pair lists its paths as before."""
+    topo = load("torus-4x4.yaml").with_routing("spray")
+    net = Network(topo)
+    wide = 0
+    for a in range(topo.size):
+        for b in range(topo.size):
+            if a == b:
+                continue
+            every = _every_path(net, a, b)
+            sprayed = net.sprayed(a, b)
+            assert (sprayed is not None) == (len(every) > MAX_PATHS)
+            if sprayed is None:
+                assert len(net.routes(a, b)) == len(every)
+                continue
+            wide += 1
+            shares = dict(zip(((topo.links[k].src, topo.links[k].dst) for k in sprayed.links), sprayed.shares))
+            assert shares == {key: pytest.approx(s, rel=1e-12) for key, s in _split_evenly(every).items()}
+    assert wide == 16

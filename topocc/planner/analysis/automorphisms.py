@@ -11,7 +11,8 @@ carries the same load.  The simulator then runs one rank per orbit
 (:func:`~topocc.planner.analysis.simulate.simulate`).
 
 The candidates are the translations of the schedule's grid and of the topology's hierarchy, one digit at a
-time (a ring's ``+1``, halving-doubling's flipped bit); each is kept where the schedule's formulas commute
+time (a ring's ``+1``, halving-doubling's flipped bit; where racks come in pods, a rack moved within its pod
+and the pods moved); each is kept where the schedule's formulas commute
 with it and it extends to the network.  The extension maps the ranks' devices as the permutation says, then
 each mapped device's neighbours onto its image's (the first free one of the same link attributes and kind
 whose already-mapped neighbours agree), and is checked link by link, so a wrong guess costs a candidate, never
@@ -31,7 +32,7 @@ from topocc.planner.routing.network import Memo, Network
 from topocc.runtime.schedule import Schedule
 from topocc.runtime.symmetric import Formula, Symmetry, grid_strides
 
-__all__ = ["Commuting", "Orbits", "PairKey", "PairOrbits", "has_symmetries", "pair_key", "pair_orbits",
+__all__ = ["Commuting", "Orbits", "PairKey", "PairOrbits", "has_symmetries", "hosts_alike", "pair_key", "pair_orbits",
            "schedule_orbits"]
 
 
@@ -70,14 +71,20 @@ def _orbits(net: Network, schedule: Schedule, sym: Symmetry, fabric: _Fabric) ->
     commuting = Commuting(sym)
     rank_label = np.arange(ranks)
     link_perms: list[np.ndarray] = []
-    for shape in dict.fromkeys((topo.levels, sym.shape)):
-        for perm in _translations(shape):
-            if np.array_equal(rank_label[perm], rank_label) or not commuting.under(perm):
-                continue  # it joins no orbits, or the schedule does not commute with it
-            link_perm = fabric.extend(perm)
-            if link_perm is not None:
-                link_perms.append(link_perm)
-                rank_label = _orbit_labels(rank_label, [perm])
+    # the hierarchy's translations (with its pods, where it has some) and those of the schedule's own grid
+    candidates = [*_translations(topo.levels), *(d.perm for d in net.memo(_DIGITS)), *_translations(sym.shape)]
+    tried: set[bytes] = set()
+    for perm in candidates:
+        key = perm.tobytes()
+        if key in tried:
+            continue
+        tried.add(key)
+        if np.array_equal(rank_label[perm], rank_label) or not commuting.under(perm):
+            continue  # it joins no orbits, or the schedule does not commute with it
+        link_perm = fabric.extend(perm)
+        if link_perm is not None:
+            link_perms.append(link_perm)
+            rank_label = _orbit_labels(rank_label, [perm])
     if not link_perms:
         return None
     reps, sizes = np.unique(rank_label, return_counts=True)
@@ -94,10 +101,22 @@ def _orbits(net: Network, schedule: Schedule, sym: Symmetry, fabric: _Fabric) ->
 
 
 def has_symmetries(net: Network) -> bool:
-    """Whether a translation of the topology's hierarchy (one of racks, hosts or GPUs moved by one) extends to
-    an automorphism of the network: where none does (a mesh's edges, a host unlike the others) no schedule
-    is replayed by class, and a compiler need not look for its symmetric form to time it."""
+    """Whether a translation of the topology's hierarchy (one of racks, hosts or GPUs moved by one, or racks
+    moved within their pod and pods moved, :func:`_digits`) extends to an automorphism of the network: where
+    none does (a mesh's edges, a host unlike the others) no schedule is replayed by class, and a compiler need
+    not look for its symmetric form to time it."""
     return net.memo(_PAIRS) is not None
+
+
+def hosts_alike(net: Network) -> bool:
+    """Whether the hierarchy's translations that are automorphisms (pods included) carry one host onto every
+    other: then no host is behind fewer or slower links than another."""
+    digits = net.memo(_DIGITS)
+    if not digits:
+        return False
+    label = _orbit_labels(np.arange(net.topology.size), [d.perm for d in digits])
+    host = np.asarray(net.topology.host_index)
+    return bool(np.unique(host[label == 0]).size == len(net.topology.hosts))
 
 
 class PairKey:
@@ -145,12 +164,30 @@ class _Digit:
 
 def _digits(net: Network) -> list[_Digit]:
     fabric = net.memo(_FABRIC)
-    out = []
-    for stride, n, perm in _digit_translations(net.topology.levels):
-        link_perm = fabric.extend(perm)
-        if link_perm is not None and fabric.keeps_hosts(link_perm):
-            out.append(_Digit(stride, n, perm, link_perm))
+    levels = net.topology.levels
+    out = [d for d in (_digit(fabric, *t) for t in _digit_translations(levels)) if d is not None]
+    top, below = levels[0], math.prod(levels[1:])
+    if len(levels) > 1 and not any(d.stride == below for d in out):
+        # the outermost digit (racks, or hosts) moved by one is no automorphism where its members come in
+        # pods (a rail-optimised fabric's scalable units under their pod's spines); moving them within their
+        # pod and moving the pods are, for the largest pod size for which both extend
+        for per_pod in range(top // 2, 1, -1):
+            if top % per_pod:
+                continue
+            _, inner, outer = _digit_translations((top // per_pod, per_pod, below))
+            within = _digit(fabric, *inner)
+            pods = None if within is None else _digit(fabric, *outer)
+            if within is not None and pods is not None:
+                out += [within, pods]
+                break
     return out
+
+
+def _digit(fabric: _Fabric, stride: int, n: int, perm: np.ndarray) -> _Digit | None:
+    """The digit of ``stride`` and size ``n`` whose translation is ``perm`` where that extends to an automorphism
+    that keeps hosts whole (:meth:`_Fabric.keeps_hosts`); else None."""
+    link_perm = fabric.extend(perm)
+    return _Digit(stride, n, perm, link_perm) if link_perm is not None and fabric.keeps_hosts(link_perm) else None
 
 
 @dataclass(frozen=True, slots=True)

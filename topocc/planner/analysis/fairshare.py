@@ -57,11 +57,13 @@ SEARCH_LINKS = 64
 SEARCH_SKIPS = 8
 #: Unchanged flows keep their rates only below the level ``theta`` less this (relative): ties at theta refill.
 _THETA_MARGIN = 1e-9
+#: A link whose unfixed flows' fractions sum to no more than this carries none (weighted flows leave rounding).
+_EMPTY = 1e-9
 
 
 def fair_rates(flows: Sequence[int], links: Collection[int], flow_links: Mapping[int, Sequence[int]],
                link_flows: Mapping[int, Collection[int]], bandwidth: Sequence[float], cap: list[float],
-               cnt: list[int]) -> dict[int, float]:
+               cnt: list[float], flow_coefs: Mapping[int, Sequence[float]] | None = None) -> dict[int, float]:
     """Max-min fair rates of a component by progressive filling (Bertsekas & Gallager, Data Networks, 6.5.2).
 
     Repeatedly the link with the smallest fair share (remaining capacity / unfixed
@@ -71,17 +73,24 @@ def fair_rates(flows: Sequence[int], links: Collection[int], flow_links: Mapping
     its current share when it reaches the top.  ``cap`` and ``cnt`` are scratch
     arrays indexed by link, overwritten for the component's links.  Costs
     O(F h + L log L) for F flows of h hops on L links.
+
+    A flow in ``flow_coefs`` puts that fraction of its rate on each of its links (in the order of
+    ``flow_links``): a message sprayed over many paths as one flow.  A link's fair share is then its
+    remaining capacity over the unfixed flows' fractions on it; the filling is otherwise the same.
     """
+    coefs = flow_coefs or {}
     if len(flows) == 1:
         f = flows[0]
+        if f in coefs:
+            return {f: min(bandwidth[link] / c for link, c in zip(flow_links[f], coefs[f]))}
         return {f: min(bandwidth[link] for link in flow_links[f])}
-    heap = []
     for link in links:
-        n = len(link_flows[link])
-        c = bandwidth[link]
-        cap[link] = c
-        cnt[link] = n
-        heap.append((c / n, link))
+        cap[link] = bandwidth[link]
+        cnt[link] = len(link_flows[link])
+    for f, parts in coefs.items():  # a weighted flow is listed once per occurrence of a link: count c, not 1
+        for link, c in zip(flow_links[f], parts):
+            cnt[link] += c - 1
+    heap = [(cap[link] / cnt[link], link) for link in links]
     heapq.heapify(heap)
     heappop, heappush = heapq.heappop, heapq.heappush
     rates: dict[int, float] = {}
@@ -89,7 +98,7 @@ def fair_rates(flows: Sequence[int], links: Collection[int], flow_links: Mapping
     while heap:
         share, link = heappop(heap)
         n = cnt[link]
-        if not n:
+        if n <= _EMPTY:
             continue
         current = cap[link] / n
         if current > share * (1 + SAME_INSTANT):
@@ -101,17 +110,26 @@ def fair_rates(flows: Sequence[int], links: Collection[int], flow_links: Mapping
             if f in rates:
                 continue
             rates[f] = share
-            for other in flow_links[f]:
-                cap[other] -= share
-                cnt[other] -= 1
+            fractions = coefs.get(f)
+            if fractions is None:
+                for other in flow_links[f]:
+                    cap[other] -= share
+                    cnt[other] -= 1
+            else:
+                for other, c in zip(flow_links[f], fractions):
+                    cap[other] -= share * c
+                    cnt[other] -= c
     return rates
 
 
-def fair_rates_vector(paths: np.ndarray, bandwidth: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+def fair_rates_vector(paths: np.ndarray, bandwidth: np.ndarray, weights: np.ndarray | None = None,
+                      coefs: np.ndarray | None = None) -> np.ndarray:
     """Max-min fair rates of the flows whose paths are the rows of ``paths`` (link indices, -1 after the last).
 
     With ``weights``, row i stands for ``weights[i]`` flows on that path (flows on
-    one path get one rate), so the caller passes each distinct path once.
+    one path get one rate), so the caller passes each distinct path once.  With
+    ``coefs`` (the shape of ``paths``), a flow puts that fraction of its rate on
+    each link of its row (as :func:`fair_rates`' ``flow_coefs``); else all of it.
 
     The progressive filling of :func:`fair_rates`, in rounds: a link whose fair
     share is no larger (within a relative :data:`SAME_INSTANT`) than the share
@@ -127,10 +145,11 @@ def fair_rates_vector(paths: np.ndarray, bandwidth: np.ndarray, weights: np.ndar
     n = paths.shape[0]
     links = bandwidth.size  # indexed by the fabric's own link numbers: no renumbering (a sort) per call
     rows = np.where(paths >= 0, paths, links).astype(np.int64)  # ``links`` pads a short path
-    width = rows.shape[1]
     weight = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
+    # each (flow, link) entry's part of the flow's rate: 1 on a path (0 on the padding, which counts nothing)
+    coef = (paths >= 0).astype(np.float64) if coefs is None else np.asarray(coefs, dtype=np.float64)
     cap = np.append(bandwidth.astype(np.float64), np.inf)
-    cnt = np.bincount(rows.ravel(), np.repeat(weight, width), minlength=links + 1)
+    cnt = np.bincount(rows.ravel(), (weight[:, None] * coef).ravel(), minlength=links + 1)
     cnt[links] = 0.0
     rates = np.zeros(n)
     flows = np.arange(n)  # the unfixed flows, whose rows ``rows`` and weights ``weight`` still hold
@@ -148,36 +167,41 @@ def fair_rates_vector(paths: np.ndarray, bandwidth: np.ndarray, weights: np.ndar
             bottleneck = above == 0
             bottleneck[links] = False
             take = bottleneck[rows].any(axis=1)
-            fixed, gone, fixed_least = rows[take].ravel(), weight[take], least[take]
+            fixed, used, fixed_least = rows[take].ravel(), weight[take][:, None] * coef[take], least[take]
             rates[flows[take]] = fixed_least
-            cnt -= np.bincount(fixed, np.repeat(gone, width), minlength=links + 1)
-            cap -= np.bincount(fixed, np.repeat(gone * fixed_least, width), minlength=links + 1)
+            cnt -= np.bincount(fixed, used.ravel(), minlength=links + 1)
+            cap -= np.bincount(fixed, (used * fixed_least[:, None]).ravel(), minlength=links + 1)
             cnt[links] = 0.0  # the padding counts no flows
-            cap[cnt <= 0] = np.inf
+            cap[cnt <= _EMPTY] = np.inf
             keep = ~take
-            rows, weight, flows = rows[keep], weight[keep], flows[keep]
+            rows, weight, coef, flows = rows[keep], weight[keep], coef[keep], flows[keep]
     return rates
 
 
 @dataclass(slots=True)
 class Route:
     """A connection's route as the fabric uses it: paths as link indices, its links once, and the latency of
-    its slowest path."""
+    its slowest path.  With ``coefs``, each path is a flow that puts those fractions of its rate on its links
+    (a message sprayed over more paths than are listed, as one flow over all their links); else all of it."""
 
     paths: tuple[tuple[int, ...], ...]
     latency: float
     links: tuple[int, ...]
+    coefs: tuple[tuple[float, ...], ...] | None = None
 
 
-def make_route(paths: tuple[tuple[int, ...], ...], latency: float) -> Route:
-    """A :class:`Route` of ``paths`` (each a tuple of link indices, at least one link)."""
-    return Route(paths, latency, tuple(dict.fromkeys(link for path in paths for link in path)))
+def make_route(paths: tuple[tuple[int, ...], ...], latency: float,
+               coefs: tuple[tuple[float, ...], ...] | None = None) -> Route:
+    """A :class:`Route` of ``paths`` (each a tuple of link indices, at least one link), with ``coefs`` per path
+    where a path's flow puts only a fraction of its rate on a link."""
+    return Route(paths, latency, tuple(dict.fromkeys(link for path in paths for link in path)), coefs)
 
 
 class Fabric:
     """The flows on the wire and their max-min fair rates; messages come and go, flows end by themselves.
 
-    A message of k paths is k flows, one per path, each carrying an even share.
+    A message of k paths is k flows, one per path, each carrying an even share
+    (a path with fractions, :attr:`Route.coefs`, puts only those on its links).
     A flow keeps its bytes left at time ``last``, its rate and its finish time
     ``fin`` (inf for a free slot).  The caller adds messages (:meth:`add`),
     asks when the next flow ends (:meth:`next_end`), retires the flows that end
@@ -196,27 +220,31 @@ class Fabric:
         self.alive = np.zeros(0, dtype=bool)
         self.msg = np.zeros(0, dtype=np.int64)  # the message (its send's global id)
         self.pid = np.zeros(0, dtype=np.int64)  # the flow's path, by its id (see ``path_ids``)
-        # with ``record``: (start, bytes) of each flow sending, and (send, path, start, bytes) of each ended one
+        # with ``record``: (start, bytes) of each flow sending, and (send, path id, start, bytes) of each ended one
         self.begun: dict[int, tuple[float, float]] | None = {} if record else None
-        self.ended: list[tuple[int, tuple[int, ...], float, float]] = []
+        self.ended: list[tuple[int, int, float, float]] = []
         self.free: list[int] = []
         self.mark = np.zeros(max(messages, 1), dtype=bool)  # scratch: messages of the components reallocated
         self.link_msgs: list[set[int]] = [set() for _ in bandwidth]
         self.route: dict[int, Route] = {}  # by message
-        self.flows: dict[int, dict[int, tuple[int, ...]]] = {}  # by message: its flows sending, slot -> path
+        self.flows: dict[int, dict[int, int]] = {}  # by message: its flows sending, slot -> path id
         self.pending: list[tuple[int, Route, float]] = []  # messages added since the last reallocation
         self.touched: set[int] = set()  # links whose components must be reallocated
         self.scratch_cap = [0.0] * len(bandwidth)
-        self.scratch_cnt = [0] * len(bandwidth)
+        self.scratch_cnt = [0.0] * len(bandwidth)
         # Rates depend only on the multiset of paths on the wire (flows on one path get one rate), so an
         # instant at which as many flows start on each path as end on it (a connection's next message
         # following its last, the common case under tree packing) changes no rate: the new flows get the
         # rate of their path, and neither the component search nor a filling is needed.
-        self.path_ids: dict[tuple[int, ...], int] = {}  # each path that carried a flow, numbered from 0
+        # each path that carried a flow, numbered from 0 (a path with fractions by the path and its fractions)
+        self.path_ids: dict[object, int] = {}
+        self.paths: list[tuple[int, ...]] = []  # by path id
+        self.fractions: dict[int, tuple[float, ...]] = {}  # by path id, where a flow puts a fraction on its links
         self.path_rate = np.zeros(64)  # by path id: the rate of the flows on that path (when there are some)
         # by path id: the path's links, -1 after its last; the vector filling gets each distinct path once,
         # weighted by its flows (tree packing and MultiTree put tens of flows on one path)
         self.path_rows = np.full((64, 1), -1, dtype=np.int64)
+        self.path_coefs = np.zeros((64, 1))  # by path id: the fraction of a flow's rate on each link of its row
         self.delta: dict[int, int] = {}  # by path id: flows started less flows ended since the last reallocation
         self.skips = 0  # component searches still to skip (see SEARCH_SKIPS)
         self.backoff = 0  # searches skipped after the last one that gave up
@@ -257,13 +285,13 @@ class Fabric:
         flows = self.flows
         for slot, m, t in zip(slots, msgs, times.tolist()):
             mine = flows[m]
-            path = mine.pop(slot)
+            pid = mine.pop(slot)
             if self.begun is not None:
-                self.ended.append((m, path, *self.begun.pop(slot)))
+                self.ended.append((m, pid, *self.begun.pop(slot)))
             if mine:
                 # the message keeps its other paths' links (its component may only be larger than need be,
                 # which changes no rate); the others on this path may speed up
-                self.touched.add(path[0])
+                self.touched.add(self.paths[pid][0])
             else:
                 done.append((t, m))  # its last flow: the latest of its flows ending now
         done.sort()
@@ -314,30 +342,40 @@ class Fabric:
         at = 0
         for (send, route, share), k in zip(pending, counts):
             mine = taken[at:at + k]
-            self.flows[send] = dict(zip(mine, route.paths))
             if self.begun is not None:
                 self.begun.update((slot, (now, share)) for slot in mine)
             at += k
-            for path in route.paths:
-                pid = path_ids.get(path)
+            first = len(pids)
+            for i, path in enumerate(route.paths):
+                coefs = None if route.coefs is None else route.coefs[i]
+                pid = path_ids.get(path if coefs is None else (path, coefs))
                 if pid is None:
-                    pid = self._new_path(path)
+                    pid = self._new_path(path, coefs)
                 pids.append(pid)
                 delta[pid] = delta.get(pid, 0) + 1
+            self.flows[send] = dict(zip(mine, pids[first:]))
         self.pid[slots] = pids
         pending.clear()
         return slots
 
-    def _new_path(self, path: tuple[int, ...]) -> int:
-        """Number a path not seen before, and keep its row for the vector filling."""
-        pid = self.path_ids[path] = len(self.path_ids)
+    def _new_path(self, path: tuple[int, ...], coefs: tuple[float, ...] | None) -> int:
+        """Number a path not seen before (with its fractions, if any), and keep its row for the vector filling."""
+        pid = self.path_ids[path if coefs is None else (path, coefs)] = len(self.paths)
+        self.paths.append(path)
+        if coefs is not None:
+            self.fractions[pid] = coefs
         rows = self.path_rows
-        if pid == rows.shape[0] or len(path) > rows.shape[1]:
-            grown = np.full((2 * rows.shape[0], max(rows.shape[1], len(path))), -1, dtype=np.int64)
+        if pid >= rows.shape[0] or len(path) > rows.shape[1]:
+            height, width = max(2 * rows.shape[0], pid + 1), max(rows.shape[1], len(path))
+            grown = np.full((height, width), -1, dtype=np.int64)
             grown[:rows.shape[0], :rows.shape[1]] = rows
             self.path_rows = rows = grown
-            self.path_rate = np.concatenate([self.path_rate, np.zeros(grown.shape[0] - self.path_rate.size)])
+            grown_coefs = np.zeros((height, width))
+            grown_coefs[:self.path_coefs.shape[0], :self.path_coefs.shape[1]] = self.path_coefs
+            self.path_coefs = grown_coefs
+            self.path_rate = np.concatenate([self.path_rate, np.zeros(height - self.path_rate.size)])
         rows[pid, :len(path)] = path
+        self.path_coefs[pid, :len(path)] = 1.0 if coefs is None else coefs
         return pid
 
     def _components(self) -> list[list[int]] | None:
@@ -431,8 +469,8 @@ class Fabric:
         step = np.fromiter(delta.values(), np.int64, len(delta))
         changed = np.zeros(len(self.path_ids), dtype=bool)
         changed[ids[step != 0]] = True
-        rows = self.path_rows[paths]
-        link_sums = self._link_sums(rows)
+        rows, coefs = self.path_rows[paths], self.path_coefs[paths]
+        link_sums = self._link_sums(rows, coefs)
         gone = ids[step < 0]
         theta = float(old[gone].min()) if gone.size else np.inf
         grown, more = ids[step > 0], step[step > 0].astype(np.float64)
@@ -440,7 +478,7 @@ class Fabric:
             before = weight.astype(np.float64)  # flows on each path both before and after
             inside = grown < before.size
             before[grown[inside]] -= more[inside]
-            added = self._link_sums(self.path_rows[grown])(more)
+            added = self._link_sums(self.path_rows[grown], self.path_coefs[grown])(more)
             hit = np.flatnonzero(added)
             a, c = added[hit], bandwidth[hit]
             n, used = link_sums(before[paths])[hit], link_sums(before[paths] * old[paths])[hit]
@@ -449,18 +487,19 @@ class Fabric:
         if keep.any():
             rest = ~keep
             left = np.maximum(bandwidth - link_sums(np.where(keep, weight[paths] * old[paths], 0.0)), 0.0)
-            got = fair_rates_vector(rows[rest], left, weight[paths[rest]])
+            got = fair_rates_vector(rows[rest], left, weight[paths[rest]], coefs[rest])
             if (got > 0).all():  # else rounding starved a flow: fill from scratch
                 out = old[paths]
                 out[rest] = got
                 return out
-        return fair_rates_vector(rows, bandwidth, weight[paths])
+        return fair_rates_vector(rows, bandwidth, weight[paths], coefs)
 
-    def _link_sums(self, rows: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-        """For paths given as ``rows`` (link indices, -1 after the last): values per path -> sums per link."""
+    def _link_sums(self, rows: np.ndarray, coefs: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+        """For paths given as ``rows`` (link indices, -1 after the last) with their flows' fractions ``coefs``:
+        values per path (rates, flows) -> sums per link, each value times its fraction on the link."""
         on = rows >= 0
-        links, per_row, size = rows[on], on.sum(axis=1), self.bandwidth_np.size
-        return lambda values: np.bincount(links, np.repeat(values, per_row), minlength=size)
+        links, fractions, per_row, size = rows[on], coefs[on], on.sum(axis=1), self.bandwidth_np.size
+        return lambda values: np.bincount(links, np.repeat(values, per_row) * fractions, minlength=size)
 
     def _same_paths(self) -> bool:
         """Whether as many flows are on each path as after the last reallocation (rates are a function of that
@@ -471,10 +510,13 @@ class Fabric:
         """Fair rates of one component's flows by :func:`fair_rates`, by slot."""
         flow_links: dict[int, tuple[int, ...]] = {}
         link_flows: dict[int, list[int]] = {}
-        flows = self.flows
+        flow_coefs: dict[int, tuple[float, ...]] = {}
+        flows, paths, fractions = self.flows, self.paths, self.fractions
         for m in comp:
-            for slot, path in flows[m].items():
-                flow_links[slot] = path
+            for slot, pid in flows[m].items():
+                flow_links[slot] = path = paths[pid]
+                if pid in fractions:
+                    flow_coefs[slot] = fractions[pid]
                 for link in path:
                     found = link_flows.get(link)
                     if found is None:
@@ -482,7 +524,7 @@ class Fabric:
                     else:
                         found.append(slot)
         return fair_rates(list(flow_links), list(link_flows), flow_links, link_flows, self.bandwidth,
-                          self.scratch_cap, self.scratch_cnt)
+                          self.scratch_cap, self.scratch_cnt, flow_coefs)
 
     def _apply(self, slots: np.ndarray, rates: np.ndarray, now: float) -> None:
         """New rates for ``slots``: the flows whose rate changed (beyond rounding) get a new finish time."""
@@ -506,12 +548,12 @@ class Unshared:
 
     def __init__(self, bandwidth: list[float]) -> None:
         self.bandwidth = bandwidth
-        self.narrowest: dict[tuple[int, ...], float] = {}  # by path
+        self.narrowest: dict[object, float] = {}  # by path (and its fractions, where it has some)
         self.ends: list[tuple[float, int]] = []  # (when its last byte is out, send)
         self.route: dict[int, Route] = {}  # by message
         self.pending: list[tuple[int, Route, float]] = []  # messages added since the last reallocation
         self.touched: set[int] = set()  # always empty: nothing to reallocate
-        self.ended: list[tuple[int, tuple[int, ...], float, float]] = []  # never recorded
+        self.ended: list[tuple[int, int, float, float]] = []  # never recorded
 
     def add(self, send: int, route: Route, share: float) -> None:
         """Message ``send`` starts: a flow of ``share`` bytes per path (timed at :meth:`reallocate`)."""
@@ -523,10 +565,13 @@ class Unshared:
         narrowest, bandwidth = self.narrowest, self.bandwidth
         for send, route, share in self.pending:
             slowest = 0.0
-            for path in route.paths:
-                rate = narrowest.get(path)
+            for i, path in enumerate(route.paths):
+                coefs = None if route.coefs is None else route.coefs[i]
+                key = path if coefs is None else (path, coefs)
+                rate = narrowest.get(key)
                 if rate is None:
-                    rate = narrowest[path] = min(bandwidth[link] for link in path)
+                    rate = narrowest[key] = min(bandwidth[link] for link in path) if coefs is None else \
+                        min(bandwidth[link] / c for link, c in zip(path, coefs))
                 slowest = max(slowest, share / rate)
             heapq.heappush(self.ends, (now + slowest, send))
         self.pending.clear()

@@ -14,7 +14,10 @@ The model (the execution model of :mod:`topocc.runtime.schedule`, timed):
   paths, split evenly, under ``spray``; one path otherwise), or over the path
   the schedule records for the connection on a source-routed topology
   (:func:`topocc.planner.routing.paths.recorded_paths`); each path's share is one *flow* over
-  every link of the path, switches included;
+  every link of the path, switches included.  A pair sprayed over more than
+  :data:`~topocc.planner.routing.network.MAX_PATHS` paths sends each message as one flow over
+  all their links, putting on each link the share of the paths through it
+  (:meth:`~topocc.planner.routing.network.Network.sprayed`);
 * messages on one connection (sender, receiver, channel) are transmitted one
   after another, in the order they became ready, as on a TCP stream, an MPI
   pair or an NCCL channel; the next may start as soon as the previous one's
@@ -81,7 +84,7 @@ import heapq
 import math
 from array import array
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -203,7 +206,9 @@ class _LinkIndex:
         if found is None:
             if len(self.routes) >= _ROUTE_CACHE_PAIRS:
                 self.routes.clear()  # bounded memory: an alltoall on 1024 ranks touches a million pairs
-            found = self.routes[key] = self.indexed(self.net.connection_paths(src, dst, channel))
+            sprayed = self.net.sprayed(src, dst)
+            found = self.routes[key] = self.indexed(self.net.connection_paths(src, dst, channel)) \
+                if sprayed is None else make_route((sprayed.links,), sprayed.latency, (sprayed.shares,))
         return found
 
     def indexed(self, paths: tuple[tuple[Link, ...], ...]) -> Route:
@@ -243,21 +248,29 @@ def _suffix_bound(start: np.ndarray, link: np.ndarray, nbytes: np.ndarray, bandw
 
 
 def _heavy_links(chunks: Mapping[tuple[int, int, int], int], conn_route: Mapping[tuple[int, int, int], Route],
-                 bandwidth: list[float]) -> dict[tuple[int, int, int], tuple[int, ...]]:
-    """Per connection, its paths' links (each once a path) whose bytes take at least half the busiest link's
+                 bandwidth: list[float]) -> dict[tuple[int, int, int], tuple[tuple[int, float], ...]]:
+    """Per connection, its paths' links (each once a path, with its flow's fraction on it) whose bytes take at
+    least half the busiest link's
     time, from the ``chunks`` each connection sends.  :func:`_suffix_bound` over any links bounds the end,
     and a lightly loaded link seldom sets it, where keeping every link would multiply the entries (and the
     memory) by the length of the paths, for messages sprayed over many paths by their number too."""
     load: LinkLoad[int] = LinkLoad()
     for key, sent in chunks.items():
-        paths = conn_route[key].paths
-        share = sent / len(paths)  # chunks a path: only the ratios matter
-        for path in paths:
-            load.add_along(path, share)
+        route = conn_route[key]
+        share = sent / len(route.paths)  # chunks a path: only the ratios matter
+        for path, coefs in _fractions(route):
+            load.add_fractions(path, coefs, share)
     busiest = load.busiest(bandwidth.__getitem__)
-    return {key: tuple(link for path in route.paths for link in path
+    return {key: tuple((link, c) for path, coefs in _fractions(route) for link, c in zip(path, coefs)
                        if 2 * load.get(link) >= busiest * bandwidth[link])
             for key, route in conn_route.items()}
+
+
+def _fractions(route: Route) -> Iterable[tuple[tuple[int, ...], Sequence[float]]]:
+    """Each path of ``route`` with the fraction of its flow on each of its links (all of it where none given)."""
+    if route.coefs is not None:
+        return zip(route.paths, route.coefs)
+    return ((path, [1.0] * len(path)) for path in route.paths)
 
 
 def _chunks(setup: _Setup) -> dict[Connection, int]:
@@ -564,8 +577,8 @@ class _Setup:
         links = net.memo(_LINKS)
         programs = [schedule.programs[r] for r in orbits.reps]
         orbit_of = orbits.link_orbit.tolist()
-        routes = {key: make_route(tuple(tuple(orbit_of[k] for k in path) for path in route.paths), route.latency)
-                  for key, route in _routes(net, schedule, flat.connections, where).items()}
+        routes = {key: _on_orbits(route, orbit_of) for key, route in _routes(net, schedule, flat.connections,
+                                                                             where).items()}
         alone = [0.0] * len(orbits.link_count)
         for k, o in enumerate(orbit_of):
             alone[o] = links.bandwidth[k]  # the same on every link of an orbit
@@ -573,6 +586,23 @@ class _Setup:
         codecs = codec_costs(programs, flat.base, chunk_bytes(schedule, size_bytes), net.topology.calibration)
         return _Setup(schedule, size_bytes, where, links, flat, routes, _route_links(routes), bandwidth, codecs,
                       programs, alone, orbits)
+
+
+def _on_orbits(route: Route, orbit_of: list[int]) -> Route:
+    """``route`` on the link orbits: each link replaced by its orbit, a path crossing an orbit twice counting
+    it twice; a path with fractions puts their sum on each orbit it crosses (one entry each: a sprayed message
+    crosses thousands of links of a few orbits)."""
+    if route.coefs is None:
+        return make_route(tuple(tuple(orbit_of[k] for k in path) for path in route.paths), route.latency)
+    paths, coefs = [], []
+    for path, fractions in zip(route.paths, route.coefs):
+        summed: dict[int, float] = {}
+        for k, c in zip(path, fractions):
+            o = orbit_of[k]
+            summed[o] = summed.get(o, 0.0) + c
+        paths.append(tuple(summed))
+        coefs.append(tuple(summed.values()))
+    return make_route(tuple(paths), route.latency, tuple(coefs))
 
 
 def _route_links(routes: Mapping[Connection, Route]) -> dict[Connection, tuple[int, ...]]:
@@ -794,8 +824,13 @@ class _Run:
             return
         share = nbytes / len(route.paths)
         link_bytes = self.link_bytes
-        for link in self.conn_links[key]:
-            link_bytes[link] += share
+        if route.coefs is None:
+            for link in self.conn_links[key]:
+                link_bytes[link] += share
+        else:
+            for path, coefs in zip(route.paths, route.coefs):
+                for link, c in zip(path, coefs):
+                    link_bytes[link] += share * c
         self.on_wire(key, share, now)
         self.fabric.add(send, route, share)
 
@@ -870,13 +905,16 @@ class _Run:
         """Retire the flows that end by ``limit``; returns the messages whose last flow ended, as (time, send)."""
         fabric = self.fabric
         done = fabric.finish(limit)
-        if fabric.ended:  # recorded flows
+        if isinstance(fabric, Fabric) and fabric.ended:  # recorded flows
             names, op_rank, partner, programs, base = self.setup.links.names, self.op_rank, self.partner, \
                 self.programs, self.base
-            for send, path, start, nbytes in fabric.ended:
+            for send, pid, start, nbytes in fabric.ended:
                 src, dst = op_rank[send], op_rank[partner[send]]
                 step = programs[src][send - base[src]].step
-                self.link_events.extend(LinkEvent(*names[link], start, now, nbytes, src, dst, step) for link in path)
+                coefs = fabric.fractions.get(pid)
+                self.link_events.extend(
+                    LinkEvent(*names[link], start, now, nbytes if coefs is None else nbytes * coefs[i], src, dst, step)
+                    for i, link in enumerate(fabric.paths[pid]))
             fabric.ended.clear()
         return done
 
@@ -989,8 +1027,8 @@ class _ContentionFree(_Run):
         if len(loads[0]) < _LOADS_MAX:
             links = self.heavy[key]
             loads[0].extend([now] * len(links))
-            loads[1].extend(links)
-            loads[2].extend([share] * len(links))
+            loads[1].extend(link for link, _ in links)
+            loads[2].extend(share * c for _, c in links)
 
     #: A message goes on the wire as soon as both its ends are posted (and its fixed cost is paid): no
     #: connection is waited for.

@@ -41,6 +41,12 @@ class LinkLoad(Generic[K]):
         for link in links:
             amounts[link] = amounts.get(link, 0.0) + amount
 
+    def add_fractions(self, links: Iterable[K], fractions: Iterable[float], amount: float) -> None:
+        """Put ``fraction * amount`` on each of ``links`` (a flow's links, each with its fraction of the flow)."""
+        amounts = self.amounts
+        for link, fraction in zip(links, fractions):
+            amounts[link] = amounts.get(link, 0.0) + fraction * amount
+
     def add_shares(self, shares: Mapping[K, float], amount: float) -> None:
         """Put ``share * amount`` on each link of a route's ``shares`` (the fraction of its traffic each carries)."""
         amounts = self.amounts

@@ -7,7 +7,9 @@ do not forward data on their own: a schedule that needs to relay through a GPU s
 send).  Where a pair has several cheapest paths, the topology's ``routing`` says which a connection
 (sender, receiver, channel) takes, as its fabric would:
 
-* ``spray``: every message split evenly over the paths (adaptive routing, packet spraying);
+* ``spray``: every message split evenly over the paths (adaptive routing, packet spraying); where a pair has
+  more than :data:`MAX_PATHS` of them, as one flow putting on each link the share of the paths through it,
+  counted without listing the paths (:meth:`Network.sprayed`);
 * ``ecmp``: one path per connection; every device with several next hops on a cheapest path picks one by
   hashing the connection with its own name, as a switch hashes a flow's 5-tuple (:func:`ecmp_hash`);
 * ``dimension-order``: the one cheapest path that corrects the lowest dimension first (links labelled
@@ -37,7 +39,7 @@ from topocc.planner.routing.load import LinkLoad
 from topocc.planner.routing.route_trees import HubSearches, RouteTree, SharedTree, hubs, route_tree, search
 from topocc.planner.topology.model import Link, Topology
 
-__all__ = ["MAX_PATHS", "PER_CONNECTION", "Memo", "Network", "ecmp_hash", "network_of"]
+__all__ = ["MAX_PATHS", "PER_CONNECTION", "Memo", "Network", "Spray", "ecmp_hash", "network_of"]
 
 T = TypeVar("T")
 
@@ -46,8 +48,9 @@ PER_CONNECTION = ("ecmp", "source")
 #: A route's cost is its latency plus the time a message of this size takes on each hop:
 #: both terms matter when choosing between a short slow path and a longer fast one.
 ROUTE_REFERENCE_BYTES = 1 << 20
-#: At most this many equal-cost paths are kept per pair (messages are split evenly over them); a pair with
-#: more keeps those its hash picks (:meth:`Network.routes`).
+#: At most this many equal-cost paths are listed per pair (messages are split evenly over them); a pair with
+#: more lists those its hash picks (:meth:`Network.routes`), and under spray is modelled by counting all of
+#: them instead (:meth:`Network.sprayed`).
 MAX_PATHS = 16
 #: From this many ranks on, routes are read off shared searches where the fabric has few hubs
 #: (:mod:`topocc.planner.routing.route_trees`): above it one search per rank costs seconds; below it the
@@ -81,6 +84,29 @@ class Memo(Generic[T]):
     build: Callable[[Network], T]
 
 
+@dataclass(frozen=True, slots=True)
+class Spray:
+    """A message sprayed over all of a pair's cheapest paths, more than :data:`MAX_PATHS` of them: the links on
+    some path (indices into the topology's links) with the share of the message each carries (the paths
+    through it over all paths), and the latency of the slowest path."""
+
+    links: tuple[int, ...]
+    shares: tuple[float, ...]
+    latency: float
+
+
+@dataclass(frozen=True, slots=True)
+class _PathCounts:
+    """The cheapest paths of a pair, counted: ``paths`` of them; ``order``, the devices on some path in
+    depth-first postorder back from the destination (every device after those on the way to it from the
+    source), each with its ``parents`` links; ``into``, the paths from the source to each device."""
+
+    paths: int
+    order: list[int]
+    parents: dict[int, tuple[int, ...]]
+    into: dict[int, int]
+
+
 def network_of(where: Topology | Network) -> Network:
     """``where`` itself if it is a network, else a fresh one for the topology (nothing shared with others)."""
     return where if isinstance(where, Network) else Network(where)
@@ -103,6 +129,7 @@ class Network:
         self._shares_cache: dict[tuple[int, int, int], dict[tuple[str, str], float]] = {}
         self._even_cache: dict[tuple[int, int], dict[tuple[str, str], float]] = {}
         self._latency_cache: dict[tuple[int, int, int], float] = {}
+        self._spray_cache: dict[tuple[int, int], Spray | None] = {}
         self._memos: dict[Memo[Any], Any] = {}
         self._reversed: Network | None = None
 
@@ -388,25 +415,9 @@ class Network:
 
     def routed_by_shape(self, src: int, dst: int) -> bool:
         """Whether the pair's connections take paths that the network's shape alone decides: its only cheapest
-        path, or under ``spray`` every cheapest path (at most :data:`MAX_PATHS`).  An automorphism of the
-        network then carries them onto its image pair's paths, where a hash or a cap on the paths kept
-        would not."""
-        hops, choices = self._next_hops(src, dst)
-        if not choices:
-            return True
-        if self.topology.routing != "spray":
-            return False
-        _, _, rank_device = self._graph
-        index, links = self._device_position, self._links
-        paths: dict[int, int] = {rank_device[dst]: 1}  # paths from each device to the destination
-
-        def count(node: int) -> int:
-            found = paths.get(node)
-            if found is None:  # the hops form a DAG whose every device reaches the destination
-                found = paths[node] = sum(count(index[links[k].dst]) for k in hops[node])
-            return found
-
-        return count(rank_device[src]) <= MAX_PATHS
+        path, or under ``spray`` every cheapest path (listed or counted, :meth:`sprayed`).  An automorphism of
+        the network then carries them onto its image pair's paths, where a hash would not."""
+        return self.topology.routing == "spray" or not self._next_hops(src, dst)[1]
 
     def connection_paths(self, src: int, dst: int, channel: int = 0) -> tuple[tuple[Link, ...], ...]:
         """The paths the messages of connection ``(src, dst, channel)`` take under the topology's routing.
@@ -414,7 +425,10 @@ class Network:
         A message is split evenly over them: all of :meth:`routes` under
         ``spray``, one path otherwise (under ``source``, the ``ecmp`` path: a
         schedule's recorded choices are applied by :func:`topocc.planner.routing.paths.recorded_paths`).
-        Empty when the pair has no route.
+        Empty when the pair has no route.  A pair sprayed over more than
+        :data:`MAX_PATHS` paths lists those its hash picks here (for callers
+        that want some of its links); its shares, bandwidth and latency, and the
+        simulator's flow, come from :meth:`sprayed`.
         """
         key = self.route_key(src, dst, channel)
         cache: dict[tuple[int, int, int], tuple[tuple[Link, ...], ...]] = self._connection_cache
@@ -473,13 +487,16 @@ class Network:
 
         Under :meth:`connection_paths`: one path carries all of it, or (spray)
         the paths share it evenly, and links that several paths share carry
-        every share.
+        every share; beyond :data:`MAX_PATHS` sprayed paths, the counted shares
+        of :meth:`sprayed`.
         """
         cache: dict[tuple[int, int, int], dict[tuple[str, str], float]] = self._shares_cache
         key = self.route_key(src, dst, channel)
         found = cache.get(key)
         if found is None:
-            found = _split_evenly(self.connection_paths(src, dst, channel))
+            sprayed = self.sprayed(src, dst)
+            found = _split_evenly(self.connection_paths(src, dst, channel)) if sprayed is None else \
+                self._named_shares(sprayed)
             if len(cache) >= _PATH_CACHE_PAIRS:
                 cache.clear()
             cache[key] = found
@@ -487,12 +504,14 @@ class Network:
 
     def even_shares(self, src: int, dst: int) -> dict[tuple[str, str], float]:
         """The fraction of a message from rank ``src`` to rank ``dst`` on each directed link were it split evenly
-        over all the pair's equal-cost paths (:meth:`routes`): what ``spray`` does, and what spreading
-        connections over the paths comes near under ECMP."""
+        over all the pair's equal-cost paths (:meth:`routes`; under spray beyond :data:`MAX_PATHS`, all of them
+        counted, :meth:`sprayed`): what ``spray`` does, and what spreading connections over the paths comes near
+        under ECMP."""
         cache: dict[tuple[int, int], dict[tuple[str, str], float]] = self._even_cache
         found = cache.get((src, dst))
         if found is None:
-            found = _split_evenly(self.routes(src, dst))
+            sprayed = self.sprayed(src, dst)
+            found = _split_evenly(self.routes(src, dst)) if sprayed is None else self._named_shares(sprayed)
             if len(cache) >= _PATH_CACHE_PAIRS:
                 cache.clear()
             cache[(src, dst)] = found
@@ -509,29 +528,75 @@ class Network:
             found = self._spray_bandwidth(src, dst)
             if found is not None:
                 return found
+            sprayed = self.sprayed(src, dst)
+            if sprayed is not None:
+                bandwidth = self._link_bandwidth
+                return min(bandwidth[k] / share for k, share in zip(sprayed.links, sprayed.shares))
         shares = self.route_shares(src, dst, channel)
         return min((self._by_pair[key].bandwidth / share for key, share in shares.items()), default=0.0)
 
     def _spray_bandwidth(self, src: int, dst: int) -> float | None:
-        """:meth:`route_bandwidth` under spray by counting paths, or None where :meth:`routes` would keep only
-        :data:`MAX_PATHS` of the paths (or there is no route).
+        """:meth:`route_bandwidth` under spray by counting paths, or None where the pair has more than
+        :data:`MAX_PATHS` of them (:meth:`sprayed` models those) or no route.
 
         A link ``u -> v`` lies on (paths from ``src`` to ``u``) x (paths from ``v`` to ``dst``) of the pair's
         cheapest paths; its share is that many times 1/n summed one by one, the same float the even split of
         the listed paths (:func:`_split_evenly`) adds up.
         """
+        counts = self._path_counts(src, dst)
+        if counts is None or counts.paths > MAX_PATHS:
+            return None
+        n = counts.paths
+        totals = [0.0]  # totals[c]: 1/n added c times
+        share = 1.0 / n
+        for _ in range(n):
+            totals.append(totals[-1] + share)
+        bandwidth = self._link_bandwidth
+        return min(bandwidth[k] / totals[c] for k, c in self._through(src, dst, counts).items())
+
+    def sprayed(self, src: int, dst: int) -> Spray | None:
+        """Under spray, the pair's message as one flow over all of its cheapest paths where it has more than
+        :data:`MAX_PATHS` of them; None where it has fewer (they are listed, :meth:`routes`), no route, or the
+        routing is not spray.  Counting the paths through each link costs a pass over the
+        devices on them, where listing them would cost their number: 32,768 between two pods of rail-65536.
+        """
+        if self.topology.routing != "spray":
+            return None
+        cache = self._spray_cache
+        if (src, dst) in cache:
+            return cache[(src, dst)]
+        counts = self._path_counts(src, dst)
+        found = None
+        if counts is not None and counts.paths > MAX_PATHS:
+            n = counts.paths
+            through = self._through(src, dst, counts)
+            latency: dict[int, float] = {}  # the slowest path's latency from ``src`` to each device
+            links, link_src = self._links, self._link_src
+            for node in counts.order:
+                ks = counts.parents[node]
+                latency[node] = max((latency[link_src[k]] + links[k].latency for k in ks), default=0.0)
+            found = Spray(tuple(through), tuple(c / n for c in through.values()), latency[counts.order[-1]])
+        if len(cache) >= _PATH_CACHE_PAIRS:
+            cache.clear()
+        cache[(src, dst)] = found
+        return found
+
+    def _named_shares(self, sprayed: Spray) -> dict[tuple[str, str], float]:
+        """The shares of a sprayed message keyed by link ends, as :meth:`route_shares` gives them."""
+        links = self._links
+        return {(links[k].src, links[k].dst): share for k, share in zip(sprayed.links, sprayed.shares)}
+
+    def _path_counts(self, src: int, dst: int) -> _PathCounts | None:
+        """The pair's cheapest paths counted (see :class:`_PathCounts`); None without a route."""
         tree = self._shortest_from(src)
         if src == dst or tree.cost[dst] == float("inf"):
             return None
         first, extra = tree.first, tree.extra
         link_src = self._link_src
         _, _, rank_device = self._graph
-        target = rank_device[dst]
-        # the devices on some cheapest path, in depth-first postorder back from the destination (every device
-        # after those on the way to it from ``src``), each with its parent links
         parents: dict[int, tuple[int, ...]] = {}
         order: list[int] = []
-        stack = [(target, False)]
+        stack = [(rank_device[dst], False)]
         while stack:
             node, done = stack.pop()
             if done:
@@ -545,7 +610,7 @@ class Network:
             for k in ks:
                 if link_src[k] not in parents:
                     stack.append((link_src[k], False))
-        into: dict[int, int] = {}  # paths from ``src`` to each device
+        into: dict[int, int] = {}
         for node in order:
             ks = parents[node]
             if ks:
@@ -555,23 +620,21 @@ class Network:
                 into[node] = count
             else:
                 into[node] = 1
-        n = into[target]
-        if n > MAX_PATHS:
-            return None
+        return _PathCounts(into[order[-1]], order, parents, into)
+
+    def _through(self, src: int, dst: int, counts: _PathCounts) -> dict[int, int]:
+        """How many of the pair's cheapest paths cross each link on one (by link index)."""
+        link_src = self._link_src
+        parents, into = counts.parents, counts.into
         out = dict.fromkeys(parents, 0)  # paths from each device to ``dst``
-        out[target] = 1
-        through: dict[int, int] = {}  # paths through each link (a link is the parent link of one device only)
-        for node in reversed(order):  # every device before those nearer ``src``
+        out[counts.order[-1]] = 1
+        through: dict[int, int] = {}  # a link is the parent link of one device only
+        for node in reversed(counts.order):  # every device before those nearer ``src``
             paths = out[node]
             for k in parents[node]:
                 out[link_src[k]] += paths
                 through[k] = into[link_src[k]] * paths
-        totals = [0.0]  # totals[c]: 1/n added c times
-        share = 1.0 / n
-        for _ in range(n):
-            totals.append(totals[-1] + share)
-        bandwidth = self._link_bandwidth
-        return min(bandwidth[k] / totals[c] for k, c in through.items())
+        return through
 
     def route_latency(self, src: int, dst: int, channel: int = 0) -> float:
         """Latency of connection ``(src, dst, channel)``: of its slowest path, as the simulator charges it.
@@ -581,8 +644,10 @@ class Network:
         key = self.route_key(src, dst, channel)
         found = cache.get(key)
         if found is None:
-            paths = self.connection_paths(src, dst, channel)
-            found = max(sum(link.latency for link in path) for path in paths) if paths else float("inf")
+            sprayed = self.sprayed(src, dst)
+            paths = self.connection_paths(src, dst, channel) if sprayed is None else ()
+            found = sprayed.latency if sprayed is not None else \
+                max(sum(link.latency for link in path) for path in paths) if paths else float("inf")
             if len(cache) >= _PATH_CACHE_PAIRS:
                 cache.clear()
             cache[key] = found

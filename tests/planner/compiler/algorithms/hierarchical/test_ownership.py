@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.fabrics import heterogeneous_nics, rail_optimized
-from tests.planner.analysis.test_automorphisms import small_fattree
+from tests.planner.analysis.test_automorphisms import rail_pods, small_fattree
 from tests.planner.compiler.algorithms.test_baselines import check_schedule
 from topocc.planner.compiler.algorithms.hierarchical import hierarchical, ownership, stages
 from topocc.planner.compiler.evaluate import Evaluator
@@ -82,3 +82,22 @@ def test_where_every_host_is_anothers_image_their_rates_are_equal(name: str) -> 
         assert ownership(net, last, 0) is None
         assert max(rates.values()) == pytest.approx(min(rates.values()), rel=1e-12)
     assert (ownership(net, last, 0) is None) == (name != "hetero-nics-4x8")
+
+
+def test_at_scale_hosts_alike_keep_equal_parts_without_reading_a_route(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From BY_ORBIT_MIN_RANKS ranks on (lowered here), where every host is another's image (pods included)
+    ownership keeps equal parts without the route search from every rank that the host rates cost; unequal
+    NICs are still read and still get uneven parts."""
+    monkeypatch.setattr(ownership_module, "BY_ORBIT_MIN_RANKS", 0)
+    pods = Network(rail_pods())
+    last = stages(pods)[-1]
+    assert not ownership_module._one_orbit(pods, last)  # the ring across the pods is not moved within a pod
+
+    def refuse(*_: object) -> None:
+        raise AssertionError("host rates read")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ownership_module, "_host_rates", refuse)
+        assert ownership(pods, last, 0) is None
+    uneven = Network(heterogeneous_nics(UNEQUAL_NICS + UNEQUAL_NICS).topology())
+    assert ownership(uneven, stages(uneven)[-1], 0) is not None

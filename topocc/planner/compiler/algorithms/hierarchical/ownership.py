@@ -14,7 +14,8 @@ import heapq
 
 import numpy as np
 
-from topocc.planner.analysis.automorphisms import pair_orbits
+from topocc.planner.analysis.automorphisms import hosts_alike, pair_orbits
+from topocc.planner.compiler.algorithms.hierarchical.estimates import BY_ORBIT_MIN_RANKS
 from topocc.planner.compiler.algorithms.hierarchical.levels import Stage
 from topocc.planner.routing.network import Network
 from topocc.planner.routing.relay import path_shares
@@ -98,6 +99,10 @@ def ownership(net: Network, stage: Stage, channel: int) -> dict[int, int] | None
         return None
     if _one_orbit(net, stage):
         return None  # every host is another's image: equal rates, one part each
+    if net.topology.size >= BY_ORBIT_MIN_RANKS and hosts_alike(net):
+        # no host is behind slower links than another; what the routes of the ring pairs would add (reading
+        # them costs a route search from every rank) is not what ownership is for
+        return None
     rate = _host_rates(net, stage, channel)
     if min(rate.values()) <= 0:  # no route out of some host sampled: no basis for a choice
         return None
