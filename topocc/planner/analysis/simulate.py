@@ -250,10 +250,10 @@ def _suffix_bound(start: np.ndarray, link: np.ndarray, nbytes: np.ndarray, bandw
 def _heavy_links(chunks: Mapping[tuple[int, int, int], int], conn_route: Mapping[tuple[int, int, int], Route],
                  bandwidth: list[float]) -> dict[tuple[int, int, int], tuple[tuple[int, float], ...]]:
     """Per connection, its paths' links (each once a path, with its flow's fraction on it) whose bytes take at
-    least half the busiest link's
-    time, from the ``chunks`` each connection sends.  :func:`_suffix_bound` over any links bounds the end,
-    and a lightly loaded link seldom sets it, where keeping every link would multiply the entries (and the
-    memory) by the length of the paths, for messages sprayed over many paths by their number too."""
+    least half the busiest link's time, from the ``chunks`` each connection sends.  :func:`_suffix_bound` over
+    any links bounds the end, and a lightly loaded link seldom sets it, where keeping every link would multiply
+    the entries (and the memory) by the length of the paths, for messages sprayed over many paths by their
+    number too."""
     load: LinkLoad[int] = LinkLoad()
     for key, sent in chunks.items():
         route = conn_route[key]
