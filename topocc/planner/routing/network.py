@@ -528,7 +528,7 @@ class Network:
             found = self._spray_bandwidth(src, dst)
             if found is not None:
                 return found
-            sprayed = self.sprayed(src, dst)
+            sprayed = self.sprayed(src, dst)  # kept as the paths were counted
             if sprayed is not None:
                 bandwidth = self._link_bandwidth
                 return min(bandwidth[k] / share for k, share in zip(sprayed.links, sprayed.shares))
@@ -537,14 +537,19 @@ class Network:
 
     def _spray_bandwidth(self, src: int, dst: int) -> float | None:
         """:meth:`route_bandwidth` under spray by counting paths, or None where the pair has more than
-        :data:`MAX_PATHS` of them (:meth:`sprayed` models those) or no route.
+        :data:`MAX_PATHS` of them or no route.  Beyond :data:`MAX_PATHS` the counts give the pair's
+        :meth:`sprayed`, which is kept, so that the caller's next question does not count them again.
 
         A link ``u -> v`` lies on (paths from ``src`` to ``u``) x (paths from ``v`` to ``dst``) of the pair's
         cheapest paths; its share is that many times 1/n summed one by one, the same float the even split of
         the listed paths (:func:`_split_evenly`) adds up.
         """
         counts = self._path_counts(src, dst)
-        if counts is None or counts.paths > MAX_PATHS:
+        if counts is None:
+            return None
+        if counts.paths > MAX_PATHS:
+            if (src, dst) not in self._spray_cache:
+                self._keep_spray(src, dst, counts)
             return None
         n = counts.paths
         totals = [0.0]  # totals[c]: 1/n added c times
@@ -552,7 +557,7 @@ class Network:
         for _ in range(n):
             totals.append(totals[-1] + share)
         bandwidth = self._link_bandwidth
-        return min(bandwidth[k] / totals[c] for k, c in self._through(src, dst, counts).items())
+        return min(bandwidth[k] / totals[c] for k, c in self._through(counts).items())
 
     def sprayed(self, src: int, dst: int) -> Spray | None:
         """Under spray, the pair's message as one flow over all of its cheapest paths where it has more than
@@ -562,20 +567,23 @@ class Network:
         """
         if self.topology.routing != "spray":
             return None
-        cache = self._spray_cache
-        if (src, dst) in cache:
-            return cache[(src, dst)]
-        counts = self._path_counts(src, dst)
+        if (src, dst) in self._spray_cache:
+            return self._spray_cache[(src, dst)]
+        return self._keep_spray(src, dst, self._path_counts(src, dst))
+
+    def _keep_spray(self, src: int, dst: int, counts: _PathCounts | None) -> Spray | None:
+        """:meth:`sprayed` from the pair's counted paths, kept per pair."""
         found = None
         if counts is not None and counts.paths > MAX_PATHS:
             n = counts.paths
-            through = self._through(src, dst, counts)
+            through = self._through(counts)
             latency: dict[int, float] = {}  # the slowest path's latency from ``src`` to each device
             links, link_src = self._links, self._link_src
             for node in counts.order:
                 ks = counts.parents[node]
                 latency[node] = max((latency[link_src[k]] + links[k].latency for k in ks), default=0.0)
             found = Spray(tuple(through), tuple(c / n for c in through.values()), latency[counts.order[-1]])
+        cache = self._spray_cache
         if len(cache) >= _PATH_CACHE_PAIRS:
             cache.clear()
         cache[(src, dst)] = found
@@ -622,7 +630,7 @@ class Network:
                 into[node] = 1
         return _PathCounts(into[order[-1]], order, parents, into)
 
-    def _through(self, src: int, dst: int, counts: _PathCounts) -> dict[int, int]:
+    def _through(self, counts: _PathCounts) -> dict[int, int]:
         """How many of the pair's cheapest paths cross each link on one (by link index)."""
         link_src = self._link_src
         parents, into = counts.parents, counts.into
@@ -645,9 +653,11 @@ class Network:
         found = cache.get(key)
         if found is None:
             sprayed = self.sprayed(src, dst)
-            paths = self.connection_paths(src, dst, channel) if sprayed is None else ()
-            found = sprayed.latency if sprayed is not None else \
-                max(sum(link.latency for link in path) for path in paths) if paths else float("inf")
+            if sprayed is not None:
+                found = sprayed.latency
+            else:
+                paths = self.connection_paths(src, dst, channel)
+                found = max(sum(link.latency for link in path) for path in paths) if paths else float("inf")
             if len(cache) >= _PATH_CACHE_PAIRS:
                 cache.clear()
             cache[key] = found
