@@ -3,15 +3,18 @@ every rank, on correct schedules and on schedules broken in one place."""
 
 from __future__ import annotations
 
+import math
+import random
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.runtime.test_symmetric import ring
 from topocc.planner.analysis.verify import verify
-from topocc.planner.analysis.verify_symmetric import prove, verify_by_class
+from topocc.planner.analysis.verify_symmetric import _MESSAGE_KINDS, _by_blocks, _Grid, prove, verify_by_class
 from topocc.planner.compiler.compile import compile_schedule
 from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.symmetrize import grid_shapes, symmetrize
@@ -20,7 +23,7 @@ from topocc.planner.routing.network import Network
 from topocc.planner.topology.catalogue import resolve_topology
 from topocc.runtime.errors import ScheduleFormatError
 from topocc.runtime.schedule import Schedule, load_schedule
-from topocc.runtime.symmetric import Formula, SymmetricPrograms, Symmetry, TemplateOp, TemplateRef
+from topocc.runtime.symmetric import Formula, SymmetricPrograms, Symmetry, TemplateOp, TemplateRef, grid_strides
 
 SCHEDULES = Path(__file__).resolve().parents[3] / "schedules"
 FABRICS = ["dgx2-2chassis", "dgx-a100-4node", "emu-racks", "ndv2-2chassis", "torus-4x4", "mesh-4x4"]
@@ -101,7 +104,8 @@ def _breakages(schedule: Schedule) -> list[tuple[str, Schedule]]:
     assert sym is not None
     ops = sym.templates[0]
     out = []
-    recv = next(k for k, t in enumerate(ops) if t.kind == "recv_reduce" and t.dst is not None)
+    recv = next(k for kind in ("recv_reduce", "recv") for k, t in enumerate(ops)
+                if t.kind == kind and t.dst is not None)
     t = ops[recv]
     assert t.dst is not None
     out.append(("wrong chunk", _with_template(schedule, recv, replace(t, dst=TemplateRef(
@@ -121,9 +125,13 @@ def _breakages(schedule: Schedule) -> list[tuple[str, Schedule]]:
     return out
 
 
-@pytest.mark.parametrize("case", [("ring",), ("dgx-a100-4node", "halving-doubling"), ("emu-racks", "ring")])
+@pytest.mark.parametrize("case", [("ring",), ("dgx-a100-4node", "halving-doubling", "allreduce"),
+                                  ("emu-racks", "ring", "allreduce"),
+                                  ("dgx-a100-4node", "halving-doubling", "allgather"),
+                                  ("dgx-a100-4node", "halving-doubling", "reducescatter"),
+                                  ("torus-4x4", "halving-doubling", "reducescatter")])
 def test_a_broken_schedule_is_refused_by_class_as_rank_by_rank(case: tuple[str, ...]) -> None:
-    schedule = ring(8) if case == ("ring",) else symmetric(case[0], case[1], "allreduce")
+    schedule = ring(8) if case == ("ring",) else symmetric(*case)
     assert schedule is not None and verify_by_class(schedule) is not None
     refused = 0
     for what, broken in _breakages(schedule):
@@ -142,3 +150,89 @@ def test_wrong_data_from_another_orbit_member_is_named() -> None:
     broken = dict(_breakages(ring(8)))["wrong data"]
     with pytest.raises(VerificationError, match="reduces logical chunk"):
         verify_by_class(broken)
+
+
+# --------------------------------------------------------------------------- chunk permutations by blocks
+
+
+def _carried(sym: Symmetry, digit: int, pis: dict[str, np.ndarray], twisted: set[tuple[int, int]]) -> bool:
+    """Whether the translation of ``digit`` with ``pis`` carries every rank's operations onto its image's
+    (messages in order unless twisted, both sides of an operation alike), checked rank by rank."""
+    for rank in range(sym.ranks):
+        here = sym.coordinates(rank)
+        there = list(here)
+        there[digit] = (there[digit] + 1) % sym.shape[digit]
+        cls = sym.class_of(rank)
+        for k, t in enumerate(sym.templates[cls]):
+            sides = []
+            for ref in (t.src, t.dst):
+                if ref is None:
+                    continue
+                limit = sym.limits[ref.buffer]
+                a, b = (ref.index if isinstance(ref.index, int) else ref.index.at(p, limit) for p in (here, there))
+                moved = pis[ref.buffer][np.arange(a, a + ref.count)]
+                if sorted(moved.tolist()) != list(range(b, b + ref.count)):
+                    return False
+                sides.append(moved - b)
+            if t.kind in _MESSAGE_KINDS and (cls, k) not in twisted and any(
+                    (side != np.arange(side.size)).any() for side in sides):
+                return False
+            if len(sides) == 2 and not np.array_equal(sides[0], sides[1]):
+                return False
+    return True
+
+
+def _random_ref(rng: random.Random, shape: tuple[int, ...], buffer: str, unit: int, limit: int,
+                noisy: bool) -> TemplateRef:
+    """A reference into a buffer of blocks: a digit-wise formula over one block's chunks or a run of whole low
+    digits, its digits kept or (binary ones) flipped; where ``noisy``, also fixed, and now and then moved off
+    by one chunk or one coefficient."""
+    strides = grid_strides(shape)
+    low = rng.randrange(len(shape) + 1)  # the run's first digit (len(shape): within a block)
+    offset, coefs = 0, []
+    for e, (n, s) in enumerate(zip(shape, strides)):
+        kinds = ["keep", "flip", "fix"] if noisy else ["keep"] + (["flip"] if n == 2 else [])
+        kind = "fix0" if e >= low else rng.choice(kinds)
+        start = {"keep": 0, "flip": n - 1, "fix0": 0}.get(kind, rng.randrange(n))
+        coefs.append({"keep": unit * s, "flip": -unit * s}.get(kind, 0))
+        offset += unit * s * start
+    count = unit * math.prod(shape[low:]) if low < len(shape) else rng.randrange(1, unit + 1)
+    if low == len(shape):
+        offset += rng.randrange(unit - count + 1)
+    if noisy and rng.random() < 0.3:
+        offset += rng.choice([1, unit])
+    if noisy and rng.random() < 0.3:
+        e = rng.randrange(len(shape))
+        coefs[e] += rng.choice([1, unit, -unit])
+    return TemplateRef(buffer, Formula(offset % limit, tuple(c % limit for c in coefs)), count)
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 2), (2, 4), (4, 2, 3), (3, 2)])
+def test_chunks_moved_by_blocks_carry_every_rank(shape: tuple[int, ...]) -> None:
+    """Random templates over an all-gather's buffers: where the permutations are decided by blocks, every
+    rank's operations go onto its image's; and they are decided for templates that keep the digits."""
+    rng = random.Random(sum(shape) * 31 + len(shape))
+    ranks, unit = math.prod(shape), 2
+    limits = {"i": unit, "o": unit * ranks, "s": 0}
+    decided = 0
+    for _ in range(60):
+        ops = []
+        noisy = rng.random() < 0.5
+        for _ in range(rng.randrange(1, 6)):
+            ref = _random_ref(rng, shape, "o", unit, limits["o"], noisy)
+            kind = rng.choice(["send", "recv", "copy"])
+            if kind == "send":
+                ops.append(TemplateOp("send", peer=0, src=ref))
+            elif kind == "recv":
+                ops.append(TemplateOp("recv", peer=0, dst=ref))
+            else:
+                ops.append(TemplateOp("copy", src=TemplateRef("i", 0, min(unit, ref.count)), dst=replace(
+                    ref, count=min(unit, ref.count))))
+        sym = Symmetry(shape, (tuple(ops),), ((0, ranks),), limits)
+        grid = _Grid(sym, limits, {"o": unit})
+        for digit in range(len(shape)):
+            found = _by_blocks(grid, digit)
+            if found is not None:
+                decided += 1
+                assert _carried(sym, digit, *found), (ops, digit)
+    assert decided >= 30

@@ -16,8 +16,12 @@ representative's data, races and all (``pi`` keeps overlaps).  The symmetries fo
 digit translations; ``pi`` of each is checked to cycle back after the digit's size and to commute with the
 others', so each group element has one ``pi`` and the orbits are the ranks that differ only in those digits.
 
-The checks run over every rank of every class at once (numpy, one pass per digit and template operation);
-the proof proper runs the representatives' programs as :func:`~topocc.planner.analysis.verify.verify` runs
+The checks run over every rank of every class at once (numpy, one pass per digit and template operation).
+Where a collective lays a buffer out as one block per rank (an all-gather's output, a reduce-scatter's
+input) and every reference's formula is digit-wise (:mod:`~topocc.planner.analysis.digitwise`), ``pi`` is
+the translation of those blocks and each reference is checked once for the whole grid, digit by digit: an
+all-gather's template has an operation per rank, so the checks over every rank would grow with the ranks
+squared.  The proof proper runs the representatives' programs as :func:`~topocc.planner.analysis.verify.verify` runs
 every rank's, reading a message from a rank outside them as its representative's data, keys and masks
 moved by the translation between the two.  Where no digit qualifies (a per-rank schedule, a rooted or
 in-place collective, an encoded schedule), :func:`verify_by_class` returns None and the caller proves every
@@ -35,6 +39,7 @@ import numpy as np
 
 from topocc.planner.analysis.automorphisms import Commuting
 from topocc.planner.analysis.collectives import CollectiveSpec, spec
+from topocc.planner.analysis.digitwise import Digitwise, decode
 from topocc.planner.analysis.encodings import is_encoded
 from topocc.planner.analysis.verify import (
     Segment,
@@ -62,6 +67,8 @@ __all__ = ["prove", "verify_by_class"]
 
 #: Operations whose chunks travel in a message: the chunks of each rank go onto its image's in order.
 _MESSAGE_KINDS = frozenset({"send", "recv", "recv_reduce"})
+#: :meth:`_Grid.moves` of a reference carried onto its image chunk by chunk.
+_IN_ORDER = (0, 0)
 #: The collectives whose initial and final values a digit translation can keep.
 _BY_CLASS = (ALLREDUCE, ALLGATHER, REDUCESCATTER)
 
@@ -84,7 +91,7 @@ def verify_by_class(schedule: Schedule) -> VerifyReport | None:
         return None
     _check_header(schedule, sp)
     limits = {"i": schedule.input_chunks, "o": schedule.output_chunks, "s": schedule.scratch_chunks}
-    grid = _Grid(sym, limits)
+    grid = _Grid(sym, limits, _block_units(sp))
     grid.check_ranges(schedule)
     group = _Group.find(grid, sp)
     if group is None:
@@ -92,12 +99,25 @@ def verify_by_class(schedule: Schedule) -> VerifyReport | None:
     return _Proof(schedule, sp, group, limits).run()
 
 
-class _Grid:
-    """The symmetric form's grid as arrays: every rank's coordinates and class, each class's members."""
+def _block_units(sp: CollectiveSpec) -> dict[str, int]:
+    """The buffers laid out as one block per rank, and each block's chunks: an all-gather's output, a
+    reduce-scatter's input and the scratch copy of it it works in (from its start)."""
+    if sp.description is ALLGATHER:
+        return {"o": sp.input_chunks}
+    if sp.description is REDUCESCATTER:
+        return {"i": sp.output_chunks, "s": sp.output_chunks}
+    return {}
 
-    def __init__(self, sym: Symmetry, limits: dict[str, int]) -> None:
+
+class _Grid:
+    """The symmetric form's grid as arrays: every rank's coordinates and class, each class's members; and
+    the buffers laid out by blocks (:func:`_block_units`), whose formulas may be decoded digit-wise."""
+
+    def __init__(self, sym: Symmetry, limits: dict[str, int], units: dict[str, int]) -> None:
         self.sym = sym
         self.limits = limits
+        self.units = {b: u for b, u in units.items() if u * sym.ranks <= limits[b]}
+        self._decoded: dict[tuple[Field, str], Digitwise | None] = {}
         self.commuting = Commuting(sym)
         self.coords = self.commuting.coords
         self.members = self.commuting.members
@@ -129,6 +149,37 @@ class _Grid:
             out[:, dims] = np.indices([shape[e] for e in dims]).reshape(len(dims), -1).T
         return out
 
+    def digitwise(self, index: Field, buffer: str) -> Digitwise | None:
+        """``index`` in ``buffer`` decoded digit-wise (:mod:`~topocc.planner.analysis.digitwise`), where the
+        buffer is laid out by blocks and the formula is one; else None."""
+        unit = self.units.get(buffer)
+        if unit is None:
+            return None
+        key = (index, buffer)
+        if key not in self._decoded:
+            self._decoded[key] = decode(index, self.limits[buffer], self.sym.shape, unit)
+        return self._decoded[key]
+
+    def moves(self, ref: TemplateRef, digit: int) -> tuple[int, int] | None:
+        """How the translation of ``digit`` with :func:`_by_blocks`'s chunk permutation moves ``ref`` onto its
+        image at every rank: :data:`_IN_ORDER`; or as a set, the run of whole blocks (:meth:`Digitwise.run_start`)
+        that ``digit`` is in permuted among themselves, as (block's chunks, the run's first digit), which
+        references moved alike share; None where neither is shown."""
+        unit = self.units.get(ref.buffer)
+        index = ref.index
+        if unit is None or (isinstance(index, int) and index >= unit * self.sym.ranks):
+            # chunks the permutation keeps: the formula must not read the digit
+            if isinstance(index, int) or index.coefs[digit] % self.limits[ref.buffer] == 0:
+                return _IN_ORDER
+            return None
+        decoded = self.digitwise(index, ref.buffer)
+        start = decoded.run_start(ref.count) if decoded is not None else None
+        if decoded is None or start is None:
+            return None
+        if digit >= start:  # the digit moves blocks within the run, which is the same run at the image
+            return unit, start
+        return _IN_ORDER if decoded.follows(digit) else None
+
     def chunk_at(self, ref: TemplateRef, rank: int) -> Chunk:
         """``ref`` on ``rank``."""
         limit = self.limits[ref.buffer]
@@ -148,15 +199,27 @@ class _Grid:
         ranks, strides = self.sym.ranks, self.strides.tolist()
         first = ranks
         for cls, template in enumerate(self.sym.templates):
+            whole = len(self.members[cls]) == ranks
             for t in template:
                 if t.peer is not None:
-                    points = self.points(cls, [t.peer], steps=strides)  # the digits where peer and rank differ
-                    own = points @ self.strides
-                    bad = own[self.value(t.peer, points, ranks) == own]
-                    first = min(first, int(bad.min(initial=ranks)))
+                    peer = decode(t.peer, ranks, self.sym.shape, 1) if whole else None
+                    if peer is not None:  # the ranks it names themselves: those whose every digit it keeps
+                        own_digits = peer.fixed_ranks()
+                        if all(own_digits):
+                            first = min(first, sum(s * min(v) for s, v in zip(strides, own_digits)))
+                    else:
+                        points = self.points(cls, [t.peer], steps=strides)  # the digits where peer and rank differ
+                        own = points @ self.strides
+                        bad = own[self.value(t.peer, points, ranks) == own]
+                        first = min(first, int(bad.min(initial=ranks)))
                 for ref in (t.src, t.dst):
                     if ref is not None:
                         limit = self.limits[ref.buffer]
+                        chunks = ref.index if isinstance(ref.index, int) else self.digitwise(ref.index, ref.buffer)
+                        if chunks is not None:  # one bound for every rank
+                            top = chunks if isinstance(chunks, int) else chunks.largest()
+                            if top + ref.count <= limit:
+                                continue
                         points = self.points(cls, [ref.index])
                         bad = (points @ self.strides)[self.value(ref.index, points, max(limit, 1)) + ref.count > limit]
                         first = min(first, int(bad.min(initial=ranks)))
@@ -179,9 +242,6 @@ class _Group:
         shape = grid.sym.shape
         self.sizes = [shape[d] for d in digits]
         self.copies = math.prod(self.sizes)
-        self._perms: dict[tuple[int, ...], np.ndarray] = {}
-        self._chunk_maps: dict[tuple[tuple[int, ...], str], np.ndarray] = {}
-        self._masks: dict[tuple[int, tuple[int, ...]], int] = {}
 
     @classmethod
     def find(cls, grid: _Grid, sp: CollectiveSpec) -> _Group | None:
@@ -197,7 +257,7 @@ class _Group:
             perm = grid.translation(shift)
             if not grid.commuting.under(perm):
                 continue
-            found = _chunk_permutations(grid, d)
+            found = _by_blocks(grid, d) or _chunk_permutations(grid, d)
             if found is None or not all(_cycles_back(pi, n) for pi in found[0].values()):
                 continue
             if _keeps_values(sp, perm, found[0]) and all(_commute(found[0], pis[e]) for e in pis):
@@ -221,42 +281,57 @@ class _Group:
     def inverse(self, shift: tuple[int, ...]) -> tuple[int, ...]:
         return tuple((n - s) % n for n, s in zip(self.sizes, shift))
 
-    def perm(self, shift: tuple[int, ...]) -> np.ndarray:
-        """The rank permutation of the group element ``shift`` (per kept digit)."""
-        found = self._perms.get(shift)
-        if found is None:
-            full = [0] * len(self.grid.sym.shape)
-            for d, s in zip(self.digits, shift):
-                full[d] = s
-            found = self._perms[shift] = self.grid.translation(full)
-        return found
+    def image(self, ranks: np.ndarray, shift: tuple[int, ...]) -> np.ndarray:
+        """``ranks`` (an array of them) moved by the group element ``shift`` (per kept digit)."""
+        coords = self.grid.coords[ranks]  # a copy: ``ranks`` is an array
+        coords[..., self.digits] += np.array(shift, dtype=np.int64)
+        return (coords % np.array(self.grid.sym.shape, dtype=np.int64)) @ self.grid.strides
 
-    def chunk_map(self, shift: tuple[int, ...], buffer: str) -> np.ndarray:
-        """``pi`` of the group element ``shift`` on ``buffer``: each generator's, as often as its shift."""
-        key = (shift, buffer)
-        found = self._chunk_maps.get(key)
-        if found is None:
-            found = np.arange(self.grid.limits[buffer], dtype=np.int64)
-            for d, s in zip(self.digits, shift):
-                pi = self.pis[d][buffer]
-                for _ in range(s):
-                    found = pi[found]
-            self._chunk_maps[key] = found
-        return found
+    def chunks(self, shift: tuple[int, ...], buffer: str, index: np.ndarray) -> np.ndarray:
+        """``pi`` of the group element ``shift`` on chunks ``index`` of ``buffer``: each generator's, as often as
+        its shift (only the chunks asked for: a buffer may have as many chunks as there are ranks)."""
+        for d, s in zip(self.digits, shift):
+            pi = self.pis[d][buffer]
+            for _ in range(s):
+                index = pi[index]
+        return index
 
     def moved_mask(self, mask: int, shift: tuple[int, ...]) -> int:
         """The ranks of ``mask`` moved by ``shift``."""
-        key = (mask, shift)
-        found = self._masks.get(key)
-        if found is None:
-            ranks = self.grid.sym.ranks
-            nbytes = (ranks + 7) // 8
-            bits = np.unpackbits(np.frombuffer(mask.to_bytes(nbytes, "little"), dtype=np.uint8),
-                                 bitorder="little")[:ranks]
-            moved = np.zeros(nbytes * 8, dtype=np.uint8)
-            moved[self.perm(shift)] = bits
-            found = self._masks[key] = int.from_bytes(np.packbits(moved, bitorder="little").tobytes(), "little")
-        return found
+        ranks = self.grid.sym.ranks
+        if mask == (1 << ranks) - 1:
+            return mask
+        nbytes = (ranks + 7) // 8
+        bits = np.unpackbits(np.frombuffer(mask.to_bytes(nbytes, "little"), dtype=np.uint8), bitorder="little")
+        moved = np.zeros(nbytes * 8, dtype=np.uint8)
+        moved[self.image(np.flatnonzero(bits[:ranks]), shift)] = 1
+        return int.from_bytes(np.packbits(moved, bitorder="little").tobytes(), "little")
+
+
+def _by_blocks(grid: _Grid, digit: int) -> tuple[dict[str, np.ndarray], set[tuple[int, int]]] | None:
+    """What :func:`_chunk_permutations` finds, decided digit by digit where every reference allows: the blocks
+    of the buffers laid out by blocks moved as their ranks are, every other chunk kept.  None where a reference
+    is not shown to follow those (its formula is not digit-wise, or not so for this digit).
+
+    Each reference is decided over the whole grid at once (:meth:`_Grid.moves`), so the time is the template's
+    length times the digits, not times the ranks."""
+    if not grid.units:
+        return None
+    shift = [0] * len(grid.sym.shape)
+    shift[digit] = 1
+    perm = grid.translation(shift)
+    pis = {b: np.arange(limit, dtype=np.int64) for b, limit in grid.limits.items()}
+    for b, unit in grid.units.items():
+        pis[b][:perm.size * unit] = (perm[:, None] * unit + np.arange(unit, dtype=np.int64)[None, :]).ravel()
+    twisted: set[tuple[int, int]] = set()
+    for cls, template in enumerate(grid.sym.templates):
+        for k, t in enumerate(template):
+            moves = [grid.moves(r, digit) for r in (t.src, t.dst) if r is not None]
+            if None in moves or len(set(moves)) > 1:  # an operation's two sides must be moved alike
+                return None
+            if t.kind in _MESSAGE_KINDS and moves[0] != _IN_ORDER:
+                twisted.add((cls, k))
+    return pis, twisted
 
 
 def _chunk_permutations(grid: _Grid, digit: int) -> tuple[dict[str, np.ndarray], set[tuple[int, int]]] | None:
@@ -498,7 +573,7 @@ class _Proof:
             for (direction, peer, channel), queue in found.items():
                 rep, shift = group.split(peer)
                 j = self.index[rep]
-                back = int(group.perm(group.inverse(shift))[rank])  # the preimage of this rank
+                back = int(group.image(np.array([rank]), group.inverse(shift))[0])  # the preimage of this rank
                 other = "recv" if direction == "send" else "send"
                 theirs = streams[j].get((other, back, channel), [])
                 if len(theirs) != len(queue):
@@ -550,7 +625,8 @@ class _Proof:
             template = self.grid.sym.templates[self.grid.sym.class_of(self.reps[si])][sk]
             assert template.src is not None
             there = self.grid.chunk_at(template.src, recv.peer)
-            back = self.group.chunk_map(self.group.inverse(shift), there.buffer)[there.index:there.index + there.count]
+            back = self.group.chunks(self.group.inverse(shift), there.buffer,
+                                     np.arange(there.index, there.index + there.count, dtype=np.int64))
             if back[0] != send.src.index or (np.diff(back) != 1).any():
                 memory = self.memories[si]
                 cuts = [0, *(np.flatnonzero(np.diff(back) != 1) + 1).tolist(), len(back)]
@@ -563,14 +639,14 @@ class _Proof:
         """``segments`` (held data) as the rank ``shift`` away holds them: keys by ``pi`` of the input (and, where
         the output keeps the ranks' inputs apart, the owning rank moved), masks moved."""
         group = self.group
-        pi = group.chunk_map(shift, "i")
         gathers = self.sp.description.output_split
         c = self.schedule.input_chunks
         out: list[Segment] = []
         for n, key, mask in segments:
             assert key is not None
             keys = np.arange(key, key + n, dtype=np.int64)
-            keys = group.perm(shift)[keys // c] * c + pi[keys % c] if gathers else pi[keys]
+            keys = (group.image(keys // c, shift) * c + group.chunks(shift, "i", keys % c) if gathers
+                    else group.chunks(shift, "i", keys))
             moved = group.moved_mask(mask, shift)
             cuts = np.flatnonzero(np.diff(keys) != 1) + 1
             for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), n]):

@@ -43,6 +43,22 @@ def test_waves_follow_the_level_above() -> None:
         assert all(sum(map(len, w)) == 12 for w in found.values())
 
 
+def test_waves_for_a_focus_are_those_of_its_groups() -> None:
+    """Asked for a few ranks (a build by class), the waves are those of every group with one of them, and no
+    other group's."""
+    net = Network(cluster([4] * 3))
+    levels = stages(net)
+    phases = [Phase(0, False), Phase(1, False)]
+    position = [{r: i for g in s.groups for i, r in enumerate(g)} for s in levels]
+    block = {r: position[0][r] * 3 + position[1][r] for r in range(12)}
+    steps = {Phase(0, False): METHODS["ring"](4, False), Phase(1, False): METHODS["direct"](3, False)}
+    every = waves(levels, phases, steps, [12, 3], position, block, True)
+    for focus in ({0}, {5, 11}, {3, 4}):
+        found = waves(levels, phases, steps, [12, 3], position, block, True, frozenset(focus))
+        assert found == {(f, g[0]): every[(f, g[0])] for f in range(1) for g in levels[0].groups
+                         if not focus.isdisjoint(g)}
+
+
 def test_reduce_scatter_in_waves_mirrors_the_all_gather() -> None:
     """In one slice across two hosts, the reduce-scatter in waves sends each block's sum across as soon as the
     host has it, as the all-gather forwards each block as it arrives: just as fast (without waves, a

@@ -116,7 +116,7 @@ class _Emitter:
         self.channels = spread_channels(job.net, levels, phases, plan.steps, job.spans)
         self.finished: dict[tuple[int, int, int], int] = {}  # (rank, phase, slice) -> its last operation there
         self.order = (waves(levels, phases[:len(levels)], plan.steps, job.spans, blocks.position, blocks.block,
-                            plan.in_waves) if waved else {})
+                            plan.in_waves, focus) if waved else {})
         self.waited = waved and plan.in_waves
         self.wave_done: dict[tuple[int, int, int], int] = {}  # (rank, slice, wave) -> its last op of phase 0
         self.start = self._starts()

@@ -18,9 +18,11 @@ __all__ = ["waves"]
 
 def waves(levels: Sequence[Stage], phases: Sequence[Phase], steps: Mapping[Phase, list[list[Send]]],
           spans: Sequence[int], position: Sequence[Mapping[int, int]], block: Mapping[int, int],
-          in_turn: bool) -> dict[tuple[int, int], list[set[int]]]:
+          in_turn: bool, focus: frozenset[int] | None = None) -> dict[tuple[int, int], list[set[int]]]:
     """The virtual blocks of each group of a reduce-scatter's phases below the last, in *waves*: ``(phase,
-    group's first rank) -> sets of virtual blocks``, in the order the phases above need them.
+    group's first rank) -> sets of virtual blocks``, in the order the phases above need them; only the groups
+    with a rank of ``focus`` where it is given (a group's blocks span up to every rank's, so every group's
+    waves take the groups times the ranks).
 
     A block's need is the step at which the last phase sends it on from where
     the phases below leave it (its send step there, or after the last step if
@@ -46,6 +48,8 @@ def waves(levels: Sequence[Stage], phases: Sequence[Phase], steps: Mapping[Phase
     for f, (si, _) in enumerate(phases[:-1]):
         sub = spans[si] // levels[si].size
         for g in levels[si].groups:
+            if focus is not None and focus.isdisjoint(g):
+                continue
             base = block[g[0]] // spans[si] * spans[si]
             keyed: dict[tuple[int, ...], set[int]] = {}
             for v in range(base, base + spans[si]):

@@ -1,0 +1,92 @@
+"""Chunk formulas of the symmetric form that set each digit of a block's rank from the same digit of the rank.
+
+A buffer laid out as ``unit`` chunks per rank of the grid (an all-gather's output, a reduce-scatter's input)
+is named by formulas ``(offset + sum(coefs[e] * x[e])) mod m`` of a rank's coordinates ``x``.  Such a formula is
+*digit-wise* where each term moves one digit of the block's rank and nothing else (no carries): then the chunk
+is ``unit * sum(strides[e] * tables[e][x[e]]) + within`` at every point of the grid, and what holds at every
+point (the chunks stay in range; a translation of one digit moves them as it moves the blocks) is decided digit
+by digit, in time linear in the digits' sizes rather than in the grid's.  Halving-doubling and direct levels
+write their blocks' owners this way (a digit kept, flipped, or fixed); a formula that is not digit-wise is
+decoded as None and left to the caller's point-by-point checks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from topocc.runtime.symmetric import Field, grid_strides
+
+__all__ = ["Digitwise", "decode"]
+
+
+@dataclass(frozen=True, slots=True)
+class Digitwise:
+    """Chunk ``unit * sum(strides[e] * tables[e][x[e]]) + within`` at coordinates ``x`` of ``shape``."""
+
+    shape: tuple[int, ...]
+    tables: tuple[tuple[int, ...], ...]
+    within: int
+    unit: int
+
+    def largest(self) -> int:
+        """The largest chunk over the grid."""
+        return self.unit * sum(s * max(t) for s, t in zip(grid_strides(self.shape), self.tables)) + self.within
+
+    def follows(self, digit: int) -> bool:
+        """Whether adding 1 to coordinate ``digit`` (modulo its size) adds 1 to the block's digit there: the
+        formula then commutes with that translation of the grid and of the blocks."""
+        n, table = self.shape[digit], self.tables[digit]
+        return all(table[(v + 1) % n] == (table[v] + 1) % n for v in range(n))
+
+    def run_start(self, count: int) -> int | None:
+        """The first of the lowest digits that ``count`` chunks from the formula span whole (the grid's rank
+        of digits where they stay within one block), or None where they do not make such a box: chunks
+        within a block, or every block whose higher digits are the formula's and lower ones any value."""
+        if self.within + count <= self.unit:
+            return len(self.shape)
+        if self.within:
+            return None
+        span, k = self.unit, len(self.shape)
+        while span < count and k > 0:
+            k -= 1
+            if any(self.tables[k]):
+                return None
+            span *= self.shape[k]
+        return k if span == count else None
+
+    def fixed_ranks(self) -> list[tuple[int, ...]]:
+        """Per digit, the coordinates where a peer formula (``unit`` 1, ``within`` 0) names the rank itself:
+        the formula gives a rank its own number exactly at the points whose every digit is one of these."""
+        return [tuple(v for v, t in enumerate(table) if t == v) for table in self.tables]
+
+
+def decode(index: Field, modulus: int, shape: Sequence[int], unit: int) -> Digitwise | None:
+    """``index`` (modulo ``modulus``) as a digit-wise formula over blocks of ``unit`` chunks per rank of
+    ``shape``, or None where it is not one.
+
+    Exact: with ``y_e(v) = (offset + coefs[e] * v) mod m`` and ``base = y_e(0)``, every term is
+    ``y_e(x[e]) - base`` modulo ``m``; where each of those moves digit ``e`` of the block alone, staying in
+    its range, their sum with ``base`` is the digit-wise chunk, below ``unit`` times the ranks, so no
+    reduction modulo ``m`` changes it.
+    """
+    ranks = math.prod(shape)
+    if unit < 1 or unit * ranks > modulus:
+        return None
+    offset, coefs = (index, (0,) * len(shape)) if isinstance(index, int) else (index.offset, index.coefs)
+    base = offset % modulus
+    if base >= unit * ranks:
+        return None
+    block, within = divmod(base, unit)
+    tables = []
+    for n, c, s in zip(shape, coefs, grid_strides(shape)):
+        own = block // s % n
+        table = []
+        for v in range(n):
+            step, rest = divmod((offset + c * v) % modulus - base, unit * s)
+            if rest or not 0 <= own + step < n:
+                return None
+            table.append(own + step)
+        tables.append(tuple(table))
+    return Digitwise(tuple(shape), tuple(tables), within, unit)
