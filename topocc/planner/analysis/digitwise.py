@@ -5,9 +5,10 @@ is named by formulas ``(offset + sum(coefs[e] * x[e])) mod m`` of a rank's coord
 *digit-wise* where each term moves one digit of the block's rank and nothing else (no carries): then the chunk
 is ``unit * sum(strides[e] * tables[e][x[e]]) + within`` at every point of the grid, and what holds at every
 point (the chunks stay in range; a translation of one digit moves them as it moves the blocks) is decided digit
-by digit, in time linear in the digits' sizes rather than in the grid's.  Halving-doubling and direct levels
-write their blocks' owners this way (a digit kept, flipped, or fixed); a formula that is not digit-wise is
-decoded as None and left to the caller's point-by-point checks.
+by digit, in time linear in the digits' sizes rather than in the grid's.  Halving-doubling levels write their
+blocks' owners this way on a grid of binary digits (a digit kept, flipped or fixed); a formula that is not
+digit-wise (a ring's or a direct level's walk, ``(i + t) mod n``, carries) is decoded as None and left to the
+caller's point-by-point checks.
 """
 
 from __future__ import annotations
