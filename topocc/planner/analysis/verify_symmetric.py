@@ -100,13 +100,14 @@ def verify_by_class(schedule: Schedule) -> VerifyReport | None:
 
 
 def _block_units(sp: CollectiveSpec) -> dict[str, int]:
-    """The buffers laid out as one block per rank, and each block's chunks: an all-gather's output, a
-    reduce-scatter's input and the scratch copy of it it works in (from its start)."""
-    if sp.description is ALLGATHER:
-        return {"o": sp.input_chunks}
-    if sp.description is REDUCESCATTER:
-        return {"i": sp.output_chunks, "s": sp.output_chunks}
-    return {}
+    """The buffers laid out as one block per rank (the collective's split buffers, and a split input's scratch
+    copy that a reduce-scatter works in, from its start), and each block's chunks."""
+    kind, units = sp.description, {}
+    if kind.output_split:
+        units["o"] = sp.output_chunks // sp.ranks
+    if kind.input_split:
+        units["i"] = units["s"] = sp.input_chunks // sp.ranks
+    return units
 
 
 class _Grid:
