@@ -52,6 +52,9 @@ AUTO_MAX_RANKS = 4096
 MAX_RANKS = 16384
 #: Metadata options that are wall-clock times (the flow solver's): left out of the hash.
 _WALL_CLOCK = ("solve_s",)
+#: A schedule of more operations than this is hashed in its symmetric form where it has one: every rank's
+#: program written out would not fit in memory (fattree-16384's all-reduce of whole blocks: 570 million).
+EXPANDED_MAX_OPS = 50_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,11 +95,13 @@ def fingerprint(schedule: Schedule) -> str:
     """The SHA-256 of the schedule's JSON, whatever its form: every rank's program in canonical order
     (:func:`~topocc.planner.compiler.symmetrize.symmetrize`'s, which a symmetric schedule is written in), rank by
     rank; its metadata without the checkout's path, the solver's wall time or the predicted time (simulated
-    by class or rank by rank, it differs in its last bits)."""
+    by class or rank by rank, it differs in its last bits).  Above :data:`EXPANDED_MAX_OPS` a symmetric schedule
+    is hashed in its symmetric form."""
     meta = schedule.metadata
-    plain = Schedule(schedule.collective, schedule.ranks, schedule.input_chunks, schedule.output_chunks,
-                     tuple(canonical_order(program) for program in schedule.programs), schedule.scratch_chunks,
-                     schedule.root, schedule.inplace, meta, schedule.paths)
+    plain = schedule if schedule.symmetry is not None and schedule.op_count > EXPANDED_MAX_OPS else Schedule(
+        schedule.collective, schedule.ranks, schedule.input_chunks, schedule.output_chunks,
+        tuple(canonical_order(program) for program in schedule.programs), schedule.scratch_chunks,
+        schedule.root, schedule.inplace, meta, schedule.paths)
     plain = plain.with_metadata(topology_file=None, predicted_time_s=None,
                                 options={k: v for k, v in meta.options.items() if k not in _WALL_CLOCK})
     return hashlib.sha256(dump_schedule(plain).encode()).hexdigest()

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from tests.runtime.test_symmetric import ring
+from topocc.planner.analysis import verify_symmetric
 from topocc.planner.analysis.verify import verify
 from topocc.planner.analysis.verify_symmetric import _MESSAGE_KINDS, _by_blocks, _Grid, prove, verify_by_class
 from topocc.planner.compiler.compile import compile_schedule
-from topocc.planner.compiler.options import Options
+from topocc.planner.compiler.options import HierarchicalOptions, Options
 from topocc.planner.compiler.symmetrize import grid_shapes, symmetrize
 from topocc.planner.errors import NotApplicableError, VerificationError
 from topocc.planner.routing.network import Network
@@ -43,6 +44,18 @@ def symmetric(fabric: str, algorithm: str, collective: str) -> Schedule | None:
     return form if form.symmetry is not None else None
 
 
+@cache
+def whole_blocks(fabric: str) -> Schedule:
+    """Hierarchical's all-reduce of whole blocks by halving-doubling on ``fabric``, in the symmetric form."""
+    topo = resolve_topology(fabric)
+    options = Options(size_bytes=4 << 20, hierarchical=HierarchicalOptions(layout="blocks",
+                                                                          stage_method="halving-doubling"))
+    form = symmetrize(compile_schedule(Network(topo), "allreduce", "hierarchical", options).schedule,
+                      grid_shapes(topo))
+    assert form.symmetry is not None
+    return form
+
+
 @pytest.mark.parametrize("fabric", FABRICS)
 def test_by_class_proves_what_every_rank_proves(fabric: str) -> None:
     by_class = 0
@@ -61,6 +74,16 @@ def test_by_class_proves_what_every_rank_proves(fabric: str) -> None:
             assert prove(form) == full
     if fabric != "mesh-4x4":  # a mesh's edges leave its programs no translation
         assert by_class >= 1
+
+
+@pytest.mark.parametrize("fabric", ["dgx-a100-4node", "emu-racks", "torus-4x4"])
+def test_an_all_reduce_of_whole_blocks_is_proved_by_blocks(fabric: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An all-reduce's input and output laid out by blocks (its reduce-scatter of whole blocks) are moved as
+    blocks digit by digit, without the search, and the proof by class reports what every rank's does."""
+    form = whole_blocks(fabric)
+    monkeypatch.setattr(verify_symmetric, "_chunk_permutations", lambda *args: None)  # the search: never
+    report = verify_by_class(form)
+    assert report is not None and report == verify(form)
 
 
 def test_shipped_fattree_is_proved_with_one_representative() -> None:
@@ -129,9 +152,11 @@ def _breakages(schedule: Schedule) -> list[tuple[str, Schedule]]:
                                   ("emu-racks", "ring", "allreduce"),
                                   ("dgx-a100-4node", "halving-doubling", "allgather"),
                                   ("dgx-a100-4node", "halving-doubling", "reducescatter"),
+                                  ("dgx-a100-4node", "hierarchical", "whole blocks"),
                                   ("torus-4x4", "halving-doubling", "reducescatter")])
 def test_a_broken_schedule_is_refused_by_class_as_rank_by_rank(case: tuple[str, ...]) -> None:
-    schedule = ring(8) if case == ("ring",) else symmetric(*case)
+    schedule = (ring(8) if case == ("ring",) else whole_blocks(case[0]) if case[2:] == ("whole blocks",)
+                else symmetric(*case))
     assert schedule is not None and verify_by_class(schedule) is not None
     refused = 0
     for what, broken in _breakages(schedule):

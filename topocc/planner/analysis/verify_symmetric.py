@@ -100,9 +100,13 @@ def verify_by_class(schedule: Schedule) -> VerifyReport | None:
 
 
 def _block_units(sp: CollectiveSpec) -> dict[str, int]:
-    """The buffers laid out as one block per rank (the collective's split buffers, and a split input's scratch
-    copy that a reduce-scatter works in, from its start), and each block's chunks."""
+    """The buffers that may be laid out as one block per rank, and each block's chunks: the collective's split
+    buffers, a split input's scratch copy that a reduce-scatter works in (from its start), and an all-reduce's
+    input and output, which its reduce-scatter of whole blocks lays out so (where a schedule does not, its
+    formulas do not move as blocks, and the chunk permutations are searched for instead)."""
     kind, units = sp.description, {}
+    if kind is ALLREDUCE and not sp.input_chunks % sp.ranks:
+        units["i"] = units["o"] = sp.input_chunks // sp.ranks
     if kind.output_split:
         units["o"] = sp.output_chunks // sp.ranks
     if kind.input_split:

@@ -1,13 +1,17 @@
-"""An all-reduce's buffer order: virtual-block order or whole blocks, by rule or by simulation."""
+"""An all-reduce's buffer order: virtual-block order or whole blocks, by rule or by simulation; a reduce-scatter's
+on a fabric built by class."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import pytest
 
 from benchmarks.fabrics import fat_tree, multi_chassis, rail_optimized
+from tests.planner.analysis.test_automorphisms import small_fattree
 from topocc.planner.analysis.simulate import simulate
+from topocc.planner.analysis.verify import verify
 from topocc.planner.compiler.algorithms.hierarchical import hierarchical, layout, stages
 from topocc.planner.compiler.algorithms.hierarchical.layout import blocks_may_help
 from topocc.planner.compiler.compile import compile_schedule
@@ -15,6 +19,9 @@ from topocc.planner.compiler.evaluate import Evaluator
 from topocc.planner.compiler.options import HierarchicalOptions, Options
 from topocc.planner.routing.network import Network
 from topocc.runtime.schedule import Schedule
+
+symmetrize = importlib.import_module("topocc.planner.compiler.symmetrize")
+hierarchical_module = importlib.import_module("topocc.planner.compiler.algorithms.hierarchical")
 
 
 def test_all_reduce_takes_whole_blocks_where_they_win(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -92,3 +99,44 @@ def test_a_half_full_last_leaf_meets_the_all_reduce_target() -> None:
     schedule = hierarchical(net, "allreduce", Options(size_bytes=size, evaluator=evaluator))
     assert schedule.metadata.options["layout"] == "blocks"
     assert evaluator.lower_bound("allreduce").time_s >= 0.95 * evaluator.simulate(schedule).time_s
+
+
+
+@pytest.mark.parametrize("collective, size, good", [
+    ("reducescatter", 1 << 20, False), ("reducescatter", 64 << 20, True),
+    ("allreduce", 256 << 20, True),
+])
+def test_a_fabric_built_by_class_takes_whole_blocks_by_halving_doubling_or_the_faster(
+        collective: str, size: int, good: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the small sprayed fat-tree built by class, an all-reduce's or reduce-scatter's whole blocks by
+    halving-doubling are one class; they are taken without building hierarchical's own choice where within
+    97% of the bound (large messages), else the faster of the two as simulated (a reduce-scatter of 1 MiB:
+    its own, rank by rank); above EVERY_RANK_MAX ranks its own is built only as one class, which a
+    reduce-scatter's is not, so whole blocks stay."""
+    net = Network(small_fattree())
+    evaluator = Evaluator(net, size)
+    pinned = Options(size_bytes=size, hierarchical=HierarchicalOptions(layout="blocks",
+                                                                       stage_method="halving-doubling"))
+    times = {"own": evaluator.simulate(hierarchical(net, collective, Options(size_bytes=size))).time_s,
+             "halving-doubling": evaluator.simulate(hierarchical(net, collective, pinned)).time_s}
+    assert (evaluator.lower_bound(collective).time_s >= 0.97 * times["halving-doubling"]) == good
+    monkeypatch.setattr(symmetrize, "CLASS_BUILD_MIN_RANKS", 64)
+    own_built: list[bool] = []  # whether each build of hierarchical's own choice may go rank by rank
+    real = hierarchical_module._own
+
+    def spy(*args: Any) -> Schedule | None:
+        own_built.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(hierarchical_module, "_own", spy)
+    chosen = hierarchical(net, collective, Options(size_bytes=size, evaluator=evaluator))
+    verify(chosen)
+    assert evaluator.simulate(chosen).time_s == pytest.approx(
+        times["halving-doubling"] if good else min(times.values()))
+    assert own_built == ([] if good else [True])
+    if collective == "reducescatter" and not good:
+        assert chosen.symmetry is None  # its own, rank by rank
+        monkeypatch.setattr(layout, "EVERY_RANK_MAX", 32)
+        kept = hierarchical(net, collective, Options(size_bytes=size))
+        assert kept.symmetry is not None and simulate(net, kept, size).time_s == pytest.approx(
+            times["halving-doubling"])

@@ -47,9 +47,17 @@ one after the other.
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 from topocc.planner.compiler.algorithms._order import single_rank
 from topocc.planner.compiler.algorithms.hierarchical.emit import build_schedule
-from topocc.planner.compiler.algorithms.hierarchical.layout import allreduce_layout, blocks_may_help, blocks_may_win
+from topocc.planner.compiler.algorithms.hierarchical.layout import (
+    allreduce_layout,
+    blocks_may_help,
+    blocks_may_win,
+    class_layout,
+    class_layout_free,
+)
 from topocc.planner.compiler.algorithms.hierarchical.levels import Stage, stages
 from topocc.planner.compiler.algorithms.hierarchical.methods import stage_methods
 from topocc.planner.compiler.algorithms.hierarchical.ownership import ownership
@@ -57,6 +65,7 @@ from topocc.planner.compiler.algorithms.hierarchical.rooted import rooted_hierar
 from topocc.planner.compiler.algorithms.hierarchical.split import split_last
 from topocc.planner.compiler.algorithms.hierarchical.steps import METHODS
 from topocc.planner.compiler.options import Options
+from topocc.planner.compiler.symmetrize import builds_by_class
 from topocc.planner.errors import NotApplicableError
 from topocc.planner.routing.network import Network
 from topocc.runtime.collective import ALLREDUCE, Collective
@@ -75,7 +84,8 @@ def hierarchical(net: Network, collective: str, options: Options) -> Schedule:
     ``options.hierarchical.window`` sets the flow control's window (0 turns it
     off); ``options.hierarchical.layout`` (``virtual`` or ``blocks``) forces a
     reduce-scatter's or all-reduce's buffer order (by default an all-reduce
-    chooses, see :mod:`.layout`); ``options.hierarchical.waves`` (default
+    chooses, and on a fabric built by class both try whole blocks by
+    halving-doubling first, see :mod:`.layout`); ``options.hierarchical.waves`` (default
     true) lets a reduce-scatter of whole blocks reduce its lower levels in
     waves; ``options.hierarchical.stage_method`` (``ring``,
     ``halving-doubling`` or ``direct``) forces the method of every level whose
@@ -96,12 +106,34 @@ def hierarchical(net: Network, collective: str, options: Options) -> Schedule:
         return single_rank(collective, 1, 1, "hierarchical", options.as_dict())
     levels = stages(net)
     _check(kind, options)
-    if kind is ALLREDUCE and options.hierarchical.layout is None:
+    if kind.reduces and builds_by_class(net) and class_layout_free(levels, options):
+        return class_layout(net, collective, levels, options,
+                            lambda every_rank: _own(net, collective, levels, options, every_rank))
+    return _own(net, collective, levels, options)
+
+
+@overload
+def _own(net: Network, collective: str, levels: list[Stage], options: Options,
+         every_rank: Literal[True] = True) -> Schedule: ...
+
+
+@overload
+def _own(net: Network, collective: str, levels: list[Stage], options: Options,
+         every_rank: bool) -> Schedule | None: ...
+
+
+def _own(net: Network, collective: str, levels: list[Stage], options: Options,
+         every_rank: bool = True) -> Schedule | None:
+    """Hierarchical's own choice of buffer order, methods and slices; None where it is not one class on a
+    fabric built by class and not ``every_rank`` (an all-reduce that times both its orders builds each
+    whole)."""
+    if collective == ALLREDUCE.name and options.hierarchical.layout is None:
         if blocks_may_win(net, levels, options):
             return allreduce_layout(net, levels, options, "blocks", "virtual")
         if blocks_may_help(net, levels, options):
             return allreduce_layout(net, split_last(net, levels, options, large=False), options, "virtual", "blocks")
-    return build_schedule(net, collective, options, split_last(net, levels, options), options.hierarchical.layout)
+    return build_schedule(net, collective, options, split_last(net, levels, options), options.hierarchical.layout,
+                          every_rank)
 
 
 def _check(kind: Collective, options: Options) -> None:

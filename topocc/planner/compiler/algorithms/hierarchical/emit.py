@@ -10,7 +10,7 @@ messages of different phases never queue behind each other on one connection.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 from topocc.planner.compiler.algorithms._order import Send, chunk_runs
 from topocc.planner.compiler.algorithms.hierarchical.channels import CHANNEL_CHOICES, spread_channels
@@ -35,23 +35,38 @@ from topocc.runtime.schedule import Chunk, Schedule
 __all__ = ["build_schedule"]
 
 
+@overload
 def build_schedule(net: Network, collective: str, options: Options, levels: Sequence[Stage],
-                   layout: str | None) -> Schedule:
+                   layout: str | None, every_rank: Literal[True] = True) -> Schedule: ...
+
+
+@overload
+def build_schedule(net: Network, collective: str, options: Options, levels: Sequence[Stage],
+                   layout: str | None, every_rank: bool) -> Schedule | None: ...
+
+
+def build_schedule(net: Network, collective: str, options: Options, levels: Sequence[Stage],
+                   layout: str | None, every_rank: bool = True) -> Schedule | None:
     """The pipelined BlueConnect ``collective`` (all-reduce, reduce-scatter, all-gather) on ``levels``,
-    ``layout`` (``virtual`` or ``blocks``) forced where not None: planned, then emitted."""
+    ``layout`` (``virtual`` or ``blocks``) forced where not None: planned, then emitted.  Where the fabric
+    builds by class and the schedule is not one class, every rank's program is built, or with ``every_rank``
+    false None."""
     job = job_of(net, collective, options, levels, layout)
     plan = plan_slicing(job)
     shape = plan_shape(job, plan)
     blocks = virtual_blocks(job.levels, job.p)
     meta = _metadata(job, plan, shape, blocks)
+    by_class = builds_by_class(net)
     # a reduce-scatter in the virtual layout hands its sums on to their owners: many classes, never one
-    if builds_by_class(net) and not (job.kind.scatters and plan.contiguous):
+    if by_class and not (job.kind.scatters and plan.contiguous):
         # the finest grid: a formula affine in a level's position is affine in the position's factors too
         grid = grid_shapes(net.topology)[0]
         emitter = _Emitter(job, plan, shape, blocks, fitting_ranks(grid))
         form = emitter.build_class(meta, grid) if emitter.routed() else None
         if form is not None:
             return form
+    if by_class and not every_rank:
+        return None
     return _Emitter(job, plan, shape, blocks).build(meta)
 
 

@@ -1,5 +1,6 @@
 """An all-reduce's buffer order: virtual-block order, or each rank's block whole (a reduce-scatter in waves
-and an all-gather), chosen by simulation where neither wins by rule.
+and an all-gather), chosen by simulation where neither wins by rule; on fabrics built by class, an
+all-reduce's or reduce-scatter's order and methods.
 
 In virtual-block order a part of a level is one run of chunks, so a slice
 costs few messages and an all-reduce keeps many slices.  With each rank's
@@ -8,11 +9,20 @@ leaves few slices on hundreds of ranks, but the reduce-scatter half reduces
 its lower levels in waves, which pipelines the levels within a slice.
 Neither wins everywhere, and the estimates do not see the waves, so where
 either may win both are built and simulated (see docs/algorithms.md).
+
+On a fabric built by class (thousands of ranks), whole blocks by
+halving-doubling at every level are one class however many ranks there are,
+and at scale near the bound, so they are built first (:func:`class_layout`).
+Hierarchical's own choices may not be one class (a reduce-scatter's sums
+handed on to their owners, a ring's ``(i - 1) mod n``: no formula of the
+rank's digits) and are then built rank by rank, which only a thousand ranks
+afford.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from topocc.planner.compiler.algorithms._order import ring_steps
 from topocc.planner.compiler.algorithms.hierarchical.emit import build_schedule
@@ -24,7 +34,7 @@ from topocc.planner.compiler.options import Options
 from topocc.planner.routing.network import Network
 from topocc.runtime.schedule import Schedule
 
-__all__ = ["allreduce_layout", "blocks_may_help", "blocks_may_win"]
+__all__ = ["allreduce_layout", "blocks_may_help", "blocks_may_win", "class_layout", "class_layout_free"]
 
 #: An all-reduce that may run as a reduce-scatter in waves and an all-gather takes that where it comes this
 #: near the bound, without building the other (see :func:`allreduce_layout`).
@@ -35,6 +45,10 @@ BLOCKS_TRIED_RANKS = 128
 #: Below :data:`~.slicing.MIN_SLICE_BYTES` a rank, up to this many ranks (a slice of whole blocks sends p^2
 #: messages a phase, so beyond it the second build costs more than it can gain).
 BLOCKS_SMALL_RANKS = 256
+#: Up to this many ranks hierarchical's own choice is built rank by rank where it is not one class, to be timed
+#: against whole blocks by halving-doubling (see :func:`class_layout`); beyond it only as one class (rank by
+#: rank it takes minutes and gigabytes from a few thousand ranks).
+EVERY_RANK_MAX = 1024
 
 
 def blocks_may_win(net: Network, levels: Sequence[Stage], options: Options) -> bool:
@@ -63,6 +77,13 @@ def blocks_may_help(net: Network, levels: Sequence[Stage], options: Options) -> 
     return net.topology.size <= (BLOCKS_SMALL_RANKS if small else BLOCKS_TRIED_RANKS)
 
 
+def class_layout_free(levels: Sequence[Stage], options: Options) -> bool:
+    """Whether the layout and methods are open to :func:`class_layout`: as :func:`_layouts_free`, and neither
+    the layout nor a method forced."""
+    pinned = options.hierarchical
+    return _layouts_free(levels, options) and pinned.layout is None and pinned.stage_method is None
+
+
 def _layouts_free(levels: Sequence[Stage], options: Options) -> bool:
     """Whether an all-reduce's layout is open to choice: two levels or more, slices not forced, waves allowed."""
     return len(levels) >= 2 and options.pipeline is None and options.hierarchical.waves
@@ -84,3 +105,24 @@ def allreduce_layout(net: Network, levels: Sequence[Stage], options: Options, fi
         return taken
     other = build_schedule(net, "allreduce", options, levels, second)
     return other if evaluator.within(other, time_s) is not None else taken
+
+
+def class_layout(net: Network, collective: str, levels: Sequence[Stage], options: Options,
+                 own: Callable[[bool], Schedule | None]) -> Schedule:
+    """An all-reduce or reduce-scatter on a fabric built by class: whole blocks by halving-doubling at every
+    level where that is one class and comes within :data:`BLOCKS_GOOD` of the bound, else the faster of it and
+    hierarchical's own choice (``own``), as simulated.  ``own(every_rank)`` may build rank by rank where
+    ``every_rank``: up to :data:`EVERY_RANK_MAX` ranks, or where whole blocks by halving-doubling are not one
+    class either."""
+    evaluator = options.evaluator or Evaluator(net, options.size_bytes)
+    pinned = replace(options, hierarchical=replace(options.hierarchical, stage_method="halving-doubling"))
+    taken = build_schedule(net, collective, pinned, levels, "blocks", every_rank=False)
+    if taken is None:
+        found = own(True)
+        assert found is not None  # rank by rank, always built
+        return found
+    time_s = evaluator.simulate(taken).time_s
+    if evaluator.lower_bound(collective).time_s >= BLOCKS_GOOD * time_s:
+        return taken
+    other = own(net.topology.size <= EVERY_RANK_MAX)
+    return other if other is not None and evaluator.within(other, time_s) is not None else taken
