@@ -1,5 +1,5 @@
-"""An all-reduce's buffer order: virtual-block order or whole blocks, by rule or by simulation; a reduce-scatter's
-on a fabric built by class."""
+"""An all-reduce's buffer order: virtual-block order or whole blocks, by rule or by simulation; an all-reduce's
+or reduce-scatter's on a fabric built by class."""
 
 from __future__ import annotations
 
@@ -99,7 +99,6 @@ def test_a_half_full_last_leaf_meets_the_all_reduce_target() -> None:
     schedule = hierarchical(net, "allreduce", Options(size_bytes=size, evaluator=evaluator))
     assert schedule.metadata.options["layout"] == "blocks"
     assert evaluator.lower_bound("allreduce").time_s >= 0.95 * evaluator.simulate(schedule).time_s
-
 
 
 @pytest.mark.parametrize("collective, size, good", [
