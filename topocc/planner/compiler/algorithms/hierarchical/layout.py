@@ -98,13 +98,9 @@ def allreduce_layout(net: Network, levels: Sequence[Stage], options: Options, fi
     which remembers the one it timed last, so the compiler timing the chosen
     schedule again costs nothing (unless its channel spreading replaces it).
     """
-    evaluator = options.evaluator or Evaluator(net, options.size_bytes)
     taken = build_schedule(net, "allreduce", options, levels, first)
-    time_s = evaluator.simulate(taken).time_s
-    if evaluator.lower_bound("allreduce").time_s >= BLOCKS_GOOD * time_s:
-        return taken
-    other = build_schedule(net, "allreduce", options, levels, second)
-    return other if evaluator.within(other, time_s) is not None else taken
+    return _near_or_faster(net, "allreduce", options, taken,
+                           lambda: build_schedule(net, "allreduce", options, levels, second))
 
 
 def class_layout(net: Network, collective: str, levels: Sequence[Stage], options: Options,
@@ -114,15 +110,23 @@ def class_layout(net: Network, collective: str, levels: Sequence[Stage], options
     hierarchical's own choice (``own``), as simulated.  ``own(every_rank)`` may build rank by rank where
     ``every_rank``: up to :data:`EVERY_RANK_MAX` ranks, or where whole blocks by halving-doubling are not one
     class either."""
-    evaluator = options.evaluator or Evaluator(net, options.size_bytes)
     pinned = replace(options, hierarchical=replace(options.hierarchical, stage_method="halving-doubling"))
     taken = build_schedule(net, collective, pinned, levels, "blocks", every_rank=False)
     if taken is None:
         found = own(True)
         assert found is not None  # rank by rank, always built
         return found
+    return _near_or_faster(net, collective, options, taken, lambda: own(net.topology.size <= EVERY_RANK_MAX))
+
+
+def _near_or_faster(net: Network, collective: str, options: Options, taken: Schedule,
+                    other: Callable[[], Schedule | None]) -> Schedule:
+    """``taken`` where it comes within :data:`BLOCKS_GOOD` of the bound, else the faster of it and what
+    ``other`` builds (if anything), as simulated by the compilation's evaluator (``options.evaluator``), which
+    remembers the one it timed last."""
+    evaluator = options.evaluator or Evaluator(net, options.size_bytes)
     time_s = evaluator.simulate(taken).time_s
     if evaluator.lower_bound(collective).time_s >= BLOCKS_GOOD * time_s:
         return taken
-    other = own(net.topology.size <= EVERY_RANK_MAX)
-    return other if other is not None and evaluator.within(other, time_s) is not None else taken
+    found = other()
+    return found if found is not None and evaluator.within(found, time_s) is not None else taken
