@@ -23,13 +23,15 @@ class HierarchicalOptions:
     ``layout``: a reduce-scatter's or all-reduce's buffer order, ``virtual`` or ``blocks``; ``waves``:
     whether a reduce-scatter of whole blocks may reduce its lower levels in waves; ``window``: the flow
     control's window (0: none); ``stage_method``: ``ring``, ``halving-doubling`` or ``direct`` for every
-    level whose size allows it.
+    level whose size allows it; ``direct_uncapped``: on a small collective on a fabric built by class, a
+    direct level free of the caps on its messages (hierarchical also tries that by itself there).
     """
 
     layout: str | None = None
     waves: bool = True
     window: int | None = None
     stage_method: str | None = None
+    direct_uncapped: bool = False
 
 
 @dataclass(frozen=True, slots=True)

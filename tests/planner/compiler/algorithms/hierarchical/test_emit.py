@@ -39,6 +39,7 @@ from topocc.planner.topology.model import Topology
 from topocc.runtime.lowering import lower
 
 symmetrize_module = importlib.import_module("topocc.planner.compiler.symmetrize")
+decisions = importlib.import_module("topocc.planner.compiler.algorithms.hierarchical.decisions")
 
 
 @pytest.mark.parametrize("collective", ["allreduce", "reducescatter", "allgather"])
@@ -189,6 +190,24 @@ def test_a_large_sprayed_schedule_is_built_as_the_class_every_rank_would_make(
     assert built.symmetry == want.symmetry and built.metadata == full.metadata
     report = verify_by_class(built)
     assert report is not None and report == verify(full)
+
+
+def test_direct_levels_built_by_class_are_one_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small all-reduce's direct levels on the small sprayed fat-tree built by class: in their peers' digit
+    order one class, proved by class as proving every rank does, and timed as the members' order; in that
+    order (``(i + k) mod n``, receives by sender) the fit fails, so every rank is built."""
+    net = Network(small_fattree())
+    monkeypatch.setattr(symmetrize_module, "CLASS_BUILD_MIN_RANKS", 64)
+    options = Options(size_bytes=1 << 20, hierarchical=HierarchicalOptions(layout="virtual"))
+    built = hierarchical(net, "allreduce", options)
+    assert "direct" in built.metadata.options["methods"] and built.symmetry is not None
+    report = verify_by_class(built)
+    assert report is not None and report == verify(built.expanded())
+    real = decisions.level_steps
+    monkeypatch.setattr(decisions, "level_steps", lambda method, n, gather, _: real(method, n, gather, False))
+    rotated = hierarchical(net, "allreduce", options)
+    assert rotated.symmetry is None and rotated.metadata == built.metadata
+    assert simulate(net, rotated, 1 << 20).time_s == pytest.approx(simulate(net, built, 1 << 20).time_s)
 
 
 def test_one_class_is_refused_where_a_witness_disagrees() -> None:

@@ -28,6 +28,9 @@ def test_direct_across_the_network_may_send_twice_the_messages() -> None:
     assert direct_fits(level("cluster", 8, 32))
     assert not direct_fits(level("host", 128, 8))
     assert not direct_fits(level("cluster", 16, 32))  # 15,872 messages
+    # a small collective on a fabric built by class builds and times one rank per class: only members count
+    assert direct_fits(level("host", 128, 8), uncapped=True) and direct_fits(level("cluster", 16, 32), True)
+    assert not direct_fits(level("cluster", 1, 64), uncapped=True)
 
 
 def test_estimates_count_latency_per_step_and_bytes_over_the_busiest_link() -> None:

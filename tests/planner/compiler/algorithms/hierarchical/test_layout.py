@@ -22,6 +22,7 @@ from topocc.runtime.schedule import Schedule
 
 symmetrize = importlib.import_module("topocc.planner.compiler.symmetrize")
 hierarchical_module = importlib.import_module("topocc.planner.compiler.algorithms.hierarchical")
+decisions = importlib.import_module("topocc.planner.compiler.algorithms.hierarchical.decisions")
 
 
 def test_all_reduce_takes_whole_blocks_where_they_win(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -109,9 +110,9 @@ def test_a_fabric_built_by_class_takes_whole_blocks_by_halving_doubling_or_the_f
         collective: str, size: int, good: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """On the small sprayed fat-tree built by class, an all-reduce's or reduce-scatter's whole blocks by
     halving-doubling are one class; they are taken without building hierarchical's own choice where within
-    97% of the bound (large messages), else the faster of the two as simulated (a reduce-scatter of 1 MiB:
-    its own, rank by rank); above EVERY_RANK_MAX ranks its own is built only as one class, which a
-    reduce-scatter's is not, so whole blocks stay."""
+    97% of the bound (large messages), else the fastest as simulated of them, its own and (a small one) its own
+    with direct levels free of the caps on their messages; above EVERY_RANK_MAX ranks its own is built only
+    as one class, so where it is not, whole blocks stay."""
     net = Network(small_fattree())
     evaluator = Evaluator(net, size)
     pinned = Options(size_bytes=size, hierarchical=HierarchicalOptions(layout="blocks",
@@ -120,11 +121,15 @@ def test_a_fabric_built_by_class_takes_whole_blocks_by_halving_doubling_or_the_f
              "halving-doubling": evaluator.simulate(hierarchical(net, collective, pinned)).time_s}
     assert (evaluator.lower_bound(collective).time_s >= 0.97 * times["halving-doubling"]) == good
     monkeypatch.setattr(symmetrize, "CLASS_BUILD_MIN_RANKS", 64)
-    own_built: list[bool] = []  # whether each build of hierarchical's own choice may go rank by rank
+    uncapped = hierarchical_module._own(net, collective, stages(net), Options(
+        size_bytes=size, hierarchical=HierarchicalOptions(direct_uncapped=True)), False)
+    if uncapped is not None:  # a small one's own choice with direct levels free of the caps, as one class
+        times["uncapped"] = evaluator.simulate(uncapped).time_s
+    own_built: list[tuple[bool, bool]] = []  # each build of its own choice: uncapped, may go rank by rank
     real = hierarchical_module._own
 
     def spy(*args: Any) -> Schedule | None:
-        own_built.append(args[-1])
+        own_built.append((args[3].hierarchical.direct_uncapped, args[-1]))
         return real(*args)
 
     monkeypatch.setattr(hierarchical_module, "_own", spy)
@@ -132,9 +137,14 @@ def test_a_fabric_built_by_class_takes_whole_blocks_by_halving_doubling_or_the_f
     verify(chosen)
     assert evaluator.simulate(chosen).time_s == pytest.approx(
         times["halving-doubling"] if good else min(times.values()))
-    assert own_built == ([] if good else [True])
-    if collective == "reducescatter" and not good:
-        assert chosen.symmetry is None  # its own, rank by rank
+    # a small one (1 MiB) also tries its own with direct levels uncapped, first, as one class
+    assert own_built == ([] if good else [(True, False), (False, True)])
+    if not good:
+        assert chosen.symmetry is not None  # its direct levels walk their peers by digit: one class
+        # in the members' order they are not, so its own is built rank by rank, up to EVERY_RANK_MAX ranks
+        steps = decisions.level_steps
+        monkeypatch.setattr(decisions, "level_steps", lambda method, n, gather, _: steps(method, n, gather, False))
+        assert hierarchical(net, collective, Options(size_bytes=size)).symmetry is None
         monkeypatch.setattr(layout, "EVERY_RANK_MAX", 32)
         kept = hierarchical(net, collective, Options(size_bytes=size))
         assert kept.symmetry is not None and simulate(net, kept, size).time_s == pytest.approx(

@@ -17,6 +17,7 @@ from topocc.planner.compiler.algorithms.hierarchical.methods import stage_method
 from topocc.planner.compiler.compile import compile_schedule
 from topocc.planner.compiler.evaluate import Evaluator
 from topocc.planner.compiler.options import Options
+from topocc.planner.compiler.symmetrize import builds_by_class
 from topocc.planner.routing.network import Network
 from topocc.planner.topology.catalogue import resolve_topology
 
@@ -116,3 +117,14 @@ def test_a_small_reduce_scatter_runs_its_first_level_direct_behind_no_window() -
     check_schedule(net, schedule, "reducescatter", "hierarchical")
     bound = lower_bound(net, "reducescatter", 1 << 20).time_s
     assert simulate(net, schedule, 1 << 20).time_s < 1.2 * bound
+
+
+def test_a_small_collective_built_by_class_may_run_its_levels_direct_uncapped() -> None:
+    """fattree-1024 at 1 MiB: its hosts' direct step (7,168 messages) is over a host level's cap and its
+    32 leaves' over the sharing cap, so both run halving-doubling; asked uncapped on this fabric built by
+    class, every level runs direct."""
+    net = Network(resolve_topology("fattree-1024"))
+    levels = stages(net)
+    assert builds_by_class(net) and [s.size for s in levels] == [8, 4, 32]
+    assert stage_methods(net, levels, 1 << 20, 1) == ["halving-doubling", "direct", "halving-doubling"]
+    assert stage_methods(net, levels, 1 << 20, 1, uncapped=True) == ["direct"] * 3

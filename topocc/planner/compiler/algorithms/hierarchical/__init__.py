@@ -108,7 +108,7 @@ def hierarchical(net: Network, collective: str, options: Options) -> Schedule:
     _check(kind, options)
     if kind.reduces and builds_by_class(net) and class_layout_free(levels, options):
         return class_layout(net, collective, levels, options,
-                            lambda every_rank: _own(net, collective, levels, options, every_rank))
+                            lambda opts, every_rank: _own(net, collective, levels, opts, every_rank))
     return _own(net, collective, levels, options)
 
 

@@ -33,8 +33,9 @@ from topocc.planner.compiler.algorithms.hierarchical.slicing import (
     slice_shape,
     wanted_slices,
 )
-from topocc.planner.compiler.algorithms.hierarchical.steps import METHODS
+from topocc.planner.compiler.algorithms.hierarchical.steps import level_steps
 from topocc.planner.compiler.options import Options
+from topocc.planner.compiler.symmetrize import builds_by_class
 from topocc.planner.routing.network import Network
 from topocc.runtime.collective import ALLREDUCE, Collective
 from topocc.runtime.collective import collective as describe
@@ -203,13 +204,16 @@ def _attempt(job: Job, cap: float, contiguous: bool, few: bool, wanted: Wanted) 
     weights = job.weighted if contiguous else None
     methods = stage_methods(net, levels, options.size_bytes / slices, slices, options.hierarchical.stage_method,
                             weights, fed=job.kind.reduces and not contiguous, spread=contiguous,
-                            sharing_cap=cap, waved=in_waves, contend=not (job.small and cap == math.inf))
+                            sharing_cap=cap, waved=in_waves, contend=not (job.small and cap == math.inf),
+                            uncapped=options.hierarchical.direct_uncapped)
     if methods[-1] != "direct":
         weights = None
     window = _window(job, methods, slices, contiguous, in_waves)
     if window and options.hierarchical.stage_method is None and not contiguous:
         methods = windowed(net, levels, methods, options.size_bytes / slices, slices)
-    steps = {phase: METHODS[methods[phase.level]](levels[phase.level].size, phase.gather) for phase in job.phases}
+    by_class = builds_by_class(net)
+    steps = {phase: level_steps(methods[phase.level], levels[phase.level].size, phase.gather, by_class)
+             for phase in job.phases}
     plan = Slicing(contiguous, in_waves, slices, wanted.raised, tuple(methods), weights, window, steps,
                    fit=0, most=slices)
     return plan if options.pipeline is not None else _budgeted(job, plan, cap)

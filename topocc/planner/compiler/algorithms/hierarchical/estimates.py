@@ -178,12 +178,14 @@ def relayed(net: Network, stage: Stage) -> bool:
                for step in halving_doubling_steps(stage.size, False) for i, j, _, _ in step)
 
 
-def direct_fits(stage: Stage) -> bool:
+def direct_fits(stage: Stage, uncapped: bool = False) -> bool:
     """Whether ``stage`` is small enough to run direct at all (:data:`DIRECT_MAX_MEMBERS`,
-    :data:`_DIRECT_MAX_SENDS`)."""
-    return (stage.size <= DIRECT_MAX_MEMBERS
-            and len(stage.groups) * stage.size * (stage.size - 1)
-            <= _DIRECT_MAX_SENDS * (1 if stage.level == "host" else 2))
+    :data:`_DIRECT_MAX_SENDS`); ``uncapped``: a small collective on a fabric built by class, which is built
+    and timed one rank per class, so that a step's messages cost what one rank's do and only the members
+    count."""
+    return stage.size <= DIRECT_MAX_MEMBERS and (
+        uncapped or len(stage.groups) * stage.size * (stage.size - 1)
+        <= _DIRECT_MAX_SENDS * (1 if stage.level == "host" else 2))
 
 
 def alike(net: Network, stage: Stage) -> bool:

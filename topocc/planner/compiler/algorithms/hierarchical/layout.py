@@ -16,7 +16,9 @@ and at scale near the bound, so they are built first (:func:`class_layout`).
 Hierarchical's own choices may not be one class (a reduce-scatter's sums
 handed on to their owners, a ring's ``(i - 1) mod n``: no formula of the
 rank's digits) and are then built rank by rank, which only a thousand ranks
-afford.
+afford.  A small one's own choice is also built with its direct levels free of
+the caps on their messages, which bound the work of building and timing every
+rank, not of one rank per class.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ BLOCKS_SMALL_RANKS = 256
 #: against whole blocks by halving-doubling (see :func:`class_layout`); beyond it only as one class (rank by
 #: rank it takes minutes and gigabytes from a few thousand ranks).
 EVERY_RANK_MAX = 1024
+#: Up to this many ranks a small collective also tries direct levels uncapped (see :func:`class_layout`):
+#: beyond it, proving such a plan (its chunks searched for, not moved as blocks) takes more than ten minutes.
+UNCAPPED_MAX_RANKS = 16384
 
 
 def blocks_may_win(net: Network, levels: Sequence[Stage], options: Options) -> bool:
@@ -104,29 +109,50 @@ def allreduce_layout(net: Network, levels: Sequence[Stage], options: Options, fi
 
 
 def class_layout(net: Network, collective: str, levels: Sequence[Stage], options: Options,
-                 own: Callable[[bool], Schedule | None]) -> Schedule:
+                 own: Callable[[Options, bool], Schedule | None]) -> Schedule:
     """An all-reduce or reduce-scatter on a fabric built by class: whole blocks by halving-doubling at every
-    level where that is one class and comes within :data:`BLOCKS_GOOD` of the bound, else the faster of it and
-    hierarchical's own choice (``own``), as simulated.  ``own(every_rank)`` may build rank by rank where
-    ``every_rank``: up to :data:`EVERY_RANK_MAX` ranks, or where whole blocks by halving-doubling are not one
-    class either."""
+    level where that is one class and comes within :data:`BLOCKS_GOOD` of the bound, else the fastest of it and
+    hierarchical's own choice (``own``), as simulated.  ``own(options, every_rank)`` may build rank by rank
+    where ``every_rank``: up to :data:`EVERY_RANK_MAX` ranks, or where whole blocks by halving-doubling are not
+    one class either.
+
+    A small collective first tries its own choice with direct levels free of
+    the caps on their messages (``direct_uncapped``), as one class: the caps
+    bound the work of building and timing every rank, which a schedule built
+    and timed one rank per class does not do, and they keep a large level from
+    one direct step (or two, split), where halving-doubling waits out a path
+    latency per digit (up to :data:`UNCAPPED_MAX_RANKS` ranks).  Its own choice
+    within the caps is then built only up to :data:`EVERY_RANK_MAX` ranks (where
+    it may pipeline better); above, it has not won on the shipped fabrics and
+    costs minutes.
+    """
     pinned = replace(options, hierarchical=replace(options.hierarchical, stage_method="halving-doubling"))
     taken = build_schedule(net, collective, pinned, levels, "blocks", every_rank=False)
     if taken is None:
-        found = own(True)
+        found = own(options, True)
         assert found is not None  # rank by rank, always built
         return found
-    return _near_or_faster(net, collective, options, taken, lambda: own(net.topology.size <= EVERY_RANK_MAX))
+    p = net.topology.size
+    every_rank = p <= EVERY_RANK_MAX
+    if options.size_bytes / p >= MIN_SLICE_BYTES or options.hierarchical.direct_uncapped or p > UNCAPPED_MAX_RANKS:
+        return _near_or_faster(net, collective, options, taken, lambda: own(options, every_rank))
+    uncapped = replace(options, hierarchical=replace(options.hierarchical, direct_uncapped=True))
+    # the one-class try first, so that the other's simulation may stop at its time; ties go to the other
+    tries = [lambda: own(uncapped, False)] + ([lambda: own(options, True)] if every_rank else [])
+    return _near_or_faster(net, collective, options, taken, *tries)
 
 
 def _near_or_faster(net: Network, collective: str, options: Options, taken: Schedule,
-                    other: Callable[[], Schedule | None]) -> Schedule:
-    """``taken`` where it comes within :data:`BLOCKS_GOOD` of the bound, else the faster of it and what
-    ``other`` builds (if anything), as simulated by the compilation's evaluator (``options.evaluator``), which
-    remembers the one it timed last."""
+                    *others: Callable[[], Schedule | None]) -> Schedule:
+    """``taken`` where it comes within :data:`BLOCKS_GOOD` of the bound, else the fastest of it and what
+    ``others`` build (if anything), as simulated by the compilation's evaluator (``options.evaluator``), which
+    remembers the one it timed last (a tie goes to the later)."""
     evaluator = options.evaluator or Evaluator(net, options.size_bytes)
     time_s = evaluator.simulate(taken).time_s
     if evaluator.lower_bound(collective).time_s >= BLOCKS_GOOD * time_s:
         return taken
-    found = other()
-    return found if found is not None and evaluator.within(found, time_s) is not None else taken
+    for other in others:
+        found = other()
+        if found is not None and (timed := evaluator.within(found, time_s)) is not None:
+            taken, time_s = found, timed.time_s
+    return taken

@@ -17,6 +17,7 @@ from topocc.planner.compiler.algorithms.hierarchical.levels import Stage, ringed
 from topocc.planner.compiler.algorithms.hierarchical.methods import stage_methods
 from topocc.planner.compiler.algorithms.hierarchical.slicing import MIN_SLICE_BYTES
 from topocc.planner.compiler.options import Options
+from topocc.planner.compiler.symmetrize import builds_by_class
 from topocc.planner.routing.network import Network
 
 __all__ = ["split_last"]
@@ -38,23 +39,24 @@ def split_last(net: Network, levels: list[Stage], options: Options, large: bool 
     if not levels or options.size_bytes / net.topology.size >= MIN_SLICE_BYTES or options.pipeline is not None \
             or options.hierarchical.stage_method is not None:
         return levels
-    last = levels[-1]
+    last, uncapped = levels[-1], options.hierarchical.direct_uncapped and builds_by_class(net)
     method = None  # the last level's, timed only once some split fits where it is too large for direct
-    if direct_fits(last):
+    if direct_fits(last, uncapped):
         # small enough to run direct, unless the sharing cap rules that out (a ring across hosts on leaves,
         # too many messages on an uplink for direct, then waits out a path latency per member)
-        method = stage_methods(net, levels, options.size_bytes, 1)[-1]
+        method = stage_methods(net, levels, options.size_bytes, 1, uncapped=uncapped)[-1]
         if method == "direct":
             return levels
     elif not large:
         return levels
     n = last.size
     splits = [(a, *split(last, a)) for a in range(2, n // 2 + 1) if not n % a]
-    splits = [(a, inner, outer) for a, inner, outer in splits if direct_fits(inner) and direct_fits(outer)]
+    splits = [(a, inner, outer) for a, inner, outer in splits
+              if direct_fits(inner, uncapped) and direct_fits(outer, uncapped)]
     if not splits:  # before timing the levels, which on a huge last level costs more than the whole compile
         return levels
     if method is None:
-        method = stage_methods(net, levels, options.size_bytes, 1)[-1]
+        method = stage_methods(net, levels, options.size_bytes, 1, uncapped=uncapped)[-1]
     chosen = _fastest_split(net, levels, options, method, splits)
     if chosen is None:
         return levels

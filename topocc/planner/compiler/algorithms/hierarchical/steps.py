@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from topocc.planner.compiler.algorithms._order import Send, ring_steps
 
-__all__ = ["METHODS", "direct_steps", "halving_doubling_steps", "power_of_two"]
+__all__ = ["METHODS", "direct_steps", "halving_doubling_steps", "level_steps", "power_of_two"]
 
 
 def halving_doubling_steps(n: int, gather: bool) -> list[list[Send]]:
@@ -54,6 +54,20 @@ METHODS: dict[str, Callable[[int, bool], list[list[Send]]]] = {
     "halving-doubling": halving_doubling_steps,
     "direct": direct_steps,
 }
+
+
+def level_steps(method: str, n: int, gather: bool, by_class: bool) -> list[list[Send]]:
+    """The steps of ``method`` among ``n`` members; ``by_class`` (a schedule built as one class): a direct
+    level of a power-of-two size in the order ``k = 1 .. n - 1``, member ``i`` to member ``i ^ k``.
+
+    That is the same one step, but each peer and part is then an affine
+    formula of the member's binary digits (a digit kept or flipped), as one
+    class over the ranks' digits needs (:func:`~topocc.planner.compiler.symmetrize.one_class`);
+    ``(i + k) mod n`` is not, and neither are the receives' order by sender.
+    """
+    if not (by_class and method == "direct" and power_of_two(n)):
+        return METHODS[method](n, gather)
+    return [[(i, i ^ k, i if gather else i ^ k, (i if gather else i ^ k) + 1) for k in range(1, n) for i in range(n)]]
 
 
 def power_of_two(n: int) -> bool:
