@@ -116,15 +116,15 @@ def class_layout(net: Network, collective: str, levels: Sequence[Stage], options
     where ``every_rank``: up to :data:`EVERY_RANK_MAX` ranks, or where whole blocks by halving-doubling are not
     one class either.
 
-    A small collective first tries its own choice with direct levels free of
-    the caps on their messages (``direct_uncapped``), as one class: the caps
-    bound the work of building and timing every rank, which a schedule built
-    and timed one rank per class does not do, and they keep a large level from
-    one direct step (or two, split), where halving-doubling waits out a path
-    latency per digit (up to :data:`UNCAPPED_MAX_RANKS` ranks).  Its own choice
-    within the caps is then built only up to :data:`EVERY_RANK_MAX` ranks (where
-    it may pipeline better); above, it has not won on the shipped fabrics and
-    costs minutes.
+    A small collective of up to :data:`UNCAPPED_MAX_RANKS` ranks first tries
+    its own choice with direct levels free of the caps on their messages
+    (``direct_uncapped``), as one class: the caps bound the work of building
+    and timing every rank, which a schedule built and timed one rank per class
+    does not do, and they keep a large level from one direct step (or two,
+    split), where halving-doubling waits out a path latency per digit.  Its own
+    choice within the caps is then tried only up to :data:`EVERY_RANK_MAX`
+    ranks, where it may pipeline better; between the two it did not win on the
+    shipped fabrics and cost minutes.
     """
     pinned = replace(options, hierarchical=replace(options.hierarchical, stage_method="halving-doubling"))
     taken = build_schedule(net, collective, pinned, levels, "blocks", every_rank=False)
