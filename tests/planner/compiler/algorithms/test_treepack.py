@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import TOPOLOGIES
 from tests.planner.compiler.algorithms.test_baselines import check_link_floor, check_schedule, switch_cluster
+from tests.planner.topology.test_topology import grid
 from tests.strategies import topologies
 from topocc.planner.analysis.bounds import lower_bound
 from topocc.planner.analysis.simulate import simulate
@@ -25,7 +26,14 @@ from topocc.planner.compiler.algorithms._arborescence import (
     pack_phases,
     rank_graph,
 )
-from topocc.planner.compiler.algorithms.treepack import _phases_load, _plan, pack_undirected, treepack
+from topocc.planner.compiler.algorithms._even_trees import even_trees
+from topocc.planner.compiler.algorithms.treepack import (
+    _phases_load,
+    _plan,
+    pack_undirected,
+    treepack,
+    treepack_link_floor,
+)
 from topocc.planner.compiler.compile import compile_schedule
 from topocc.planner.compiler.options import Options
 from topocc.planner.errors import NotApplicableError
@@ -108,7 +116,7 @@ def test_random_topologies_with_phases_packed_together(topology: Topology, monke
     """All-reduce over jointly packed, overlapped phases (forced) verifies and is never faster than the bound."""
     net = Network(topology)
     monkeypatch.setattr(treepack_module, "JOINT_GAIN", math.inf)
-    monkeypatch.setattr(treepack_module, "_undirected_pieces", lambda p, options: 0)
+    monkeypatch.setattr(treepack_module, "_undirected_pieces", lambda p, options, transfers=0: 0)
     if topology.size == 1:
         return
     size = 1 << 28
@@ -421,3 +429,23 @@ def test_link_floor_bounds_the_schedule_from_the_same_packing(name: str, collect
     monkeypatch.setattr(module, "pack", no_packing)
     monkeypatch.setattr(module, "pack_undirected", no_packing)
     check_link_floor(topology, floor, treepack(net, collective, options), options.size_bytes)
+
+
+def test_allreduce_on_a_grid_beyond_the_budget_runs_even_trees(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 6x6 mesh has too many ranks for the undirected packing's budget at 30 MiB; all-reduce then runs the
+    grid's even trees, as many pieces on each, and verifies.  Where the pieces are too few per tree, it does
+    not."""
+    topology = grid("mesh", [6, 6])
+    net = Network(topology)
+    options = Options(size_bytes=30 << 20)
+    found = even_trees(net)
+    assert found is not None
+    plan = _plan(net, "allreduce", options)
+    assert plan.undirected is not None and plan.undirected.even
+    schedule = treepack(net, "allreduce", options)
+    pieces, trees = schedule.metadata.options["pieces"], schedule.metadata.options["trees"]
+    assert trees == len(found.trees) and pieces % trees == 0
+    check_schedule(topology, schedule, "allreduce", "treepack")
+    check_link_floor(net, treepack_link_floor(net, "allreduce", options), schedule, options.size_bytes)
+    monkeypatch.setattr(treepack_module, "EVEN_PIECES_PER_TREE", pieces // trees + 1)
+    assert _plan(Network(topology), "allreduce", options).undirected is None
