@@ -433,8 +433,8 @@ def test_link_floor_bounds_the_schedule_from_the_same_packing(name: str, collect
 
 def test_allreduce_on_a_grid_beyond_the_budget_runs_even_trees(monkeypatch: pytest.MonkeyPatch) -> None:
     """A 6x6 mesh has too many ranks for the undirected packing's budget at 30 MiB; all-reduce then runs the
-    grid's even trees, as many pieces on each, and verifies.  Where the pieces are too few per tree, it does
-    not."""
+    grid's even trees, as many pieces on each, graded at both ends, and verifies.  Where the pieces are too few
+    per tree, it does not."""
     topology = grid("mesh", [6, 6])
     net = Network(topology)
     options = Options(size_bytes=30 << 20)
@@ -445,6 +445,8 @@ def test_allreduce_on_a_grid_beyond_the_budget_runs_even_trees(monkeypatch: pyte
     schedule = treepack(net, "allreduce", options)
     pieces, trees = schedule.metadata.options["pieces"], schedule.metadata.options["trees"]
     assert trees == len(found.trees) and pieces % trees == 0
+    # each tree's pieces are 1, 2, 4, ..., 4, 2, 1 chunks: 4 n - 10 for n pieces
+    assert schedule.output_chunks == trees * (4 * (pieces // trees) - 10)
     check_schedule(topology, schedule, "allreduce", "treepack")
     check_link_floor(net, treepack_link_floor(net, "allreduce", options), schedule, options.size_bytes)
     monkeypatch.setattr(treepack_module, "EVEN_PIECES_PER_TREE", pieces // trees + 1)
