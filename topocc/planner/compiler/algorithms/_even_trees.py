@@ -30,7 +30,7 @@ from topocc.planner.routing.network import Memo, Network
 __all__ = ["EvenTrees", "even_trees"]
 
 #: Restarts of the search and swaps tried in each: on the 4x4x4 mesh every restart reached the same load,
-#: most of them at the least height (the grid's radius); together about 3 s on 2 cores.
+#: most of them at the least height (the grid's radius); the whole search takes about a second on 2 cores.
 RESTARTS = 4
 SWAPS = 2500
 #: Annealing: the starting temperature in units of the busiest link's load, its decay per swap, and what a
@@ -76,8 +76,10 @@ def _search(net: Network) -> EvenTrees | None:
     index = {pair: e for e, pair in enumerate(pairs)}
     # each grid edge's load (both ways), and the symmetrised one: the mean over the group of its images'
     loads = np.array([graph.arc_loads([arc_of[u, v], arc_of[v, u]]) for u, v in pairs])
-    images = [image for image in _symmetries(grid)
-              if all(_same_route(graph, arc_of, (u, v), (int(image[u]), int(image[v]))) for u, v in pairs)]
+    route = _routes(graph, arc_of, pairs)
+    images = [g for g in _symmetries(grid)
+              if all(route[u, v] == route[int(g[u]), int(g[v])] and route[v, u] == route[int(g[v]), int(g[u])]
+                     for u, v in pairs)]
     if len(images) < 2:
         return None
     moved = np.array([[index[_edge(g[u], g[v])] for u, v in pairs] for g in images])
@@ -162,14 +164,11 @@ def _swap(tree: list[list[int]], drop: tuple[int, int], add: tuple[int, int]) ->
 
 
 def _neighbours(grid: Grid) -> list[tuple[int, int]]:
-    """The grid's edges (u < v): ranks one step apart along a dimension, round the rings."""
-    at = {c: r for r, c in enumerate(grid.coords)}
+    """The grid's edges (u < v): ranks one step apart along a line of a dimension, round the rings."""
     found: set[tuple[int, int]] = set()
-    for r, c in enumerate(grid.coords):
-        for d, (n, ring) in enumerate(zip(grid.sizes, grid.rings)):
-            if c[d] + 1 < n or (ring and n > 2):
-                step = (*c[:d], (c[d] + 1) % n, *c[d + 1:])
-                found.add(_edge(r, at[step]))
+    for d, (n, ring) in enumerate(zip(grid.sizes, grid.rings)):
+        for line in grid.lines(d):
+            found.update(_edge(a, b) for a, b in zip(line, line[1:] + (line[:1] if ring and n > 2 else [])))
     return sorted(found)
 
 
@@ -192,17 +191,17 @@ def _symmetries(grid: Grid) -> list[np.ndarray]:
     return found
 
 
-def _same_route(graph: RankGraph, arc_of: dict[tuple[int, int], int], pair: tuple[int, int],
-                image: tuple[int, int]) -> bool:
-    """Whether the routes of ``pair`` and ``image`` (both ways) load links alike and take as long."""
-    for (u, v), (x, y) in (((pair[0], pair[1]), image), ((pair[1], pair[0]), image[::-1])):
-        a, b = arc_of.get((u, v)), arc_of.get((x, y))
-        if a is None or b is None:
-            return False
-        mine, theirs = graph.arc_loads([a]), graph.arc_loads([b])
-        if not np.allclose(np.sort(mine), np.sort(theirs)) or not np.isclose(graph.latency[a], graph.latency[b]):
-            return False
-    return True
+def _routes(graph: RankGraph, arc_of: dict[tuple[int, int], int],
+            pairs: list[tuple[int, int]]) -> dict[tuple[int, int], tuple[tuple[float, ...], float]]:
+    """Each grid pair's route, both ways, as what a symmetry must keep: the loads it puts on links (sorted)
+    and its latency, rounded so that equal routes compare equal."""
+    found: dict[tuple[int, int], tuple[tuple[float, ...], float]] = {}
+    for u, v in pairs:
+        for arc in ((u, v), (v, u)):
+            loads = graph.arc_loads([arc_of[arc]])
+            found[arc] = (tuple(np.round(np.sort(loads[loads > 0]), 9).tolist()),
+                          round(float(graph.latency[arc_of[arc]]), 15))
+    return found
 
 
 def _adjacent(p: int, edges: list[tuple[int, int]]) -> list[list[int]]:
