@@ -24,12 +24,22 @@ def _at(f: Formula, points: np.ndarray, modulus: int) -> np.ndarray:
     return (f.offset + points @ np.array(f.coefs, dtype=np.int64)) % modulus
 
 
-def _digitwise_formula(rng: random.Random, shape: tuple[int, ...], unit: int, modulus: int) -> Formula:
-    """A formula whose every digit keeps, flips or fixes the block's digit (the top one may also be shifted,
-    wrapping modulo the buffer), written as the symmetrizer writes it: modulo the buffer."""
+def _digitwise_formula(rng: random.Random, shape: tuple[int, ...], unit: int, modulus: int,
+                       across: bool = False) -> Formula:
+    """A formula whose every digit keeps, flips or fixes a block digit (the top one may also be shifted,
+    wrapping modulo the buffer), written as the symmetrizer writes it: modulo the buffer.  Each digit sets the
+    block's same digit, or where ``across``, a digit of the same size shuffled among them."""
+    strides = grid_strides(shape)
+    blocks = list(range(len(shape)))
+    if across:
+        for n in set(shape):
+            same = [e for e in blocks if shape[e] == n]
+            for e, f in zip(same, rng.sample(same, len(same))):
+                blocks[e] = f
     offset, coefs = rng.randrange(unit), []
-    for e, (n, s) in enumerate(zip(shape, grid_strides(shape))):
-        kind = rng.choice(["keep", "flip", "fix"] + (["shift"] if e == 0 else []))
+    for e, n in enumerate(shape):
+        s = strides[blocks[e]]
+        kind = rng.choice(["keep", "flip", "fix"] + (["shift"] if blocks[e] == 0 else []))
         start = {"keep": 0, "flip": n - 1}.get(kind, rng.randrange(n))
         coefs.append({"flip": -unit * s, "fix": 0}.get(kind, unit * s))
         offset += unit * s * start
@@ -46,18 +56,19 @@ def test_decoding_is_exact_at_every_point(shape: tuple[int, ...]) -> None:
     for _ in range(300):
         unit = rng.choice([1, 2, 3])
         modulus = unit * ranks + rng.choice([0, 0, 5])
-        built = rng.random() < 0.5
+        built, across = rng.random() < 0.5, rng.random() < 0.5
         if built:  # where the buffer is longer, a shifted top digit is not digit-wise
-            f = _digitwise_formula(rng, shape, unit, modulus)
+            f = _digitwise_formula(rng, shape, unit, modulus, across)
         else:  # any formula: decoded only where it is digit-wise
             f = Formula(rng.randrange(modulus), tuple(rng.randrange(modulus) for _ in shape))
-        d = decode(f, modulus, shape, unit)
+        d = decode(f, modulus, shape, unit, across=across)
         values = _at(f, points, modulus)
         if d is None:
             assert not (built and modulus == unit * ranks)
             continue
         decoded += 1
-        tables = np.array([[d.tables[e][x] for e, x in enumerate(p)] for p in points])
+        assert across or d.sources == tuple(range(len(shape)))
+        tables = np.array([[d.tables[e][p[d.sources[e]]] for e in range(len(shape))] for p in points])
         assert np.array_equal(values, unit * (tables @ strides) + d.within)
         assert d.largest() == values.max()
     assert decoded >= 100
@@ -83,20 +94,23 @@ def test_questions_are_answered_as_every_point_answers_them(shape: tuple[int, ..
     strides = np.array(grid_strides(shape))
     ranks = math.prod(shape)
     for _ in range(200):
-        unit = rng.choice([1, 2])
-        f = _digitwise_formula(rng, shape, unit, unit * ranks)
-        d = decode(f, unit * ranks, shape, unit)
+        unit, across = rng.choice([1, 2]), rng.random() < 0.5
+        f = _digitwise_formula(rng, shape, unit, unit * ranks, across)
+        d = decode(f, unit * ranks, shape, unit, across=across)
         assert d is not None
         values = _at(f, points, unit * ranks)
         by_rank = dict(zip((points @ strides).tolist(), values.tolist()))
-        for digit, n in enumerate(shape):  # follows: f(x + e_digit) is f(x)'s block moved in that digit
+        blocks = values // unit
+        for digit, n in enumerate(shape):
             moved = points.copy()
             moved[:, digit] = (moved[:, digit] + 1) % n
-            blocks = values // unit
-            block_coords = (blocks[:, None] // strides) % np.array(shape)
-            block_coords[:, digit] = (block_coords[:, digit] + 1) % n
-            translated = unit * (block_coords @ strides) + values % unit
-            assert d.follows(digit) == np.array_equal(translated, [by_rank[r] for r in (moved @ strides).tolist()])
+            at_moved = np.array([by_rank[r] for r in (moved @ strides).tolist()])
+            assert (d.sets(digit) is None) == np.array_equal(at_moved, values)  # sets: whether the digit is read
+            for block, m in enumerate(shape):  # follows: f(x + e_digit) is f(x)'s block moved in block digit
+                block_coords = (blocks[:, None] // strides) % np.array(shape)
+                block_coords[:, block] = (block_coords[:, block] + 1) % m
+                translated = unit * (block_coords @ strides) + values % unit
+                assert d.follows(digit, block) == np.array_equal(translated, at_moved), (f, digit, block)
         for count in range(1, unit * ranks + 1):  # run_start: the chunks are a box of whole low digits
             start = d.run_start(count)
             if start is None:
@@ -105,7 +119,7 @@ def test_questions_are_answered_as_every_point_answers_them(shape: tuple[int, ..
             assert count == inner or (start == len(shape) and d.within + count <= unit)
             for v in values.tolist():
                 assert (v % inner == 0 and count == inner) or v // unit == (v + count - 1) // unit
-        if unit == 1 and d.within == 0:  # fixed_ranks: where the peer is the rank itself
+        if unit == 1 and d.within == 0 and not across:  # fixed_ranks: where the peer is the rank itself
             own = [tuple(p) for p, v, r in zip(points.tolist(), values.tolist(), (points @ strides).tolist()) if v == r]
             fixed = d.fixed_ranks()
             assert sorted(own) == sorted(itertools.product(*fixed))
@@ -113,8 +127,12 @@ def test_questions_are_answered_as_every_point_answers_them(shape: tuple[int, ..
 
 def test_a_block_of_chunks_is_decoded_with_its_place_in_the_block() -> None:
     d = decode(Formula(7, (0, 18)), 24, (2, 2), 6)  # rank (0, 1)'s block, its second chunk, the last digit flipped
-    assert d == Digitwise((2, 2), ((0, 0), (1, 0)), 1, 6)
+    assert d == Digitwise((2, 2), ((0, 0), (1, 0)), 1, 6, (0, 1))
     assert d is not None and d.run_start(4) == 2 and d.run_start(6) is None
     assert decode(Formula(0, (12, 6)), 24, (2, 2), 6) is not None
     assert decode(Formula(0, (6, 12)), 24, (2, 2), 6) is None  # the digits' strides swapped
+    swapped = decode(Formula(0, (6, 12)), 24, (2, 2), 6, across=True)  # read as such
+    assert swapped == Digitwise((2, 2), ((0, 1), (0, 1)), 0, 6, (1, 0))
+    assert swapped.follows(0, 1) and swapped.follows(1, 0) and not swapped.follows(0, 0)
+    assert decode(Formula(0, (6, 6)), 24, (2, 2), 6, across=True) is None  # two digits setting one
     assert decode(Formula(0, (12, 6)), 24, (2, 2), 12) is None  # twice as many chunks as the buffer holds

@@ -3,8 +3,10 @@ every rank, on correct schedules and on schedules broken in one place."""
 
 from __future__ import annotations
 
+import collections
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
@@ -15,7 +17,16 @@ import pytest
 from tests.runtime.test_symmetric import ring
 from topocc.planner.analysis import verify_symmetric
 from topocc.planner.analysis.verify import verify
-from topocc.planner.analysis.verify_symmetric import _MESSAGE_KINDS, _by_blocks, _Grid, prove, verify_by_class
+from topocc.planner.analysis.verify_symmetric import (
+    _MESSAGE_KINDS,
+    Twisted,
+    _by_blocks,
+    _Grid,
+    prove,
+    verify_by_class,
+)
+from topocc.planner.compiler.algorithms.hierarchical import _own as hierarchical_own
+from topocc.planner.compiler.algorithms.hierarchical.levels import stages
 from topocc.planner.compiler.compile import compile_schedule
 from topocc.planner.compiler.options import HierarchicalOptions, Options
 from topocc.planner.compiler.symmetrize import grid_shapes, symmetrize
@@ -56,6 +67,19 @@ def whole_blocks(fabric: str) -> Schedule:
     return form
 
 
+@cache
+def direct_uncapped() -> Schedule:
+    """fattree-1024's all-reduce of 1 MiB as hierarchical's own choice with direct levels uncapped, one class:
+    its blocks in virtual order (the last level's digits highest), each direct step's parts reduced from
+    scratch chunks fixed at every rank."""
+    topo = resolve_topology("fattree-1024")
+    options = Options(size_bytes=1 << 20, hierarchical=HierarchicalOptions(direct_uncapped=True))
+    net = Network(topo)
+    built = hierarchical_own(net, "allreduce", stages(net), options, False)
+    assert built is not None and built.symmetry is not None
+    return built
+
+
 @pytest.mark.parametrize("fabric", FABRICS)
 def test_by_class_proves_what_every_rank_proves(fabric: str) -> None:
     by_class = 0
@@ -84,6 +108,22 @@ def test_an_all_reduce_of_whole_blocks_is_proved_by_blocks(fabric: str, monkeypa
     monkeypatch.setattr(verify_symmetric, "_chunk_permutations", lambda *args: None)  # the search: never
     report = verify_by_class(form)
     assert report is not None and report == verify(form)
+
+
+def test_blocks_in_another_order_and_scratch_paired_with_them_are_proved_by_blocks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each digit's translation moves the blocks along the block digit the formulas set from it, and the
+    scratch chunks reduced into a run of blocks as that run, so one representative proves the whole, without
+    the search, as every rank's proof does."""
+    form = direct_uncapped()
+    monkeypatch.setattr(verify_symmetric, "_chunk_permutations", lambda *args: None)  # the search: never
+    report = verify_by_class(form)
+    assert report is not None and report == verify(form)
+    sym = form.symmetry
+    assert sym is not None
+    grid = _Grid(sym, {"i": form.input_chunks, "o": form.output_chunks, "s": form.scratch_chunks},
+                 {"i": 1, "o": 1})
+    assert any(grid.block_digits(d)[1:-1] for d in range(len(sym.shape)))  # some digit sets another's blocks
 
 
 def test_shipped_fattree_is_proved_with_one_representative() -> None:
@@ -153,10 +193,11 @@ def _breakages(schedule: Schedule) -> list[tuple[str, Schedule]]:
                                   ("dgx-a100-4node", "halving-doubling", "allgather"),
                                   ("dgx-a100-4node", "halving-doubling", "reducescatter"),
                                   ("dgx-a100-4node", "hierarchical", "whole blocks"),
-                                  ("torus-4x4", "halving-doubling", "reducescatter")])
+                                  ("torus-4x4", "halving-doubling", "reducescatter"),
+                                  ("fattree-1024", "direct uncapped")])
 def test_a_broken_schedule_is_refused_by_class_as_rank_by_rank(case: tuple[str, ...]) -> None:
     schedule = (ring(8) if case == ("ring",) else whole_blocks(case[0]) if case[2:] == ("whole blocks",)
-                else symmetric(*case))
+                else direct_uncapped() if case[1:] == ("direct uncapped",) else symmetric(*case))
     assert schedule is not None and verify_by_class(schedule) is not None
     refused = 0
     for what, broken in _breakages(schedule):
@@ -180,7 +221,7 @@ def test_wrong_data_from_another_orbit_member_is_named() -> None:
 # --------------------------------------------------------------------------- chunk permutations by blocks
 
 
-def _carried(sym: Symmetry, digit: int, pis: dict[str, np.ndarray], twisted: set[tuple[int, int]]) -> bool:
+def _carried(sym: Symmetry, digit: int, pis: dict[str, np.ndarray], twisted: Twisted) -> bool:
     """Whether the translation of ``digit`` with ``pis`` carries every rank's operations onto its image's
     (messages in order unless twisted, both sides of an operation alike), checked rank by rank."""
     for rank in range(sym.ranks):
@@ -207,17 +248,31 @@ def _carried(sym: Symmetry, digit: int, pis: dict[str, np.ndarray], twisted: set
     return True
 
 
+def _in_range(sym: Symmetry) -> bool:
+    """Whether every rank's references stay inside their buffers."""
+    for rank in range(sym.ranks):
+        for t in sym.templates[0]:
+            for ref in (t.src, t.dst):
+                if ref is not None:
+                    limit = sym.limits[ref.buffer]
+                    at = ref.index if isinstance(ref.index, int) else ref.index.at(sym.coordinates(rank), limit)
+                    if at + ref.count > limit:
+                        return False
+    return True
+
+
 def _random_ref(rng: random.Random, shape: tuple[int, ...], buffer: str, unit: int, limit: int,
-                noisy: bool) -> TemplateRef:
+                noisy: bool, blocks: Sequence[int]) -> TemplateRef:
     """A reference into a buffer of blocks: a digit-wise formula over one block's chunks or a run of whole low
-    digits, its digits kept or (binary ones) flipped; where ``noisy``, also fixed, and now and then moved off
-    by one chunk or one coefficient."""
+    digits, each digit ``e`` keeping or (binary ones) flipping block digit ``blocks[e]``; where ``noisy``, also
+    fixing it, and now and then moved off by one chunk or one coefficient."""
     strides = grid_strides(shape)
     low = rng.randrange(len(shape) + 1)  # the run's first digit (len(shape): within a block)
     offset, coefs = 0, []
-    for e, (n, s) in enumerate(zip(shape, strides)):
+    for e, n in enumerate(shape):
+        s = strides[blocks[e]]
         kinds = ["keep", "flip", "fix"] if noisy else ["keep"] + (["flip"] if n == 2 else [])
-        kind = "fix0" if e >= low else rng.choice(kinds)
+        kind = "fix0" if blocks[e] >= low else rng.choice(kinds)
         start = {"keep": 0, "flip": n - 1, "fix0": 0}.get(kind, rng.randrange(n))
         coefs.append({"keep": unit * s, "flip": -unit * s}.get(kind, 0))
         offset += unit * s * start
@@ -232,32 +287,49 @@ def _random_ref(rng: random.Random, shape: tuple[int, ...], buffer: str, unit: i
     return TemplateRef(buffer, Formula(offset % limit, tuple(c % limit for c in coefs)), count)
 
 
-@pytest.mark.parametrize("shape", [(2, 2, 2), (2, 4), (4, 2, 3), (3, 2)])
+@pytest.mark.parametrize("shape", [(2, 2, 2), (2, 4, 2), (4, 2, 3), (3, 2, 3)])
 def test_chunks_moved_by_blocks_carry_every_rank(shape: tuple[int, ...]) -> None:
-    """Random templates over an all-gather's buffers: where the permutations are decided by blocks, every
-    rank's operations go onto its image's; and they are decided for templates that keep the digits."""
+    """Random templates over an all-gather's buffers, their blocks in the ranks' order or another (each digit
+    setting another block digit of its size), some reduced from fixed scratch chunks: where the permutations
+    are decided by blocks, every rank's operations go onto its image's; and they are decided for templates that
+    keep the digits, in either order and with scratch."""
     rng = random.Random(sum(shape) * 31 + len(shape))
     ranks, unit = math.prod(shape), 2
-    limits = {"i": unit, "o": unit * ranks, "s": 0}
-    decided = 0
-    for _ in range(60):
+    limits = {"i": unit, "o": unit * ranks, "s": unit * ranks}
+    decided: collections.Counter[tuple[bool, bool, bool]] = collections.Counter()
+    for _ in range(120):
         ops = []
         noisy = rng.random() < 0.5
+        blocks = list(range(len(shape)))
+        if rng.random() < 0.5:  # each digit sets another block digit of its size
+            for n in set(shape):
+                same = [e for e in blocks if shape[e] == n]
+                for e, f in zip(same, rng.sample(same, len(same))):
+                    blocks[e] = f
+        kinds = ["send", "recv", "copy"] + (["reduce"] if rng.random() < 0.5 else [])
         for _ in range(rng.randrange(1, 6)):
-            ref = _random_ref(rng, shape, "o", unit, limits["o"], noisy)
-            kind = rng.choice(["send", "recv", "copy"])
+            ref = _random_ref(rng, shape, "o", unit, limits["o"], noisy, blocks)
+            kind = rng.choice(kinds)
             if kind == "send":
                 ops.append(TemplateOp("send", peer=0, src=ref))
             elif kind == "recv":
                 ops.append(TemplateOp("recv", peer=0, dst=ref))
-            else:
+            elif kind == "copy":
                 ops.append(TemplateOp("copy", src=TemplateRef("i", 0, min(unit, ref.count)), dst=replace(
                     ref, count=min(unit, ref.count))))
+            else:  # scratch chunks fixed at every rank, reduced into the reference
+                at = rng.randrange(limits["s"] - ref.count + 1)
+                ops.append(TemplateOp("reduce", src=TemplateRef("s", at, ref.count), dst=ref))
         sym = Symmetry(shape, (tuple(ops),), ((0, ranks),), limits)
+        if not _in_range(sym):
+            continue  # the loader refuses it (and the proof, first: _Grid.check_ranges)
         grid = _Grid(sym, limits, {"o": unit})
         for digit in range(len(shape)):
-            found = _by_blocks(grid, digit)
-            if found is not None:
-                decided += 1
-                assert _carried(sym, digit, *found), (ops, digit)
-    assert decided >= 30
+            for block in grid.block_digits(digit):
+                found = _by_blocks(grid, digit, block)
+                if found is not None:
+                    decided[blocks != sorted(blocks), "reduce" in kinds, block is None] += 1
+                    assert _carried(sym, digit, *found), (ops, digit, block)
+    assert decided[False, False, False] >= 15 and decided[False, True, False] >= 5
+    if len(set(shape)) < len(shape):  # digits of one size, which may set each other's block digits
+        assert decided[True, False, False] >= 5 and decided[True, True, False] >= 5

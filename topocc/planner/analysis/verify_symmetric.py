@@ -19,8 +19,10 @@ others', so each group element has one ``pi`` and the orbits are the ranks that 
 The checks run over every rank of every class at once (numpy, one pass per digit and template operation).
 Where a collective lays a buffer out as one block per rank (an all-gather's output, a reduce-scatter's
 input) and every reference's formula is digit-wise (:mod:`~topocc.planner.analysis.digitwise`), ``pi`` is
-the translation of those blocks and each reference is checked once for the whole grid, digit by digit: an
-all-gather's template has an operation per rank, so the checks over every rank would grow with the ranks
+a translation of those blocks (along the same digit, or along the block digit the formulas set from it where
+the blocks are ordered otherwise than the ranks), chunks fixed at every rank that a copy or reduction pairs
+with a run of blocks go as that run, and each reference is checked once for the whole grid, digit by digit:
+an all-gather's template has an operation per rank, so the checks over every rank would grow with the ranks
 squared.  The proof proper runs the representatives' programs as :func:`~topocc.planner.analysis.verify.verify` runs
 every rank's, reading a message from a rank outside them as its representative's data, keys and masks
 moved by the translation between the two.  Where no digit qualifies (a per-rank schedule, a rooted or
@@ -33,7 +35,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -71,6 +73,13 @@ _MESSAGE_KINDS = frozenset({"send", "recv", "recv_reduce"})
 _IN_ORDER = (0, 0)
 #: The collectives whose initial and final values a digit translation can keep.
 _BY_CLASS = (ALLREDUCE, ALLGATHER, REDUCESCATTER)
+
+#: The messages (class, operation) whose chunks a translation's permutation moves as a set, not in order: each
+#: with where its chunks go, relative to its image's first (the same at every rank of the class), or None where
+#: the permutation was searched for and that is not known.
+Twisted = dict[tuple[int, int], "np.ndarray | None"]
+#: Chunk permutations of each buffer found for a translation, and the messages they twist.
+Found = tuple[dict[str, np.ndarray], Twisted]
 
 
 def prove(schedule: Schedule) -> VerifyReport:
@@ -162,17 +171,18 @@ class _Grid:
             return None
         key = (index, buffer)
         if key not in self._decoded:
-            self._decoded[key] = decode(index, self.limits[buffer], self.sym.shape, unit)
+            self._decoded[key] = decode(index, self.limits[buffer], self.sym.shape, unit, across=True)
         return self._decoded[key]
 
-    def moves(self, ref: TemplateRef, digit: int) -> tuple[int, int] | None:
-        """How the translation of ``digit`` with :func:`_by_blocks`'s chunk permutation moves ``ref`` onto its
-        image at every rank: :data:`_IN_ORDER`; or as a set, the run of whole blocks (:meth:`Digitwise.run_start`)
-        that ``digit`` is in permuted among themselves, as (block's chunks, the run's first digit), which
-        references moved alike share; None where neither is shown."""
+    def moves(self, ref: TemplateRef, digit: int, block: int | None) -> tuple[int, int] | None:
+        """How the translation of ``digit`` with :func:`_by_blocks`'s chunk permutation (the blocks moved along
+        block digit ``block``, or kept where None) moves ``ref`` onto its image at every rank:
+        :data:`_IN_ORDER`; or as a set, the run of whole blocks (:meth:`Digitwise.run_start`) that ``block`` is in
+        permuted among themselves, as (block's chunks, the run's first digit), which references moved alike
+        share; None where neither is shown."""
         unit = self.units.get(ref.buffer)
         index = ref.index
-        if unit is None or (isinstance(index, int) and index >= unit * self.sym.ranks):
+        if unit is None or block is None or (isinstance(index, int) and index >= unit * self.sym.ranks):
             # chunks the permutation keeps: the formula must not read the digit
             if isinstance(index, int) or index.coefs[digit] % self.limits[ref.buffer] == 0:
                 return _IN_ORDER
@@ -181,9 +191,24 @@ class _Grid:
         start = decoded.run_start(ref.count) if decoded is not None else None
         if decoded is None or start is None:
             return None
-        if digit >= start:  # the digit moves blocks within the run, which is the same run at the image
-            return unit, start
-        return _IN_ORDER if decoded.follows(digit) else None
+        if block >= start:  # blocks moved within the run, which is the same run at the image
+            return (unit, start) if decoded.sets(digit) is None else None
+        return _IN_ORDER if decoded.follows(digit, block) else None
+
+    def block_digits(self, digit: int) -> list[int | None]:
+        """The block digits whose translation :func:`_by_blocks` tries with that of ``digit``, in order: the same
+        digit (blocks moved as their ranks are), those the references' formulas set from ``digit`` (blocks
+        ordered otherwise than ranks), and None (blocks kept)."""
+        found: set[int] = set()
+        for template in self.sym.templates:
+            for t in template:
+                for ref in (t.src, t.dst):
+                    if ref is not None and ref.buffer in self.units and not isinstance(ref.index, int):
+                        decoded = self.digitwise(ref.index, ref.buffer)
+                        block = decoded.sets(digit) if decoded is not None else None
+                        if block is not None:
+                            found.add(block)
+        return [digit, *sorted(found - {digit}), None]
 
     def chunk_at(self, ref: TemplateRef, rank: int) -> Chunk:
         """``ref`` on ``rank``."""
@@ -238,11 +263,11 @@ class _Group:
     """The digit translations kept as symmetries, each with its chunk permutations, and the orbits they make."""
 
     def __init__(self, grid: _Grid, digits: list[int], pis: dict[int, dict[str, np.ndarray]],
-                 twisted: set[tuple[int, int]]) -> None:
+                 twisted: dict[int, Twisted]) -> None:
         self.grid = grid
         self.digits = digits
         self.pis = pis
-        #: (class, operation) of the messages whose chunks some kept translation moves as a set, not in order
+        #: per kept digit, the messages whose chunks its translation moves as a set, not in order
         self.twisted = twisted
         shape = grid.sym.shape
         self.sizes = [shape[d] for d in digits]
@@ -253,7 +278,7 @@ class _Group:
         """The digits whose translation is a symmetry, or None where none is."""
         shape = grid.sym.shape
         pis: dict[int, dict[str, np.ndarray]] = {}
-        twisted: set[tuple[int, int]] = set()
+        twisted: dict[int, Twisted] = {}
         for d, n in enumerate(shape):
             if n < 2:
                 continue
@@ -262,12 +287,11 @@ class _Group:
             perm = grid.translation(shift)
             if not grid.commuting.under(perm):
                 continue
-            found = _by_blocks(grid, d) or _chunk_permutations(grid, d)
-            if found is None or not all(_cycles_back(pi, n) for pi in found[0].values()):
-                continue
-            if _keeps_values(sp, perm, found[0]) and all(_commute(found[0], pis[e]) for e in pis):
-                pis[d] = found[0]
-                twisted |= found[1]
+            for found in _candidates(grid, d):
+                if (found is not None and all(_cycles_back(pi, n) for pi in found[0].values())
+                        and _keeps_values(sp, perm, found[0]) and all(_commute(found[0], pis[e]) for e in pis)):
+                    pis[d], twisted[d] = found
+                    break
         if not pis:
             return None
         return cls(grid, sorted(pis), pis, twisted)
@@ -313,33 +337,101 @@ class _Group:
         return int.from_bytes(np.packbits(moved, bitorder="little").tobytes(), "little")
 
 
-def _by_blocks(grid: _Grid, digit: int) -> tuple[dict[str, np.ndarray], set[tuple[int, int]]] | None:
-    """What :func:`_chunk_permutations` finds, decided digit by digit where every reference allows: the blocks
-    of the buffers laid out by blocks moved as their ranks are, every other chunk kept.  None where a reference
-    is not shown to follow those (its formula is not digit-wise, or not so for this digit).
+def _candidates(grid: _Grid, digit: int) -> Iterator[Found | None]:
+    """The chunk permutations to try with the translation of ``digit``, cheapest first, each built when asked
+    for: by blocks (:func:`_by_blocks`) along each of :meth:`_Grid.block_digits`, then the search
+    (:func:`_chunk_permutations`)."""
+    for block in grid.block_digits(digit) if grid.units else []:
+        yield _by_blocks(grid, digit, block)
+    yield _chunk_permutations(grid, digit)
 
-    Each reference is decided over the whole grid at once (:meth:`_Grid.moves`), so the time is the template's
-    length times the digits, not times the ranks."""
-    if not grid.units:
-        return None
-    shift = [0] * len(grid.sym.shape)
-    shift[digit] = 1
-    perm = grid.translation(shift)
+
+def _by_blocks(grid: _Grid, digit: int, block: int | None) -> Found | None:
+    """What :func:`_chunk_permutations` finds, decided digit by digit where every reference allows: the blocks
+    of the buffers laid out by blocks moved along block digit ``block`` (where the blocks are ordered as the
+    ranks, ``digit`` itself: moved as their ranks are) or kept where None; the chunks of another buffer that a
+    copy or reduction pairs, at every rank the same, with a run of blocks moved as a set are moved as it is;
+    every other chunk kept.  None where a reference is not shown to follow those (its formula is not
+    digit-wise, or not so for this digit), or an operation's two sides are not moved alike.
+
+    Each reference is decided over the whole grid at once (:meth:`_Grid.moves`; fixed chunks, the same at every
+    rank, by the permutation itself), so the time is the template's length times the digits, not times the
+    ranks."""
     pis = {b: np.arange(limit, dtype=np.int64) for b, limit in grid.limits.items()}
-    for b, unit in grid.units.items():
-        pis[b][:perm.size * unit] = (perm[:, None] * unit + np.arange(unit, dtype=np.int64)[None, :]).ravel()
-    twisted: set[tuple[int, int]] = set()
+    if block is not None:
+        shift = [0] * len(grid.sym.shape)
+        shift[block] = 1
+        perm = grid.translation(shift)
+        for b, unit in grid.units.items():
+            pis[b][:perm.size * unit] = (perm[:, None] * unit + np.arange(unit, dtype=np.int64)[None, :]).ravel()
+    # (class, operation, side) -> where the side's chunks go, relative to its image's first
+    laid: dict[tuple[int, int, int], np.ndarray] = {}
     for cls, template in enumerate(grid.sym.templates):
         for k, t in enumerate(template):
-            moves = [grid.moves(r, digit) for r in (t.src, t.dst) if r is not None]
-            if None in moves or len(set(moves)) > 1:  # an operation's two sides must be moved alike
+            for side, r in enumerate((t.src, t.dst)):
+                if r is not None and r.buffer in grid.units:
+                    move = grid.moves(r, digit, block)
+                    if move is None:
+                        return None
+                    laid[cls, k, side] = _relative(grid, move, r.count, block)
+    # a fixed reference paired with a laid one takes its pattern
+    paired = {b: np.full(limit, -1, dtype=np.int64) for b, limit in grid.limits.items() if b not in grid.units}
+    for (cls, k, side), rel in laid.items():
+        t = grid.sym.templates[cls][k]
+        other = (t.src, t.dst)[1 - side]
+        if other is not None and other.buffer in paired and isinstance(other.index, int):
+            span = paired[other.buffer][other.index:other.index + other.count]
+            if ((span >= 0) & (span != other.index + rel)).any():
                 return None
-            if t.kind in _MESSAGE_KINDS and moves[0] != _IN_ORDER:
-                twisted.add((cls, k))
+            span[:] = other.index + rel
+    for b, pattern in paired.items():
+        pis[b] = np.where(pattern >= 0, pattern, pis[b])
+        if np.unique(pis[b]).size != pis[b].size:
+            return None
+    twisted: Twisted = {}
+    for cls, template in enumerate(grid.sym.templates):
+        for k, t in enumerate(template):
+            rels = []
+            for side, r in enumerate((t.src, t.dst)):
+                if r is None:
+                    continue
+                if r.buffer in grid.units:
+                    rel = laid[cls, k, side]
+                elif isinstance(r.index, int):  # the same chunks at the image: the permutation must keep them
+                    rel = pis[r.buffer][r.index:r.index + r.count] - r.index
+                    if not np.array_equal(np.sort(rel), np.arange(r.count)):
+                        return None
+                elif (paired[r.buffer] < 0).all() and grid.moves(r, digit, block) == _IN_ORDER:
+                    rel = np.arange(r.count)
+                else:
+                    return None
+                rels.append(rel)
+            if len(rels) == 2 and not np.array_equal(rels[0], rels[1]):
+                return None  # an operation's two sides must be moved alike
+            if t.kind in _MESSAGE_KINDS and (rels[0] != np.arange(rels[0].size)).any():
+                twisted[cls, k] = rels[0]
     return pis, twisted
 
 
-def _chunk_permutations(grid: _Grid, digit: int) -> tuple[dict[str, np.ndarray], set[tuple[int, int]]] | None:
+def _alike(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    """Whether two twisted messages' ends are known to go alike."""
+    return a is not None and b is not None and np.array_equal(a, b)
+
+
+def _relative(grid: _Grid, move: tuple[int, int], count: int, block: int | None) -> np.ndarray:
+    """Where :func:`_by_blocks`'s permutation puts a reference's ``count`` chunks, relative to its image's first,
+    as :meth:`_Grid.moves` says it moves them: in order, or within their run of blocks with block digit
+    ``block`` moved by one."""
+    j = np.arange(count, dtype=np.int64)
+    if move == _IN_ORDER:
+        return j
+    assert block is not None
+    n, stride = grid.sym.shape[block], move[0] * int(grid.strides[block])
+    y = j // stride % n
+    return j + stride * ((y + 1) % n - y)
+
+
+def _chunk_permutations(grid: _Grid, digit: int) -> Found | None:
     """For each buffer, a permutation of its chunks that carries every rank's operations onto its image's
     under the translation of ``digit`` (see the module docstring), and the messages (class, operation) whose
     chunks it does not carry in order; None where none is found.
@@ -379,7 +471,7 @@ def _chunk_permutations(grid: _Grid, digit: int) -> tuple[dict[str, np.ndarray],
         pis[b][index[fits]] = value[fits]
     if not _assign_local(pis, local) or not all(_complete(pi) for pi in pis.values()):
         return None
-    twisted: set[tuple[int, int]] = set()
+    twisted: Twisted = {}
     for n, b, rows, op, message in refs:
         moved, want = pis[b][_spans(rows[:, 0], n)], _spans(rows[:, 1], n)
         if (moved == want).all():
@@ -387,7 +479,7 @@ def _chunk_permutations(grid: _Grid, digit: int) -> tuple[dict[str, np.ndarray],
         if not (np.sort(moved, axis=1) == want).all():
             return None  # not onto the image's chunks
         if message:
-            twisted.add(op)
+            twisted[op] = None
     return pis, twisted
 
 
@@ -555,9 +647,8 @@ class _Proof:
         partner of a message to rank ``q`` is the matching operation of ``q``'s representative toward the
         preimage of this rank), its FIFO queues, and the sends and chunks sent per orbit.
 
-        None where a message that a translation moves as a set (:attr:`_Group.twisted`) is not received where
-        it is sent from (same buffer, same chunks): only then does its image pair the same chunks, the
-        translation mapping both ends alike (and, being so on the representatives, so on every image).
+        None where a message that a translation moves as a set (:attr:`_Group.twisted`) is not shown to pair
+        the same chunks at its image (:meth:`_pairs_in_place`).
         """
         group, schedule = self.group, self.schedule
         streams: list[dict[tuple[str, int, int], list[int]]] = []
@@ -604,10 +695,14 @@ class _Proof:
 
     def _pairs_in_place(self, rank: int, k: int, op: Op, peer: int, rep: int, m: int) -> bool:
         """Whether the message of ``rank``'s operation ``k`` with operation ``m`` of ``peer`` (whose
-        representative is ``rep``) keeps its chunks in order under the translations, or is received in place."""
-        sym, twisted = self.grid.sym, self.group.twisted
+        representative is ``rep``) pairs the same chunks at its image under every kept translation: its two
+        ends' chunks go alike (in order, or as each translation's permutation is known to move both); or it
+        is received in place (same buffer, same chunks), the permutation then mapping both ends alike.  Being
+        so on the representatives, it is so on every image."""
+        sym = self.grid.sym
         mine, theirs = (sym.class_of(rank), k), (sym.class_of(rep), m)
-        if mine not in twisted and theirs not in twisted:
+        if all((mine not in twisted and theirs not in twisted) or _alike(twisted.get(mine), twisted.get(theirs))
+               for twisted in self.group.twisted.values()):
             return True
         template = sym.templates[theirs[0]][m]
         ref = template.dst if op.kind == "send" else template.src

@@ -51,9 +51,9 @@ BLOCKS_SMALL_RANKS = 256
 #: against whole blocks by halving-doubling (see :func:`class_layout`); beyond it only as one class (rank by
 #: rank it takes minutes and gigabytes from a few thousand ranks).
 EVERY_RANK_MAX = 1024
-#: Up to this many ranks a small collective also tries direct levels uncapped (see :func:`class_layout`):
-#: beyond it, proving such a plan (its chunks searched for, not moved as blocks) takes more than ten minutes.
-UNCAPPED_MAX_RANKS = 16384
+#: Up to this many ranks a small collective also tries direct levels uncapped (see :func:`class_layout`): the
+#: largest shipped fabric, whose such plan takes minutes to build (its proof, by blocks, seconds).
+UNCAPPED_MAX_RANKS = 65536
 
 
 def blocks_may_win(net: Network, levels: Sequence[Stage], options: Options) -> bool:
