@@ -41,8 +41,8 @@ class Orbits:
     """The orbits of a group of symmetries of a schedule on a network.
 
     ``reps`` holds the least rank of each rank orbit, ascending; every orbit has ``copies`` ranks.
-    ``link_orbit`` numbers each link's orbit (by the topology's link order) and ``link_count`` counts each
-    orbit's links.
+    ``link_orbit`` numbers each link's orbit (by the topology's link order, ``link_index``) and
+    ``link_count`` counts each orbit's links.
     """
 
     reps: tuple[int, ...]
@@ -50,6 +50,7 @@ class Orbits:
     copies: int
     link_orbit: np.ndarray
     link_count: np.ndarray
+    link_index: dict[tuple[str, str], int]
 
 
 def schedule_orbits(net: Network, schedule: Schedule) -> Orbits | None:
@@ -97,7 +98,7 @@ def _orbits(net: Network, schedule: Schedule, sym: Symmetry, fabric: _Fabric) ->
                 return None
     link_label = _orbit_labels(np.arange(len(topo.links)), link_perms)
     _, link_orbit, link_count = np.unique(link_label, return_inverse=True, return_counts=True)
-    return Orbits(tuple(reps.tolist()), rank_label, int(sizes[0]), link_orbit, link_count)
+    return Orbits(tuple(reps.tolist()), rank_label, int(sizes[0]), link_orbit, link_count, fabric.link_index)
 
 
 def has_symmetries(net: Network) -> bool:

@@ -54,7 +54,7 @@ def _link_time_by_class(net: Network, schedule: Schedule, cb: float, orbits: Orb
     ``copies``, whose loads fall on the same orbits of links, and the links of an orbit carry equal loads
     (the symmetries map each onto the others), so each carries its orbit's load over its link count."""
     topo = net.topology
-    index = {(link.src, link.dst): k for k, link in enumerate(topo.links)}
+    index = orbits.link_index
     load = np.zeros(len(orbits.link_count))
     for (a, b, channel), chunks in connection_chunks(schedule, orbits.reps).items():
         if not net.has_route(a, b):
