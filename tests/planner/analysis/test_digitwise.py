@@ -136,3 +136,38 @@ def test_a_block_of_chunks_is_decoded_with_its_place_in_the_block() -> None:
     assert swapped.follows(0, 1) and swapped.follows(1, 0) and not swapped.follows(0, 0)
     assert decode(Formula(0, (6, 6)), 24, (2, 2), 6, across=True) is None  # two digits setting one
     assert decode(Formula(0, (12, 6)), 24, (2, 2), 12) is None  # twice as many chunks as the buffer holds
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_copies_of_the_layout_are_decoded_within_one(shape: tuple[int, ...]) -> None:
+    """A buffer of several copies of the block layout (an all-reduce's slices in virtual order): a formula in
+    any copy decodes exactly, with that copy's first chunk, where it stays in the copy at every point, and not
+    where it crosses into another; whole copies from a copy's start are a run of every digit, within the
+    buffer only."""
+    rng = random.Random(11 + len(shape))
+    points = _points(shape)
+    strides = np.array(grid_strides(shape))
+    ranks = math.prod(shape)
+    decoded = 0
+    for _ in range(200):
+        unit, copies, across = rng.choice([1, 2]), rng.choice([2, 3]), rng.random() < 0.5
+        period = unit * ranks
+        modulus = period * copies
+        copy = rng.randrange(copies)
+        built = _digitwise_formula(rng, shape, unit, modulus, across)
+        f = Formula((built.offset + copy * period) % modulus, built.coefs)
+        d = decode(f, modulus, shape, unit, across=across, repeats=copies)
+        values = _at(f, points, modulus)
+        if d is None:
+            assert len(set((values // period).tolist())) > 1  # a shifted top digit wraps into another copy
+            continue
+        decoded += 1
+        tables = np.array([[d.tables[e][p[d.sources[e]]] for e in range(len(shape))] for p in points])
+        assert np.array_equal(values, d.first + unit * (tables @ strides) + d.within)
+        assert d.first == copy * period and d.largest() == values.max()
+        assert decode(f, modulus, shape, unit, across=across) is None or copy == 0  # one copy: only the first
+    assert decoded >= 100
+    for copy in range(3):
+        d = decode(copy * ranks, 3 * ranks, shape, 1, repeats=3)
+        assert d is not None
+        assert [d.run_start(k * ranks) for k in range(1, 4)] == [0] * (3 - copy) + [None] * copy

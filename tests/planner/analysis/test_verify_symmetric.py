@@ -16,10 +16,11 @@ import pytest
 
 from tests.runtime.test_symmetric import ring
 from topocc.planner.analysis import verify_symmetric
-from topocc.planner.analysis.verify import verify
+from topocc.planner.analysis.verify import spec, verify
 from topocc.planner.analysis.verify_symmetric import (
     _MESSAGE_KINDS,
     Twisted,
+    _block_units,
     _by_blocks,
     _Grid,
     prove,
@@ -71,9 +72,10 @@ def whole_blocks(fabric: str) -> Schedule:
 def direct_uncapped() -> Schedule:
     """fattree-1024's all-reduce of 1 MiB as hierarchical's own choice with direct levels uncapped, one class:
     its blocks in virtual order (the last level's digits highest), each direct step's parts reduced from
-    scratch chunks fixed at every rank."""
+    scratch chunks fixed at every rank, in four slices (the buffer one copy of the blocks' layout per slice;
+    four, not the sixteen it would take, to keep every rank's proof short)."""
     topo = resolve_topology("fattree-1024")
-    options = Options(size_bytes=1 << 20, hierarchical=HierarchicalOptions(direct_uncapped=True))
+    options = Options(size_bytes=1 << 20, pipeline=4, hierarchical=HierarchicalOptions(direct_uncapped=True))
     net = Network(topo)
     built = hierarchical_own(net, "allreduce", stages(net), options, False)
     assert built is not None and built.symmetry is not None
@@ -112,17 +114,20 @@ def test_an_all_reduce_of_whole_blocks_is_proved_by_blocks(fabric: str, monkeypa
 
 def test_blocks_in_another_order_and_scratch_paired_with_them_are_proved_by_blocks(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each digit's translation moves the blocks along the block digit the formulas set from it, and the
-    scratch chunks reduced into a run of blocks as that run, so one representative proves the whole, without
-    the search, as every rank's proof does."""
+    """Each digit's translation moves the blocks along the block digit the formulas set from it, in every
+    slice alike, and the scratch chunks reduced into a run of blocks as that run, so one representative
+    proves the whole, without the search, as every rank's proof does."""
     form = direct_uncapped()
     monkeypatch.setattr(verify_symmetric, "_chunk_permutations", lambda *args: None)  # the search: never
     report = verify_by_class(form)
     assert report is not None and report == verify(form)
     sym = form.symmetry
     assert sym is not None
-    grid = _Grid(sym, {"i": form.input_chunks, "o": form.output_chunks, "s": form.scratch_chunks},
-                 {"i": 1, "o": 1})
+    slices = form.metadata.options["pipeline"]
+    assert slices > 1 and form.input_chunks == slices * form.ranks
+    sp = spec(form.collective, form.ranks, form.input_chunks, form.output_chunks, form.root)
+    grid = _Grid(sym, {"i": form.input_chunks, "o": form.output_chunks, "s": form.scratch_chunks}, _block_units(sp))
+    assert grid.units == {"i": 1, "o": 1} and grid.repeats == {"i": slices, "o": slices}  # a copy per slice
     assert any(grid.block_digits(d)[1:-1] for d in range(len(sym.shape)))  # some digit sets another's blocks
 
 
@@ -262,10 +267,15 @@ def _in_range(sym: Symmetry) -> bool:
 
 
 def _random_ref(rng: random.Random, shape: tuple[int, ...], buffer: str, unit: int, limit: int,
-                noisy: bool, blocks: Sequence[int]) -> TemplateRef:
-    """A reference into a buffer of blocks: a digit-wise formula over one block's chunks or a run of whole low
-    digits, each digit ``e`` keeping or (binary ones) flipping block digit ``blocks[e]``; where ``noisy``, also
-    fixing it, and now and then moved off by one chunk or one coefficient."""
+                noisy: bool, blocks: Sequence[int], copies: int = 1) -> TemplateRef:
+    """A reference into a buffer of blocks (``copies`` of their layout one after the other): a digit-wise
+    formula over one block's chunks or a run of whole low digits in one copy, or whole copies, each digit ``e``
+    keeping or (binary ones) flipping block digit ``blocks[e]``; where ``noisy``, also fixing it, and now and
+    then moved off by one chunk or one coefficient."""
+    period = unit * math.prod(shape)
+    if copies > 1 and rng.random() < 0.15:  # whole copies
+        first = rng.randrange(copies)
+        return TemplateRef(buffer, first * period, period * rng.randrange(1, copies - first + 1))
     strides = grid_strides(shape)
     low = rng.randrange(len(shape) + 1)  # the run's first digit (len(shape): within a block)
     offset, coefs = 0, []
@@ -279,6 +289,8 @@ def _random_ref(rng: random.Random, shape: tuple[int, ...], buffer: str, unit: i
     count = unit * math.prod(shape[low:]) if low < len(shape) else rng.randrange(1, unit + 1)
     if low == len(shape):
         offset += rng.randrange(unit - count + 1)
+    if copies > 1:
+        offset += period * rng.randrange(copies)
     if noisy and rng.random() < 0.3:
         offset += rng.choice([1, unit])
     if noisy and rng.random() < 0.3:
@@ -287,15 +299,17 @@ def _random_ref(rng: random.Random, shape: tuple[int, ...], buffer: str, unit: i
     return TemplateRef(buffer, Formula(offset % limit, tuple(c % limit for c in coefs)), count)
 
 
+@pytest.mark.parametrize("copies", [1, 3])
 @pytest.mark.parametrize("shape", [(2, 2, 2), (2, 4, 2), (4, 2, 3), (3, 2, 3)])
-def test_chunks_moved_by_blocks_carry_every_rank(shape: tuple[int, ...]) -> None:
-    """Random templates over an all-gather's buffers, their blocks in the ranks' order or another (each digit
-    setting another block digit of its size), some reduced from fixed scratch chunks: where the permutations
-    are decided by blocks, every rank's operations go onto its image's; and they are decided for templates that
-    keep the digits, in either order and with scratch."""
-    rng = random.Random(sum(shape) * 31 + len(shape))
+def test_chunks_moved_by_blocks_carry_every_rank(shape: tuple[int, ...], copies: int) -> None:
+    """Random templates over an all-gather's buffers (or ``copies`` of the output's layout, as an all-reduce's
+    slices in virtual order), their blocks in the ranks' order or another (each digit setting another block
+    digit of its size), some reduced from fixed scratch chunks: where the permutations are decided by blocks,
+    every rank's operations go onto its image's; and they are decided for templates that keep the digits, in
+    either order and with scratch."""
+    rng = random.Random(sum(shape) * 31 + len(shape) + copies)
     ranks, unit = math.prod(shape), 2
-    limits = {"i": unit, "o": unit * ranks, "s": unit * ranks}
+    limits = {"i": unit, "o": unit * ranks * copies, "s": unit * ranks * copies}
     decided: collections.Counter[tuple[bool, bool, bool]] = collections.Counter()
     for _ in range(120):
         ops = []
@@ -308,7 +322,7 @@ def test_chunks_moved_by_blocks_carry_every_rank(shape: tuple[int, ...]) -> None
                     blocks[e] = f
         kinds = ["send", "recv", "copy"] + (["reduce"] if rng.random() < 0.5 else [])
         for _ in range(rng.randrange(1, 6)):
-            ref = _random_ref(rng, shape, "o", unit, limits["o"], noisy, blocks)
+            ref = _random_ref(rng, shape, "o", unit, limits["o"], noisy, blocks, copies)
             kind = rng.choice(kinds)
             if kind == "send":
                 ops.append(TemplateOp("send", peer=0, src=ref))
@@ -323,7 +337,7 @@ def test_chunks_moved_by_blocks_carry_every_rank(shape: tuple[int, ...]) -> None
         sym = Symmetry(shape, (tuple(ops),), ((0, ranks),), limits)
         if not _in_range(sym):
             continue  # the loader refuses it (and the proof, first: _Grid.check_ranges)
-        grid = _Grid(sym, limits, {"o": unit})
+        grid = _Grid(sym, limits, {("o",): [(unit, copies)]})
         for digit in range(len(shape)):
             for block in grid.block_digits(digit):
                 found = _by_blocks(grid, digit, block)

@@ -108,18 +108,22 @@ def verify_by_class(schedule: Schedule) -> VerifyReport | None:
     return _Proof(schedule, sp, group, limits).run()
 
 
-def _block_units(sp: CollectiveSpec) -> dict[str, int]:
-    """The buffers that may be laid out as one block per rank, and each block's chunks: the collective's split
-    buffers, a split input's scratch copy that a reduce-scatter works in (from its start), and an all-reduce's
-    input and output, which its reduce-scatter of whole blocks lays out so (where a schedule does not, its
-    formulas do not move as blocks, and the chunk permutations are searched for instead)."""
-    kind, units = sp.description, {}
+def _block_units(sp: CollectiveSpec) -> dict[tuple[str, ...], list[tuple[int, int]]]:
+    """The buffers that may be laid out as one block per rank, and how, alike within each group: (chunks of a
+    block, copies of the layout one after the other), in order of preference.  The collective's split
+    buffers and a split input's scratch copy that a reduce-scatter works in (from its start) hold one copy of
+    whole blocks; an all-reduce's input and output hold whole blocks where its reduce-scatter keeps each
+    rank's block whole, or in virtual order one copy per slice, each of one chunk a block.  (Where a
+    schedule's formulas move as neither, the chunk permutations are searched for instead.)"""
+    kind = sp.description
+    units: dict[tuple[str, ...], list[tuple[int, int]]] = {}
     if kind is ALLREDUCE and not sp.input_chunks % sp.ranks:
-        units["i"] = units["o"] = sp.input_chunks // sp.ranks
+        unit = sp.input_chunks // sp.ranks
+        units["i", "o"] = [(unit, 1), (1, unit)] if unit > 1 else [(1, 1)]
     if kind.output_split:
-        units["o"] = sp.output_chunks // sp.ranks
+        units["o",] = [(sp.output_chunks // sp.ranks, 1)]
     if kind.input_split:
-        units["i"] = units["s"] = sp.input_chunks // sp.ranks
+        units["i", "s"] = [(sp.input_chunks // sp.ranks, 1)]
     return units
 
 
@@ -127,15 +131,40 @@ class _Grid:
     """The symmetric form's grid as arrays: every rank's coordinates and class, each class's members; and
     the buffers laid out by blocks (:func:`_block_units`), whose formulas may be decoded digit-wise."""
 
-    def __init__(self, sym: Symmetry, limits: dict[str, int], units: dict[str, int]) -> None:
+    def __init__(self, sym: Symmetry, limits: dict[str, int],
+                 layouts: dict[tuple[str, ...], list[tuple[int, int]]]) -> None:
         self.sym = sym
         self.limits = limits
-        self.units = {b: u for b, u in units.items() if u * sym.ranks <= limits[b]}
         self._decoded: dict[tuple[Field, str], Digitwise | None] = {}
+        #: per buffer laid out by blocks, the chunks of a block and the copies of the layout
+        self.units: dict[str, int] = {}
+        self.repeats: dict[str, int] = {}
+        for buffers, candidates in layouts.items():
+            fitting = [(u, n) for u, n in candidates if all(u * n * sym.ranks <= limits[b] for b in buffers)]
+            if fitting:
+                layout = self._layout(buffers, fitting)
+                for b in buffers:
+                    self.units[b], self.repeats[b] = layout
         self.commuting = Commuting(sym)
         self.coords = self.commuting.coords
         self.members = self.commuting.members
         self.strides = np.array(grid_strides(sym.shape), dtype=np.int64)
+
+    def _layout(self, buffers: tuple[str, ...], candidates: list[tuple[int, int]]) -> tuple[int, int]:
+        """Of the candidate layouts of ``buffers``, the one under which the most of the templates' formulas in
+        them decode digit-wise (ties: the first)."""
+        if len(candidates) == 1:
+            return candidates[0]
+        formulas = {(ref.index, ref.buffer) for template in self.sym.templates for t in template
+                    for ref in (t.src, t.dst)
+                    if ref is not None and ref.buffer in buffers and not isinstance(ref.index, int)}
+
+        def decoded(layout: tuple[int, int]) -> int:
+            unit, repeats = layout
+            return sum(decode(f, self.limits[b], self.sym.shape, unit, across=True, repeats=repeats) is not None
+                       for f, b in formulas)
+
+        return max(candidates, key=lambda layout: (decoded(layout), -candidates.index(layout)))
 
     def value(self, f: Field, points: np.ndarray, modulus: int) -> np.ndarray:
         """``f`` at each of ``points`` (rows of coordinates)."""
@@ -171,7 +200,8 @@ class _Grid:
             return None
         key = (index, buffer)
         if key not in self._decoded:
-            self._decoded[key] = decode(index, self.limits[buffer], self.sym.shape, unit, across=True)
+            self._decoded[key] = decode(index, self.limits[buffer], self.sym.shape, unit, across=True,
+                                        repeats=self.repeats[buffer])
         return self._decoded[key]
 
     def moves(self, ref: TemplateRef, digit: int, block: int | None) -> tuple[int, int] | None:
@@ -182,7 +212,8 @@ class _Grid:
         share; None where neither is shown."""
         unit = self.units.get(ref.buffer)
         index = ref.index
-        if unit is None or block is None or (isinstance(index, int) and index >= unit * self.sym.ranks):
+        if unit is None or block is None or (isinstance(index, int)
+                                             and index >= unit * self.sym.ranks * self.repeats[ref.buffer]):
             # chunks the permutation keeps: the formula must not read the digit
             if isinstance(index, int) or index.coefs[digit] % self.limits[ref.buffer] == 0:
                 return _IN_ORDER
@@ -363,7 +394,10 @@ def _by_blocks(grid: _Grid, digit: int, block: int | None) -> Found | None:
         shift[block] = 1
         perm = grid.translation(shift)
         for b, unit in grid.units.items():
-            pis[b][:perm.size * unit] = (perm[:, None] * unit + np.arange(unit, dtype=np.int64)[None, :]).ravel()
+            period = perm.size * unit  # each copy of the layout permuted alike
+            blocks = (perm[:, None] * unit + np.arange(unit, dtype=np.int64)[None, :]).ravel()
+            copies = np.arange(grid.repeats[b], dtype=np.int64)[:, None] * period
+            pis[b][:copies.size * period] = (copies + blocks[None, :]).ravel()
     # (class, operation, side) -> where the side's chunks go, relative to its image's first
     laid: dict[tuple[int, int, int], np.ndarray] = {}
     for cls, template in enumerate(grid.sym.templates):

@@ -20,8 +20,11 @@ from topocc.planner.analysis.simulate import simulate
 from topocc.planner.analysis.verify import verify
 from topocc.planner.analysis.verify_lowered import verify_lowering
 from topocc.planner.analysis.verify_symmetric import verify_by_class
-from topocc.planner.compiler.algorithms.hierarchical import hierarchical
+from topocc.planner.compiler.algorithms.hierarchical import hierarchical, slicing
+from topocc.planner.compiler.algorithms.hierarchical.emit import build_schedule
 from topocc.planner.compiler.algorithms.hierarchical.estimates import DIRECT_MAX_MEMBERS
+from topocc.planner.compiler.algorithms.hierarchical.levels import stages
+from topocc.planner.compiler.algorithms.hierarchical.slicing import CLASS_SLICE_BYTES, CLASS_TRANSFERS_PER_RANK
 from topocc.planner.compiler.evaluate import Evaluator
 from topocc.planner.compiler.options import HierarchicalOptions, Options
 from topocc.planner.compiler.symmetrize import (
@@ -208,6 +211,33 @@ def test_direct_levels_built_by_class_are_one_class(monkeypatch: pytest.MonkeyPa
     rotated = hierarchical(net, "allreduce", options)
     assert rotated.symmetry is None and rotated.metadata == built.metadata
     assert simulate(net, rotated, 1 << 20).time_s == pytest.approx(simulate(net, built, 1 << 20).time_s)
+
+
+def test_a_small_all_reduce_built_only_as_one_class_takes_more_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small all-reduce in virtual order built one rank per class or not at all (``every_rank`` false) takes
+    slices of CLASS_SLICE_BYTES within a rank's message budget, not every rank's: one class, proved by class as
+    proving every rank does, and faster than the slices every rank's budget leaves; where it may be built rank
+    by rank, that budget holds."""
+    net = Network(small_fattree())
+    monkeypatch.setattr(symmetrize_module, "CLASS_BUILD_MIN_RANKS", 64)
+    size = 1 << 20  # 16 KiB a rank: small
+    options = Options(size_bytes=size, hierarchical=HierarchicalOptions(direct_uncapped=True))
+    levels = stages(net)
+    every = build_schedule(net, "allreduce", options, levels, None)
+    alone = build_schedule(net, "allreduce", options, levels, None, every_rank=False)
+    assert alone is not None and alone.symmetry is not None
+    wanted = size // CLASS_SLICE_BYTES
+    assert alone.metadata.options["pipeline"] == wanted > every.metadata.options["pipeline"]
+    assert alone.metadata.options["methods"] == every.metadata.options["methods"]
+    report = verify_by_class(alone)
+    assert report is not None and report == verify(alone.expanded())
+    sends = max(sum(op.kind == "send" for op in program) for program in alone.expanded().programs)
+    assert sends <= CLASS_TRANSFERS_PER_RANK
+    assert simulate(net, alone, size).time_s < simulate(net, every, size).time_s
+    # a rank's budget for a quarter of those slices' messages leaves a quarter of the slices
+    monkeypatch.setattr(slicing, "CLASS_TRANSFERS_PER_RANK", sends // 4)
+    fewer = build_schedule(net, "allreduce", options, levels, None, every_rank=False)
+    assert fewer is not None and fewer.metadata.options["pipeline"] == wanted // 4
 
 
 def test_one_class_is_refused_where_a_witness_disagrees() -> None:

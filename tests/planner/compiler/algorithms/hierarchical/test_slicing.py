@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from topocc.planner.compiler.algorithms.hierarchical.slicing import (
+    CLASS_SLICE_BYTES,
     DOUBLING,
+    EQUAL_SLICES,
+    MIN_CHUNK_BYTES,
     MIN_SLICE_BYTES,
     chunk_budget,
     slice_shape,
@@ -43,3 +46,21 @@ def test_wanted_slices_are_raised_to_a_few_where_levels_overlap() -> None:
     assert wanted_slices("allreduce", 16, 1 << 20, 2, 3, True) == (3, False)
     # an all-reduce in virtual order: about a MiB a slice, within the chunk budget
     assert wanted_slices("allreduce", 16, 64 << 20, 2, None, True) == (64, False)
+
+
+def test_a_small_all_reduce_built_as_one_class_wants_many_slices() -> None:
+    """Built one rank per class, a small all-reduce in virtual order wants slices of CLASS_SLICE_BYTES, up to
+    EQUAL_SLICES and no chunk under MIN_CHUNK_BYTES (not raised past that); a large one, or one in whole blocks,
+    wants what it would rank by rank."""
+    for p, size in ((16384, 16 << 20), (16384, 1 << 20), (65536, 16 << 20), (65536, 1 << 20), (1024, 4 << 20)):
+        wanted = wanted_slices("allreduce", p, size, 3, None, True, per_class=True)
+        assert not wanted.raised
+        assert wanted.slices == min(size // CLASS_SLICE_BYTES, EQUAL_SLICES, size // (p * MIN_CHUNK_BYTES))
+        assert wanted.slices > 1
+    # 16 bytes a rank: four chunks of a float32, where rank by rank it would be raised to 8 (of 2 bytes)
+    assert wanted_slices("allreduce", 65536, 1 << 20, 3, None, True, per_class=True) == (4, False)
+    assert wanted_slices("allreduce", 65536, 1 << 20, 3, None, True) == (8, True)
+    for p, size, virtual in ((1024, 64 << 20, True), (16384, 16 << 20, False)):
+        assert (wanted_slices("allreduce", p, size, 3, None, virtual, per_class=True)
+                == wanted_slices("allreduce", p, size, 3, None, virtual))
+    assert wanted_slices("allreduce", 16384, 1 << 20, 3, 2, True, per_class=True) == (2, False)

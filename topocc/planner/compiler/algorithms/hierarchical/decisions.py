@@ -70,6 +70,8 @@ class Job:
     bulk: bool
     #: a reduce-scatter or all-gather below :data:`MIN_SLICE_BYTES` a rank, where latency rules
     small: bool
+    #: built one rank per class or not at all, so that its slices cost one rank's messages, not every rank's
+    per_class: bool = False
 
     @property
     def p(self) -> int:
@@ -83,11 +85,13 @@ class Job:
     def wanted(self, contiguous: bool) -> Wanted:
         """The slices wanted in that buffer order, before the message budget."""
         return wanted_slices(self.collective, self.p, self.options.size_bytes, len(self.levels),
-                             self.options.pipeline, contiguous)
+                             self.options.pipeline, contiguous, self.per_class)
 
 
-def job_of(net: Network, collective: str, options: Options, levels: Sequence[Stage], layout: str | None) -> Job:
-    """The :class:`Job` of ``collective`` on ``levels``, ``layout`` forced where not None."""
+def job_of(net: Network, collective: str, options: Options, levels: Sequence[Stage], layout: str | None,
+           per_class: bool = False) -> Job:
+    """The :class:`Job` of ``collective`` on ``levels``, ``layout`` forced where not None; ``per_class``: built
+    one rank per class or not at all."""
     p = net.topology.size
     bulk = options.size_bytes / p >= MIN_SLICE_BYTES
     kind = describe(collective)
@@ -101,6 +105,7 @@ def job_of(net: Network, collective: str, options: Options, levels: Sequence[Sta
         waved=kind.reduces and len(levels) > 1 and options.hierarchical.waves,
         bulk=bulk,
         small=not bulk and kind is not ALLREDUCE,
+        per_class=per_class,
     )
 
 
@@ -245,7 +250,7 @@ def _budgeted(job: Job, plan: Slicing, cap: float) -> Slicing:
     """``plan`` with the slices the message budget allows (:func:`~.slicing.budget_slices`) and its
     exceptions."""
     levels, phases, spans_, steps = job.levels, job.phases, job.spans, plan.steps
-    fit = budget_slices(levels, phases, steps, spans_, plan.contiguous)
+    fit = budget_slices(levels, phases, steps, spans_, plan.contiguous, per_class=job.per_class and plan.contiguous)
     most = max(1, fit)
     lifted = job.small and cap == math.inf
     if (fit <= 1 and plan.raised and job.small and not plan.contiguous

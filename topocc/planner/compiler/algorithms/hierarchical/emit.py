@@ -51,12 +51,12 @@ def build_schedule(net: Network, collective: str, options: Options, levels: Sequ
     ``layout`` (``virtual`` or ``blocks``) forced where not None: planned, then emitted.  Where the fabric
     builds by class and the schedule is not one class, every rank's program is built, or with ``every_rank``
     false None."""
-    job = job_of(net, collective, options, levels, layout)
+    by_class = builds_by_class(net)
+    job = job_of(net, collective, options, levels, layout, per_class=by_class and not every_rank)
     plan = plan_slicing(job)
     shape = plan_shape(job, plan)
     blocks = virtual_blocks(job.levels, job.p)
     meta = _metadata(job, plan, shape, blocks)
-    by_class = builds_by_class(net)
     # a reduce-scatter in the virtual layout hands its sums on to their owners: many classes, never one
     if by_class and not (job.kind.scatters and plan.contiguous):
         # the finest grid: a formula affine in a level's position is affine in the position's factors too

@@ -17,6 +17,8 @@ from topocc.planner.compiler.algorithms.hierarchical.levels import Phase, Stage
 from topocc.runtime.collective import collective as describe
 
 __all__ = [
+    "CLASS_SLICE_BYTES",
+    "CLASS_TRANSFERS_PER_RANK",
     "DOUBLING",
     "EQUAL_SLICES",
     "FEW_SLICES",
@@ -24,6 +26,7 @@ __all__ = [
     "MAX_CHUNKS",
     "MAX_TRANSFERS",
     "MIDDLE_AHEAD",
+    "MIN_CHUNK_BYTES",
     "MIN_SLICE_BYTES",
     "SLICE_BYTES",
     "SMALL_BUDGET",
@@ -74,6 +77,17 @@ DOUBLING = (1, 2, 4, 8)
 #: Reduce-scatter and all-gather slices average at least this much of a rank's block; below it a rank's
 #: share is small enough for latency to rule (the collective is "small").
 MIN_SLICE_BYTES = 64 << 10
+#: No chunk smaller than this (a float32 element): a smaller one would be empty on most buffers, and the time
+#: predicted for it wrong.
+MIN_CHUNK_BYTES = 4
+#: A small all-reduce in virtual order built as one class takes slices of this size, as many as
+#: :data:`EQUAL_SLICES` and :data:`MIN_CHUNK_BYTES` allow: each of its slices waits out a path latency per
+#: level (halving-doubling: per step), which slices overlap, and built one rank per class, a slice costs
+#: that rank's messages, not every rank's (see :data:`CLASS_TRANSFERS_PER_RANK`).
+CLASS_SLICE_BYTES = 64 << 10
+#: Messages a rank may send over all slices where the schedule is built one rank per class (where the
+#: whole schedule's messages are not what the build, the proof and the simulation cost).
+CLASS_TRANSFERS_PER_RANK = 8192
 #: At least this many slices where there are two or more levels (within the message budget): with fewer,
 #: a small collective would run its stages one after the other, the fast intra-host fabric idle while the
 #: NICs work.
@@ -138,14 +152,19 @@ class Wanted(NamedTuple):
 
 
 def wanted_slices(collective: str, p: int, size_bytes: int, levels: int, pipeline: int | None,
-                  virtual: bool) -> Wanted:
+                  virtual: bool, per_class: bool = False) -> Wanted:
     """Slices before the message budget: ``pipeline`` where set; in virtual order (all-reduce) about
-    :data:`SLICE_BYTES` each, else as many as :func:`stage_slices` allows; at least a few wherever there are
-    levels to overlap (no per-message cost is charged, and without them a small collective runs its levels
-    one after the other).  Raised to the minimum, the slices are equal ones (see :func:`slice_shape`): on
-    small messages shaped ones would leave the middle slices too big to overlap."""
+    :data:`SLICE_BYTES` each (a small one built one rank per class, ``per_class``: :data:`CLASS_SLICE_BYTES`),
+    else as many as :func:`stage_slices` allows; at least a few wherever there are levels to overlap (no
+    per-message cost is charged, and without them a small collective runs its levels one after the other).
+    Raised to the minimum, the slices are equal ones (see :func:`slice_shape`): on small messages shaped ones
+    would leave the middle slices too big to overlap."""
     budget = chunk_budget(p, size_bytes)
-    if virtual:
+    if virtual and per_class and size_bytes / p < MIN_SLICE_BYTES:
+        most = max(1, min(EQUAL_SLICES, size_bytes // (p * MIN_CHUNK_BYTES)))
+        least = min(_MIN_SLICES, most)
+        slices = max(1, min(most, round(size_bytes / CLASS_SLICE_BYTES)))
+    elif virtual:
         # a reduce-scatter sends half an all-reduce's messages a slice, so twice the slices cost as much
         least = _MIN_SLICES
         most = budget * (2 if describe(collective).scatters else 1)
@@ -161,11 +180,11 @@ def wanted_slices(collective: str, p: int, size_bytes: int, levels: int, pipelin
 
 
 def budget_slices(levels: Sequence[Stage], phases: Sequence[Phase], steps: Mapping[Phase, list[list[Send]]],
-                  spans: Sequence[int], contiguous: bool, small: bool = False) -> int:
+                  spans: Sequence[int], contiguous: bool, small: bool = False, per_class: bool = False) -> int:
     """Slices the message budget allows (:data:`MAX_TRANSFERS`, or :data:`TRANSFERS_PER_RANK` per rank;
-    :data:`SMALL_BUDGET` times that for a ``small`` collective left one slice; 0 where not even one fits):
-    one message per part where the buffer is in virtual-block order (``contiguous``), else one per virtual
-    block of the part."""
+    :data:`SMALL_BUDGET` times that for a ``small`` collective left one slice; built one rank per class,
+    ``per_class``, :data:`CLASS_TRANSFERS_PER_RANK` a rank; 0 where not even one fits): one message per part
+    where the buffer is in virtual-block order (``contiguous``), else one per virtual block of the part."""
     p = spans[0]
     per_slice = 0
     for phase in phases:
@@ -173,4 +192,6 @@ def budget_slices(levels: Sequence[Stage], phases: Sequence[Phase], steps: Mappi
         sub = spans[si] // levels[si].size
         per_slice += len(levels[si].groups) * sum(1 if contiguous else (e - a) * sub
                                                   for step in steps[phase] for _, _, a, e in step)
+    if per_class:
+        return CLASS_TRANSFERS_PER_RANK * p // per_slice
     return (SMALL_BUDGET if small else 1) * max(MAX_TRANSFERS, TRANSFERS_PER_RANK * p) // per_slice
