@@ -13,6 +13,7 @@ import pytest
 from tests.planner.compiler.test_builder import ring_allreduce_schedule
 from topocc.planner.analysis.verify import verify
 from topocc.runtime.errors import ScheduleFormatError
+from topocc.runtime.matching import numbered, sequence_numbers, stream_key
 from topocc.runtime.schedule import (
     Chunk,
     PathChoice,
@@ -219,3 +220,16 @@ def test_programs_compare_rank_by_rank_in_either_form() -> None:
     assert ring(4).programs == ring(4).programs == tuple(ring(4).programs)
     assert tuple(ring(4).programs) == ring(4).programs
     assert ring(4).programs != ring(5).programs and ring(4).programs != tuple(ring(4).programs)[:3]
+
+
+@pytest.mark.parametrize("p", [4, 8])
+def test_stream_keys_name_a_rank_s_messages_as_its_program_does(p: int) -> None:
+    """A rank's messages read from its class's template without building its chunks: the same streams and
+    sequence numbers as its program's."""
+    sym = ring(p).symmetry
+    assert sym is not None
+    for rank in range(p):
+        program = sym.program(rank)
+        keys = sym.stream_keys(rank)
+        assert keys == [stream_key(op) for op in program]
+        assert numbered(keys) == sequence_numbers(program)

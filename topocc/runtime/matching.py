@@ -10,15 +10,17 @@ verifiers all pair messages with the functions here, so they agree on every pair
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from topocc.runtime.schedule import Message, Op, Receive, Schedule, Send
 
-__all__ = ["Connection", "Stream", "sequence_numbers", "streams"]
+__all__ = ["Connection", "Stream", "StreamKey", "numbered", "sequence_numbers", "stream_key", "streams"]
 
 #: A connection: (sender, receiver, channel).
 Connection = tuple[int, int, int]
+#: A message's stream as one of its ranks names it: (whether the rank sends, the peer, the channel).
+StreamKey = tuple[bool, int, int]
 
 
 @dataclass(slots=True)
@@ -75,13 +77,23 @@ def sequence_numbers(program: Sequence[Op]) -> list[int]:
     A message's (connection, sequence number) is the same at both of its ends, so a rank names a message
     without looking at its peer's program.
     """
-    counters: dict[tuple[bool, int, int], int] = {}
+    return numbered(map(stream_key, program))
+
+
+def stream_key(op: Op) -> StreamKey | None:
+    """``op``'s stream as its rank names it, None for a local operation."""
+    return (op.kind == "send", op.peer, op.channel) if isinstance(op, Message) else None
+
+
+def numbered(keys: Iterable[StreamKey | None]) -> list[int]:
+    """:func:`sequence_numbers` of a program given as each operation's stream key in program order (None for a
+    local operation), for a caller that knows the keys without the operations."""
+    counters: dict[StreamKey, int] = {}
     seqs = []
-    for op in program:
-        if not isinstance(op, Message):
+    for key in keys:
+        if key is None:
             seqs.append(-1)
             continue
-        key = (op.kind == "send", op.peer, op.channel)
         seq = counters.get(key, 0)
         seqs.append(seq)
         counters[key] = seq + 1

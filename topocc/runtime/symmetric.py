@@ -149,6 +149,14 @@ class Symmetry:
             out.append(operation(t.kind, peer, src, dst, t.deps, t.step, t.channel, t.encoding))
         return tuple(out)
 
+    def stream_keys(self, rank: int) -> list[tuple[bool, int, int] | None]:
+        """Each operation of ``rank``'s program as its message's stream names it, (whether it sends, its peer,
+        its channel), or None for a local operation: where a rank's messages sit in its program, without
+        building its chunks (see :func:`~topocc.runtime.matching.numbered`)."""
+        coords, ranks = self.coordinates(rank), self.ranks
+        return [None if t.peer is None else (t.kind == "send", _value(t.peer, coords, ranks), t.channel)
+                for t in self.templates[self.class_of(rank)]]
+
     def _chunk(self, ref: TemplateRef, coords: Sequence[int]) -> Chunk | None:
         """``ref`` at ``coords``, or None where it runs past its buffer."""
         limit = self.limits[ref.buffer]

@@ -418,13 +418,17 @@ def _flatten_orbits(schedule: Schedule, orbits: Orbits, where: str) -> _Programs
     rep_of = orbits.rep_of
     read: dict[int, dict[tuple[bool, int, int, int], int]] = {}  # per peer read: its messages' places
 
+    sym = schedule.symmetry
+
     def places(rank: int) -> dict[tuple[bool, int, int, int], int]:
+        """Where each of ``rank``'s messages sits in its program, by (sends, peer, channel, sequence number):
+        from its class's template where the schedule has one, without building the program."""
         found = read.get(rank)
         if found is None:
-            program = schedule.programs[rank]
-            found = read[rank] = {(op.kind == "send", op.peer, op.channel, seq): k
-                                  for k, (op, seq) in enumerate(zip(program, matching.sequence_numbers(program)))
-                                  if seq >= 0 and op.peer is not None}
+            keys = (sym.stream_keys(rank) if sym is not None
+                    else [matching.stream_key(op) for op in schedule.programs[rank]])
+            found = read[rank] = {(*key, seq): k for k, (key, seq) in enumerate(zip(keys, matching.numbered(keys)))
+                                  if key is not None}
         return found
 
     partner = [-1] * base[-1]
