@@ -164,7 +164,7 @@ class _Grid:
             return sum(decode(f, self.limits[b], self.sym.shape, unit, across=True, repeats=repeats) is not None
                        for f, b in formulas)
 
-        return max(candidates, key=lambda layout: (decoded(layout), -candidates.index(layout)))
+        return max(candidates, key=decoded)  # max keeps the first of equals
 
     def value(self, f: Field, points: np.ndarray, modulus: int) -> np.ndarray:
         """``f`` at each of ``points`` (rows of coordinates)."""

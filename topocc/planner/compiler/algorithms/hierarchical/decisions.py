@@ -70,7 +70,8 @@ class Job:
     bulk: bool
     #: a reduce-scatter or all-gather below :data:`MIN_SLICE_BYTES` a rank, where latency rules
     small: bool
-    #: built one rank per class or not at all, so that its slices cost one rank's messages, not every rank's
+    #: a small collective (below :data:`MIN_SLICE_BYTES` a rank) built one rank per class or not at all, so that
+    #: in virtual order its slices cost one rank's messages, not every rank's (see wanted_slices)
     per_class: bool = False
 
     @property
@@ -105,7 +106,7 @@ def job_of(net: Network, collective: str, options: Options, levels: Sequence[Sta
         waved=kind.reduces and len(levels) > 1 and options.hierarchical.waves,
         bulk=bulk,
         small=not bulk and kind is not ALLREDUCE,
-        per_class=per_class,
+        per_class=per_class and not bulk,
     )
 
 
