@@ -224,12 +224,18 @@ def test_programs_compare_rank_by_rank_in_either_form() -> None:
 
 @pytest.mark.parametrize("p", [4, 8])
 def test_stream_keys_name_a_rank_s_messages_as_its_program_does(p: int) -> None:
-    """A rank's messages read from its class's template without building its chunks: the same streams and
-    sequence numbers as its program's."""
+    """A rank's messages read from its class's template without building its chunks, all or those with some
+    peers: the same places, streams and sequence numbers as its program's."""
     sym = ring(p).symmetry
     assert sym is not None
     for rank in range(p):
         program = sym.program(rank)
-        keys = sym.stream_keys(rank)
-        assert keys == [stream_key(op) for op in program]
-        assert numbered(keys) == sequence_numbers(program)
+        messages = sym.stream_keys(rank)
+        assert messages == [(k, stream_key(op)) for k, op in enumerate(program) if stream_key(op) is not None]
+        seqs = sequence_numbers(program)
+        assert numbered([key for _, key in messages]) == [seqs[k] for k, _ in messages]
+        # among some peers only: their messages, numbered as in the whole program
+        among = np.array([(rank + 1) % p])
+        some = sym.stream_keys(rank, among)
+        assert some == [(k, key) for k, key in messages if key[1] in among] and some
+        assert numbered([key for _, key in some]) == [seqs[k] for k, _ in some]

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, overload
 
+import numpy as np
+
 from topocc.runtime.errors import ScheduleFormatError
 from topocc.runtime.schedule import (
     BUFFERS,
@@ -89,6 +91,29 @@ class TemplateOp:
 
 
 @dataclass(frozen=True, slots=True)
+class _MessageTable:
+    """A template's messages as arrays: each one's place in the program, peer formula (a fixed peer as an
+    offset with no coefficients), whether it sends, and its channel."""
+
+    places: np.ndarray
+    offsets: np.ndarray
+    coefs: np.ndarray
+    sends: np.ndarray
+    channels: np.ndarray
+
+    @classmethod
+    def of(cls, template: Sequence[TemplateOp], dims: int) -> _MessageTable:
+        places = [k for k, t in enumerate(template) if t.peer is not None]
+        peers = [p for t in template if (p := t.peer) is not None]
+        return cls(np.array(places, dtype=np.int64),
+                   np.array([p if isinstance(p, int) else p.offset for p in peers], dtype=np.int64),
+                   np.array([(0,) * dims if isinstance(p, int) else p.coefs for p in peers],
+                            dtype=np.int64).reshape(len(places), dims),
+                   np.array([template[k].kind == "send" for k in places], dtype=bool),
+                   np.array([template[k].channel for k in places], dtype=np.int64))
+
+
+@dataclass(frozen=True, slots=True)
 class Symmetry:
     """The classes of a schedule's ranks: the grid, one template program per class, and each rank's class.
 
@@ -102,6 +127,8 @@ class Symmetry:
     limits: Mapping[str, int]
     #: The first rank of each run.
     starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    #: Each class's messages as arrays (see :meth:`stream_keys`), built once asked for.
+    _tables: dict[int, _MessageTable] = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "starts", (0, *accumulate(n for _, n in self.runs[:-1])))
@@ -149,13 +176,19 @@ class Symmetry:
             out.append(operation(t.kind, peer, src, dst, t.deps, t.step, t.channel, t.encoding))
         return tuple(out)
 
-    def stream_keys(self, rank: int) -> list[tuple[bool, int, int] | None]:
-        """Each operation of ``rank``'s program as its message's stream names it, (whether it sends, its peer,
-        its channel), or None for a local operation: where a rank's messages sit in its program, without
-        building its chunks (see :func:`~topocc.runtime.matching.numbered`)."""
-        coords, ranks = self.coordinates(rank), self.ranks
-        return [None if t.peer is None else (t.kind == "send", _value(t.peer, coords, ranks), t.channel)
-                for t in self.templates[self.class_of(rank)]]
+    def stream_keys(self, rank: int, among: np.ndarray | None = None) -> list[tuple[int, tuple[bool, int, int]]]:
+        """Each message of ``rank``'s program whose peer is one of ``among`` (any where None), in program order,
+        as its place in the program and its stream's name there, (whether it sends, its peer, its channel):
+        where a rank's messages sit in its program, without building its chunks (a stream's sequence numbers,
+        :func:`~topocc.runtime.matching.numbered`, count only the stream's own messages)."""
+        cls = self.class_of(rank)
+        table = self._tables.get(cls)
+        if table is None:
+            table = self._tables[cls] = _MessageTable.of(self.templates[cls], len(self.shape))
+        peers = (table.offsets + table.coefs @ np.array(self.coordinates(rank), dtype=np.int64)) % self.ranks
+        chosen = np.arange(len(peers)) if among is None else np.flatnonzero(np.isin(peers, among))
+        return list(zip(table.places[chosen].tolist(),
+                        zip(table.sends[chosen].tolist(), peers[chosen].tolist(), table.channels[chosen].tolist())))
 
     def _chunk(self, ref: TemplateRef, coords: Sequence[int]) -> Chunk | None:
         """``ref`` at ``coords``, or None where it runs past its buffer."""

@@ -283,6 +283,9 @@ def test_a_pair_routes_as_its_orbits_representative_does(name: str) -> None:
             if net.routed_by_shape(a, b):
                 assert net.route_bandwidth(a, b) == net.route_bandwidth(*rep)
                 assert sorted(net.route_shares(a, b).values()) == sorted(net.route_shares(*rep).values())
+    src, dst = np.divmod(np.arange(n * n), n)
+    many = key.many(src, dst)
+    assert [key(x, y) for x, y in zip(src.tolist(), dst.tolist())] == list(zip(*(m.tolist() for m in many)))
     assert len({a for a, _ in reps}) < n  # some sources stand for others
     if name in ("small-fattree", "rail-pods"):
         assert {a for a, _ in reps} == {0}  # racks (or pods), hosts and GPUs all move: one source for all

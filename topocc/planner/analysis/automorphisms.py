@@ -141,6 +141,15 @@ class PairKey:
                 b += ((db - da) % n - db) * stride
         return a, b
 
+    def many(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The representatives of the pairs ``a[i] -> b[i]``, as :meth:`__call__` gives them one by one."""
+        for stride, n in self.digits:
+            da = (a // stride) % n
+            db = (b // stride) % n
+            a = a - da * stride
+            b = b + ((db - da) % n - db) * stride
+        return a, b
+
 
 def pair_key(net: Network) -> PairKey | None:
     """The network's :class:`PairKey`, or None where no translation of its hierarchy is an automorphism."""

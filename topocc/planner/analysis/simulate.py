@@ -419,16 +419,19 @@ def _flatten_orbits(schedule: Schedule, orbits: Orbits, where: str) -> _Programs
     read: dict[int, dict[tuple[bool, int, int, int], int]] = {}  # per peer read: its messages' places
 
     sym = schedule.symmetry
+    among = np.array(reps, dtype=np.int64)
 
     def places(rank: int) -> dict[tuple[bool, int, int, int], int]:
-        """Where each of ``rank``'s messages sits in its program, by (sends, peer, channel, sequence number):
-        from its class's template where the schedule has one, without building the program."""
+        """Where each of ``rank``'s messages with a representative sits in its program, by (sends, peer,
+        channel, sequence number): from its class's template where the schedule has one, without building
+        the program."""
         found = read.get(rank)
         if found is None:
-            keys = (sym.stream_keys(rank) if sym is not None
-                    else [matching.stream_key(op) for op in schedule.programs[rank]])
-            found = read[rank] = {(*key, seq): k for k, (key, seq) in enumerate(zip(keys, matching.numbered(keys)))
-                                  if key is not None}
+            messages = (sym.stream_keys(rank, among) if sym is not None
+                        else [(k, key) for k, op in enumerate(schedule.programs[rank])
+                              if (key := matching.stream_key(op)) is not None])
+            keys = [key for _, key in messages]
+            found = read[rank] = {(*key, seq): k for (k, key), seq in zip(messages, matching.numbered(keys))}
         return found
 
     partner = [-1] * base[-1]

@@ -25,6 +25,7 @@ from topocc.planner.compiler.algorithms.hierarchical.emit import build_schedule
 from topocc.planner.compiler.algorithms.hierarchical.estimates import DIRECT_MAX_MEMBERS
 from topocc.planner.compiler.algorithms.hierarchical.levels import stages
 from topocc.planner.compiler.algorithms.hierarchical.slicing import CLASS_SLICE_BYTES, CLASS_TRANSFERS_PER_RANK
+from topocc.planner.compiler.algorithms.hierarchical.split import split_last
 from topocc.planner.compiler.evaluate import Evaluator
 from topocc.planner.compiler.options import HierarchicalOptions, Options
 from topocc.planner.compiler.symmetrize import (
@@ -238,6 +239,25 @@ def test_a_small_all_reduce_built_only_as_one_class_takes_more_slices(monkeypatc
     monkeypatch.setattr(slicing, "CLASS_TRANSFERS_PER_RANK", sends // 4)
     fewer = build_schedule(net, "allreduce", options, levels, None, every_rank=False)
     assert fewer is not None and fewer.metadata.options["pipeline"] == wanted // 4
+
+
+def test_a_direct_level_built_as_one_class_has_the_members_a_rank_s_budget_allows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Built one rank per class, a small all-reduce may run a level direct where its messages, 2 (n - 1) a rank
+    and slice at the slices wanted, stay within a rank's message budget (not the every-rank caps): the small
+    fat-tree's hosts of 8 at 16 slices need 224; one message fewer and they run halving-doubling."""
+    net = Network(small_fattree())
+    monkeypatch.setattr(symmetrize_module, "CLASS_BUILD_MIN_RANKS", 64)
+    monkeypatch.setattr(slicing, "DIRECT_MAX_MEMBERS", 2)
+    options = Options(size_bytes=1 << 20, hierarchical=HierarchicalOptions(direct_uncapped=True))
+    levels = stages(net)
+    assert [s.size for s in levels] == [8, 4, 2]
+    for budget, host in ((2 * 7 * 16, "direct"), (2 * 7 * 16 - 1, "halving-doubling")):
+        monkeypatch.setattr(slicing, "CLASS_TRANSFERS_PER_RANK", budget)
+        built = build_schedule(net, "allreduce", options, split_last(net, "allreduce", levels, options), None,
+                               every_rank=False)
+        assert built is not None and built.metadata.options["methods"][0] == host
+        assert max(sum(op.kind == "send" for op in program) for program in built.expanded().programs) <= budget
 
 
 def test_one_class_is_refused_where_a_witness_disagrees() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 
 from benchmarks.fabrics import heterogeneous_nics, rail_optimized
@@ -29,8 +30,8 @@ def test_direct_across_the_network_may_send_twice_the_messages() -> None:
     assert not direct_fits(level("host", 128, 8))
     assert not direct_fits(level("cluster", 16, 32))  # 15,872 messages
     # a small collective on a fabric built by class builds and times one rank per class: only members count
-    assert direct_fits(level("host", 128, 8), uncapped=True) and direct_fits(level("cluster", 16, 32), True)
-    assert not direct_fits(level("cluster", 1, 64), uncapped=True)
+    assert direct_fits(level("host", 128, 8), 32) and direct_fits(level("cluster", 16, 32), 32)
+    assert not direct_fits(level("cluster", 1, 64), 32) and direct_fits(level("cluster", 64, 256), 257)
 
 
 def test_estimates_count_latency_per_step_and_bytes_over_the_busiest_link() -> None:
@@ -68,6 +69,7 @@ def test_a_step_summed_one_pair_per_orbit_loads_the_links_as_pair_by_pair(name: 
             assert fast == pytest.approx(estimate(by_pair, stage, method, 1e6, 4, si, spread), rel=1e-12)
             assert shared == pytest.approx(sharing(by_pair, stage, si), rel=1e-12)
         for step in METHODS["ring"](stage.size, False):
-            pairs = [(g[i], g[j], float(b - a)) for g in stage.groups for i, j, a, b in step]
-            orbit_steps += estimates._load_by_orbit(by_orbit, pairs, si, False, None) is not None
+            src, dst, amount = (np.array(column) for column in zip(*(
+                (g[i], g[j], float(b - a)) for g in stage.groups for i, j, a, b in step)))
+            orbit_steps += estimates._load_by_orbit(by_orbit, src, dst, amount, si, False, True) is not None
     assert (orbit_steps > 0) == (name != "hetero-nics-4x8")

@@ -127,4 +127,4 @@ def test_a_small_collective_built_by_class_may_run_its_levels_direct_uncapped() 
     levels = stages(net)
     assert builds_by_class(net) and [s.size for s in levels] == [8, 4, 32]
     assert stage_methods(net, levels, 1 << 20, 1) == ["halving-doubling", "direct", "halving-doubling"]
-    assert stage_methods(net, levels, 1 << 20, 1, uncapped=True) == ["direct"] * 3
+    assert stage_methods(net, levels, 1 << 20, 1, class_members=32) == ["direct"] * 3

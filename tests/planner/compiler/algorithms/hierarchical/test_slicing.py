@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from topocc.planner.compiler.algorithms.hierarchical.estimates import DIRECT_MAX_MEMBERS
 from topocc.planner.compiler.algorithms.hierarchical.slicing import (
     CLASS_SLICE_BYTES,
+    CLASS_TRANSFERS_PER_RANK,
     DOUBLING,
     EQUAL_SLICES,
     MIN_CHUNK_BYTES,
     MIN_SLICE_BYTES,
     chunk_budget,
+    class_direct_members,
     slice_shape,
     stage_slices,
     wanted_slices,
@@ -64,3 +67,17 @@ def test_a_small_all_reduce_built_as_one_class_wants_many_slices() -> None:
         assert (wanted_slices("allreduce", p, size, 3, None, virtual, per_class=True)
                 == wanted_slices("allreduce", p, size, 3, None, virtual))
     assert wanted_slices("allreduce", 16384, 1 << 20, 3, 2, True, per_class=True) == (2, False)
+
+
+def test_a_direct_level_built_as_one_class_has_as_many_members_as_the_per_rank_budget_allows() -> None:
+    """A small all-reduce built one rank per class runs a direct level of as many members as keep its messages
+    at the slices wanted, 2 (n - 1) a rank and slice, within CLASS_TRANSFERS_PER_RANK, never fewer than
+    DIRECT_MAX_MEMBERS; a reduce-scatter, whose slices every rank's budget sizes, DIRECT_MAX_MEMBERS."""
+    for p, size, members in ((16384, 1 << 20, 257), (16384, 16 << 20, 65), (65536, 1 << 20, 1025),
+                             (1024, 1 << 20, 257)):
+        slices = wanted_slices("allreduce", p, size, 3, None, True, per_class=True).slices
+        assert class_direct_members("allreduce", p, size) == members
+        assert 2 * (members - 1) * slices <= CLASS_TRANSFERS_PER_RANK < 2 * members * slices
+    assert class_direct_members("reducescatter", 16384, 1 << 20) == DIRECT_MAX_MEMBERS
+    # not small: 128 KiB a rank
+    assert class_direct_members("allreduce", 1024, 128 << 20) == DIRECT_MAX_MEMBERS

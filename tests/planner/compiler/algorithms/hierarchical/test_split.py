@@ -22,12 +22,12 @@ def test_small_reduce_scatters_split_a_large_last_level() -> None:
     wait out a path latency; at 16 MiB, where bandwidth rules, they stay one level."""
     net = Network(resolve_topology("fattree-1024"))
     levels = stages(net)
-    halves = split_last(net, levels, Options(size_bytes=1 << 20))
+    halves = split_last(net, "reducescatter", levels, Options(size_bytes=1 << 20))
     assert [s.size for s in halves] == [8, 4, 4, 8]
     for level in halves[-2:]:  # each a partition of the ranks, within the racks' groups
         assert sorted(r for g in level.groups for r in g) == list(range(1024))
         assert all(any(set(g) <= set(whole) for whole in levels[-1].groups) for g in level.groups)
-    assert split_last(net, levels, Options(size_bytes=16 << 20)) == levels
+    assert split_last(net, "reducescatter", levels, Options(size_bytes=16 << 20)) == levels
 
 
 @pytest.mark.parametrize("collective", ["allgather", "allreduce"])
@@ -38,7 +38,7 @@ def test_a_last_level_kept_from_direct_by_the_sharing_cap_splits_on_small_messag
     net = Network(fat_tree(10, 4, 4, 2).topology())
     levels = stages(net)
     assert [s.size for s in levels] == [8, 10]
-    assert split_last(net, levels, Options(size_bytes=256 << 20)) == levels
+    assert split_last(net, "reducescatter", levels, Options(size_bytes=256 << 20)) == levels
     evaluator = Evaluator(net, 1 << 20)
     schedule = hierarchical(net, collective, Options(size_bytes=1 << 20, evaluator=evaluator))
     assert schedule.metadata.options["levels"] == ["host:8", "rack:2", "rack:5"]
@@ -67,7 +67,8 @@ def test_an_all_reduce_splits_its_last_level_only_where_it_builds_one_layout(mon
     net = Network(fat_tree(16, 1, 2, 1, gpus=2).topology())
     asked: list[bool] = []
 
-    def split_hosts(net: Network, levels: list[Stage], options: Options, large: bool = True) -> list[Stage]:
+    def split_hosts(net: Network, collective: str, levels: list[Stage], options: Options,
+                    large: bool = True) -> list[Stage]:
         asked.append(large)
         return [levels[0], *split(levels[1], 4)] if large else levels
 

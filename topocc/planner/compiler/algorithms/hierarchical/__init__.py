@@ -131,8 +131,10 @@ def _own(net: Network, collective: str, levels: list[Stage], options: Options,
         if blocks_may_win(net, levels, options):
             return allreduce_layout(net, levels, options, "blocks", "virtual")
         if blocks_may_help(net, levels, options):
-            return allreduce_layout(net, split_last(net, levels, options, large=False), options, "virtual", "blocks")
-    return build_schedule(net, collective, options, split_last(net, levels, options), options.hierarchical.layout,
+            return allreduce_layout(net, split_last(net, collective, levels, options, large=False), options,
+                                    "virtual", "blocks")
+    return build_schedule(net, collective, options, split_last(net, collective, levels, options),
+                          options.hierarchical.layout,
                           every_rank)
 
 

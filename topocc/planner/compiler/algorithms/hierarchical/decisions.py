@@ -33,6 +33,7 @@ from topocc.planner.compiler.algorithms.hierarchical.slicing import (
     slice_shape,
     wanted_slices,
 )
+from topocc.planner.compiler.algorithms.hierarchical.split import class_members
 from topocc.planner.compiler.algorithms.hierarchical.steps import level_steps
 from topocc.planner.compiler.options import Options
 from topocc.planner.compiler.symmetrize import builds_by_class
@@ -211,7 +212,7 @@ def _attempt(job: Job, cap: float, contiguous: bool, few: bool, wanted: Wanted) 
     methods = stage_methods(net, levels, options.size_bytes / slices, slices, options.hierarchical.stage_method,
                             weights, fed=job.kind.reduces and not contiguous, spread=contiguous,
                             sharing_cap=cap, waved=in_waves, contend=not (job.small and cap == math.inf),
-                            uncapped=options.hierarchical.direct_uncapped)
+                            class_members=class_members(net, job.collective, options))
     if methods[-1] != "direct":
         weights = None
     window = _window(job, methods, slices, contiguous, in_waves)

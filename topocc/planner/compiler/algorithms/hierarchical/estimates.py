@@ -8,7 +8,7 @@ loading the links at once (no overlap between steps).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -77,68 +77,94 @@ def estimate(net: Network, stage: Stage, method: str, part_bytes: float, slices:
 
     ``spread``: ECMP routes as :func:`spread_shares` sees them for an all-reduce.
     """
-    bandwidth = net.topology.bandwidth
     total = 0.0
     seen: dict[tuple[tuple[int, int, int], ...], float] = {}  # a ring's steps all cost the same
     for step in METHODS[method](stage.size, False):
         shape = tuple((i, j, b - a) for i, j, a, b in step)
         cost = seen.get(shape)
         if cost is None:
-            pairs = [(g[i], g[j], float(parts)) for g in stage.groups for i, j, parts in shape]
-            latency, busiest = _step_load(net, pairs, channel, spread, lambda key: bandwidth(*key))
+            latency, busiest = _step_load(net, stage, shape, channel, spread, True)
             cost = seen[shape] = latency + slices * part_bytes * busiest
         total += cost
     return total
 
 
-def _step_load(net: Network, pairs: list[tuple[int, int, float]], channel: int, spread: bool,
-               bandwidth: Callable[[tuple[str, str]], float] | None) -> tuple[float, float]:
-    """The slowest path latency of one step's messages ``(src, dst, parts)`` and its busiest link's load
-    (:meth:`~topocc.planner.routing.load.LinkLoad.busiest` over ``bandwidth``; without it the most parts on a
-    link, and no latency, 0).
+#: Each step's load (:func:`_step_load`) per (stage, step shape, channel, spread, timed): a compilation times
+#: the same steps for several methods and options.
+_STEP_LOADS: Memo[dict[tuple[Stage, tuple[tuple[int, int, int], ...], int, bool, bool], tuple[float, float]]] = \
+    Memo("hierarchical: step loads", lambda net: {})
+
+
+def _step_load(net: Network, stage: Stage, shape: tuple[tuple[int, int, int], ...], channel: int, spread: bool,
+               timed: bool) -> tuple[float, float]:
+    """The slowest path latency of one step of ``stage``, every group sending ``parts`` from its member ``i``
+    to its member ``j`` for each ``(i, j, parts)`` of ``shape``, and its busiest link's load: ``timed``, in
+    seconds a part (:meth:`~topocc.planner.routing.load.LinkLoad.busiest` over the links' bandwidths), else
+    the most parts on a link, and no latency, 0 (cached per network).
 
     From :data:`BY_ORBIT_MIN_RANKS` ranks summed one pair per orbit where the fabric's symmetries allow
     (:func:`_load_by_orbit`), else pair by pair."""
+    cache = net.memo(_STEP_LOADS)
+    key = (stage, shape, channel, spread, timed)
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = _summed_load(net, stage, shape, channel, spread, timed)
+    return found
+
+
+def _summed_load(net: Network, stage: Stage, shape: tuple[tuple[int, int, int], ...], channel: int,
+                 spread: bool, timed: bool) -> tuple[float, float]:
+    """:func:`_step_load`, computed."""
+    groups = np.array(stage.groups, dtype=np.int64)
+    i, j, parts = (np.array(column, dtype=np.int64) for column in zip(*shape))
+    src, dst = groups[:, i].ravel(), groups[:, j].ravel()
+    amount = np.tile(parts.astype(float), len(groups))
+    bandwidth = net.topology.bandwidth
     if net.topology.size >= BY_ORBIT_MIN_RANKS:
-        found = _load_by_orbit(net, pairs, channel, spread, bandwidth)
+        found = _load_by_orbit(net, src, dst, amount, channel, spread, timed)
         if found is not None:
             return found
     load: LinkLoad[tuple[str, str]] = LinkLoad()
-    for a, b, parts in pairs:
-        load.add_shares(spread_shares(net, a, b, channel, spread), parts)
-    if bandwidth is None:  # a count of messages (sharing): no latency asked
+    pairs = list(zip(src.tolist(), dst.tolist(), amount.tolist()))
+    for a, b, n in pairs:
+        load.add_shares(spread_shares(net, a, b, channel, spread), n)
+    if not timed:
         return 0.0, load.busiest()
-    return max(path_latency(net, a, b, channel) for a, b, _ in pairs), load.busiest(bandwidth)
+    return (max(path_latency(net, a, b, channel) for a, b, _ in pairs),
+            load.busiest(lambda link: bandwidth(*link)))
 
 
-def _load_by_orbit(net: Network, pairs: list[tuple[int, int, float]], channel: int, spread: bool,
-                   bandwidth: Callable[[tuple[str, str]], float] | None) -> tuple[float, float] | None:
-    """:func:`_step_load` from one pair of each orbit of the fabric's translations that keep the step's
-    messages (:func:`~topocc.planner.analysis.automorphisms.pair_orbits`): every link of a link orbit then
-    carries the orbit's load over its link count.  None where no translation keeps them, or some pair's
-    paths are not carried onto its image's (a relay, a hash or a cap picks them)."""
-    src, dst, amount = (np.array(column) for column in zip(*pairs))
+def _load_by_orbit(net: Network, src: np.ndarray, dst: np.ndarray, amount: np.ndarray, channel: int,
+                   spread: bool, timed: bool) -> tuple[float, float] | None:
+    """:func:`_summed_load` of the messages ``src[i] -> dst[i]`` of ``amount[i]`` parts from one pair of each
+    orbit of the fabric's translations that keep them
+    (:func:`~topocc.planner.analysis.automorphisms.pair_orbits`): every link of a link orbit then carries the
+    orbit's load over its link count.  None where no translation keeps them, or some pair's paths are not
+    carried onto its image's (a relay, a hash or a cap picks them)."""
     orbits = pair_orbits(net, src, dst, amount)
     if orbits is None:
         return None
-    by_rep: dict[tuple[int, int], float] = {}
-    for a, b, parts in pairs:
-        rep = orbits.key(a, b)
-        by_rep[rep] = by_rep.get(rep, 0.0) + parts
+    rep_src, rep_dst = orbits.key.many(src, dst)
+    codes, first, inverse = np.unique(rep_src * net.topology.size + rep_dst, return_index=True,
+                                      return_inverse=True)
+    summed = np.bincount(inverse.ravel(), weights=amount)
     load: dict[int, float] = {}
     link_of: dict[int, tuple[str, str]] = {}  # one link of each orbit loaded, for its bandwidth
     latency = 0.0
-    for (a, b), parts in by_rep.items():
+    bandwidth = net.topology.bandwidth
+    for k in np.argsort(first, kind="stable").tolist():  # the pairs' order, so that the sums are too
+        a, b = divmod(int(codes[k]), net.topology.size)
+        parts = float(summed[k])
         if not (net.has_route(a, b) and net.routed_by_shape(a, b)):
             return None
-        if bandwidth is not None:
+        if timed:
             latency = max(latency, path_latency(net, a, b, channel))
         for link, share in spread_shares(net, a, b, channel, spread).items():
-            k = orbits.orbit(link)
-            load[k] = load.get(k, 0.0) + share * parts
-            link_of.setdefault(k, link)
-    per_link = ((v / orbits.count[k], link_of[k]) for k, v in load.items())
-    busiest = max((v if bandwidth is None else v / bandwidth(link) for v, link in per_link), default=0.0)
+            o = orbits.orbit(link)
+            load[o] = load.get(o, 0.0) + share * parts
+            link_of.setdefault(o, link)
+    per_link = ((v / orbits.count[o], link_of[o]) for o, v in load.items())
+    busiest = max((v / bandwidth(*link) if timed else v for v, link in per_link), default=0.0)
     return latency, float(busiest)
 
 
@@ -178,14 +204,16 @@ def relayed(net: Network, stage: Stage) -> bool:
                for step in halving_doubling_steps(stage.size, False) for i, j, _, _ in step)
 
 
-def direct_fits(stage: Stage, uncapped: bool = False) -> bool:
+def direct_fits(stage: Stage, class_members: int | None = None) -> bool:
     """Whether ``stage`` is small enough to run direct at all (:data:`DIRECT_MAX_MEMBERS`,
-    :data:`_DIRECT_MAX_SENDS`); ``uncapped``: a small collective on a fabric built by class, which is built
-    and timed one rank per class, so that a step's messages cost what one rank's do and only the members
-    count."""
+    :data:`_DIRECT_MAX_SENDS`); ``class_members``: on a small collective on a fabric built by class, which is
+    built and timed one rank per class, so that a step's messages cost what one rank's do, the most members
+    (see :func:`~topocc.planner.compiler.algorithms.hierarchical.slicing.class_direct_members`), and only
+    they count."""
+    if class_members is not None:
+        return stage.size <= class_members
     return stage.size <= DIRECT_MAX_MEMBERS and (
-        uncapped or len(stage.groups) * stage.size * (stage.size - 1)
-        <= _DIRECT_MAX_SENDS * (1 if stage.level == "host" else 2))
+        len(stage.groups) * stage.size * (stage.size - 1) <= _DIRECT_MAX_SENDS * (1 if stage.level == "host" else 2))
 
 
 def alike(net: Network, stage: Stage) -> bool:
@@ -197,21 +225,13 @@ def alike(net: Network, stage: Stage) -> bool:
     return bool(costs) and max(costs) < math.inf and max(costs) <= min(costs) * (1 + 1e-9)
 
 
-#: The most messages one link carries in a direct step, per (stage, channel) (see :func:`sharing`).
-_SHARING: Memo[dict[tuple[Stage, int], float]] = Memo("hierarchical: link sharing", lambda net: {})
-
-
 def sharing(net: Network, stage: Stage, channel: int) -> float:
     """The most messages (route shares summed) one link carries in a direct step of ``stage``; 0 for a
-    host level, which the cap on it never limits (cached per network: a compilation asks for it repeatedly)."""
+    host level, which the cap on it never limits."""
     if stage.level == "host":
         return 0.0
-    cache = net.memo(_SHARING)
-    found = cache.get((stage, channel))
-    if found is None:
-        pairs = [(a, b, 1.0) for g in stage.groups for a in g for b in g if a != b]
-        found = cache[(stage, channel)] = _step_load(net, pairs, channel, False, None)[1]
-    return found
+    shape = tuple((i, j, 1) for i in range(stage.size) for j in range(stage.size) if i != j)
+    return _step_load(net, stage, shape, channel, False, False)[1]
 
 
 def uncapped(net: Network, levels: Sequence[Stage]) -> bool:

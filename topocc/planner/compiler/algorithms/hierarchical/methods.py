@@ -57,16 +57,16 @@ class _Query:
     waved: bool
     contend: bool
     small: bool
-    #: a small collective on a fabric built by class, asked for without the caps on a direct level's messages
-    #: (see direct_fits)
-    uncapped: bool
+    #: on a small collective on a fabric built by class, asked for without the caps on a direct level's
+    #: messages, the most members of one (see direct_fits); None: the caps
+    class_members: int | None
     last: int
 
 
 def stage_methods(net: Network, levels: Sequence[Stage], slice_bytes: float, slices: int,
                   force: str | None = None, weights: Mapping[int, int] | None = None,
                   fed: bool = False, spread: bool = False, sharing_cap: float = DIRECT_MAX_SHARING,
-                  waved: bool = False, contend: bool = True, uncapped: bool = False) -> list[str]:
+                  waved: bool = False, contend: bool = True, class_members: int | None = None) -> list[str]:
     """Ring, halving-doubling or direct for each level: the one the estimate times fastest (ties: fewer
     steps; direct only where it is :data:`_DIRECT_GAIN` faster, or, with ``fed``, above the first level
     where it is no slower).
@@ -87,13 +87,14 @@ def stage_methods(net: Network, levels: Sequence[Stage], slice_bytes: float, sli
     :func:`~topocc.planner.compiler.algorithms.hierarchical.waves.waves`), whose levels take the methods
     that pipeline waves, where the estimate allows.  ``contend``: a direct level over the usual sharing cap
     must also beat the others' step latencies (see :func:`_without_slow_direct`); a small collective in a
-    few slices lifts that.  ``uncapped``: on a small collective on a fabric built by class, direct fits a
-    level whatever its messages (:func:`~topocc.planner.compiler.algorithms.hierarchical.estimates.direct_fits`)
-    and the sharing cap does not apply.
+    few slices lifts that.  ``class_members``: on a small collective on a fabric built by class, direct fits a
+    level of up to that many members whatever its messages
+    (:func:`~topocc.planner.compiler.algorithms.hierarchical.estimates.direct_fits`) and the sharing cap does
+    not apply.
     """
     small = slice_bytes * slices < MIN_SLICE_BYTES * math.prod(s.size for s in levels)
     query = _Query(slices, force, weights, fed, spread, sharing_cap, waved, contend, small,
-                   uncapped=uncapped and small and builds_by_class(net), last=len(levels) - 1)
+                   class_members=class_members if small and builds_by_class(net) else None, last=len(levels) - 1)
     out: list[str] = []
     part = slice_bytes
     for si, s in enumerate(levels):
@@ -106,9 +107,9 @@ def _method(net: Network, q: _Query, si: int, s: Stage, part: float) -> str:
     """The method of level ``si``, whose parts are ``part`` bytes a slice."""
     if s.size == 2:
         return "halving-doubling"
-    load = sharing(net, s, si) if direct_fits(s, q.uncapped) else math.inf
+    load = sharing(net, s, si) if direct_fits(s, q.class_members) else math.inf
     # fewest steps first, so that ties go to the lower latency
-    fits = [m for m, ok in (("direct", load <= q.sharing_cap or (q.uncapped and load < math.inf)),
+    fits = [m for m, ok in (("direct", load <= q.sharing_cap or (q.class_members is not None and load < math.inf)),
                             ("halving-doubling", power_of_two(s.size) and not relayed(net, s)),
                             ("ring", True)) if ok]
     if q.force is not None and q.force in fits:

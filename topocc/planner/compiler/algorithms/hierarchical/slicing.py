@@ -13,7 +13,9 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from topocc.planner.compiler.algorithms._order import PIECE_BYTES, Send
+from topocc.planner.compiler.algorithms.hierarchical.estimates import DIRECT_MAX_MEMBERS
 from topocc.planner.compiler.algorithms.hierarchical.levels import Phase, Stage
+from topocc.runtime.collective import ALLREDUCE
 from topocc.runtime.collective import collective as describe
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "Wanted",
     "budget_slices",
     "chunk_budget",
+    "class_direct_members",
     "slice_shape",
     "stage_slices",
     "wanted_slices",
@@ -177,6 +180,19 @@ def wanted_slices(collective: str, p: int, size_bytes: int, levels: int, pipelin
     if levels > 1 and slices < least:
         return Wanted(least, True)
     return Wanted(slices, False)
+
+
+def class_direct_members(collective: str, p: int, size_bytes: int) -> int:
+    """The most members a direct level may have in a ``collective`` built one rank per class: in a small
+    all-reduce (below :data:`MIN_SLICE_BYTES` a rank) as many as keep its messages, ``2 (n - 1)`` a rank and
+    slice, within :data:`CLASS_TRANSFERS_PER_RANK` at the slices it wants (so a 1 MiB all-reduce on 16,384
+    ranks, 16 slices, runs a level of 256 in one step, where halving-doubling waits out eight path
+    latencies), at least :data:`~.estimates.DIRECT_MAX_MEMBERS`; else, as in a reduce-scatter, whose slices
+    every rank's budget sizes, that many."""
+    if describe(collective) is not ALLREDUCE or size_bytes / p >= MIN_SLICE_BYTES:
+        return DIRECT_MAX_MEMBERS
+    slices = wanted_slices(collective, p, size_bytes, 2, None, True, per_class=True).slices
+    return max(DIRECT_MAX_MEMBERS, CLASS_TRANSFERS_PER_RANK // (2 * slices) + 1)
 
 
 def budget_slices(levels: Sequence[Stage], phases: Sequence[Phase], steps: Mapping[Phase, list[list[Send]]],
