@@ -3,7 +3,7 @@ pair takes the channel whose path unloads the busiest link."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from topocc.planner.compiler.algorithms._order import Send
 from topocc.planner.compiler.algorithms.hierarchical.levels import Phase, Stage
@@ -17,8 +17,8 @@ CHANNEL_CHOICES = 8
 
 
 def spread_channels(net: Network, levels: Sequence[Stage], phases: Sequence[Phase],
-                    steps: Mapping[Phase, list[list[Send]]], spans: Sequence[int]) -> dict[tuple[int, int, int], int]:
-    """The channel of each pair's messages in each phase: ``(phase, src, dst) -> channel``.
+                    steps: Mapping[Phase, list[list[Send]]], spans: Sequence[int]) -> Callable[[int, int, int], int]:
+    """The channel of each pair's messages in each phase, as a function ``(phase, src, dst) -> channel``.
 
     Phase ``f`` owns channels ``f, f + len(phases), ...``, so phases still never
     share a connection.  Where the routing hashes connections onto paths (ECMP),
@@ -29,11 +29,11 @@ def spread_channels(net: Network, levels: Sequence[Stage], phases: Sequence[Phas
     the links at once, as the pipeline runs them).  This runs before the
     compiler's general pass (:mod:`topocc.planner.routing.paths`), which sees
     the schedule's messages but not the phases that run at once.  Under other routings a channel never
-    changes a path, and every phase keeps its first channel.
+    changes a path, and every phase keeps its first channel (asked of no pair: on a large fabric built one
+    rank per class the pairs number tens of millions).
     """
-    if net.topology.routing not in PER_CONNECTION:  # no channel changes a path: each phase keeps its first
-        return {(f, g[i], g[k]): f for f, phase in enumerate(phases) for step in steps[phase]
-                for g in levels[phase[0]].groups for i, k, _, _ in step}
+    if net.topology.routing not in PER_CONNECTION:
+        return lambda f, src, dst: f
     bandwidth = {(ln.src, ln.dst): ln.bandwidth for ln in net.topology.links}
     load: LinkLoad[tuple[str, str]] = LinkLoad()
     chosen: dict[tuple[int, int, int], int] = {}
@@ -57,4 +57,4 @@ def spread_channels(net: Network, levels: Sequence[Stage], phases: Sequence[Phas
                             channel = min(options, key=lambda c: busiest(net.route_shares(src, dst, c), weight))
                         chosen[(f, src, dst)] = channel
                     load.add_shares(net.route_shares(src, dst, channel), weight)
-    return chosen
+    return lambda f, src, dst: chosen[(f, src, dst)]

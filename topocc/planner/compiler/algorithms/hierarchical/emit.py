@@ -262,7 +262,7 @@ class _Emitter:
             if focus is not None and g[i] not in focus and g[k] not in focus:
                 continue  # neither end's program is written
             gate = self._gate(g[i], f, j, w, t)
-            channel = self.channels[(f, g[i], g[k])]
+            channel = self.channels(f, g[i], g[k])
             refs = self.refs(j, base + a * sub, base + e * sub, wave)
             if not self.plan.contiguous:
                 # Each owner's piece in the order of its owner relative to the sender (owner XOR sender): the
