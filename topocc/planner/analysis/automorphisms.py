@@ -223,14 +223,17 @@ def pair_orbits(net: Network, src: np.ndarray, dst: np.ndarray, amount: np.ndarr
     are carried onto its image's (:meth:`~topocc.planner.routing.network.Network.routed_by_shape`).
     """
     digits = net.memo(_DIGITS)
-    order = np.lexsort((amount, dst, src))
-    want = (src[order], dst[order], amount[order])
-    kept = []
-    for i, d in enumerate(digits):
-        moved_src, moved_dst = d.perm[src], d.perm[dst]
-        image = np.lexsort((amount, moved_dst, moved_src))
-        if all(np.array_equal(x[image], y) for x, y in zip((moved_src, moved_dst, amount), want)):
-            kept.append(i)
+    n = net.topology.size
+    amounts, kind = np.unique(amount, return_inverse=True)
+    kind = kind.ravel()
+
+    def sorted_codes(s: np.ndarray, d: np.ndarray) -> np.ndarray:
+        # each (src, dst, amount) as one integer, below n^2 times the distinct amounts: within int64 up to a
+        # million ranks and millions of amounts
+        return np.sort((s * n + d) * len(amounts) + kind)
+
+    want = sorted_codes(src, dst)
+    kept = [i for i, d in enumerate(digits) if np.array_equal(sorted_codes(d.perm[src], d.perm[dst]), want)]
     if not kept:
         return None
     fabric = net.memo(_FABRIC)
