@@ -25,6 +25,7 @@ from typing import Any, overload
 import numpy as np
 
 from topocc.runtime.errors import ScheduleFormatError
+from topocc.runtime.matching import StreamKey
 from topocc.runtime.schedule import (
     BUFFERS,
     OP_RULES,
@@ -176,7 +177,7 @@ class Symmetry:
             out.append(operation(t.kind, peer, src, dst, t.deps, t.step, t.channel, t.encoding))
         return tuple(out)
 
-    def stream_keys(self, rank: int, among: np.ndarray | None = None) -> list[tuple[int, tuple[bool, int, int]]]:
+    def stream_keys(self, rank: int, among: np.ndarray | None = None) -> list[tuple[int, StreamKey]]:
         """Each message of ``rank``'s program whose peer is one of ``among`` (any where None), in program order,
         as its place in the program and its stream's name there, (whether it sends, its peer, its channel):
         where a rank's messages sit in its program, without building its chunks (a stream's sequence numbers,

@@ -21,6 +21,7 @@ import numpy as np
 from topocc.planner.analysis.automorphisms import has_symmetries
 from topocc.planner.routing.network import Network
 from topocc.planner.topology.model import Topology
+from topocc.runtime.matching import StreamKey, stream_key
 from topocc.runtime.plan import Plan
 from topocc.runtime.schedule import Op, Schedule, operation
 from topocc.runtime.symmetric import Field, Formula, SymmetricPrograms, Symmetry, TemplateOp, TemplateRef, grid_strides
@@ -177,11 +178,11 @@ def canonical_order(program: tuple[Op, ...]) -> tuple[Op, ...]:
     n = len(program)
     waits = [0] * n
     after: list[list[int]] = [[] for _ in range(n)]
-    last: dict[tuple[bool, int, int], int] = {}
+    last: dict[StreamKey, int] = {}
     for k, op in enumerate(program):
         before = set(op.deps)
-        if op.peer is not None:
-            stream = (op.kind == "send", op.peer, op.channel)
+        stream = stream_key(op)
+        if stream is not None:
             if stream in last:
                 before.add(last[stream])
             last[stream] = k

@@ -331,6 +331,33 @@ def test_allreduce_overlaps_reduce_and_broadcast() -> None:
     assert channels == {(0, 0), (1, 1)}
 
 
+def test_allreduce_on_even_trees_receives_a_nodes_children_at_once() -> None:
+    """Even trees (a 6x6 mesh at 30 MiB): a rank receives each child's sum of a piece into a scratch slot and
+    reduces it in locally, so no receive of a piece waits for another child's sum of it (received straight
+    into the piece, each would wait for the last); a slot per tree and child, so the scratch is a fraction
+    of the buffer."""
+    topology = grid("mesh", [6, 6])
+    found = even_trees(Network(topology))
+    assert found is not None
+    schedule = treepack(Network(topology), "allreduce", Options(size_bytes=30 << 20))
+    assert schedule.metadata.options["trees"] == len(found.trees)
+    check_schedule(topology, schedule, "allreduce", "treepack")
+    assert schedule.scratch_chunks < schedule.output_chunks
+    siblings = 0
+    for program in schedule.programs:
+        assert not any(op.kind == "recv_reduce" for op in program)
+        feeds: dict[int, object] = {}  # a receive of a child's sum -> the piece it is reduced into
+        for op in program:
+            if op.kind == "reduce" and op.src is not None and op.src.buffer == "s":
+                (recv,) = [d for d in op.deps if program[d].kind == "recv" and program[d].dst == op.src]
+                feeds[recv] = op.dst
+        pieces = list(feeds.values())
+        siblings += len(pieces) - len(set(pieces))
+        for k, piece in feeds.items():
+            assert not any(feeds.get(d) == piece for d in program[k].deps)
+    assert siblings > 0  # some rank has two children in some tree
+
+
 def test_allreduce_on_equal_loads_is_two_phases() -> None:
     """Where undirected trees carry no less (16 ranks on a switch), all-reduce is reduce-scatter then all-gather;
     on 8 ranks undirected trees win ties."""

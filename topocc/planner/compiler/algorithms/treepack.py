@@ -64,7 +64,7 @@ first and last of each tree smaller (:data:`EVEN_ENDS`).
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
@@ -171,12 +171,12 @@ MWU_STEP = 0.1
 EVEN_TRANSFERS = 3 << 16
 #: ... are used only where it holds this many pieces per tree ...
 EVEN_PIECES_PER_TREE = 16
-#: ... their window (see :data:`WINDOW`) is this many pieces of every tree (the same all-reduce in 1536 equal
-#: pieces: 3 a tree 85.6%, 4 88.7%, 5 89.0%, 6 88.9%; in 1440, 4 90.2%, 6 89.2%) ...
+#: ... their window (see :data:`WINDOW`) is this many pieces of every tree (the same all-reduce in 1536 pieces
+#: graded as below: 3 a tree 91.9%, 4 92.3%, 5 91.9%, 6 92.1%) ...
 EVEN_WINDOW = 4
 #: ... and their pieces are these many chunks, from either end of a tree's run inward: the first and last are
 #: a quarter and a half of the others, so the pipeline fills and drains in small steps (the same all-reduce in
-#: 1536 pieces: 90.9% against 88.7% in equal pieces; 1, 1, 2, 2 at each end 89.6%).
+#: 1536 pieces: 92.3% against 91.8% in equal pieces; 1, 2, 4, 8 at each end 91.9%).
 EVEN_ENDS = (1, 2, 4)
 #: Undirected trees lighter than this (after the LP) are dropped and the rest rescaled.
 MIN_TREE_WEIGHT = 1e-3
@@ -770,7 +770,15 @@ def _tree_pieces(p: int, packing: Undirected, options: Options) -> tuple[int, li
 
 
 def _allreduce(net: Network, packing: Undirected, options: Options) -> Schedule:
-    """All-reduce over undirected packed trees: each piece reduced up its tree, then broadcast down it."""
+    """All-reduce over undirected packed trees: each piece reduced up its tree, then broadcast down it.
+
+    On even trees a rank receives each child's sum into a scratch slot of its own and reduces it in
+    locally: received straight into the piece, the children's sums would arrive one after the other, each
+    waiting for the last to land.  A slot per tree and child position: the next piece of a tree from that
+    child lands once the last has been reduced, which keeps a fast subtree from running ahead of its
+    siblings.  A weighted packing's few heavy trees keep receiving into the piece (docs/algorithms.md,
+    treepack).
+    """
     topology = net.topology
     p = topology.size
     k, counts = _tree_pieces(p, packing, options)
@@ -780,20 +788,30 @@ def _allreduce(net: Network, packing: Undirected, options: Options) -> Schedule:
     # pieces in units of chunks: even trees' pieces are graded at both ends of each tree's run (they go round
     # robin, so piece c is its tree's c // len(used)-th), every other piece is one chunk
     units = [_graded(c // len(used), k // len(used)) if packing.even else 1 for c in range(k)]
-    total = sum(units)
-    b = ScheduleBuilder("allreduce", p, total, total)
+    total, widest = sum(units), max(units)
+    window = EVEN_WINDOW * len(used) if packing.even else max(WINDOW, round(WINDOW * (k / 1024) ** 0.7))
+    # even trees' scratch: a slot per child position and tree, of the largest piece
+    children = max(Counter(par for par, _ in order).most_common(1)[0][1] for order in orders)
+    slots = children * len(used) * widest if packing.even else 0
+    b = ScheduleBuilder("allreduce", p, total, total, scratch_chunks=slots)
     for rank in range(p):
         b.copy(rank, Chunk("i", 0, total), Chunk("o", 0, total))
-    window = EVEN_WINDOW * len(used) if packing.even else max(WINDOW, round(WINDOW * (k / 1024) ** 0.7))
     done: list[list[int]] = [[] for _ in range(p)]  # per rank, its last op on each piece, in piece order
     offset = 0
     for i, n in zip(trees, units):
         piece = Chunk("o", offset, n)
         offset += n
+        nth: Counter[int] = Counter()  # children of each rank so far in this tree
         for par, child in reversed(orders[i]):  # deepest edges first: a node has all its children's sums
             gate = done[child][-window:-window + 1] if len(done[child]) >= window else []
             b.send(child, par, piece, step=0, channel=0, after=gate)
-            b.recv(par, child, piece, reduce=True, step=0, channel=0)
+            if not slots:
+                b.recv(par, child, piece, reduce=True, step=0, channel=0)
+                continue
+            slot = Chunk("s", (nth[par] * len(used) + i) * widest, n)
+            nth[par] += 1
+            b.recv(par, child, slot, step=0, channel=0)
+            b.reduce(par, slot, piece, step=0)
         root = orders[i][0][0]
         for par, child in orders[i]:
             b.send(par, child, piece, step=1, channel=1)

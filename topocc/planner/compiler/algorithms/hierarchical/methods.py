@@ -30,7 +30,6 @@ from topocc.planner.compiler.algorithms.hierarchical.estimates import (
 from topocc.planner.compiler.algorithms.hierarchical.levels import Stage
 from topocc.planner.compiler.algorithms.hierarchical.slicing import MIN_SLICE_BYTES
 from topocc.planner.compiler.algorithms.hierarchical.steps import power_of_two
-from topocc.planner.compiler.symmetrize import builds_by_class
 from topocc.planner.routing.network import Network
 
 __all__ = ["stage_methods", "windowed"]
@@ -87,14 +86,15 @@ def stage_methods(net: Network, levels: Sequence[Stage], slice_bytes: float, sli
     :func:`~topocc.planner.compiler.algorithms.hierarchical.waves.waves`), whose levels take the methods
     that pipeline waves, where the estimate allows.  ``contend``: a direct level over the usual sharing cap
     must also beat the others' step latencies (see :func:`_without_slow_direct`); a small collective in a
-    few slices lifts that.  ``class_members``: on a small collective on a fabric built by class, direct fits a
-    level of up to that many members whatever its messages
+    few slices lifts that.  ``class_members`` (None unless the fabric builds by class, see
+    :func:`~topocc.planner.compiler.algorithms.hierarchical.split.class_members`): on a small collective,
+    direct fits a level of up to that many members whatever its messages
     (:func:`~topocc.planner.compiler.algorithms.hierarchical.estimates.direct_fits`) and the sharing cap does
     not apply.
     """
     small = slice_bytes * slices < MIN_SLICE_BYTES * math.prod(s.size for s in levels)
     query = _Query(slices, force, weights, fed, spread, sharing_cap, waved, contend, small,
-                   class_members=class_members if small and builds_by_class(net) else None, last=len(levels) - 1)
+                   class_members=class_members if small else None, last=len(levels) - 1)
     out: list[str] = []
     part = slice_bytes
     for si, s in enumerate(levels):
