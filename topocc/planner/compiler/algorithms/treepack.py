@@ -789,13 +789,14 @@ def _allreduce(net: Network, packing: Undirected, options: Options) -> Schedule:
     # robin, so piece c is its tree's c // len(used)-th), every other piece is one chunk
     units = [_graded(c // len(used), k // len(used)) if packing.even else 1 for c in range(k)]
     total, widest = sum(units), max(units)
-    window = EVEN_WINDOW * len(used) if packing.even else max(WINDOW, round(WINDOW * (k / 1024) ** 0.7))
-    # even trees' scratch: a slot per child position and tree, of the largest piece
-    children = max(Counter(par for par, _ in order).most_common(1)[0][1] for order in orders)
+    # even trees' scratch: a slot per tree and child position (the most children a rank has in a tree), of
+    # the largest piece
+    children = max(max(Counter(par for par, _ in order).values()) for order in orders)
     slots = children * len(used) * widest if packing.even else 0
     b = ScheduleBuilder("allreduce", p, total, total, scratch_chunks=slots)
     for rank in range(p):
         b.copy(rank, Chunk("i", 0, total), Chunk("o", 0, total))
+    window = EVEN_WINDOW * len(used) if packing.even else max(WINDOW, round(WINDOW * (k / 1024) ** 0.7))
     done: list[list[int]] = [[] for _ in range(p)]  # per rank, its last op on each piece, in piece order
     offset = 0
     for i, n in zip(trees, units):
